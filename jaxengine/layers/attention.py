@@ -1,0 +1,45 @@
+"""Paged KV writes and the attention dispatch used by every model."""
+
+import jax
+import jax.numpy as jnp
+
+from jaxengine.runner.batch import RaggedBatch
+from pallas_kernels.reference import ragged_paged_attention
+
+
+def token_slots(batch: RaggedBatch, page_size: int, num_pages: int) -> tuple[jax.Array, jax.Array]:
+    """(page, offset) where each token's K/V goes; padded tokens get page `num_pages` (dropped on write)."""
+    num_tokens = batch.input_ids.shape[0]
+    token = jnp.arange(num_tokens, dtype=jnp.int32)
+    req = jnp.minimum(jnp.searchsorted(batch.cu_q_lens[1:], token, side="right"), batch.kv_lens.shape[0] - 1)
+    valid = token < batch.cu_q_lens[batch.num_seqs]
+    page = batch.block_tables[req, batch.positions // page_size]
+    return jnp.where(valid, page, num_pages), batch.positions % page_size  # i32[T], i32[T]
+
+
+def write_kv(
+    kv_cache: jax.Array,  # [num_layers, num_pages, page_size, 2 * num_kv_heads, head_dim]
+    layer: jax.Array,  # i32[]
+    k: jax.Array,  # [T, num_kv_heads, head_dim]
+    v: jax.Array,  # [T, num_kv_heads, head_dim]
+    slots: tuple[jax.Array, jax.Array],
+) -> jax.Array:
+    num_tokens, num_kv_heads, head_dim = k.shape
+    interleaved = jnp.stack([k, v], axis=2).reshape(num_tokens, 2 * num_kv_heads, head_dim)
+    page, offset = slots
+    return kv_cache.at[layer, page, offset].set(interleaved.astype(kv_cache.dtype), mode="drop")
+
+
+def attention(
+    q: jax.Array,  # [T, num_q_heads, head_dim]
+    kv_cache: jax.Array,
+    layer: jax.Array,
+    batch: RaggedBatch,
+    *,
+    sm_scale: float,
+    sliding_window: jax.Array | int | None = None,
+    soft_cap: float | None = None,
+) -> jax.Array:  # [T, num_q_heads, head_dim]
+    return ragged_paged_attention(
+        q, kv_cache, layer, batch.kv_lens, batch.block_tables, batch.cu_q_lens, batch.num_seqs,
+        sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)

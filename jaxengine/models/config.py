@@ -1,0 +1,184 @@
+"""Model hyper-parameters read from a Hugging Face `config.json`."""
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    theta: float
+    rope_type: str = "default"
+    params: tuple = ()  # sorted (key, value) pairs of the HF rope dict, hashable
+
+    def param(self, name, default=None):
+        return dict(self.params).get(name, default)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool
+    sliding_windows: tuple  # per layer; 0 = full attention
+    torch_dtype: str | None = None
+    eos_token_ids: tuple = ()
+    bos_token_id: int | None = None
+
+    @property
+    def q_per_kv(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+def read_hf_config(model_dir: Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{model_dir} has no config.json: not a Hugging Face model directory")
+    return json.loads(path.read_text())
+
+
+def parse_rope(hf: dict) -> RopeConfig:
+    """Reads `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older configs)."""
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = params.pop("rope_theta", None) or hf.get("rope_theta") or 10000.0
+    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"rope type {rope_type!r} is not supported; supported rope types: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(f"partial_rotary_factor={partial} is not supported; only 1.0 (full rotary) is")
+    return RopeConfig(theta=float(theta), rope_type=rope_type, params=tuple(sorted(params.items())))
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int, max_position_embeddings: int):
+    """Returns (inv_freq f32[head_dim // 2], attention_scaling) as transformers computes them."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
+    inv_freq = 1.0 / (rope.theta ** exponents)
+    scaling = 1.0
+    if rope.rope_type == "linear":
+        inv_freq = inv_freq / rope.param("factor")
+    elif rope.rope_type == "llama3":
+        inv_freq = _llama3_inv_freq(inv_freq, rope)
+    elif rope.rope_type == "yarn":
+        inv_freq, scaling = _yarn_inv_freq(rope, head_dim, max_position_embeddings)
+    return inv_freq.astype(np.float32), float(scaling)
+
+
+def _llama3_inv_freq(inv_freq, rope):
+    factor = rope.param("factor")
+    low, high = rope.param("low_freq_factor"), rope.param("high_freq_factor")
+    old_len = rope.param("original_max_position_embeddings")
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return np.where(medium, smoothed, scaled)
+
+
+def _yarn_inv_freq(rope, head_dim, max_position_embeddings):
+    base, dim = rope.theta, head_dim
+    original = rope.param("original_max_position_embeddings") or max_position_embeddings
+    factor = rope.param("factor") or max_position_embeddings / original
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = rope.param("attention_factor")
+    if attention_factor is None:
+        m, m_all = rope.param("mscale"), rope.param("mscale_all_dim")
+        attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    beta_fast = rope.param("beta_fast") or 32
+    beta_slow = rope.param("beta_slow") or 1
+
+    def correction_dim(rotations):
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if rope.param("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    keep = 1 - ramp  # share of the extrapolated (unscaled) frequency
+    return interpolation * (1 - keep) + extrapolation * keep, attention_factor
+
+
+def _sliding_windows(hf: dict, num_layers: int) -> tuple:
+    window = hf.get("sliding_window") or 0
+    layer_types = hf.get("layer_types")
+    if layer_types is not None:
+        unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise ValueError(f"layer_types {unknown} are not supported; only full_attention and sliding_attention")
+        if "sliding_attention" in layer_types and not window:
+            raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+        return tuple(window if t == "sliding_attention" else 0 for t in layer_types)
+    if "use_sliding_window" in hf:  # Qwen2 / Qwen3 configs without layer_types
+        if not hf["use_sliding_window"] or not window:
+            return (0,) * num_layers
+        first = hf.get("max_window_layers", num_layers)
+        return tuple(window if i >= first else 0 for i in range(num_layers))
+    return (window,) * num_layers
+
+
+def _as_tuple(ids) -> tuple:
+    if ids is None:
+        return ()
+    return tuple(ids) if isinstance(ids, (list, tuple)) else (ids,)
+
+
+def model_config_from_hf(hf: dict, *, qkv_bias=None, o_bias=None, qk_norm=False) -> ModelConfig:
+    """`qkv_bias`/`o_bias` default to HF's `attention_bias`; architectures override what they hard-wire."""
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu' (SwiGLU)")
+    if hf.get("mlp_bias"):
+        raise ValueError("mlp_bias=true is not supported")
+    num_heads = hf["num_attention_heads"]
+    num_kv_heads = hf.get("num_key_value_heads") or num_heads
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}")
+    num_layers = hf["num_hidden_layers"]
+    attention_bias = bool(hf.get("attention_bias", False))
+    return ModelConfig(
+        architecture=hf["architectures"][0],
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rope=parse_rope(hf),
+        max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=attention_bias if qkv_bias is None else qkv_bias,
+        o_bias=attention_bias if o_bias is None else o_bias,
+        qk_norm=qk_norm,
+        sliding_windows=_sliding_windows(hf, num_layers),
+        torch_dtype=hf.get("dtype") or hf.get("torch_dtype"),
+        eos_token_ids=_as_tuple(hf.get("eos_token_id")),
+        bos_token_id=hf.get("bos_token_id"),
+    )

@@ -1,0 +1,151 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) in Flax NNX over a paged KV cache.
+
+Layer weights are stacked on a leading `num_layers` axis and the layers run under `lax.scan`, which
+compiles an order of magnitude faster than an unrolled Python loop. Linear weights are stored
+`[in, out]` (transposed from Hugging Face's `[out, in]`).
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxengine.layers.attention import attention, token_slots, write_kv
+from jaxengine.layers.norms import rms_norm
+from jaxengine.layers.rope import apply_rope
+from jaxengine.models.config import ModelConfig, rope_inv_freq
+from jaxengine.runner.batch import RaggedBatch
+
+
+def _param(shape, dtype) -> nnx.Param:
+    # Models are built abstractly (nnx.eval_shape) and filled from checkpoints; zeros only give the shape.
+    return nnx.Param(jnp.zeros(shape, dtype))
+
+
+def _dot(x, w):
+    """x @ w accumulated in float32 (a bf16 x bf16 -> bf16 dot is far slower on CPU), cast back."""
+    return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+class DecoderLayers(nnx.Module):
+    """All decoder layers; every parameter has a leading `num_layers` axis. Calling it runs one layer's slice."""
+
+    def __init__(self, cfg: ModelConfig, dtype):
+        L, D, I = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size
+        q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.cfg = cfg
+        self.attn_norm = _param((L, D), dtype)
+        self.q_proj = _param((L, D, q_width), dtype)
+        self.k_proj = _param((L, D, kv_width), dtype)
+        self.v_proj = _param((L, D, kv_width), dtype)
+        self.o_proj = _param((L, q_width, D), dtype)
+        if cfg.qkv_bias:
+            self.q_bias = _param((L, q_width), dtype)
+            self.k_bias = _param((L, kv_width), dtype)
+            self.v_bias = _param((L, kv_width), dtype)
+        if cfg.o_bias:
+            self.o_bias = _param((L, D), dtype)
+        if cfg.qk_norm:
+            self.q_norm = _param((L, cfg.head_dim), dtype)
+            self.k_norm = _param((L, cfg.head_dim), dtype)
+        self.mlp_norm = _param((L, D), dtype)
+        self.gate_proj = _param((L, D, I), dtype)
+        self.up_proj = _param((L, D, I), dtype)
+        self.down_proj = _param((L, I, D), dtype)
+
+    def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, inv_freq, rope_scaling):
+        cfg = self.cfg
+        T = h.shape[0]
+        x = rms_norm(h, self.attn_norm[...], cfg.rms_norm_eps)
+        q, k, v = _dot(x, self.q_proj[...]), _dot(x, self.k_proj[...]), _dot(x, self.v_proj[...])
+        if cfg.qkv_bias:
+            q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+        q = q.reshape(T, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = rms_norm(q, self.q_norm[...], cfg.rms_norm_eps)
+            k = rms_norm(k, self.k_norm[...], cfg.rms_norm_eps)
+        q = apply_rope(q, batch.positions, inv_freq, rope_scaling)
+        k = apply_rope(k, batch.positions, inv_freq, rope_scaling)
+        kv_cache = write_kv(kv_cache, layer, k, v, slots)
+        o = attention(q, kv_cache, layer, batch, sm_scale=cfg.head_dim ** -0.5, sliding_window=window)
+        o = _dot(o.reshape(T, -1), self.o_proj[...])
+        if cfg.o_bias:
+            o = o + self.o_bias[...]
+        h = h + o
+        x = rms_norm(h, self.mlp_norm[...], cfg.rms_norm_eps)
+        gated = jax.nn.silu(_dot(x, self.gate_proj[...])) * _dot(x, self.up_proj[...])
+        return h + _dot(gated, self.down_proj[...]), kv_cache
+
+
+class LlamaForCausalLM(nnx.Module):
+    def __init__(self, cfg: ModelConfig, dtype=jnp.float32):
+        self.cfg = cfg
+        self.dtype = dtype
+        self.embed = _param((cfg.vocab_size, cfg.hidden_size), dtype)
+        self.layers = DecoderLayers(cfg, dtype)
+        self.final_norm = _param((cfg.hidden_size,), dtype)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _param((cfg.hidden_size, cfg.vocab_size), dtype)
+
+    def __call__(
+        self,
+        kv_cache: jax.Array,  # [num_layers, num_pages, page_size, 2 * num_kv_heads, head_dim], donated
+        batch: RaggedBatch,
+    ) -> tuple[jax.Array, jax.Array]:  # logits f32[len(logits_indices), vocab], updated kv_cache
+        cfg = self.cfg
+        inv_freq, rope_scaling = rope_inv_freq(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+        slots = token_slots(batch, kv_cache.shape[2], kv_cache.shape[1])
+        graphdef, stacked = nnx.split(self.layers)
+
+        def one_layer(carry, xs):
+            h, kv_cache = carry
+            state, layer, window = xs
+            layer_module = nnx.merge(graphdef, state)
+            return layer_module(h, kv_cache, layer, window, batch, slots, jnp.asarray(inv_freq), rope_scaling), None
+
+        h = self.embed[...][batch.input_ids]  # [T, hidden]
+        layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+        windows = jnp.asarray(cfg.sliding_windows, jnp.int32)
+        (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows))
+        h = rms_norm(h[batch.logits_indices], self.final_norm[...], cfg.rms_norm_eps)  # [R, hidden]
+        if cfg.tie_word_embeddings:
+            logits = jnp.dot(h, self.embed[...].T, preferred_element_type=jnp.float32)
+        else:
+            logits = jnp.dot(h, self.lm_head[...], preferred_element_type=jnp.float32)
+        return logits, kv_cache
+
+    def kv_cache_shape(self, num_pages: int, page_size: int) -> tuple[int, ...]:
+        cfg = self.cfg
+        return (cfg.num_layers, num_pages, page_size, 2 * cfg.num_kv_heads, cfg.head_dim)
+
+
+def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | None, bool]]:
+    """HF tensor name -> (our parameter path, layer index or None, transpose from [out, in])."""
+    names = {
+        "model.embed_tokens.weight": (("embed",), None, False),
+        "model.norm.weight": (("final_norm",), None, False),
+    }
+    if not cfg.tie_word_embeddings:
+        names["lm_head.weight"] = (("lm_head",), None, True)
+    per_layer = {
+        "input_layernorm.weight": ("attn_norm", False),
+        "post_attention_layernorm.weight": ("mlp_norm", False),
+        "self_attn.q_proj.weight": ("q_proj", True),
+        "self_attn.k_proj.weight": ("k_proj", True),
+        "self_attn.v_proj.weight": ("v_proj", True),
+        "self_attn.o_proj.weight": ("o_proj", True),
+        "mlp.gate_proj.weight": ("gate_proj", True),
+        "mlp.up_proj.weight": ("up_proj", True),
+        "mlp.down_proj.weight": ("down_proj", True),
+    }
+    if cfg.qkv_bias:
+        per_layer |= {f"self_attn.{p}_proj.bias": (f"{p}_bias", False) for p in "qkv"}
+    if cfg.o_bias:
+        per_layer["self_attn.o_proj.bias"] = ("o_bias", False)
+    if cfg.qk_norm:
+        per_layer |= {f"self_attn.{p}_norm.weight": (f"{p}_norm", False) for p in "qk"}
+    for i in range(cfg.num_layers):
+        for hf_name, (ours, transpose) in per_layer.items():
+            names[f"model.layers.{i}.{hf_name}"] = (("layers", ours), i, transpose)
+    return names

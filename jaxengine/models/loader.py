@@ -1,0 +1,124 @@
+"""Loads a Hugging Face checkpoint (local directory or hub id) into an abstractly built NNX model."""
+
+import json
+import logging
+import re
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm.auto import tqdm
+
+from jaxengine.models.config import ModelConfig, read_hf_config
+from jaxengine.models.llama import hf_weight_map
+from jaxengine.models.registry import get_architecture
+from jaxengine.models.safetensors_io import read_safetensors
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model", "*.jinja"]
+# Buffers some checkpoints carry that the model recomputes.
+_IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+
+
+def resolve_model_dir(model: str | Path) -> Path:
+    """A local directory as is; otherwise a hub id (`org/name`) fetched through huggingface_hub."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or not re.fullmatch(r"[\w.\-]+/[\w.\-]+", str(model)):
+        raise FileNotFoundError(f"model {str(model)!r} is neither a local directory nor a hub id like 'org/name'")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(str(model), allow_patterns=_HUB_FILES))
+    except Exception as e:
+        raise FileNotFoundError(f"could not fetch model {str(model)!r} from the Hugging Face hub: {e}") from e
+
+
+def resolve_dtype(dtype: str, cfg: ModelConfig):
+    if dtype == "auto":
+        dtype = {"float16": "float16", "bfloat16": "bfloat16"}.get(cfg.torch_dtype, "float32")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def load_config(model_dir: Path) -> tuple[type, ModelConfig]:
+    hf = read_hf_config(model_dir)
+    arch = get_architecture(hf)
+    return arch.model_class, arch.read_config(hf)
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [model_dir / f for f in dict.fromkeys(weight_map.values())]
+    elif (model_dir / "model.safetensors").is_file():
+        files = [model_dir / "model.safetensors"]
+    else:
+        raise FileNotFoundError(f"{model_dir} has neither model.safetensors nor model.safetensors.index.json")
+    for f in files:
+        if not f.is_file():
+            raise FileNotFoundError(f"checkpoint file {f.name} listed in the index is missing from {model_dir}")
+    return files
+
+
+def load_model(model: str | Path, dtype: str = "auto", progress: bool = True):
+    """Returns (model, ModelConfig). Weights go from memory-mapped safetensors to the device one
+    parameter at a time; the model is never initialised with real arrays."""
+    start = time.perf_counter()
+    model_dir = resolve_model_dir(model)
+    model_class, cfg = load_config(model_dir)
+    jdtype = resolve_dtype(dtype, cfg)
+    abstract = nnx.eval_shape(lambda: model_class(cfg, jdtype))
+    graphdef, abstract_state = nnx.split(abstract)
+    flat = nnx.to_flat_state(abstract_state)
+    targets = {path: var.get_value() for path, var in flat}  # path -> ShapeDtypeStruct
+    loaded = _fill(checkpoint_files(model_dir), hf_weight_map(cfg), targets, cfg, progress)
+    state = nnx.from_flat_state([(path, var.replace(loaded[path])) for path, var in flat])
+    logger.info("loaded %s (%s) from %s in %.1f s", cfg.architecture, jnp.dtype(jdtype).name, model_dir,
+                time.perf_counter() - start)
+    return nnx.merge(graphdef, state), cfg
+
+
+def _fill(files, weight_map, targets, cfg, progress) -> dict:
+    pieces_needed = {path: (cfg.num_layers if path[0] == "layers" else 1) for path in targets}
+    buffers, done, seen = {}, {}, set()
+    headers = [read_safetensors(f) for f in files]
+    bar = tqdm(total=sum(len(h) for h in headers), desc="Loading weights", unit="tensor", disable=not progress)
+    for file, tensors in zip(files, headers):
+        for name, array in tensors.items():
+            bar.update(1)
+            if name not in weight_map:
+                if _IGNORED.match(name) or (name == "lm_head.weight" and cfg.tie_word_embeddings):
+                    continue
+                raise ValueError(f"unexpected tensor {name} in {file.name}: the {cfg.architecture} model has no such weight")
+            if name in seen:
+                raise ValueError(f"tensor {name} appears twice in the checkpoint ({file.name})")
+            seen.add(name)
+            path, layer, transpose = weight_map[name]
+            target = targets[path]
+            expected = target.shape[1:] if layer is not None else target.shape
+            source = array.T if transpose else array
+            if source.shape != tuple(expected):
+                hf_shape = tuple(reversed(expected)) if transpose else tuple(expected)
+                raise ValueError(f"tensor {name} has shape {tuple(array.shape)}, expected {hf_shape}")
+            if layer is None:
+                buffers[path] = np.array(source, dtype=target.dtype)
+            else:
+                buffers.setdefault(path, np.empty(target.shape, target.dtype))[layer] = source
+            pieces_needed[path] -= 1
+            if pieces_needed[path] == 0:
+                done[path] = jax.device_put(buffers.pop(path))
+    bar.close()
+    missing = sorted(set(weight_map) - seen)
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise ValueError(f"checkpoint is missing tensors: {shown}")
+    return done

@@ -1,0 +1,43 @@
+"""Drives a model through the paged cache the way the runner does, for the model tests."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxengine.runner.batch import pack_batch
+
+
+class PagedModel:
+    """A model, its KV pool and a jitted forward; sequences get pages scattered over the pool."""
+
+    def __init__(self, model, *, page_size=16, num_pages=64, pages_per_seq=16, seed=0):
+        graphdef, self.state = nnx.split(model)
+        self.forward = jax.jit(lambda s, kv, b: nnx.merge(graphdef, s)(kv, b), donate_argnums=1)
+        self.kv = jnp.zeros(model.kv_cache_shape(num_pages, page_size), model.dtype)
+        self.page_size, self.pages_per_seq = page_size, pages_per_seq
+        self.free_pages = np.random.default_rng(seed).permutation(num_pages).tolist()
+        self.seqs = []  # per sequence: [tokens in cache, page ids]
+
+    def add_sequences(self, n):
+        self.seqs = [[0, []] for _ in range(n)]
+
+    def step(self, new_tokens: list[list[int]], num_tokens: int, all_logits=False) -> list[np.ndarray]:
+        """Feeds each sequence its new tokens; returns logits of every new token (or of the last one)."""
+        chunks = []
+        for seq, tokens in zip(self.seqs, new_tokens):
+            total = seq[0] + len(tokens)
+            while len(seq[1]) * self.page_size < total:
+                seq[1].append(self.free_pages.pop())
+            chunks.append((tokens, seq[0], list(seq[1])))
+            seq[0] = total
+        batch = pack_batch(chunks, num_tokens=num_tokens, num_reqs=max(8, len(chunks)),
+                           pages_per_seq=self.pages_per_seq)
+        if all_logits:
+            batch.logits_indices = np.arange(num_tokens, dtype=np.int32)
+        logits, self.kv = self.forward(self.state, self.kv, jax.tree.map(jnp.asarray, batch))
+        logits = np.asarray(logits.astype(jnp.float32))
+        if not all_logits:
+            return [logits[i] for i in range(len(chunks))]
+        bounds = np.cumsum([0] + [len(t) for t in new_tokens])
+        return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:])]

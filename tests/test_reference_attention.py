@@ -1,0 +1,117 @@
+"""The reference ragged paged attention against a naive dense attention on random ragged batches."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.reference import ragged_paged_attention
+
+HEAD_DIM, NUM_KV_HEADS, NUM_LAYERS = 32, 2, 2
+
+
+def random_batch(rng, mode, page_size, max_reqs=6, pages_per_seq=None):
+    """(q_lens, kv_lens) for a random ragged batch of the given mode, decode rows first."""
+    n = int(rng.integers(2, max_reqs + 1))
+    kv_lens = rng.integers(1, 150, n)
+    if mode == "decode":
+        q_lens = np.ones(n, int)
+    elif mode == "prefill":
+        q_lens = kv_lens.copy()
+    else:
+        num_decode = n // 2
+        q_lens = np.concatenate([np.ones(num_decode, int), rng.integers(1, kv_lens[num_decode:] + 1)])
+    return q_lens, kv_lens
+
+
+def naive_attention(q, k, v, q_lens, kv_lens, sm_scale, window, soft_cap):
+    """Dense attention per request over contiguous K/V; q [Tq, Hq, D], k/v per request [kv_len, Hkv, D]."""
+    out, start = [], 0
+    for i, (ql, kl) in enumerate(zip(q_lens, kv_lens)):
+        qi = q[start:start + ql].astype(np.float64)
+        group = qi.shape[1] // k[i].shape[1]
+        ki = np.repeat(k[i], group, axis=1).astype(np.float64)
+        vi = np.repeat(v[i], group, axis=1).astype(np.float64)
+        s = np.einsum("qhd,khd->hqk", qi, ki) * sm_scale
+        if soft_cap:
+            s = soft_cap * np.tanh(s / soft_cap)
+        q_pos = np.arange(kl - ql, kl)[:, None]
+        k_pos = np.arange(kl)[None, :]
+        mask = k_pos <= q_pos
+        if window:
+            mask &= k_pos > q_pos - window
+        s = np.where(mask[None], s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        out.append(np.einsum("hqk,khd->qhd", p, vi))
+        start += ql
+    return np.concatenate(out)
+
+
+def run_case(seed, mode, page_size, group, window=None, soft_cap=None, layer=1):
+    rng = np.random.default_rng(seed)
+    q_lens, kv_lens = random_batch(rng, mode, page_size)
+    num_q_heads = NUM_KV_HEADS * group
+    pages_per_seq = -(-160 // page_size)
+    num_pages = pages_per_seq * len(kv_lens) + 3
+    num_tokens, num_reqs = int(q_lens.sum()) + 5, len(kv_lens) + 2  # padding on both axes
+    kv_pages = rng.standard_normal((NUM_LAYERS, num_pages, page_size, 2 * NUM_KV_HEADS, HEAD_DIM)).astype(np.float32)
+    block_tables = np.zeros((num_reqs, pages_per_seq), np.int32)
+    free = rng.permutation(num_pages).tolist()  # scattered, non-contiguous pages
+    ks, vs = [], []
+    for i, kl in enumerate(kv_lens):
+        pages = [free.pop() for _ in range(-(-kl // page_size))]
+        block_tables[i, : len(pages)] = pages
+        flat = kv_pages[layer, pages].reshape(-1, 2 * NUM_KV_HEADS, HEAD_DIM)[:kl]
+        ks.append(flat[:, 0::2])
+        vs.append(flat[:, 1::2])
+    q = rng.standard_normal((num_tokens, num_q_heads, HEAD_DIM)).astype(np.float32)
+    cu_q_lens = np.full(num_reqs + 1, q_lens.sum(), np.int32)
+    cu_q_lens[: len(q_lens) + 1] = np.concatenate([[0], np.cumsum(q_lens)])
+    kv_lens_padded = np.zeros(num_reqs, np.int32)
+    kv_lens_padded[: len(kv_lens)] = kv_lens
+    sm_scale = HEAD_DIM ** -0.5
+    got = ragged_paged_attention(
+        jnp.asarray(q), jnp.asarray(kv_pages), jnp.int32(layer), jnp.asarray(kv_lens_padded),
+        jnp.asarray(block_tables), jnp.asarray(cu_q_lens), jnp.int32(len(kv_lens)),
+        sm_scale=sm_scale, sliding_window=window, soft_cap=soft_cap)
+    got = np.asarray(got)
+    want = naive_attention(q, ks, vs, q_lens, kv_lens, sm_scale, window, soft_cap)
+    real = int(q_lens.sum())
+    np.testing.assert_allclose(got[:real], want, atol=2e-5, rtol=1e-5)
+    assert np.all(got[real:] == 0), "padded tokens must produce zeros"
+
+
+@pytest.mark.parametrize("mode,page_size,group", list(itertools.product(
+    ("prefill", "decode", "mixed"), (1, 16, 64), (1, 4, 7))))
+def test_matches_dense_attention(mode, page_size, group):
+    run_case(seed=100 * page_size + 10 * group + len(mode), mode=mode, page_size=page_size, group=group)
+
+
+@pytest.mark.parametrize("mode", ("prefill", "decode", "mixed"))
+@pytest.mark.parametrize("window", (1, 7, 40))
+def test_sliding_window_matches_dense_attention(mode, window):
+    run_case(seed=window, mode=mode, page_size=16, group=4, window=window)
+
+
+@pytest.mark.parametrize("mode", ("prefill", "mixed"))
+def test_soft_cap_matches_dense_attention(mode):
+    run_case(seed=3, mode=mode, page_size=16, group=2, soft_cap=5.0)
+
+
+def test_traced_window_and_layer_inside_jit():
+    """Layers run under lax.scan, so the window and layer index arrive as traced values."""
+    rng = np.random.default_rng(0)
+    kv_pages = jnp.asarray(rng.standard_normal((2, 4, 16, 2, 8)), jnp.float32)
+    q = jnp.asarray(rng.standard_normal((16, 2, 8)), jnp.float32)
+    args = (jnp.array([16, 0]), jnp.array([[0, 1], [0, 0]]), jnp.array([0, 16, 16]), jnp.int32(1))
+
+    @jax.jit
+    def f(window, layer):
+        return ragged_paged_attention(q, kv_pages, layer, *args, sm_scale=1.0, sliding_window=window)
+
+    eager = ragged_paged_attention(q, kv_pages, 1, *args, sm_scale=1.0, sliding_window=4)
+    np.testing.assert_allclose(np.asarray(f(jnp.int32(4), jnp.int32(1))), np.asarray(eager), atol=1e-6)
+    assert not np.allclose(np.asarray(f(jnp.int32(0), jnp.int32(1))), np.asarray(eager))

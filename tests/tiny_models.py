@@ -1,0 +1,106 @@
+"""Tiny random-initialised Hugging Face checkpoints and a locally trained tokenizer for tests.
+
+Shapes chosen to catch mistakes: GQA ratios 3 and 4 (and MQA), head_dim 16 and 24 (not hidden/heads for
+Qwen3), an odd vocabulary, sliding windows shorter than the test prompts, tied and untied embeddings, every
+supported rope type, and one checkpoint sharded over several safetensors files with an index.
+"""
+
+import inspect
+import json
+from pathlib import Path
+
+VOCAB_SIZE = 331  # odd on purpose
+
+COMMON = dict(
+    vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+    max_position_embeddings=512, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+)
+
+SPECS = {
+    "llama": dict(
+        cls="LlamaForCausalLM", hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
+        tie_word_embeddings=False, shard=True,
+        rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=4.0, low_freq_factor=1.0,
+                             high_freq_factor=4.0, original_max_position_embeddings=32)),
+    "mistral": dict(
+        cls="MistralForCausalLM", num_attention_heads=4, num_key_value_heads=1, sliding_window=24,
+        tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+    "qwen2": dict(
+        cls="Qwen2ForCausalLM", num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=8.0, original_max_position_embeddings=64)),
+    "qwen3": dict(
+        cls="Qwen3ForCausalLM", num_attention_heads=4, num_key_value_heads=1, head_dim=24,
+        tie_word_embeddings=True, use_sliding_window=True, sliding_window=20, max_window_layers=1,
+        rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0)),
+}
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def _training_text() -> list[str]:
+    import json as json_mod
+    import textwrap
+
+    return [inspect.getsource(m) for m in (json_mod, textwrap, inspect)]
+
+
+def make_tokenizer(out_dir: Path) -> None:
+    """Byte-level BPE trained on local Python sources, saved as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|pad|>", "<|bos|>", "<|eos|>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE - 11, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_training_text(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
+                                   pad_token="<|pad|>", additional_special_tokens=specials[3:])
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out_dir)
+
+
+def make_model(name: str, out_dir: Path, tokenizer_dir: Path | None = None, seed: int = 0) -> Path:
+    import torch
+    import transformers
+
+    spec = dict(COMMON) | dict(SPECS[name])
+    cls_name, shard = spec.pop("cls"), spec.pop("shard", False)
+    config_cls = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))
+    config = config_cls(**spec)
+    config.architectures = [cls_name]
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls_name)(config).eval()
+    _randomise(model)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, max_shard_size="100KB" if shard else "1GB")
+    if tokenizer_dir is not None:
+        for f in Path(tokenizer_dir).iterdir():
+            (out_dir / f.name).write_bytes(f.read_bytes())
+    return out_dir
+
+
+def _randomise(model) -> None:
+    """Weights large enough that logits spread over several units, and non-trivial norm scales and biases
+    so that a weight loaded into the wrong place cannot hide."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.2)
+            elif "embed" in name:
+                p.normal_(0.0, 0.5)
+            else:
+                p.normal_(0.0, 1.0 / p.shape[1] ** 0.5)
+
+
+def read_config(model_dir: Path) -> dict:
+    return json.loads((Path(model_dir) / "config.json").read_text())
