@@ -1,3 +1,11 @@
 """jaxengine: LLM inference and serving on JAX/XLA."""
 
+from jaxengine.config import EngineConfig
+from jaxengine.engine.llm_engine import LLMEngine
+from jaxengine.llm import LLM
+from jaxengine.outputs import CompletionOutput, RequestOutput
+from jaxengine.sampling_params import RequestOutputKind, SamplingParams
+
 __version__ = "0.1.0"
+__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput",
+           "RequestOutputKind"]

@@ -25,3 +25,22 @@ def tokenizer_dir(tmp_path_factory):
 def model_dirs(tmp_path_factory, tokenizer_dir):
     root = tmp_path_factory.mktemp("models")
     return {name: tiny_models.make_model(name, root / name, tokenizer_dir) for name in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def engines(model_dirs):
+    """Engines shared by the whole run, keyed by (arch, settings); small bucket sets keep compiles few."""
+    from jaxengine import LLMEngine
+    from jaxengine.config import EngineConfig
+
+    cache = {}
+
+    def get(arch, **settings):
+        key = (arch, tuple(sorted(settings.items())))
+        if key not in cache:
+            base = dict(model=str(model_dirs[arch]), dtype="float32", max_model_len=512, max_num_seqs=8,
+                        max_num_batched_tokens=64, kv_cache_gib=0.01, seed=0)
+            cache[key] = LLMEngine(EngineConfig(**(base | settings)), progress=False)
+        return cache[key]
+
+    return get

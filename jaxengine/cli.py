@@ -1,0 +1,71 @@
+"""`jaxengine generate ...`: command-line entry points. Engine flags mirror `EngineConfig` fields."""
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+from jaxengine.config import EngineConfig
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML file of engine settings (see configs/); flags override it")
+    for field in dataclasses.fields(EngineConfig):
+        flag = "--" + field.name.replace("_", "-")
+        kind = str(field.type)
+        convert = _bool if "bool" in kind else int if kind.startswith("int") else float if "float" in kind else str
+        parser.add_argument(flag, dest=field.name, type=convert, default=None,
+                            help=f"(default: {field.default})")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
+    if args.config:
+        return EngineConfig.from_yaml(args.config, **overrides)
+    return EngineConfig(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def _generate(args) -> None:
+    from jaxengine.llm import LLM
+    from jaxengine.sampling_params import SamplingParams
+
+    llm = LLM(config=engine_config(args))
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.seed_sampling, ignore_eos=args.ignore_eos)
+    for out in llm.generate(args.prompt, params, use_tqdm=False):
+        for completion in out.outputs:
+            print(completion.text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="jaxengine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="complete one or more prompts offline and print the completions")
+    gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
+    gen.add_argument("--max-tokens", type=int, default=32)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed-sampling", type=int, default=None, help="per-request sampling seed")
+    gen.add_argument("--ignore-eos", action="store_true")
+    add_engine_flags(gen)
+    gen.set_defaults(run=_generate)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("jax").setLevel(logging.WARNING)
+    try:
+        args.run(args)
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

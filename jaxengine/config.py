@@ -1,0 +1,56 @@
+"""Engine arguments: one dataclass, loadable from YAML (`configs/`), overridden by CLI flags."""
+
+import dataclasses
+from pathlib import Path
+
+import yaml
+
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+@dataclasses.dataclass
+class EngineConfig:
+    model: str | None = None  # local HF directory or hub id; None = the built-in demo model
+    tokenizer: str | None = None  # defaults to the model directory
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    max_model_len: int | None = None  # defaults to the model's max_position_embeddings
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    min_token_bucket: int = 16
+    kv_cache_memory_fraction: float = 0.9  # of free accelerator memory after the weights
+    kv_cache_gib: float = 1.0  # KV pool size on CPU, where free memory is not measurable
+    num_kv_blocks: int | None = None  # explicit pool size; overrides both of the above
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"
+    seed: int = 0
+    compilation_cache_dir: str | None = "~/.cache/jaxengine/xla"  # None or "" turns the persistent cache off
+    warmup: bool = True
+
+    def __post_init__(self):
+        positive = ("block_size", "max_num_seqs", "max_num_batched_tokens", "min_token_bucket")
+        for name in positive:
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if not 0 < self.kv_cache_memory_fraction <= 1:
+            raise ValueError(f"kv_cache_memory_fraction must be in (0, 1], got {self.kv_cache_memory_fraction}")
+        if self.kv_cache_gib <= 0:
+            raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                             f"({self.max_num_seqs}): every running request needs a token each step")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides) -> "EngineConfig":
+        values = yaml.safe_load(Path(path).read_text()) or {}
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown engine settings {unknown}; known: {sorted(known)}")
+        return cls(**(values | {k: v for k, v in overrides.items() if v is not None}))

@@ -1,0 +1,36 @@
+"""Incremental detokenization that never emits half of a multi-byte character.
+
+Text is decoded over a short window of tokens: the new text is what decoding `[prefix_offset:]` adds to
+decoding `[prefix_offset:read_offset]`, and it is held back while it ends in U+FFFD (an incomplete UTF-8
+sequence split across tokens).
+"""
+
+_CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.spaces_between_special_tokens = spaces_between_special_tokens
+        self.tokens = list(prompt_token_ids[-_CONTEXT_TOKENS:])  # context so the first word decodes right
+        self.prefix_offset = 0
+        self.read_offset = len(self.tokens)
+        self.text = ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
+                                     spaces_between_special_tokens=self.spaces_between_special_tokens)
+
+    def add(self, token_id: int) -> str:
+        """Appends a token and returns the text it completes (possibly empty)."""
+        self.tokens.append(token_id)
+        prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
+        full = self._decode(self.tokens[self.prefix_offset:])
+        if full.endswith("\ufffd") or len(full) <= len(prefix):
+            return ""
+        new = full[len(prefix):]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+        self.text += new
+        return new

@@ -1,0 +1,258 @@
+"""`LLMEngine`: requests in, `RequestOutput`s out, one scheduler step at a time."""
+
+import dataclasses
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from jaxengine.config import EngineConfig
+from jaxengine.engine.block_manager import BlockManager
+from jaxengine.engine.detokenizer import IncrementalDetokenizer
+from jaxengine.engine.request import Sequence
+from jaxengine.engine.scheduler import Scheduler
+from jaxengine.models.loader import load_model, resolve_model_dir
+from jaxengine.outputs import CompletionOutput, RequestOutput
+from jaxengine.runner.model_runner import ModelRunner
+from jaxengine.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def enable_compilation_cache(cache_dir: str | None) -> None:
+    if cache_dir and not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache_dir))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+@dataclasses.dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    detokenizers: list[IncrementalDetokenizer]
+    emitted: list[tuple[int, int]]  # per sample: (tokens, characters) already returned (delta outputs)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, progress: bool = True):
+        from transformers import AutoTokenizer
+
+        self.config = config
+        enable_compilation_cache(config.compilation_cache_dir)
+        model_dir = resolve_model_dir(config.model) if config.model else _demo_model_dir()
+        model, self.model_config = load_model(model_dir, config.dtype, progress=progress)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or model_dir)
+        self.max_model_len = self._max_model_len()
+        self.eos_token_ids = self._eos_token_ids(model_dir)
+        num_blocks = self._num_kv_blocks(model)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   policy=config.scheduling_policy)
+        self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=config.block_size,
+                                  max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
+                                  max_num_batched_tokens=config.max_num_batched_tokens,
+                                  min_token_bucket=config.min_token_bucket)
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens); at most %.1f requests of max_model_len=%d at once",
+                    num_blocks, config.block_size, num_blocks * config.block_size,
+                    num_blocks * config.block_size / self.max_model_len, self.max_model_len)
+        if config.warmup:
+            self.runner.warmup(progress)
+        self.requests: dict[str, _Request] = {}
+        self._aborts: set[str] = set()
+        self._abort_lock = threading.Lock()
+        self._rng = np.random.default_rng(config.seed)
+
+    def _max_model_len(self) -> int:
+        limit = self.model_config.max_position_embeddings
+        if self.config.max_model_len is None:
+            return limit
+        if self.config.max_model_len > limit:
+            raise ValueError(f"max_model_len={self.config.max_model_len} exceeds the model's "
+                             f"max_position_embeddings={limit}")
+        return self.config.max_model_len
+
+    def _eos_token_ids(self, model_dir: Path) -> set[int]:
+        ids = set(self.model_config.eos_token_ids)
+        gen = Path(model_dir) / "generation_config.json"
+        if gen.is_file():
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    def _num_kv_blocks(self, model) -> int:
+        cfg = self.config
+        per_block = int(np.prod(model.kv_cache_shape(1, cfg.block_size))) * np.dtype(model.dtype).itemsize
+        if cfg.num_kv_blocks is not None:
+            return cfg.num_kv_blocks
+        device = jax.devices()[0]
+        stats = device.memory_stats() if device.platform != "cpu" else None
+        if stats and "bytes_limit" in stats:
+            free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+            budget = int(free * cfg.kv_cache_memory_fraction)
+        else:
+            budget = int(cfg.kv_cache_gib * (1 << 30))
+        num_blocks = budget // per_block
+        if num_blocks * cfg.block_size < self.max_model_len:
+            raise ValueError(f"the KV cache ({num_blocks} blocks of {cfg.block_size} tokens) cannot hold one "
+                             f"sequence of max_model_len={self.max_model_len}; raise kv_cache_gib / "
+                             f"kv_cache_memory_fraction or lower max_model_len")
+        return num_blocks
+
+    # --- requests -------------------------------------------------------------------------------------
+
+    def tokenize_prompt(self, prompt) -> tuple[str | None, list[int]]:
+        """A string, a list of token ids, or a dict with `prompt` or `prompt_token_ids`."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in prompt):
+            return None, [int(t) for t in prompt]
+        raise ValueError(f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        vocab = self.model_config.vocab_size
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ValueError("prompt is empty: it must have at least one token")
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt_token_ids contains {bad[:5]} outside the vocabulary [0, {vocab})")
+        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"stop_token_ids contains {bad[:5]} outside the vocabulary [0, {vocab})")
+        if n >= self.max_model_len:
+            raise ValueError(f"prompt has {n} tokens; max_model_len={self.max_model_len} leaves no room to generate "
+                             f"(the prompt must be shorter than max_model_len)")
+        if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
+            raise ValueError(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens} "
+                             f"exceeds max_model_len={self.max_model_len}")
+        blocks = -(-(n + (params.max_tokens or self.max_model_len - n)) // self.config.block_size)
+        if blocks > self.block_manager.num_blocks:
+            raise ValueError(f"the request needs {blocks} KV blocks but the pool has "
+                             f"{self.block_manager.num_blocks}; lower max_tokens or enlarge the KV cache")
+
+    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None, *, priority: int = 0,
+                    arrival_time: float | None = None, cache_salt: str | None = None) -> None:
+        params = params or SamplingParams()
+        text, token_ids = self.tokenize_prompt(prompt)
+        self.validate(token_ids, params)
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        base_seed = params.seed if params.seed is not None else int(self._rng.integers(1 << 62))
+        seqs = []
+        for i in range(params.n):
+            seed = int(np.random.SeedSequence([base_seed & ((1 << 63) - 1), i]).generate_state(1)[0])
+            seq = Sequence(request_id, i, token_ids, params, seed, priority, arrival_time, cache_salt)
+            seq.fork_parent = seqs[0] if i else None
+            seqs.append(seq)
+        detoks = [IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens,
+                                         params.spaces_between_special_tokens) for _ in seqs]
+        self.requests[request_id] = _Request(request_id, text, token_ids, params, seqs, detoks, [(0, 0)] * len(seqs))
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        """Thread-safe; the request's blocks are freed at the start of the next step."""
+        with self._abort_lock:
+            self._aborts.update([request_ids] if isinstance(request_ids, str) else request_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests) or bool(self._aborts)
+
+    # --- the step --------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        touched = self._process_aborts()
+        chunks = self.scheduler.schedule()
+        if chunks:
+            tokens = self.runner.execute(chunks)
+            for chunk, token in zip(chunks, tokens):
+                seq = chunk.seq
+                completes = chunk.completes_sequence
+                seq.num_computed_tokens += chunk.num_tokens
+                self.block_manager.cache_full_blocks(seq)
+                if completes:
+                    self._append_token(seq, int(token))
+                touched.setdefault(seq.request_id, None)
+        outputs = [out for rid in touched if (out := self._output(rid)) is not None]
+        for rid in touched:
+            if rid in self.requests and self.requests[rid].finished:
+                del self.requests[rid]
+        return outputs
+
+    def _process_aborts(self) -> dict[str, None]:
+        with self._abort_lock:
+            aborts, self._aborts = self._aborts, set()
+        touched = {}
+        for rid in aborts:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            for seq in request.seqs:
+                if not seq.is_finished:
+                    seq.finish_reason = "abort"
+                    self.scheduler.finish(seq)
+            touched[rid] = None
+        return touched
+
+    def _append_token(self, seq: Sequence, token: int) -> None:
+        params = seq.params
+        seq.output_token_ids.append(token)
+        request = self.requests[seq.request_id]
+        request.detokenizers[seq.index].add(token)
+        if not params.ignore_eos and token in self.eos_token_ids:
+            seq.finish_reason = "stop"
+        elif token in params.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", token
+        elif params.max_tokens is not None and len(seq.output_token_ids) >= params.max_tokens:
+            seq.finish_reason = "length"
+        elif seq.num_tokens >= self.max_model_len:
+            seq.finish_reason = "length"
+        if seq.finish_reason is not None:
+            self.scheduler.finish(seq)
+
+    def _output(self, request_id: str) -> RequestOutput | None:
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        kind = request.params.output_kind
+        if kind == RequestOutputKind.FINAL_ONLY and not request.finished:
+            return None
+        completions = []
+        for i, (seq, detok) in enumerate(zip(request.seqs, request.detokenizers)):
+            tokens, text = seq.output_token_ids, detok.text
+            if kind == RequestOutputKind.DELTA:
+                done_tokens, done_chars = request.emitted[i]
+                request.emitted[i] = (len(tokens), len(text))
+                tokens, text = tokens[done_tokens:], text[done_chars:]
+            completions.append(CompletionOutput(i, text, list(tokens), finish_reason=seq.finish_reason,
+                                                stop_reason=seq.stop_reason))
+        cached = max(request.seqs[0].num_cached_tokens, 0)
+        return RequestOutput(request_id, request.prompt, request.prompt_token_ids, completions,
+                             request.finished, num_cached_tokens=cached)
+
+
+def _demo_model_dir() -> Path:
+    from jaxengine.demo import ensure_demo_model
+
+    return ensure_demo_model()

@@ -1,0 +1,51 @@
+"""A sequence being generated: one per (request, sample index)."""
+
+import enum
+import time
+
+from jaxengine.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(self, request_id: str, index: int, prompt_token_ids: list[int], params: SamplingParams,
+                 seed: int, priority: int = 0, arrival_time: float | None = None, cache_salt: str | None = None):
+        self.request_id = request_id
+        self.index = index  # sample index within the request (n > 1)
+        self.prompt_token_ids = prompt_token_ids
+        self.output_token_ids: list[int] = []
+        self.params = params
+        self.seed = seed
+        self.priority = priority
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.cache_salt = cache_salt
+        self.status = Status.WAITING
+        self.block_ids: list[int] = []
+        self.block_hashes: list[bytes] = []  # prefix-cache hashes of the full blocks, grown as they fill
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_cached_tokens = -1  # prompt tokens served by the prefix cache at first scheduling
+        self.num_preemptions = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: int | None = None
+        self.fork_parent: "Sequence | None" = None  # n > 1: waits for this sequence's prompt, then shares it
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == Status.FINISHED
+
+    def sort_key(self, policy: str):
+        """Lower runs first; preemption evicts the largest."""
+        return (self.priority, self.arrival_time) if policy == "priority" else (self.arrival_time,)

@@ -1,0 +1,120 @@
+"""vLLM v1-style scheduling: no prefill/decode phases, one token budget per step.
+
+Running sequences are served first (a decode token, or the next chunk of a long prompt), then waiting ones
+while `max_num_seqs` and the budget allow. A sequence that cannot get a block preempts the newest (or, under
+the priority policy, the lowest-priority) running sequence, which frees its blocks and is recomputed later.
+"""
+
+import dataclasses
+
+from jaxengine.engine.block_manager import BlockManager
+from jaxengine.engine.request import Sequence, Status
+
+
+@dataclasses.dataclass
+class ScheduledChunk:
+    seq: Sequence
+    num_tokens: int  # new tokens computed this step, starting at seq.num_computed_tokens
+
+    @property
+    def completes_sequence(self) -> bool:
+        """The chunk reaches the last known token, so its logits give the next token."""
+        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 policy: str = "fcfs"):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.policy = policy
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledChunk]:
+        budget = self.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted = False
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status != Status.RUNNING:  # preempted earlier in this loop
+                continue
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.block_manager.allocate(seq, num_new):
+                victim = self._pick_victim()
+                self._preempt(victim)
+                preempted = True
+                budget += sum(c.num_tokens for c in chunks if c.seq is victim)
+                chunks = [c for c in chunks if c.seq is not victim]
+                if victim is seq:
+                    break
+            if seq.status == Status.RUNNING:
+                chunks.append(ScheduledChunk(seq, num_new))
+                budget -= num_new
+        if not preempted:
+            budget = self._admit_waiting(chunks, budget)
+        return chunks
+
+    def _admit_waiting(self, chunks: list[ScheduledChunk], budget: int) -> int:
+        self.waiting.sort(key=lambda s: s.sort_key(self.policy))
+        admitted = []
+        for seq in self.waiting:
+            if budget == 0 or len(self.running) >= self.max_num_seqs:
+                break
+            if seq.fork_parent is not None and not self._fork_ready(seq):
+                continue
+            if not seq.block_ids:
+                if seq.fork_parent is not None:
+                    self.block_manager.fork(seq.fork_parent, seq)
+                else:
+                    self.block_manager.match_prefix(seq)
+                if seq.num_cached_tokens < 0:
+                    seq.num_cached_tokens = seq.num_computed_tokens
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self.block_manager.allocate(seq, num_new):
+                self.block_manager.free_sequence(seq)  # give back prefix hits; retried next step
+                break
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            admitted.append(seq)
+            chunks.append(ScheduledChunk(seq, num_new))
+            budget -= num_new
+        self.waiting = [s for s in self.waiting if s not in admitted]
+        return budget
+
+    def _fork_ready(self, seq: Sequence) -> bool:
+        """A forked sample waits until its parent has computed the shared prompt."""
+        parent = seq.fork_parent
+        if parent.is_finished or parent.num_preemptions:
+            seq.fork_parent = None  # the parent cannot share any more: compute the prompt alone
+            return True
+        return parent.status == Status.RUNNING and parent.num_computed_tokens >= len(parent.prompt_token_ids)
+
+    def _pick_victim(self) -> Sequence:
+        return max(self.running, key=lambda s: s.sort_key(self.policy))
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free_sequence(seq)
+        seq.status = Status.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.insert(0, seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Removes a finished or aborted sequence wherever it is and returns its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free_sequence(seq)
+        seq.status = Status.FINISHED

@@ -1,0 +1,63 @@
+"""The offline API: `jaxengine.LLM`, used like `vllm.LLM`."""
+
+import itertools
+
+from tqdm.auto import tqdm
+
+from jaxengine.config import EngineConfig
+from jaxengine.engine.llm_engine import LLMEngine
+from jaxengine.outputs import RequestOutput
+from jaxengine.sampling_params import RequestOutputKind, SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, progress: bool = True,
+                 **engine_args):
+        config = config or EngineConfig(model=model, **engine_args)
+        self.engine = LLMEngine(config, progress=progress)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
+                 use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
+        """Prompts: a string, a list of token ids, a dict, or a list of those. Outputs come back in input order."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
+                                                 and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        priority = priority or [0] * len(prompts)
+        tokenized = [self.engine.tokenize_prompt(p) for p in prompts]
+        for (_, ids), p in zip(tokenized, params):  # every prompt is checked before any is scheduled
+            self.engine.validate(ids, p)
+        order = {}
+        for (text, ids), p, prio in zip(tokenized, params, priority):
+            rid = str(next(self._ids))
+            order[rid] = len(order)
+            final = SamplingParams(**{**p.__dict__, "output_kind": RequestOutputKind.FINAL_ONLY})
+            self.engine.add_request(rid, {"prompt": text, "prompt_token_ids": ids}, final, priority=prio)
+        return self._run(order, use_tqdm)
+
+    def chat(self, messages, sampling_params: SamplingParams | None = None, *, use_tqdm: bool = True,
+             add_generation_prompt: bool = True, chat_template: str | None = None) -> list[RequestOutput]:
+        """One conversation (a list of {role, content}) or a list of conversations."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tok = self.engine.tokenizer
+        prompts = [{"prompt_token_ids": list(tok.apply_chat_template(
+            c, tokenize=True, add_generation_prompt=add_generation_prompt, chat_template=chat_template,
+            return_dict=False))} for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run(self, order: dict[str, int], use_tqdm: bool) -> list[RequestOutput]:
+        results: list[RequestOutput | None] = [None] * len(order)
+        with tqdm(total=len(order), desc="Generating", disable=not use_tqdm) as bar:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished and out.request_id in order:
+                        results[order[out.request_id]] = out
+                        bar.update(1)
+        return results

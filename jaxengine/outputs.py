@@ -1,0 +1,28 @@
+"""Outputs shaped like vLLM's `RequestOutput` / `CompletionOutput`."""
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: list | None = None
+    finish_reason: str | None = None  # stop | length | abort
+    stop_reason: int | str | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclasses.dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0
+    prompt_logprobs: list | None = None

@@ -1,0 +1,71 @@
+"""`SamplingParams` with vLLM's argument names, so code written for vLLM runs after changing the import."""
+
+import dataclasses
+import enum
+
+
+class RequestOutputKind(enum.Enum):
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+# Parameters vLLM has that this engine does not honour yet, with the value that means "off".
+_NOT_YET_SUPPORTED = {
+    "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+    "logit_bias": None, "allowed_token_ids": None, "bad_words": None, "stop": None, "min_tokens": 0,
+    "logprobs": None, "prompt_logprobs": None, "include_stop_str_in_output": False,
+}
+
+
+@dataclasses.dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1 = off
+    seed: int | None = None
+    max_tokens: int | None = 16
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    stop: str | list[str] | None = None
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self):
+        for name, off in _NOT_YET_SUPPORTED.items():
+            value = getattr(self, name)
+            if value != off and value not in (None, [], {}):
+                raise ValueError(f"{name} is not supported by this version of jaxengine yet (got {value!r}); "
+                                 f"leave it at {off!r}")
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == -1:
+            self.top_k = 0
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be -1, 0 (off) or a positive integer, got {self.top_k!r}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        self.stop_token_ids = list(self.stop_token_ids or [])
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1

@@ -1,0 +1,132 @@
+"""The continuous-batching engine end to end against transformers' greedy decoding."""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from jaxengine import SamplingParams
+from jaxengine.compile_counter import assert_no_compiles
+from tests.conftest import ARCHS
+from tests.engine_util import hf_greedy, random_prompts, run_to_completion
+
+PROMPT_LENS = (1, 7, 16, 33, 64, 100, 150, 200)
+NEW_TOKENS = 32
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def hf_expected(model_dirs):
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            hf = transformers.AutoModelForCausalLM.from_pretrained(model_dirs[arch], dtype=torch.float32).eval()
+            prompts = random_prompts(hf.config.vocab_size, PROMPT_LENS)
+            cache[arch] = prompts, [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
+        return cache[arch]
+
+    return get
+
+
+def check_greedy(engine, prompts, expected, tag):
+    finals = run_to_completion(engine, [(f"{tag}-{i}", p, GREEDY) for i, p in enumerate(prompts)])
+    for i, want in enumerate(expected):
+        out = finals[f"{tag}-{i}"]
+        assert out.outputs[0].token_ids == want, f"prompt {i} ({len(prompts[i])} tokens)"
+        assert out.outputs[0].finish_reason == "length"
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_greedy_matches_transformers(arch, engines, hf_expected):
+    prompts, expected = hf_expected(arch)
+    check_greedy(engines(arch), prompts, expected, "batched")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_chunked_prefill_with_preemption_matches_transformers(arch, engines, hf_expected):
+    """A 32-token budget chunks every prompt longer than 32; 30 blocks of 16 tokens cannot hold all 8
+    sequences (1,300 tokens in total), so running sequences are preempted and recomputed."""
+    prompts, expected = hf_expected(arch)
+    engine = engines(arch, max_num_batched_tokens=32, num_kv_blocks=30)
+    before = engine.scheduler.num_preemptions
+    check_greedy(engine, prompts, expected, "chunked")
+    assert engine.scheduler.num_preemptions > before
+
+
+def test_shared_prefix_is_served_from_the_cache(engines, hf_expected, model_dirs):
+    engine = engines("qwen2")
+    prefix = random_prompts(engine.model_config.vocab_size, [64], seed=5)[0]
+    first, second = prefix + [10, 11, 12], prefix + [20, 21]
+    run_to_completion(engine, [("prefix-a", first, GREEDY)])
+    out = run_to_completion(engine, [("prefix-b", second, GREEDY)])["prefix-b"]
+    assert out.num_cached_tokens >= 48
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dirs["qwen2"], dtype=torch.float32).eval()
+    assert out.outputs[0].token_ids == hf_greedy(hf, second, NEW_TOKENS)
+
+
+def test_cache_salt_separates_prefix_caches(engines):
+    engine = engines("qwen2")
+    prompt = random_prompts(engine.model_config.vocab_size, [40], seed=6)[0]
+    params = SamplingParams(temperature=0, max_tokens=2)
+    engine.add_request("salt-a", prompt, params, cache_salt="tenant-a")
+    run_to_completion(engine, [])
+    engine.add_request("salt-b", prompt, params, cache_salt="tenant-b")
+    outs = {}
+    while engine.has_unfinished_requests():
+        outs.update({o.request_id: o for o in engine.step() if o.finished})
+    assert outs["salt-b"].num_cached_tokens == 0
+
+
+def test_randomized_workload_leaks_no_blocks_and_compiles_nothing(engines):
+    engine = engines("llama", max_num_batched_tokens=32, num_kv_blocks=30)
+    rng = np.random.default_rng(7)
+    vocab = engine.model_config.vocab_size
+    preemptions = engine.scheduler.num_preemptions
+    with assert_no_compiles("a randomized workload after warm-up"):
+        pending = list(range(50))
+        live, step = set(), 0
+        while pending or engine.has_unfinished_requests():
+            for _ in range(int(rng.integers(0, 4))):
+                if pending:
+                    i = pending.pop()
+                    params = SamplingParams(n=int(rng.integers(1, 4)), temperature=float(rng.choice([0, 0.8])),
+                                            top_k=int(rng.choice([0, 5])), top_p=float(rng.choice([1.0, 0.9])),
+                                            max_tokens=int(rng.integers(1, 40)), seed=i)
+                    engine.add_request(f"w{i}", rng.integers(3, vocab, int(rng.integers(1, 120))).tolist(), params)
+                    live.add(f"w{i}")
+            if live and rng.random() < 0.15:
+                engine.abort_request(sorted(live)[int(rng.integers(len(live)))])
+            for out in engine.step():
+                if out.finished:
+                    live.discard(out.request_id)
+            step += 1
+            assert step < 5000
+    assert engine.scheduler.num_preemptions > preemptions
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def test_priority_policy_serves_a_later_high_priority_request_first(engines):
+    engine = engines("llama", max_num_seqs=1, max_num_batched_tokens=32, scheduling_policy="priority")
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    engine.add_request("running", [5, 6, 7], params, priority=0)
+    engine.step()  # occupies the only slot
+    engine.add_request("early-low", [5, 6, 8], params, priority=5)
+    engine.add_request("late-high", [5, 6, 9], params, priority=1)
+    order = []
+    while engine.has_unfinished_requests():
+        order += [o.request_id for o in engine.step() if o.finished]
+    assert order == ["running", "late-high", "early-low"]
+
+
+def test_abort_frees_blocks_and_reports_abort(engines):
+    engine = engines("mistral")
+    engine.add_request("to-abort", list(range(3, 90)), SamplingParams(temperature=0, max_tokens=50))
+    engine.step()
+    engine.abort_request("to-abort")
+    outs = engine.step()
+    assert [o.outputs[0].finish_reason for o in outs if o.request_id == "to-abort"] == ["abort"]
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert not engine.has_unfinished_requests()
