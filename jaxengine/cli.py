@@ -4,6 +4,7 @@ import argparse
 import dataclasses
 import logging
 import sys
+import typing
 
 from jaxengine.config import EngineConfig
 
@@ -20,8 +21,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML file of engine settings (see configs/); flags override it")
     for field in dataclasses.fields(EngineConfig):
         flag = "--" + field.name.replace("_", "-")
-        kind = str(field.type)
-        convert = _bool if "bool" in kind else int if kind.startswith("int") else float if "float" in kind else str
+        kind = next(t for t in typing.get_args(field.type) or (field.type,) if t is not type(None))
+        convert = _bool if kind is bool else kind
         parser.add_argument(flag, dest=field.name, type=convert, default=None,
                             help=f"(default: {field.default})")
 

@@ -23,6 +23,14 @@ class IncrementalDetokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
                                      spaces_between_special_tokens=self.spaces_between_special_tokens)
 
+    def flush(self) -> str:
+        """At the end of a sequence: emits held-back text even if it ends in an incomplete character."""
+        prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
+        new = self._decode(self.tokens[self.prefix_offset:])[len(prefix):]
+        self.prefix_offset = self.read_offset = len(self.tokens)
+        self.text += new
+        return new
+
     def add(self, token_id: int) -> str:
         """Appends a token and returns the text it completes (possibly empty)."""
         self.tokens.append(token_id)

@@ -229,6 +229,7 @@ class LLMEngine:
         elif seq.num_tokens >= self.max_model_len:
             seq.finish_reason = "length"
         if seq.finish_reason is not None:
+            request.detokenizers[seq.index].flush()
             self.scheduler.finish(seq)
 
     def _output(self, request_id: str) -> RequestOutput | None:

@@ -1,0 +1,53 @@
+"""Engine configuration from YAML and flags, and the `jaxengine generate` command."""
+
+from pathlib import Path
+
+import pytest
+
+from jaxengine.cli import main
+from jaxengine.config import EngineConfig
+
+CONFIGS = Path(__file__).parent.parent / "configs"
+
+
+def test_cpu_preset_loads_and_flags_override_it():
+    cfg = EngineConfig.from_yaml(CONFIGS / "cpu-small.yaml", max_num_seqs=4, model=None)
+    assert cfg.max_num_seqs == 4 and cfg.dtype == "float32" and cfg.enable_prefix_caching
+
+
+def test_unknown_yaml_setting_is_named(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("max_num_seqs: 4\nmax_batch: 3\n")
+    with pytest.raises(ValueError, match=r"unknown engine settings \['max_batch'\]"):
+        EngineConfig.from_yaml(path)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(block_size=0), "block_size must be >= 1"),
+    (dict(scheduling_policy="lifo"), "scheduling_policy must be one of"),
+    (dict(max_num_seqs=64, max_num_batched_tokens=32), "max_num_batched_tokens"),
+    (dict(kv_cache_memory_fraction=1.5), "kv_cache_memory_fraction"),
+])
+def test_invalid_engine_settings_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        EngineConfig(**kwargs)
+
+
+def test_generate_command_prints_the_completion(model_dirs, capsys):
+    main(["generate", "--model", str(model_dirs["llama"]), "--prompt", "def f(x):", "--max-tokens", "6",
+          "--ignore-eos", "--max-num-seqs", "8", "--max-num-batched-tokens", "32", "--max-model-len", "512",
+          "--kv-cache-gib", "0.01", "--dtype", "float32"])
+    printed = capsys.readouterr().out.strip()
+    from jaxengine import LLM, SamplingParams
+
+    assert printed
+    llm = LLM(model_dirs["llama"], dtype="float32", max_model_len=512, max_num_seqs=8, max_num_batched_tokens=32,
+              kv_cache_gib=0.01, progress=False)
+    want = llm.generate("def f(x):", SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    assert printed == want[0].outputs[0].text.strip()
+
+
+def test_generate_command_reports_bad_input_without_a_traceback(model_dirs):
+    with pytest.raises(SystemExit, match="error: prompt is empty"):
+        main(["generate", "--model", str(model_dirs["llama"]), "--prompt", "", "--max-num-seqs", "8",
+              "--max-num-batched-tokens", "32", "--max-model-len", "512", "--kv-cache-gib", "0.01"])

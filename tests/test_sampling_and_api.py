@@ -1,0 +1,148 @@
+"""Seeds, sampling parameters, n > 1, bad input, chat and the offline LLM API."""
+
+import pytest
+
+from jaxengine import LLM, SamplingParams
+from jaxengine.engine.detokenizer import IncrementalDetokenizer
+from tests.engine_util import random_prompts, run_to_completion
+
+PROMPT = [5, 17, 42, 99, 100, 7]
+
+
+def sample_tokens(engine, tag, params, prompt=PROMPT):
+    return run_to_completion(engine, [(tag, prompt, params)])[tag].outputs
+
+
+def test_same_seed_same_output_and_different_seeds_differ(engines):
+    engine = engines("qwen3")
+    params = dict(temperature=1.0, max_tokens=24, ignore_eos=True)
+    a = sample_tokens(engine, "seed-a", SamplingParams(seed=1, **params))[0].token_ids
+    b = sample_tokens(engine, "seed-b", SamplingParams(seed=1, **params))[0].token_ids
+    c = sample_tokens(engine, "seed-c", SamplingParams(seed=2, **params))[0].token_ids
+    assert a == b
+    assert a != c
+
+
+def test_seeded_output_does_not_depend_on_the_rest_of_the_batch(engines):
+    engine = engines("qwen3")
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=16, ignore_eos=True)
+    alone = sample_tokens(engine, "alone", params)[0].token_ids
+    others = [(f"other-{i}", p, SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True))
+              for i, p in enumerate(random_prompts(engine.model_config.vocab_size, [3, 30, 9, 50], seed=3))]
+    finals = run_to_completion(engine, others + [("batched", PROMPT, params)])
+    assert finals["batched"].outputs[0].token_ids == alone
+
+
+def test_top_k_one_equals_greedy(engines):
+    engine = engines("mistral")
+    greedy = sample_tokens(engine, "greedy", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    top1 = sample_tokens(engine, "top1", SamplingParams(temperature=1.5, top_k=1, seed=3, max_tokens=20,
+                                                        ignore_eos=True))
+    assert top1[0].token_ids == greedy[0].token_ids
+
+
+def test_n_samples_share_the_prompt_and_differ(engines):
+    engine = engines("llama")
+    outs = sample_tokens(engine, "n4", SamplingParams(n=4, temperature=1.0, seed=5, max_tokens=12, ignore_eos=True),
+                         prompt=list(range(3, 80)))
+    assert [o.index for o in outs] == [0, 1, 2, 3]
+    assert len({tuple(o.token_ids) for o in outs}) > 1
+    assert all(len(o.token_ids) == 12 for o in outs)
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_stop_token_ids_and_eos(engines):
+    engine = engines("mistral")
+    free_run = sample_tokens(engine, "free", SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))[0]
+    stop_at = free_run.token_ids[3]
+    stopped = sample_tokens(engine, "stopped", SamplingParams(temperature=0, max_tokens=10, ignore_eos=True,
+                                                             stop_token_ids=[stop_at]))[0]
+    first = free_run.token_ids.index(stop_at)
+    assert stopped.token_ids == free_run.token_ids[: first + 1]
+    assert (stopped.finish_reason, stopped.stop_reason) == ("stop", stop_at)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-2), "top_k"), (dict(max_tokens=0), "max_tokens"), (dict(n=0), "n"),
+    (dict(min_p=0.1), "min_p"), (dict(repetition_penalty=1.2), "repetition_penalty"),
+    (dict(logprobs=2), "logprobs"), (dict(stop=["x"]), "stop"),
+])
+def test_bad_or_unsupported_sampling_params_are_refused(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("prompt,params,match", [
+    ([], SamplingParams(), "prompt is empty"),
+    ("", SamplingParams(), "prompt is empty"),
+    ([1, 2, 100000], SamplingParams(), r"prompt_token_ids contains \[100000\] outside the vocabulary \[0, 331\)"),
+    ([-1], SamplingParams(), "prompt_token_ids.*outside the vocabulary"),
+    (list(range(3, 3)) + [5] * 512, SamplingParams(), "max_model_len=512"),
+    ([5] * 500, SamplingParams(max_tokens=20), r"max_tokens \(20\).*exceeds max_model_len=512"),
+    ([5], SamplingParams(stop_token_ids=[999]), "stop_token_ids.*outside the vocabulary"),
+])
+def test_bad_input_is_refused_and_the_engine_keeps_serving(engines, prompt, params, match):
+    engine = engines("mistral")
+    with pytest.raises(ValueError, match=match):
+        engine.add_request("bad", prompt, params)
+    assert not engine.has_unfinished_requests()
+    ok = sample_tokens(engine, "after-bad", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert len(ok[0].token_ids) == 3
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_duplicate_request_id_is_refused(engines):
+    engine = engines("mistral")
+    engine.add_request("dup", [5, 6], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="request_id 'dup' is already in use"):
+        engine.add_request("dup", [5, 6], SamplingParams(max_tokens=2))
+    run_to_completion(engine, [])
+
+
+def test_detokenizer_never_splits_multibyte_characters(engines):
+    tokenizer = engines("mistral").tokenizer
+    text = "naïve café → 日本語 ok 🙂!"
+    ids = tokenizer.encode(text)
+    detok = IncrementalDetokenizer(tokenizer, [5, 6])
+    pieces = [detok.add(t) for t in ids]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == text == detok.text
+
+
+@pytest.fixture(scope="module")
+def llm(engines):
+    api = LLM.__new__(LLM)  # the LLM API over the shared test engine (no second warm-up)
+    api.engine = engines("qwen2")
+    import itertools
+
+    api._ids = itertools.count()
+    return api
+
+
+def test_llm_generate_returns_outputs_in_input_order(llm):
+    prompts = ["def f(x):", "import json", [5, 6, 7]]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
+    assert [o.prompt for o in outs] == ["def f(x):", "import json", None]
+    assert outs[2].prompt_token_ids == [5, 6, 7]
+    tokenizer = llm.get_tokenizer()
+    for o in outs:
+        assert o.finished and len(o.outputs[0].token_ids) == 5
+        assert o.outputs[0].text == tokenizer.decode(o.outputs[0].token_ids, skip_special_tokens=True)
+    single = llm.generate("def f(x):", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
+    assert single[0].outputs[0].token_ids == outs[0].outputs[0].token_ids
+
+
+def test_llm_generate_validates_every_prompt_before_scheduling_any(llm):
+    with pytest.raises(ValueError, match="prompt is empty"):
+        llm.generate(["fine", ""], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_llm_chat_applies_the_chat_template(llm):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
+    expected = llm.get_tokenizer().apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                        return_dict=False)
+    assert out.prompt_token_ids == list(expected)
+    assert len(out.outputs[0].token_ids) == 4
