@@ -4,12 +4,19 @@ import dataclasses
 
 
 @dataclasses.dataclass
+class Logprob:
+    logprob: float  # from the model's raw distribution, before temperature and truncation
+    rank: int  # 1 = the most likely token
+    decoded_token: str | None = None
+
+
+@dataclasses.dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None = None
-    logprobs: list | None = None
+    logprobs: list[dict[int, Logprob]] | None = None  # per generated token: top-N plus the sampled token
     finish_reason: str | None = None  # stop | length | abort
     stop_reason: int | str | None = None
 

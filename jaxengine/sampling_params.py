@@ -12,9 +12,8 @@ class RequestOutputKind(enum.Enum):
 
 # Parameters vLLM has that this engine does not honour yet, with the value that means "off".
 _NOT_YET_SUPPORTED = {
-    "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-    "logit_bias": None, "allowed_token_ids": None, "bad_words": None, "stop": None, "min_tokens": 0,
-    "logprobs": None, "prompt_logprobs": None, "include_stop_str_in_output": False,
+    "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+    "logit_bias": None, "allowed_token_ids": None, "bad_words": None, "min_tokens": 0, "prompt_logprobs": None,
 }
 
 
@@ -56,6 +55,15 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
+            raise ValueError(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
         if self.top_k == -1:
             self.top_k = 0
         if not isinstance(self.top_k, int) or self.top_k < 0:

@@ -16,7 +16,7 @@ from jaxengine.engine.detokenizer import IncrementalDetokenizer
 from jaxengine.engine.request import Sequence
 from jaxengine.engine.scheduler import Scheduler
 from jaxengine.models.loader import load_model, resolve_model_dir
-from jaxengine.outputs import CompletionOutput, RequestOutput
+from jaxengine.outputs import CompletionOutput, Logprob, RequestOutput
 from jaxengine.runner.model_runner import ModelRunner
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 
@@ -63,7 +63,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=config.block_size,
                                   max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
                                   max_num_batched_tokens=config.max_num_batched_tokens,
-                                  min_token_bucket=config.min_token_bucket)
+                                  min_token_bucket=config.min_token_bucket, max_logprobs=config.max_logprobs)
         logger.info("KV cache: %d blocks of %d tokens (%d tokens); at most %.1f requests of max_model_len=%d at once",
                     num_blocks, config.block_size, num_blocks * config.block_size,
                     num_blocks * config.block_size / self.max_model_len, self.max_model_len)
@@ -137,6 +137,8 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt_token_ids contains {bad[:5]} outside the vocabulary [0, {vocab})")
+        if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
+            raise ValueError(f"logprobs={params.logprobs} exceeds max_logprobs={self.config.max_logprobs}")
         bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"stop_token_ids contains {bad[:5]} outside the vocabulary [0, {vocab})")
@@ -185,13 +187,15 @@ class LLMEngine:
         touched = self._process_aborts()
         chunks = self.scheduler.schedule()
         if chunks:
-            tokens = self.runner.execute(chunks)
-            for chunk, token in zip(chunks, tokens):
+            tokens, logprobs = self.runner.execute(chunks)
+            for row, (chunk, token) in enumerate(zip(chunks, tokens)):
                 seq = chunk.seq
                 completes = chunk.completes_sequence
                 seq.num_computed_tokens += chunk.num_tokens
                 self.block_manager.cache_full_blocks(seq)
                 if completes:
+                    if seq.logprobs is not None:
+                        self._record_logprobs(seq, int(token), [x[row] for x in logprobs])
                     self._append_token(seq, int(token))
                 touched.setdefault(seq.request_id, None)
         outputs = [out for rid in touched if (out := self._output(rid)) is not None]
@@ -215,22 +219,51 @@ class LLMEngine:
             touched[rid] = None
         return touched
 
+    def _record_logprobs(self, seq: Sequence, token: int, row) -> None:
+        top_ids, top_lps, token_lp, token_rank = row
+        n = seq.params.logprobs
+        entry = {int(t): Logprob(float(lp), i + 1, self.tokenizer.decode([int(t)]))
+                 for i, (t, lp) in enumerate(zip(top_ids[:n], top_lps[:n]))}
+        entry[token] = Logprob(float(token_lp), int(token_rank), self.tokenizer.decode([token]))
+        seq.logprobs.append(entry)
+        seq.cumulative_logprob += float(token_lp)
+
     def _append_token(self, seq: Sequence, token: int) -> None:
-        params = seq.params
         seq.output_token_ids.append(token)
-        request = self.requests[seq.request_id]
-        request.detokenizers[seq.index].add(token)
-        if not params.ignore_eos and token in self.eos_token_ids:
-            seq.finish_reason = "stop"
-        elif token in params.stop_token_ids:
-            seq.finish_reason, seq.stop_reason = "stop", token
-        elif params.max_tokens is not None and len(seq.output_token_ids) >= params.max_tokens:
-            seq.finish_reason = "length"
-        elif seq.num_tokens >= self.max_model_len:
-            seq.finish_reason = "length"
+        detok = self.requests[seq.request_id].detokenizers[seq.index]
+        new_text = detok.add(token)
+        if seq.params.stop and new_text and self._match_stop_string(seq, detok, len(new_text)):
+            self.scheduler.finish(seq)  # the text is already cut at the stop string
+            return
+        seq.finish_reason, seq.stop_reason = self._stop_condition(seq, token)
         if seq.finish_reason is not None:
-            request.detokenizers[seq.index].flush()
+            detok.flush()
             self.scheduler.finish(seq)
+
+    def _stop_condition(self, seq: Sequence, token: int) -> tuple[str | None, int | None]:
+        params = seq.params
+        if not params.ignore_eos and token in self.eos_token_ids:
+            return "stop", None
+        if token in params.stop_token_ids:
+            return "stop", token
+        if params.max_tokens is not None and len(seq.output_token_ids) >= params.max_tokens:
+            return "length", None
+        if seq.num_tokens >= self.max_model_len:
+            return "length", None
+        return None, None
+
+    def _match_stop_string(self, seq: Sequence, detok: IncrementalDetokenizer, num_new_chars: int) -> bool:
+        """Stops at the first stop string that the new text completes (it may span tokens) and cuts the text
+        there, keeping the stop string only with `include_stop_str_in_output`."""
+        longest = max(len(s) for s in seq.params.stop)
+        search_from = max(0, len(detok.text) - num_new_chars - longest + 1)
+        found = [(i, s) for s in seq.params.stop if (i := detok.text.find(s, search_from)) >= 0]
+        if not found:
+            return False
+        index, stop = min(found)
+        detok.text = detok.text[: index + len(stop) if seq.params.include_stop_str_in_output else index]
+        seq.finish_reason, seq.stop_reason = "stop", stop
+        return True
 
     def _output(self, request_id: str) -> RequestOutput | None:
         request = self.requests.get(request_id)
@@ -241,13 +274,18 @@ class LLMEngine:
             return None
         completions = []
         for i, (seq, detok) in enumerate(zip(request.seqs, request.detokenizers)):
-            tokens, text = seq.output_token_ids, detok.text
+            tokens, text, logprobs = seq.output_token_ids, detok.text, seq.logprobs
+            if seq.params.stop and not seq.is_finished:  # hold back what may be the start of a stop string
+                text = text[: max(0, len(text) - max(len(s) for s in seq.params.stop) + 1)]
             if kind == RequestOutputKind.DELTA:
                 done_tokens, done_chars = request.emitted[i]
-                request.emitted[i] = (len(tokens), len(text))
+                request.emitted[i] = (len(tokens), max(len(text), done_chars))
                 tokens, text = tokens[done_tokens:], text[done_chars:]
-            completions.append(CompletionOutput(i, text, list(tokens), finish_reason=seq.finish_reason,
-                                                stop_reason=seq.stop_reason))
+                logprobs = logprobs[done_tokens:] if logprobs is not None else None
+            completions.append(CompletionOutput(
+                i, text, list(tokens), cumulative_logprob=seq.cumulative_logprob if logprobs is not None else None,
+                logprobs=list(logprobs) if logprobs is not None else None, finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason))
         cached = max(request.seqs[0].num_cached_tokens, 0)
         return RequestOutput(request_id, request.prompt, request.prompt_token_ids, completions,
                              request.finished, num_cached_tokens=cached)

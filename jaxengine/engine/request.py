@@ -31,7 +31,9 @@ class Sequence:
         self.num_cached_tokens = -1  # prompt tokens served by the prefix cache at first scheduling
         self.num_preemptions = 0
         self.finish_reason: str | None = None
-        self.stop_reason: int | None = None
+        self.stop_reason: int | str | None = None
+        self.logprobs: list[dict] | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob = 0.0
         self.fork_parent: "Sequence | None" = None  # n > 1: waits for this sequence's prompt, then shares it
 
     @property

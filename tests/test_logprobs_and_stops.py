@@ -1,0 +1,97 @@
+"""Logprobs against transformers, min-p, and stop strings that span token boundaries."""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from jaxengine import SamplingParams
+from tests.engine_util import run_to_completion
+
+PROMPT = [5, 17, 42, 99, 100, 7, 8, 9]
+
+
+def only(engine, tag, params, prompt=PROMPT):
+    return run_to_completion(engine, [(tag, prompt, params)])[tag].outputs[0]
+
+
+def test_logprobs_match_transformers_log_softmax(engines, model_dirs):
+    engine = engines("llama")
+    out = only(engine, "lp", SamplingParams(temperature=0.7, seed=4, max_tokens=8, ignore_eos=True, logprobs=5))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dirs["llama"], dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = hf(torch.tensor([PROMPT + out.token_ids])).logits[0]
+    ref = torch.log_softmax(logits, -1).numpy()[len(PROMPT) - 1:-1]  # raw distribution at each generated step
+    total = 0.0
+    for step, (token, entry) in enumerate(zip(out.token_ids, out.logprobs)):
+        want_top = np.argsort(-ref[step])[:5]
+        top = [t for t, lp in entry.items() if lp.rank <= 5 and t in want_top]
+        assert len(top) == 5 and all(entry[t].rank == r + 1 for r, t in enumerate(want_top))
+        for t in want_top:
+            assert abs(entry[t].logprob - ref[step, t]) < 1e-4
+        assert abs(entry[token].logprob - ref[step, token]) < 1e-4
+        assert entry[token].rank == 1 + int((ref[step] > ref[step, token]).sum())
+        total += ref[step, token]
+    assert out.cumulative_logprob == pytest.approx(total, abs=1e-3)
+
+
+def test_logprobs_above_the_limit_are_refused(engines):
+    with pytest.raises(ValueError, match="logprobs=21 exceeds max_logprobs=20"):
+        engines("llama").add_request("too-many", PROMPT, SamplingParams(logprobs=21))
+
+
+def test_min_p_one_keeps_only_the_most_likely_token(engines):
+    engine = engines("qwen3")
+    greedy = only(engine, "g", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    min_p = only(engine, "mp", SamplingParams(temperature=1.0, min_p=1.0, seed=1, max_tokens=12, ignore_eos=True))
+    assert min_p.token_ids == greedy.token_ids
+
+
+def test_min_p_only_samples_tokens_above_the_threshold(engines):
+    engine = engines("qwen3")
+    out = only(engine, "mp2", SamplingParams(temperature=1.0, min_p=0.3, seed=2, max_tokens=30, ignore_eos=True,
+                                             logprobs=1))
+    for token, entry in zip(out.token_ids, out.logprobs):
+        best = max(lp.logprob for lp in entry.values())
+        assert entry[token].logprob >= best + np.log(0.3) - 1e-5
+
+
+def spanning_stop_string(engine, text, token_ids):
+    """Two characters around a token boundary, chosen where that is their first occurrence in the text."""
+    for i in range(2, len(token_ids)):
+        boundary = len(engine.tokenizer.decode(token_ids[:i]))
+        stop = text[boundary - 1: boundary + 1]
+        if len(stop) == 2 and "\ufffd" not in stop and text.find(stop) == boundary - 1:
+            return stop
+    pytest.skip("no token boundary with a unique two-character string in the greedy output")
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_string_across_token_boundary_cuts_the_text(engines, include):
+    engine = engines("mistral")
+    free = only(engine, f"free-{include}", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    stop = spanning_stop_string(engine, free.text, free.token_ids)
+    out = only(engine, f"stop-{include}", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop],
+                                                         include_stop_str_in_output=include))
+    cut = free.text.index(stop)
+    assert out.text == free.text[: cut + (len(stop) if include else 0)]
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+    assert len(out.token_ids) < len(free.token_ids)
+
+
+def test_delta_outputs_concatenate_to_the_final_text(engines):
+    from jaxengine import RequestOutputKind
+
+    engine = engines("mistral")
+    free = only(engine, "free-delta", SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    stop = spanning_stop_string(engine, free.text, free.token_ids)
+    engine.add_request("delta", PROMPT, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop],
+                                                       output_kind=RequestOutputKind.DELTA))
+    texts, tokens = [], []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            texts.append(out.outputs[0].text)
+            tokens += out.outputs[0].token_ids
+    assert "".join(texts) == free.text[: free.text.index(stop)]
+    assert tokens == free.token_ids[: len(tokens)]
+    assert all(stop not in t for t in texts)
