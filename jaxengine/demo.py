@@ -43,7 +43,7 @@ def make_demo_model(path: Path) -> None:
     from safetensors.numpy import save_file
 
     path.mkdir(parents=True, exist_ok=True)
-    _make_tokenizer(path, _CONFIG["vocab_size"])
+    make_tokenizer(path, _CONFIG["vocab_size"])
     c = _CONFIG
     rng = np.random.default_rng(0)
     d, i, hd = c["hidden_size"], c["intermediate_size"], c["hidden_size"] // c["num_attention_heads"]
@@ -65,7 +65,9 @@ def make_demo_model(path: Path) -> None:
     (path / "README.md").write_text(f"# {DEMO_NAME}\n\nRandom weights: a smoke-test model, not a language model.\n")
 
 
-def _make_tokenizer(path: Path, vocab_size: int) -> None:
+def make_tokenizer(path: Path, vocab_size: int) -> None:
+    """Byte-level BPE trained on local Python sources, saved as a transformers fast tokenizer with a chat
+    template (special tokens: pad 0, bos 1, eos 2)."""
     import json as json_mod
     import textwrap
 

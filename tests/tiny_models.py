@@ -5,7 +5,6 @@ Qwen3), an odd vocabulary, sliding windows shorter than the test prompts, tied a
 supported rope type, and one checkpoint sharded over several safetensors files with an index.
 """
 
-import inspect
 import json
 from pathlib import Path
 
@@ -34,35 +33,10 @@ SPECS = {
         rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0)),
 }
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-def _training_text() -> list[str]:
-    import json as json_mod
-    import textwrap
-
-    return [inspect.getsource(m) for m in (json_mod, textwrap, inspect)]
-
-
 def make_tokenizer(out_dir: Path) -> None:
-    """Byte-level BPE trained on local Python sources, saved as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from jaxengine.demo import make_tokenizer as train
 
-    specials = ["<|pad|>", "<|bos|>", "<|eos|>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE - 11, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_training_text(), trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
-                                   pad_token="<|pad|>", additional_special_tokens=specials[3:])
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out_dir)
+    train(out_dir, VOCAB_SIZE - 11)
 
 
 def make_model(name: str, out_dir: Path, tokenizer_dir: Path | None = None, seed: int = 0) -> Path:
