@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxengine.runner.batch import pack_batch
+from jaxengine.runner.batch import RaggedBatch
 
 
 class PagedModel:
@@ -41,3 +41,33 @@ class PagedModel:
             return [logits[i] for i in range(len(chunks))]
         bounds = np.cumsum([0] + [len(t) for t in new_tokens])
         return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def pack_batch(
+    chunks: list[tuple[list[int], int, list[int]]],  # (new token ids, tokens already in the cache, page ids)
+    *,
+    num_tokens: int,
+    num_reqs: int,
+    pages_per_seq: int,
+) -> RaggedBatch:
+    """Packs chunks into a padded host batch the way the runner does, but with every logit row selectable."""
+    if len(chunks) > num_reqs or sum(len(c[0]) for c in chunks) > num_tokens:
+        raise ValueError(f"{len(chunks)} requests do not fit the bucket of {num_tokens} tokens, {num_reqs} requests")
+    input_ids = np.zeros(num_tokens, np.int32)
+    positions = np.zeros(num_tokens, np.int32)
+    cu_q_lens = np.zeros(num_reqs + 1, np.int32)
+    kv_lens = np.zeros(num_reqs, np.int32)
+    block_tables = np.zeros((num_reqs, pages_per_seq), np.int32)
+    logits_indices = np.zeros(num_reqs, np.int32)
+    start = 0
+    for i, (tokens, num_cached, pages) in enumerate(chunks):
+        end = start + len(tokens)
+        input_ids[start:end] = tokens
+        positions[start:end] = np.arange(num_cached, num_cached + len(tokens))
+        kv_lens[i] = num_cached + len(tokens)
+        block_tables[i, : len(pages)] = pages
+        logits_indices[i] = end - 1
+        cu_q_lens[i + 1] = end
+        start = end
+    cu_q_lens[len(chunks) + 1:] = start
+    return RaggedBatch(input_ids, positions, cu_q_lens, kv_lens, block_tables, np.int32(len(chunks)), logits_indices)
