@@ -13,7 +13,7 @@ class RequestOutputKind(enum.Enum):
 # Parameters vLLM has that this engine does not honour yet, with the value that means "off".
 _NOT_YET_SUPPORTED = {
     "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-    "logit_bias": None, "allowed_token_ids": None, "bad_words": None, "min_tokens": 0, "prompt_logprobs": None,
+    "allowed_token_ids": None, "prompt_logprobs": None,
 }
 
 
@@ -64,6 +64,13 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        if self.logit_bias:  # clamped to [-100, 100] as in vLLM and the OpenAI API
+            self.logit_bias = {int(t): max(-100.0, min(100.0, float(b))) for t, b in self.logit_bias.items()}
+        self.bad_words = list(self.bad_words or [])
         if self.top_k == -1:
             self.top_k = 0
         if not isinstance(self.top_k, int) or self.top_k < 0:

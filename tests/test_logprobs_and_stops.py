@@ -95,3 +95,41 @@ def test_delta_outputs_concatenate_to_the_final_text(engines):
     assert "".join(texts) == free.text[: free.text.index(stop)]
     assert tokens == free.token_ids[: len(tokens)]
     assert all(stop not in t for t in texts)
+
+
+def greedy_run(engine, tag, **kwargs):
+    return only(engine, tag, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, **kwargs))
+
+
+def test_min_tokens_suppresses_stop_tokens_until_reached(engines):
+    engine = engines("mistral")
+    free = greedy_run(engine, "mt-free")
+    stop_id = free.token_ids[1]
+    early = greedy_run(engine, "mt-early", stop_token_ids=[stop_id])
+    assert len(early.token_ids) == 2 and early.finish_reason == "stop"
+    held = greedy_run(engine, "mt-held", stop_token_ids=[stop_id], min_tokens=6)
+    assert stop_id not in held.token_ids[:6]
+    assert len(held.token_ids) >= 6
+
+
+def test_bad_words_never_appear(engines):
+    engine = engines("mistral")
+    free = greedy_run(engine, "bw-free")
+    tok = engine.tokenizer
+    word_ids = next(t for t in free.token_ids if tok.encode(tok.decode([t]), add_special_tokens=False) == [t])
+    out = greedy_run(engine, "bw", bad_words=[tok.decode([word_ids])])
+    assert word_ids not in out.token_ids
+
+
+def test_logit_bias_shifts_the_logits(engines):
+    engine = engines("qwen2")
+    free = greedy_run(engine, "lb-free")
+    pushed_down = greedy_run(engine, "lb-down", logit_bias={free.token_ids[0]: -100})
+    assert pushed_down.token_ids[0] != free.token_ids[0]
+    forced = greedy_run(engine, "lb-up", logit_bias={7: 250})  # clamped to 100, still dominant
+    assert forced.token_ids == [7] * 12
+
+
+def test_logit_bias_outside_the_vocabulary_is_refused(engines):
+    with pytest.raises(ValueError, match=r"logit_bias contains \[999\] outside the vocabulary"):
+        engines("qwen2").add_request("lb-bad", PROMPT, SamplingParams(logit_bias={999: 1.0}))

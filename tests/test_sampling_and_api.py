@@ -66,8 +66,9 @@ def test_stop_token_ids_and_eos(engines):
     (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_p=1.5), "top_p"),
     (dict(top_k=-2), "top_k"), (dict(max_tokens=0), "max_tokens"), (dict(n=0), "n"),
     (dict(min_p=1.5), "min_p"), (dict(logprobs=-1), "logprobs"), (dict(stop=[""]), "stop"),
-    (dict(repetition_penalty=1.2), "repetition_penalty"), (dict(logit_bias={3: 1.0}), "logit_bias"),
-    (dict(min_tokens=2), "min_tokens"), (dict(prompt_logprobs=1), "prompt_logprobs"),
+    (dict(repetition_penalty=1.2), "repetition_penalty"), (dict(allowed_token_ids=[3]), "allowed_token_ids"),
+    (dict(min_tokens=-1), "min_tokens"), (dict(min_tokens=5, max_tokens=2), "min_tokens"),
+    (dict(prompt_logprobs=1), "prompt_logprobs"),
 ])
 def test_bad_or_unsupported_sampling_params_are_refused(kwargs, field):
     with pytest.raises(ValueError, match=field):

@@ -17,7 +17,7 @@ from jaxengine.engine.request import Sequence
 from jaxengine.engine.scheduler import Scheduler
 from jaxengine.models.loader import load_model, resolve_model_dir
 from jaxengine.outputs import CompletionOutput, Logprob, RequestOutput
-from jaxengine.runner.model_runner import ModelRunner
+from jaxengine.runner.model_runner import MAX_BANNED, MAX_LOGIT_BIAS, ModelRunner
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -139,9 +139,16 @@ class LLMEngine:
             raise ValueError(f"prompt_token_ids contains {bad[:5]} outside the vocabulary [0, {vocab})")
         if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
             raise ValueError(f"logprobs={params.logprobs} exceeds max_logprobs={self.config.max_logprobs}")
-        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"stop_token_ids contains {bad[:5]} outside the vocabulary [0, {vocab})")
+        for field in ("stop_token_ids", "logit_bias"):
+            bad = [t for t in getattr(params, field) or [] if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"{field} contains {bad[:5]} outside the vocabulary [0, {vocab})")
+        if params.logit_bias and len(params.logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias has {len(params.logit_bias)} entries; at most {MAX_LOGIT_BIAS} are supported")
+        banned = len(self.eos_token_ids | set(params.stop_token_ids)) if params.min_tokens else 0
+        if banned + 2 * len(params.bad_words) > MAX_BANNED:  # each word is banned in two spellings
+            raise ValueError(f"min_tokens' stop tokens ({banned}) plus bad_words ({len(params.bad_words)}) exceed "
+                             f"the {MAX_BANNED} tokens that can be banned at once")
         if n >= self.max_model_len:
             raise ValueError(f"prompt has {n} tokens; max_model_len={self.max_model_len} leaves no room to generate "
                              f"(the prompt must be shorter than max_model_len)")
@@ -160,18 +167,31 @@ class LLMEngine:
         self.validate(token_ids, params)
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        bad_words = self._tokenize_bad_words(params.bad_words)
         base_seed = params.seed if params.seed is not None else int(self._rng.integers(1 << 62))
         seqs = []
         for i in range(params.n):
             seed = int(np.random.SeedSequence([base_seed & ((1 << 63) - 1), i]).generate_state(1)[0])
             seq = Sequence(request_id, i, token_ids, params, seed, priority, arrival_time, cache_salt)
             seq.fork_parent = seqs[0] if i else None
+            seq.min_tokens_banned = sorted(self.eos_token_ids | set(params.stop_token_ids))
+            seq.bad_words = bad_words
             seqs.append(seq)
         detoks = [IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens,
                                          params.spaces_between_special_tokens) for _ in seqs]
         self.requests[request_id] = _Request(request_id, text, token_ids, params, seqs, detoks, [(0, 0)] * len(seqs))
         for seq in seqs:
             self.scheduler.add(seq)
+
+    def _tokenize_bad_words(self, words: list[str]) -> list[list[int]]:
+        """Each word as it would appear at the start of the text and after a space, as vLLM does."""
+        out = []
+        for word in words:
+            for variant in (word, " " + word.lstrip()):
+                ids = self.tokenizer.encode(variant, add_special_tokens=False)
+                if ids and ids not in out:
+                    out.append(ids)
+        return out
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Thread-safe; the request's blocks are freed at the start of the next step."""
@@ -232,7 +252,8 @@ class LLMEngine:
         seq.output_token_ids.append(token)
         detok = self.requests[seq.request_id].detokenizers[seq.index]
         new_text = detok.add(token)
-        if seq.params.stop and new_text and self._match_stop_string(seq, detok, len(new_text)):
+        may_stop = len(seq.output_token_ids) >= seq.params.min_tokens
+        if may_stop and seq.params.stop and new_text and self._match_stop_string(seq, detok, len(new_text)):
             self.scheduler.finish(seq)  # the text is already cut at the stop string
             return
         seq.finish_reason, seq.stop_reason = self._stop_condition(seq, token)

@@ -34,11 +34,24 @@ class Sequence:
         self.stop_reason: int | str | None = None
         self.logprobs: list[dict] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob = 0.0
+        self.min_tokens_banned: list[int] = []  # EOS and stop ids, banned until min_tokens are generated
+        self.bad_words: list[list[int]] = []  # token sequences that must never be completed
         self.fork_parent: "Sequence | None" = None  # n > 1: waits for this sequence's prompt, then shares it
 
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def banned_tokens(self) -> list[int]:
+        """Tokens that may not be sampled next: stop tokens before min_tokens, and the last token of any bad
+        word whose other tokens the output has just produced."""
+        out = self.output_token_ids
+        banned = list(self.min_tokens_banned) if len(out) < self.params.min_tokens else []
+        for word in self.bad_words:
+            prefix = word[:-1]
+            if not prefix or out[len(out) - len(prefix):] == prefix and len(out) >= len(prefix):
+                banned.append(word[-1])
+        return sorted(set(banned))
 
     @property
     def num_tokens(self) -> int:

@@ -8,8 +8,19 @@ import jax
 import jax.numpy as jnp
 
 
-def sample(
+def apply_logit_processors(
     logits: jax.Array,  # f32[R, vocab]
+    bias_ids: jax.Array,  # i32[R, max_logit_bias]; vocab = unused entry
+    bias_values: jax.Array,  # f32[R, max_logit_bias]
+    banned: jax.Array,  # i32[R, max_banned]: tokens that may not be sampled now; vocab = unused entry
+) -> jax.Array:
+    rows = jnp.arange(logits.shape[0])[:, None]
+    logits = logits.at[rows, bias_ids].add(bias_values, mode="drop")
+    return logits.at[rows, banned].set(-jnp.inf, mode="drop")
+
+
+def sample(
+    logits: jax.Array,  # f32[R, vocab], after apply_logit_processors
     temperature: jax.Array,  # f32[R]; 0 = greedy
     top_k: jax.Array,  # i32[R]; 0 = off
     top_p: jax.Array,  # f32[R]; 1 = off

@@ -10,7 +10,10 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from jaxengine.engine.scheduler import ScheduledChunk
-from jaxengine.layers.sampler import sample, token_logprobs
+from jaxengine.layers.sampler import apply_logit_processors, sample, token_logprobs
+
+MAX_LOGIT_BIAS = 64  # entries of `logit_bias` per request
+MAX_BANNED = 32  # tokens banned at once per request (min_tokens' EOS/stop ids plus bad_words)
 from jaxengine.runner.batch import RaggedBatch
 
 logger = logging.getLogger(__name__)
@@ -26,7 +29,8 @@ def power_of_two_buckets(low: int, high: int) -> list[int]:
 
 def _step(graphdef, state, kv_cache, batch: RaggedBatch, sampling, *, all_greedy: bool, num_logprobs: int):
     logits, kv_cache = nnx.merge(graphdef, state)(kv_cache, batch)
-    tokens = sample(logits, *sampling, all_greedy=all_greedy)
+    *params, bias_ids, bias_values, banned = sampling
+    tokens = sample(apply_logit_processors(logits, bias_ids, bias_values, banned), *params, all_greedy=all_greedy)
     logprobs = token_logprobs(logits, tokens, num_logprobs) if num_logprobs else None
     return tokens, logprobs, kv_cache
 
@@ -58,6 +62,10 @@ class ModelRunner:
         self.min_p = np.zeros(max_r, np.float32)
         self.seeds = np.zeros(max_r, np.uint32)
         self.counters = np.zeros(max_r, np.int32)
+        self.vocab_size = model.cfg.vocab_size
+        self.bias_ids = np.full((max_r, MAX_LOGIT_BIAS), self.vocab_size, np.int32)
+        self.bias_values = np.zeros((max_r, MAX_LOGIT_BIAS), np.float32)
+        self.banned = np.full((max_r, MAX_BANNED), self.vocab_size, np.int32)
 
     def shapes(self) -> list[tuple[int, int, bool, int]]:
         """Every (token bucket, request bucket, all_greedy, num_logprobs) the step is compiled for."""
@@ -85,7 +93,7 @@ class ModelRunner:
         batch = RaggedBatch(self.input_ids[:t], self.positions[:t], self.cu_q_lens[: r + 1], self.kv_lens[:r],
                             self.block_tables[:r], np.int32(num_seqs), self.logits_indices[:r])
         sampling = (self.temperature[:r], self.top_k[:r], self.top_p[:r], self.min_p[:r], self.seeds[:r],
-                    self.counters[:r])
+                    self.counters[:r], self.bias_ids[:r], self.bias_values[:r], self.banned[:r])
         return jax.device_put((batch, sampling))
 
     def execute(self, chunks: list[ScheduledChunk]) -> tuple[np.ndarray, tuple | None]:
@@ -110,9 +118,18 @@ class ModelRunner:
             self.min_p[i] = params.min_p
             self.seeds[i] = seq.seed
             self.counters[i] = len(seq.output_token_ids)
+            self.bias_ids[i] = self.vocab_size
+            self.banned[i] = self.vocab_size
+            if params.logit_bias:
+                self.bias_ids[i, : len(params.logit_bias)] = list(params.logit_bias)
+                self.bias_values[i, : len(params.logit_bias)] = list(params.logit_bias.values())
+            banned = seq.banned_tokens()
+            self.banned[i, : len(banned)] = banned
         self.cu_q_lens[len(chunks) + 1: num_reqs + 1] = start
         self.kv_lens[len(chunks):num_reqs] = 0
         self.temperature[len(chunks):num_reqs] = 0
+        self.bias_ids[len(chunks):num_reqs] = self.vocab_size
+        self.banned[len(chunks):num_reqs] = self.vocab_size
         all_greedy = all(c.seq.params.temperature == 0 for c in chunks)
         wants_logprobs = any(c.seq.params.logprobs is not None for c in chunks)
         step = self._executable(num_tokens, num_reqs, all_greedy, self.max_logprobs if wants_logprobs else 0)
