@@ -11,12 +11,6 @@ class RequestOutputKind(enum.Enum):
 
 
 # Parameters vLLM has that this engine does not honour yet, with the value that means "off".
-_NOT_YET_SUPPORTED = {
-    "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-    "allowed_token_ids": None, "prompt_logprobs": None,
-}
-
-
 @dataclasses.dataclass
 class SamplingParams:
     n: int = 1
@@ -44,11 +38,6 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
 
     def __post_init__(self):
-        for name, off in _NOT_YET_SUPPORTED.items():
-            value = getattr(self, name)
-            if value != off and value not in (None, [], {}):
-                raise ValueError(f"{name} is not supported by this version of jaxengine yet (got {value!r}); "
-                                 f"leave it at {off!r}")
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
         if self.temperature < 0:
@@ -57,8 +46,10 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
-            raise ValueError(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be None or an integer >= 0, got {value!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
@@ -71,6 +62,15 @@ class SamplingParams:
         if self.logit_bias:  # clamped to [-100, 100] as in vLLM and the OpenAI API
             self.logit_bias = {int(t): max(-100.0, min(100.0, float(b))) for t, b in self.logit_bias.items()}
         self.bad_words = list(self.bad_words or [])
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must not be empty")
         if self.top_k == -1:
             self.top_k = 0
         if not isinstance(self.top_k, int) or self.top_k < 0:
@@ -82,5 +82,7 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
 
     @property
-    def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+    def needs_slot_state(self) -> bool:
+        """Penalties and allowed_token_ids need per-sequence state on the device."""
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+                or self.allowed_token_ids is not None)

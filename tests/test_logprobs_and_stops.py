@@ -133,3 +133,31 @@ def test_logit_bias_shifts_the_logits(engines):
 def test_logit_bias_outside_the_vocabulary_is_refused(engines):
     with pytest.raises(ValueError, match=r"logit_bias contains \[999\] outside the vocabulary"):
         engines("qwen2").add_request("lb-bad", PROMPT, SamplingParams(logit_bias={999: 1.0}))
+
+
+def test_prompt_logprobs_match_transformers_across_prefill_chunks(engines, model_dirs):
+    engine = engines("llama", max_num_batched_tokens=32, num_kv_blocks=30)  # a 70-token prompt takes 3 chunks
+    prompt = list(np.random.default_rng(9).integers(3, engine.model_config.vocab_size, 70))
+    out = run_to_completion(engine, [("plp", prompt, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3))])
+    result = out["plp"].prompt_logprobs
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dirs["llama"], dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0], -1).numpy()
+    assert len(result) == len(prompt) and result[0] is None
+    for p in range(1, len(prompt)):
+        entry, token = result[p], prompt[p]
+        assert abs(entry[token].logprob - ref[p - 1, token]) < 1e-4
+        assert entry[token].rank == 1 + int((ref[p - 1] > ref[p - 1, token]).sum())
+        top = sorted((t for t in entry if entry[t].rank <= 3), key=lambda t: entry[t].rank)
+        assert top == list(np.argsort(-ref[p - 1])[:3])
+
+
+def test_skip_special_tokens_controls_their_text(engines):
+    engine = engines("mistral")
+    special = engine.tokenizer.convert_tokens_to_ids("<|user|>")
+    common = dict(temperature=0, max_tokens=3, ignore_eos=True, logit_bias={special: 100})
+    shown = only(engine, "special-shown", SamplingParams(skip_special_tokens=False, **common))
+    hidden = only(engine, "special-hidden", SamplingParams(**common))
+    assert shown.token_ids == hidden.token_ids == [special] * 3
+    assert shown.text == "<|user|>" * 3
+    assert hidden.text == ""

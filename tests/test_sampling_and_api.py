@@ -23,12 +23,15 @@ def test_same_seed_same_output_and_different_seeds_differ(engines):
     assert a != c
 
 
-def test_seeded_output_does_not_depend_on_the_rest_of_the_batch(engines):
+def test_seeded_output_is_the_same_alone_or_among_16_others(engines):
     engine = engines("qwen3")
     params = SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=16, ignore_eos=True)
     alone = sample_tokens(engine, "alone", params)[0].token_ids
-    others = [(f"other-{i}", p, SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True))
-              for i, p in enumerate(random_prompts(engine.model_config.vocab_size, [3, 30, 9, 50], seed=3))]
+    lengths = [3, 30, 9, 50, 1, 17, 64, 5, 12, 40, 2, 8, 25, 33, 6, 90]  # 16 others, mixed settings
+    others = [(f"other-{i}", p, SamplingParams(temperature=[0, 1.0, 0.7][i % 3], top_k=[0, 5][i % 2],
+                                               presence_penalty=[0, 0.5][i % 2], logprobs=[None, 2][i % 2],
+                                               max_tokens=20, ignore_eos=True))
+              for i, p in enumerate(random_prompts(engine.model_config.vocab_size, lengths, seed=3))]
     finals = run_to_completion(engine, others + [("batched", PROMPT, params)])
     assert finals["batched"].outputs[0].token_ids == alone
 
@@ -66,9 +69,10 @@ def test_stop_token_ids_and_eos(engines):
     (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_p=1.5), "top_p"),
     (dict(top_k=-2), "top_k"), (dict(max_tokens=0), "max_tokens"), (dict(n=0), "n"),
     (dict(min_p=1.5), "min_p"), (dict(logprobs=-1), "logprobs"), (dict(stop=[""]), "stop"),
-    (dict(repetition_penalty=1.2), "repetition_penalty"), (dict(allowed_token_ids=[3]), "allowed_token_ids"),
+    (dict(repetition_penalty=0), "repetition_penalty"), (dict(presence_penalty=2.5), "presence_penalty"),
+    (dict(frequency_penalty=-3), "frequency_penalty"), (dict(allowed_token_ids=[]), "allowed_token_ids"),
     (dict(min_tokens=-1), "min_tokens"), (dict(min_tokens=5, max_tokens=2), "min_tokens"),
-    (dict(prompt_logprobs=1), "prompt_logprobs"),
+    (dict(prompt_logprobs=-1), "prompt_logprobs"),
 ])
 def test_bad_or_unsupported_sampling_params_are_refused(kwargs, field):
     with pytest.raises(ValueError, match=field):

@@ -79,8 +79,8 @@ class BlockManager:
         to compute so that the step has a position to sample from)."""
         max_blocks = (seq.num_tokens - 1) // self.block_size
         self.query_tokens += seq.num_tokens
-        if not self.enable_prefix_caching:
-            return
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+            return  # prompt logprobs need the logits of every prompt position: no cached prefix
         tokens, bs = seq.all_token_ids, self.block_size
         for i, h in enumerate(self._hashes(seq, max_blocks)):
             block_id = self.cached.get(h)
@@ -92,7 +92,8 @@ class BlockManager:
         self.hit_tokens += seq.num_computed_tokens
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """n > 1: the child shares the parent's full prompt blocks and computes only the rest."""
+        """n > 1: the child shares the parent's full prompt blocks and computes only the rest (the request's
+        prompt logprobs come from the parent)."""
         shared = (len(child.prompt_token_ids) - 1) // self.block_size
         for block_id in parent.block_ids[:shared]:
             self._take(block_id)

@@ -38,6 +38,7 @@ class _Request:
     seqs: list[Sequence]
     detokenizers: list[IncrementalDetokenizer]
     emitted: list[tuple[int, int]]  # per sample: (tokens, characters) already returned (delta outputs)
+    prompt_logprobs_sent: bool = False
 
     @property
     def finished(self) -> bool:
@@ -137,9 +138,11 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt_token_ids contains {bad[:5]} outside the vocabulary [0, {vocab})")
-        if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
-            raise ValueError(f"logprobs={params.logprobs} exceeds max_logprobs={self.config.max_logprobs}")
-        for field in ("stop_token_ids", "logit_bias"):
+        for field in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, field)
+            if value is not None and value > self.config.max_logprobs:
+                raise ValueError(f"{field}={value} exceeds max_logprobs={self.config.max_logprobs}")
+        for field in ("stop_token_ids", "logit_bias", "allowed_token_ids"):
             bad = [t for t in getattr(params, field) or [] if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"{field} contains {bad[:5]} outside the vocabulary [0, {vocab})")
@@ -207,10 +210,14 @@ class LLMEngine:
         touched = self._process_aborts()
         chunks = self.scheduler.schedule()
         if chunks:
-            tokens, logprobs = self.runner.execute(chunks)
+            tokens, logprobs, prompt_logprobs = self.runner.execute(chunks)
+            start = 0
             for row, (chunk, token) in enumerate(zip(chunks, tokens)):
                 seq = chunk.seq
                 completes = chunk.completes_sequence
+                if prompt_logprobs is not None and seq.prompt_logprobs is not None:
+                    self._record_prompt_logprobs(seq, chunk.num_tokens, start, prompt_logprobs)
+                start += chunk.num_tokens
                 seq.num_computed_tokens += chunk.num_tokens
                 self.block_manager.cache_full_blocks(seq)
                 if completes:
@@ -239,14 +246,26 @@ class LLMEngine:
             touched[rid] = None
         return touched
 
-    def _record_logprobs(self, seq: Sequence, token: int, row) -> None:
+    def _logprob_entry(self, n: int, token: int, row) -> dict:
+        """Top-n plus the given token, as vLLM returns them."""
         top_ids, top_lps, token_lp, token_rank = row
-        n = seq.params.logprobs
         entry = {int(t): Logprob(float(lp), i + 1, self.tokenizer.decode([int(t)]))
                  for i, (t, lp) in enumerate(zip(top_ids[:n], top_lps[:n]))}
         entry[token] = Logprob(float(token_lp), int(token_rank), self.tokenizer.decode([token]))
+        return entry
+
+    def _record_logprobs(self, seq: Sequence, token: int, row) -> None:
+        entry = self._logprob_entry(seq.params.logprobs, token, row)
         seq.logprobs.append(entry)
-        seq.cumulative_logprob += float(token_lp)
+        seq.cumulative_logprob += entry[token].logprob
+
+    def _record_prompt_logprobs(self, seq: Sequence, num_tokens: int, start: int, flat) -> None:
+        """The chunk's position p predicts prompt token p + 1."""
+        first = seq.num_computed_tokens
+        for p in range(first, min(first + num_tokens, len(seq.prompt_token_ids) - 1)):
+            row = [x[start + p - first] for x in flat]
+            seq.prompt_logprobs[p + 1] = self._logprob_entry(seq.params.prompt_logprobs, seq.prompt_token_ids[p + 1],
+                                                              row)
 
     def _append_token(self, seq: Sequence, token: int) -> None:
         seq.output_token_ids.append(token)
@@ -309,7 +328,20 @@ class LLMEngine:
                 stop_reason=seq.stop_reason))
         cached = max(request.seqs[0].num_cached_tokens, 0)
         return RequestOutput(request_id, request.prompt, request.prompt_token_ids, completions,
-                             request.finished, num_cached_tokens=cached)
+                             request.finished, num_cached_tokens=cached,
+                             prompt_logprobs=self._prompt_logprobs_output(request))
+
+    @staticmethod
+    def _prompt_logprobs_output(request: _Request) -> list | None:
+        """Once the prompt is computed; in delta mode only in the first output that has them."""
+        seq = request.seqs[0]
+        if seq.prompt_logprobs is None or not seq.output_token_ids:
+            return None
+        if request.params.output_kind == RequestOutputKind.DELTA:
+            if request.prompt_logprobs_sent:
+                return None
+            request.prompt_logprobs_sent = True
+        return list(seq.prompt_logprobs)
 
 
 def _demo_model_dir() -> Path:

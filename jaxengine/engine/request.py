@@ -33,10 +33,14 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.logprobs: list[dict] | None = [] if params.logprobs is not None else None
+        # prompt_logprobs[p]: logprobs of prompt token p given the tokens before it (p = 0 has none)
+        self.prompt_logprobs: list[dict | None] | None = (
+            [None] * len(prompt_token_ids) if params.prompt_logprobs is not None else None)
         self.cumulative_logprob = 0.0
         self.min_tokens_banned: list[int] = []  # EOS and stop ids, banned until min_tokens are generated
         self.bad_words: list[list[int]] = []  # token sequences that must never be completed
-        self.fork_parent: "Sequence | None" = None  # n > 1: waits for this sequence's prompt, then shares it
+        self.fork_parent: "Sequence | None" = None
+        self.slot: int | None = None  # the runner's device-state row, for penalties / allowed_token_ids  # n > 1: waits for this sequence's prompt, then shares it
 
     @property
     def all_token_ids(self) -> list[int]:

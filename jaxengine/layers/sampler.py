@@ -1,32 +1,107 @@
 """On-device sampling, vectorised over the batch with per-row parameters.
 
-Order, as in vLLM v1: temperature, then min-p, then top-k and top-p. Logprobs are taken from the model's raw
-distribution (log-softmax of the unprocessed logits), before temperature and truncation.
+Order, as in vLLM v1: penalties and logit processors on the raw logits, then temperature, min-p, top-k
+and top-p. Logprobs are taken from the model's raw distribution (log-softmax of the unprocessed logits).
+
+Static variants: `greedy` (argmax only), `sample`, `full`, which adds the per-sequence slot state (output
+token counts, prompt presence, allowed tokens) needed by penalties and `allowed_token_ids`, and logprobs; and
+`prompt`, which is `full` plus logprobs for every prompt position (the model then computes logits for all
+tokens of the step).
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 
+VARIANTS = ("greedy", "sample", "full", "prompt")
 
-def apply_logit_processors(
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SamplingInputs:
+    temperature: jax.Array  # f32[R]; 0 = greedy
+    top_k: jax.Array  # i32[R]; 0 = off
+    top_p: jax.Array  # f32[R]; 1 = off
+    min_p: jax.Array  # f32[R]; 0 = off
+    seeds: jax.Array  # u32[R]: per-sequence seed
+    counters: jax.Array  # i32[R]: tokens the sequence has generated so far
+    bias_ids: jax.Array  # i32[R, max_logit_bias]; vocab = unused entry
+    bias_values: jax.Array  # f32[R, max_logit_bias]
+    banned: jax.Array  # i32[R, max_banned]: tokens that may not be sampled now; vocab = unused entry
+    presence_penalty: jax.Array  # f32[R]
+    frequency_penalty: jax.Array  # f32[R]
+    repetition_penalty: jax.Array  # f32[R]; 1 = off
+    slots: jax.Array  # i32[R]: the sequence's slot in SlotState; num_slots = none
+    count_slots: jax.Array  # i32[R]: slot whose counts take the sampled token; num_slots = none
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SlotState:
+    """Per-sequence state on device, one row per slot; donated to the step."""
+
+    output_counts: jax.Array  # i32[num_slots, vocab]: how often each token was generated
+    prompt_mask: jax.Array  # bool[num_slots, vocab]: tokens present in the prompt
+    allowed: jax.Array  # bool[num_slots, vocab]: tokens that may be sampled
+
+    @classmethod
+    def zeros(cls, num_slots: int, vocab: int) -> "SlotState":
+        return cls(jnp.zeros((num_slots, vocab), jnp.int32), jnp.zeros((num_slots, vocab), bool),
+                   jnp.ones((num_slots, vocab), bool))
+
+
+def reset_slot(
+    state: SlotState,
+    slot: jax.Array,  # i32[]
+    prompt_ids: jax.Array,  # i32[max_len]; vocab = padding
+    output_ids: jax.Array,  # i32[max_len]; vocab = padding
+    allowed_ids: jax.Array,  # i32[max_allowed]; vocab = padding
+    restrict: jax.Array,  # bool[]: allowed_ids restricts the vocabulary
+) -> SlotState:
+    """Rebuilds one slot from the sequence's tokens (on admission, and after preemption)."""
+    vocab = state.output_counts.shape[1]
+    counts = jnp.zeros(vocab, jnp.int32).at[output_ids].add(1, mode="drop")
+    prompt = jnp.zeros(vocab, bool).at[prompt_ids].set(True, mode="drop")
+    allowed = jnp.where(restrict, jnp.zeros(vocab, bool).at[allowed_ids].set(True, mode="drop"), True)
+    return SlotState(state.output_counts.at[slot].set(counts), state.prompt_mask.at[slot].set(prompt),
+                     state.allowed.at[slot].set(allowed))
+
+
+def apply_penalties(
     logits: jax.Array,  # f32[R, vocab]
-    bias_ids: jax.Array,  # i32[R, max_logit_bias]; vocab = unused entry
-    bias_values: jax.Array,  # f32[R, max_logit_bias]
-    banned: jax.Array,  # i32[R, max_banned]: tokens that may not be sampled now; vocab = unused entry
+    output_counts: jax.Array,  # i32[R, vocab]
+    prompt_mask: jax.Array,  # bool[R, vocab]
+    presence: jax.Array,  # f32[R]
+    frequency: jax.Array,  # f32[R]
+    repetition: jax.Array,  # f32[R]
 ) -> jax.Array:
+    """vLLM's (and HF's) formulas: repetition over prompt and output tokens divides positive logits and
+    multiplies negative ones; frequency subtracts per occurrence, presence once per generated token."""
+    seen = prompt_mask | (output_counts > 0)
+    rep = repetition[:, None]
+    logits = jnp.where(seen, jnp.where(logits > 0, logits / rep, logits * rep), logits)
+    logits = logits - frequency[:, None] * output_counts
+    return logits - presence[:, None] * (output_counts > 0)
+
+
+def process_logits(logits: jax.Array, inputs: SamplingInputs, slot_state: SlotState | None) -> jax.Array:
+    if slot_state is not None:
+        rows = inputs.slots
+        counts = slot_state.output_counts.at[rows].get(mode="fill", fill_value=0)
+        prompt = slot_state.prompt_mask.at[rows].get(mode="fill", fill_value=False)
+        allowed = slot_state.allowed.at[rows].get(mode="fill", fill_value=True)
+        logits = apply_penalties(logits, counts, prompt, inputs.presence_penalty, inputs.frequency_penalty,
+                                 inputs.repetition_penalty)
+        logits = jnp.where(allowed, logits, -jnp.inf)
     rows = jnp.arange(logits.shape[0])[:, None]
-    logits = logits.at[rows, bias_ids].add(bias_values, mode="drop")
-    return logits.at[rows, banned].set(-jnp.inf, mode="drop")
+    logits = logits.at[rows, inputs.bias_ids].add(inputs.bias_values, mode="drop")
+    return logits.at[rows, inputs.banned].set(-jnp.inf, mode="drop")
 
 
 def sample(
-    logits: jax.Array,  # f32[R, vocab], after apply_logit_processors
-    temperature: jax.Array,  # f32[R]; 0 = greedy
-    top_k: jax.Array,  # i32[R]; 0 = off
-    top_p: jax.Array,  # f32[R]; 1 = off
-    min_p: jax.Array,  # f32[R]; 0 = off
-    seeds: jax.Array,  # u32[R]: per-sequence seed
-    counters: jax.Array,  # i32[R]: tokens the sequence has generated so far
+    logits: jax.Array,  # f32[R, vocab], processed
+    inputs: SamplingInputs,
     *,
     all_greedy: bool,
 ) -> jax.Array:  # i32[R]
@@ -34,25 +109,26 @@ def sample(
     if all_greedy:
         return greedy
     vocab = logits.shape[-1]
+    temperature = inputs.temperature
     scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
     probs = jax.nn.softmax(scaled, axis=-1)
-    scaled = jnp.where(probs >= min_p[:, None] * jnp.max(probs, axis=-1, keepdims=True), scaled, -jnp.inf)
+    scaled = jnp.where(probs >= inputs.min_p[:, None] * jnp.max(probs, axis=-1, keepdims=True), scaled, -jnp.inf)
     ordered = -jnp.sort(-scaled, axis=-1)  # descending
     rank = jnp.arange(vocab)[None, :]
-    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)[:, None]
+    k = jnp.where(inputs.top_k > 0, jnp.minimum(inputs.top_k, vocab), vocab)[:, None]
     in_top_k = rank < k
     probs = jax.nn.softmax(jnp.where(in_top_k, ordered, -jnp.inf), axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs  # the most likely token is always kept
-    kept = in_top_k & (mass_before < top_p[:, None]) & jnp.isfinite(ordered)
+    kept = in_top_k & (mass_before < inputs.top_p[:, None]) & jnp.isfinite(ordered)
     threshold = jnp.take_along_axis(ordered, jnp.sum(kept, axis=-1, keepdims=True) - 1, axis=-1)
     truncated = jnp.where(scaled >= threshold, scaled, -jnp.inf)
-    keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counters)
+    keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(inputs.seeds, inputs.counters)
     sampled = jax.vmap(jax.random.categorical)(keys, truncated).astype(jnp.int32)
     return jnp.where(temperature > 0, sampled, greedy)
 
 
 def token_logprobs(
-    logits: jax.Array,  # f32[R, vocab]
+    logits: jax.Array,  # f32[R, vocab], raw
     tokens: jax.Array,  # i32[R]: the sampled tokens
     num_top: int,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -62,3 +138,15 @@ def token_logprobs(
     chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
     rank = jnp.sum(logprobs > chosen[:, None], axis=-1) + 1  # 1 = most likely
     return top_ids.astype(jnp.int32), top_lp, chosen, rank.astype(jnp.int32)
+
+
+def sampling_step(logits: jax.Array, inputs: SamplingInputs, slot_state: SlotState, *, variant: str,
+                  num_logprobs: int):
+    """Returns (tokens i32[R], logprobs tuple or None, slot_state with the sampled tokens counted)."""
+    full = variant in ("full", "prompt")
+    processed = process_logits(logits, inputs, slot_state if full else None)
+    tokens = sample(processed, inputs, all_greedy=variant == "greedy")
+    if not full:
+        return tokens, None, slot_state
+    counts = slot_state.output_counts.at[inputs.count_slots, tokens].add(1, mode="drop")
+    return tokens, token_logprobs(logits, tokens, num_logprobs), dataclasses.replace(slot_state, output_counts=counts)

@@ -1,5 +1,6 @@
 """Packs scheduled chunks into bucketed ragged batches and runs the jitted step (forward + sampling)."""
 
+import dataclasses
 import functools
 import logging
 
@@ -9,14 +10,15 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
+from jaxengine.engine.request import Sequence, Status
 from jaxengine.engine.scheduler import ScheduledChunk
-from jaxengine.layers.sampler import apply_logit_processors, sample, token_logprobs
-
-MAX_LOGIT_BIAS = 64  # entries of `logit_bias` per request
-MAX_BANNED = 32  # tokens banned at once per request (min_tokens' EOS/stop ids plus bad_words)
+from jaxengine.layers.sampler import VARIANTS, SamplingInputs, SlotState, reset_slot, sampling_step, token_logprobs
 from jaxengine.runner.batch import RaggedBatch
 
 logger = logging.getLogger(__name__)
+
+MAX_LOGIT_BIAS = 64  # entries of `logit_bias` per request
+MAX_BANNED = 32  # tokens banned at once per request (min_tokens' EOS/stop ids plus bad_words)
 
 
 def power_of_two_buckets(low: int, high: int) -> list[int]:
@@ -27,28 +29,45 @@ def power_of_two_buckets(low: int, high: int) -> list[int]:
     return buckets + [high]
 
 
-def _step(graphdef, state, kv_cache, batch: RaggedBatch, sampling, *, all_greedy: bool, num_logprobs: int):
-    logits, kv_cache = nnx.merge(graphdef, state)(kv_cache, batch)
-    *params, bias_ids, bias_values, banned = sampling
-    tokens = sample(apply_logit_processors(logits, bias_ids, bias_values, banned), *params, all_greedy=all_greedy)
-    logprobs = token_logprobs(logits, tokens, num_logprobs) if num_logprobs else None
-    return tokens, logprobs, kv_cache
+def _step(graphdef, state, kv_cache, slot_state, batch: RaggedBatch, sampling: SamplingInputs,
+          prompt_targets: jax.Array, *, variant: str, num_logprobs: int):
+    """prompt_targets: i32[T], the token that follows each flat position (used by the `prompt` variant)."""
+    model = nnx.merge(graphdef, state)
+    if variant == "prompt":
+        all_rows = dataclasses.replace(batch, logits_indices=jnp.arange(batch.input_ids.shape[0], dtype=jnp.int32))
+        all_logits, kv_cache = model(kv_cache, all_rows)  # [T, vocab]
+        logits = all_logits[batch.logits_indices]
+        prompt_logprobs = token_logprobs(all_logits, prompt_targets, num_logprobs)
+    else:
+        logits, kv_cache = model(kv_cache, batch)
+        prompt_logprobs = None
+    tokens, logprobs, slot_state = sampling_step(logits, sampling, slot_state, variant=variant,
+                                                 num_logprobs=num_logprobs)
+    return tokens, logprobs, prompt_logprobs, kv_cache, slot_state
 
 
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int,
                  max_num_batched_tokens: int, min_token_bucket: int = 16, max_logprobs: int = 20):
         graphdef, self.state = nnx.split(model)
+        self.vocab_size = vocab = model.cfg.vocab_size
         self.kv_cache = jnp.zeros(model.kv_cache_shape(num_blocks, block_size), model.dtype)
         self.token_buckets = power_of_two_buckets(min(min_token_bucket, max_num_batched_tokens), max_num_batched_tokens)
         self.req_buckets = power_of_two_buckets(min(8, max_num_seqs), max_num_seqs)
         self.pages_per_seq = -(-max_model_len // block_size)
-        self.block_size = block_size
+        self.max_model_len = max_model_len
         self.max_logprobs = max_logprobs
         self.num_compiles = 0
-        self._jitted = jax.jit(functools.partial(_step, graphdef), static_argnames=("all_greedy", "num_logprobs"),
-                               donate_argnums=(1,))
+        self._jitted = jax.jit(functools.partial(_step, graphdef), static_argnames=("variant", "num_logprobs"),
+                               donate_argnums=(1, 2))
         self._compiled = {}
+        # Slots hold device state for sequences that use penalties or allowed_token_ids; running sequences
+        # never outnumber max_num_seqs, and a preempted one rebuilds its slot when it runs again.
+        self.num_slots = max_num_seqs
+        self.slot_state = SlotState.zeros(self.num_slots, vocab)
+        self.free_slots = list(range(self.num_slots))
+        self.slot_owners: dict[int, Sequence] = {}
+        self._reset_slot = None
         max_t, max_r = max_num_batched_tokens, max_num_seqs
         self.input_ids = np.zeros(max_t, np.int32)  # host buffers, allocated once at their maximum size
         self.positions = np.zeros(max_t, np.int32)
@@ -56,34 +75,72 @@ class ModelRunner:
         self.kv_lens = np.zeros(max_r, np.int32)
         self.block_tables = np.zeros((max_r, self.pages_per_seq), np.int32)
         self.logits_indices = np.zeros(max_r, np.int32)
-        self.temperature = np.zeros(max_r, np.float32)
-        self.top_k = np.zeros(max_r, np.int32)
-        self.top_p = np.ones(max_r, np.float32)
-        self.min_p = np.zeros(max_r, np.float32)
-        self.seeds = np.zeros(max_r, np.uint32)
-        self.counters = np.zeros(max_r, np.int32)
-        self.vocab_size = model.cfg.vocab_size
-        self.bias_ids = np.full((max_r, MAX_LOGIT_BIAS), self.vocab_size, np.int32)
-        self.bias_values = np.zeros((max_r, MAX_LOGIT_BIAS), np.float32)
-        self.banned = np.full((max_r, MAX_BANNED), self.vocab_size, np.int32)
+        self.prompt_targets = np.zeros(max_t, np.int32)
+        self.sampling = SamplingInputs(
+            temperature=np.zeros(max_r, np.float32), top_k=np.zeros(max_r, np.int32),
+            top_p=np.ones(max_r, np.float32), min_p=np.zeros(max_r, np.float32), seeds=np.zeros(max_r, np.uint32),
+            counters=np.zeros(max_r, np.int32), bias_ids=np.full((max_r, MAX_LOGIT_BIAS), vocab, np.int32),
+            bias_values=np.zeros((max_r, MAX_LOGIT_BIAS), np.float32),
+            banned=np.full((max_r, MAX_BANNED), vocab, np.int32), presence_penalty=np.zeros(max_r, np.float32),
+            frequency_penalty=np.zeros(max_r, np.float32), repetition_penalty=np.ones(max_r, np.float32),
+            slots=np.full(max_r, self.num_slots, np.int32), count_slots=np.full(max_r, self.num_slots, np.int32))
 
-    def shapes(self) -> list[tuple[int, int, bool, int]]:
-        """Every (token bucket, request bucket, all_greedy, num_logprobs) the step is compiled for."""
-        return [(t, r, g, lp) for t in self.token_buckets for r in self.req_buckets
-                if r <= t or r == self.req_buckets[0] for g in (True, False) for lp in (0, self.max_logprobs)]
+    # --- compilation ----------------------------------------------------------------------------------
+
+    def shapes(self) -> list[tuple[int, int, str]]:
+        """Every (token bucket, request bucket, sampler variant) the step is compiled for."""
+        return [(t, r, v) for t in self.token_buckets for r in self.req_buckets
+                if r <= t or r == self.req_buckets[0] for v in VARIANTS]
 
     def warmup(self, progress: bool = True) -> None:
         for shape in tqdm(self.shapes(), desc="Compiling buckets", disable=not progress):
             self._executable(*shape)
+        self._slot_resetter()
 
-    def _executable(self, num_tokens: int, num_reqs: int, all_greedy: bool, num_logprobs: int):
-        key = (num_tokens, num_reqs, all_greedy, num_logprobs)
+    def _executable(self, num_tokens: int, num_reqs: int, variant: str):
+        key = (num_tokens, num_reqs, variant)
         if key not in self._compiled:
-            batch, sampling = self._device_inputs(num_tokens, num_reqs)
-            self._compiled[key] = self._jitted.lower(self.state, self.kv_cache, batch, sampling,
-                                                     all_greedy=all_greedy, num_logprobs=num_logprobs).compile()
+            inputs = self._device_inputs(num_tokens, num_reqs)
+            num_logprobs = self.max_logprobs if variant in ("full", "prompt") else 0
+            self._compiled[key] = self._jitted.lower(self.state, self.kv_cache, self.slot_state, *inputs,
+                                                     variant=variant, num_logprobs=num_logprobs).compile()
             self.num_compiles += 1
         return self._compiled[key]
+
+    def _slot_resetter(self):
+        if self._reset_slot is None:
+            padded = np.zeros(self.max_model_len, np.int32)
+            self._reset_slot = jax.jit(reset_slot, donate_argnums=0).lower(
+                self.slot_state, np.int32(0), padded, padded, np.zeros(self.vocab_size, np.int32),
+                np.bool_(False)).compile()
+            self.num_compiles += 1
+        return self._reset_slot
+
+    # --- slots ----------------------------------------------------------------------------------------
+
+    def _release_slots(self) -> None:
+        for slot, seq in list(self.slot_owners.items()):
+            if seq.status != Status.RUNNING:
+                del self.slot_owners[slot]
+                self.free_slots.append(slot)
+                seq.slot = None
+
+    def _assign_slot(self, seq: Sequence) -> None:
+        seq.slot = self.free_slots.pop()
+        self.slot_owners[seq.slot] = seq
+        vocab, params = self.vocab_size, seq.params
+
+        def padded(ids, size):
+            out = np.full(size, vocab, np.int32)
+            out[: len(ids)] = ids
+            return out
+
+        self.slot_state = self._slot_resetter()(
+            self.slot_state, np.int32(seq.slot), padded(seq.prompt_token_ids, self.max_model_len),
+            padded(seq.output_token_ids, self.max_model_len), padded(params.allowed_token_ids or [], vocab),
+            np.bool_(params.allowed_token_ids is not None))
+
+    # --- the step -------------------------------------------------------------------------------------
 
     def _bucket(self, buckets: list[int], n: int) -> int:
         return next(b for b in buckets if b >= n)
@@ -92,49 +149,75 @@ class ModelRunner:
         t, r = num_tokens, num_reqs
         batch = RaggedBatch(self.input_ids[:t], self.positions[:t], self.cu_q_lens[: r + 1], self.kv_lens[:r],
                             self.block_tables[:r], np.int32(num_seqs), self.logits_indices[:r])
-        sampling = (self.temperature[:r], self.top_k[:r], self.top_p[:r], self.min_p[:r], self.seeds[:r],
-                    self.counters[:r], self.bias_ids[:r], self.bias_values[:r], self.banned[:r])
-        return jax.device_put((batch, sampling))
+        sampling = jax.tree.map(lambda a: a[:r], self.sampling)
+        return jax.device_put((batch, sampling, self.prompt_targets[:t]))
 
-    def execute(self, chunks: list[ScheduledChunk]) -> tuple[np.ndarray, tuple | None]:
-        """Runs one step; returns the sampled token of each chunk (meaningful where the chunk completes its
-        sequence) and, when any sequence asked for logprobs, (top ids, top logprobs, token logprob, rank)."""
+    def _fill_sampling_row(self, i: int, chunk: ScheduledChunk) -> None:
+        seq, params, s = chunk.seq, chunk.seq.params, self.sampling
+        s.temperature[i], s.top_k[i], s.top_p[i], s.min_p[i] = params.temperature, params.top_k, params.top_p, params.min_p
+        s.seeds[i], s.counters[i] = seq.seed, len(seq.output_token_ids)
+        s.presence_penalty[i] = params.presence_penalty
+        s.frequency_penalty[i] = params.frequency_penalty
+        s.repetition_penalty[i] = params.repetition_penalty
+        s.bias_ids[i], s.bias_values[i], s.banned[i] = self.vocab_size, 0.0, self.vocab_size
+        if params.logit_bias:
+            s.bias_ids[i, : len(params.logit_bias)] = list(params.logit_bias)
+            s.bias_values[i, : len(params.logit_bias)] = list(params.logit_bias.values())
+        banned = seq.banned_tokens()
+        s.banned[i, : len(banned)] = banned
+        slot = self.num_slots if seq.slot is None else seq.slot
+        s.slots[i] = slot
+        s.count_slots[i] = slot if chunk.completes_sequence else self.num_slots
+
+    def _clear_padding_rows(self, start: int, end: int) -> None:
+        s = self.sampling
+        s.temperature[start:end] = 0
+        s.bias_ids[start:end] = self.vocab_size
+        s.banned[start:end] = self.vocab_size
+        s.slots[start:end] = s.count_slots[start:end] = self.num_slots
+
+    def execute(self, chunks: list[ScheduledChunk]) -> tuple[np.ndarray, tuple | None, tuple | None]:
+        """Runs one step. Returns the sampled token of each chunk (meaningful where the chunk completes its
+        sequence); in the full and prompt variants (top ids, top logprobs, token logprob, rank) per chunk; in
+        the prompt variant the same for every flat token position, predicting `prompt_targets`."""
+        self._release_slots()
+        for chunk in chunks:
+            if chunk.seq.params.needs_slot_state and chunk.seq.slot is None:
+                self._assign_slot(chunk.seq)
         num_tokens = self._bucket(self.token_buckets, sum(c.num_tokens for c in chunks))
         num_reqs = self._bucket(self.req_buckets, len(chunks))
         start = 0
         for i, chunk in enumerate(chunks):
             seq, n, done = chunk.seq, chunk.num_tokens, chunk.seq.num_computed_tokens
             self.input_ids[start:start + n] = seq.all_token_ids[done:done + n]
+            following = seq.all_token_ids[done + 1:done + n + 1]
+            self.prompt_targets[start:start + len(following)] = following
             self.positions[start:start + n] = np.arange(done, done + n)
             self.kv_lens[i] = done + n
             self.block_tables[i, : len(seq.block_ids)] = seq.block_ids
             start += n
             self.cu_q_lens[i + 1] = start
             self.logits_indices[i] = start - 1
-            params = seq.params
-            self.temperature[i] = params.temperature
-            self.top_k[i] = params.top_k
-            self.top_p[i] = params.top_p
-            self.min_p[i] = params.min_p
-            self.seeds[i] = seq.seed
-            self.counters[i] = len(seq.output_token_ids)
-            self.bias_ids[i] = self.vocab_size
-            self.banned[i] = self.vocab_size
-            if params.logit_bias:
-                self.bias_ids[i, : len(params.logit_bias)] = list(params.logit_bias)
-                self.bias_values[i, : len(params.logit_bias)] = list(params.logit_bias.values())
-            banned = seq.banned_tokens()
-            self.banned[i, : len(banned)] = banned
+            self._fill_sampling_row(i, chunk)
         self.cu_q_lens[len(chunks) + 1: num_reqs + 1] = start
         self.kv_lens[len(chunks):num_reqs] = 0
-        self.temperature[len(chunks):num_reqs] = 0
-        self.bias_ids[len(chunks):num_reqs] = self.vocab_size
-        self.banned[len(chunks):num_reqs] = self.vocab_size
-        all_greedy = all(c.seq.params.temperature == 0 for c in chunks)
-        wants_logprobs = any(c.seq.params.logprobs is not None for c in chunks)
-        step = self._executable(num_tokens, num_reqs, all_greedy, self.max_logprobs if wants_logprobs else 0)
-        batch, sampling = self._device_inputs(num_tokens, num_reqs, len(chunks))
-        tokens, logprobs, self.kv_cache = step(self.state, self.kv_cache, batch, sampling)
+        self._clear_padding_rows(len(chunks), num_reqs)
+        step = self._executable(num_tokens, num_reqs, self._variant(chunks))
+        inputs = self._device_inputs(num_tokens, num_reqs, len(chunks))
+        tokens, logprobs, prompt_logprobs, self.kv_cache, self.slot_state = step(
+            self.state, self.kv_cache, self.slot_state, *inputs)
         if logprobs is not None:
             logprobs = tuple(np.asarray(x)[: len(chunks)] for x in logprobs)
-        return np.asarray(tokens)[: len(chunks)], logprobs
+        if prompt_logprobs is not None:
+            prompt_logprobs = tuple(np.asarray(x) for x in prompt_logprobs)
+        return np.asarray(tokens)[: len(chunks)], logprobs, prompt_logprobs
+
+    @staticmethod
+    def _variant(chunks: list[ScheduledChunk]) -> str:
+        params = [c.seq.params for c in chunks]
+        if any(c.seq.params.prompt_logprobs is not None and c.seq.num_computed_tokens < len(c.seq.prompt_token_ids)
+               for c in chunks):
+            return "prompt"
+        if any(p.needs_slot_state or p.logprobs is not None for p in params):
+            return "full"
+        return "greedy" if all(p.temperature == 0 for p in params) else "sample"
