@@ -46,6 +46,27 @@ def _generate(args) -> None:
             print(completion.text)
 
 
+def _serve(args) -> None:
+    import os
+
+    import uvicorn
+
+    from jaxengine.engine.llm_engine import LLMEngine
+    from server.app import build_app
+    from server.engine_client import AsyncEngine
+    from server.metrics import EngineMetrics
+
+    config = engine_config(args)
+    name = args.served_model_name or config.model or "jaxengine-demo"
+    engine = LLMEngine(config)
+    async_engine = AsyncEngine(engine, EngineMetrics(name))
+    app = build_app(async_engine, name, api_key=args.api_key or os.environ.get("JAXENGINE_API_KEY"))
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    finally:
+        async_engine.shutdown()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="jaxengine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -59,6 +80,13 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument("--ignore-eos", action="store_true")
     add_engine_flags(gen)
     gen.set_defaults(run=_generate)
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or JAXENGINE_API_KEY)")
+    serve.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
+    add_engine_flags(serve)
+    serve.set_defaults(run=_serve)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("jax").setLevel(logging.WARNING)

@@ -25,6 +25,16 @@ class CompletionOutput:
 
 
 @dataclasses.dataclass
+class RequestMetrics:
+    """time.monotonic() stamps of a request's life."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclasses.dataclass
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -33,3 +43,4 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     prompt_logprobs: list | None = None
+    metrics: RequestMetrics | None = None

@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import jax
@@ -16,7 +17,7 @@ from jaxengine.engine.detokenizer import IncrementalDetokenizer
 from jaxengine.engine.request import Sequence
 from jaxengine.engine.scheduler import Scheduler
 from jaxengine.models.loader import load_model, resolve_model_dir
-from jaxengine.outputs import CompletionOutput, Logprob, RequestOutput
+from jaxengine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from jaxengine.runner.model_runner import MAX_BANNED, MAX_LOGIT_BIAS, ModelRunner
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 
@@ -39,6 +40,7 @@ class _Request:
     detokenizers: list[IncrementalDetokenizer]
     emitted: list[tuple[int, int]]  # per sample: (tokens, characters) already returned (delta outputs)
     prompt_logprobs_sent: bool = False
+    metrics: RequestMetrics | None = None
 
     @property
     def finished(self) -> bool:
@@ -74,6 +76,7 @@ class LLMEngine:
         self._aborts: set[str] = set()
         self._abort_lock = threading.Lock()
         self._rng = np.random.default_rng(config.seed)
+        self.last_step_size: tuple[int, int] | None = None  # (requests, tokens) of the latest step
 
     def _max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
@@ -182,7 +185,8 @@ class LLMEngine:
             seqs.append(seq)
         detoks = [IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens,
                                          params.spaces_between_special_tokens) for _ in seqs]
-        self.requests[request_id] = _Request(request_id, text, token_ids, params, seqs, detoks, [(0, 0)] * len(seqs))
+        self.requests[request_id] = _Request(request_id, text, token_ids, params, seqs, detoks, [(0, 0)] * len(seqs),
+                                             metrics=RequestMetrics(seqs[0].arrival_time))
         for seq in seqs:
             self.scheduler.add(seq)
 
@@ -209,6 +213,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         touched = self._process_aborts()
         chunks = self.scheduler.schedule()
+        self.last_step_size = (len(chunks), sum(c.num_tokens for c in chunks)) if chunks else None
         if chunks:
             tokens, logprobs, prompt_logprobs = self.runner.execute(chunks)
             start = 0
@@ -309,6 +314,7 @@ class LLMEngine:
         request = self.requests.get(request_id)
         if request is None:
             return None
+        self._update_metrics(request)
         kind = request.params.output_kind
         if kind == RequestOutputKind.FINAL_ONLY and not request.finished:
             return None
@@ -329,7 +335,19 @@ class LLMEngine:
         cached = max(request.seqs[0].num_cached_tokens, 0)
         return RequestOutput(request_id, request.prompt, request.prompt_token_ids, completions,
                              request.finished, num_cached_tokens=cached,
-                             prompt_logprobs=self._prompt_logprobs_output(request))
+                             prompt_logprobs=self._prompt_logprobs_output(request),
+                             metrics=dataclasses.replace(request.metrics))
+
+    @staticmethod
+    def _update_metrics(request: _Request) -> None:
+        m, now = request.metrics, time.monotonic()
+        scheduled = [s.first_scheduled_time for s in request.seqs if s.first_scheduled_time is not None]
+        if m.first_scheduled_time is None and scheduled:
+            m.first_scheduled_time = min(scheduled)
+        if m.first_token_time is None and any(s.output_token_ids for s in request.seqs):
+            m.first_token_time = now
+        if request.finished and m.finished_time is None:
+            m.finished_time = now
 
     @staticmethod
     def _prompt_logprobs_output(request: _Request) -> list | None:

@@ -30,6 +30,7 @@ class Sequence:
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.num_cached_tokens = -1  # prompt tokens served by the prefix cache at first scheduling
         self.num_preemptions = 0
+        self.first_scheduled_time: float | None = None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.logprobs: list[dict] | None = [] if params.logprobs is not None else None

@@ -6,6 +6,7 @@ the priority policy, the lowest-priority) running sequence, which frees its bloc
 """
 
 import dataclasses
+import time
 
 from jaxengine.engine.block_manager import BlockManager
 from jaxengine.engine.request import Sequence, Status
@@ -84,6 +85,8 @@ class Scheduler:
                 self.block_manager.free_sequence(seq)  # give back prefix hits; retried next step
                 break
             seq.status = Status.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
             admitted.append(seq)
             chunks.append(ScheduledChunk(seq, num_new))

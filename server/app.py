@@ -1,0 +1,114 @@
+"""The FastAPI application: OpenAI-compatible routes, auth, errors, health and metrics."""
+
+import hmac
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import jaxengine
+from server.engine_client import AsyncEngine, EngineDeadError
+from server.errors import APIError, error_body, error_response
+from server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from server.serving import Serving
+
+
+def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="jaxengine", version=jaxengine.__version__)
+    serving = Serving(engine, model_name)
+    app.state.engine, app.state.serving = engine, serving
+
+    @app.middleware("http")
+    async def require_key(request: Request, call_next):
+        """Every /v1 route needs `Authorization: Bearer <key>` when the server has a key."""
+        if api_key is not None and request.url.path.startswith("/v1"):
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return error_response(APIError("missing or invalid API key: send 'Authorization: Bearer <key>'",
+                                               status=401, code="invalid_api_key"))
+        return await call_next(request)
+
+    @app.exception_handler(APIError)
+    async def api_error(_, err: APIError):
+        return error_response(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_, err: RequestValidationError):
+        first = err.errors()[0] if err.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        message = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            message = f"the request body is not valid JSON: {first.get('ctx', {}).get('error', message)}"
+        where = ".".join(loc)
+        return JSONResponse(error_body(f"{where}: {message}" if where else message, 400, loc[0] if loc else None),
+                            status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_, err: StarletteHTTPException):
+        message = "route not found" if err.status_code == 404 else str(err.detail)
+        return JSONResponse(error_body(message, err.status_code), status_code=err.status_code)
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(_, err: EngineDeadError):
+        return JSONResponse(error_body(str(err), 500), status_code=500)
+
+    def respond(result):
+        if isinstance(result, dict):
+            return JSONResponse(result)
+        return StreamingResponse(result, media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        return respond(await serving.completion(req))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest):
+        return respond(await serving.chat(req))
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "jaxengine", "root": model_name,
+                                            "max_model_len": engine.engine.max_model_len}]}
+
+    @app.get("/health")
+    async def health():
+        if engine.is_alive:
+            return PlainTextResponse("", status_code=200)
+        return JSONResponse(error_body(f"the engine loop has stopped: {engine.error!r}", 503), status_code=503)
+
+    @app.get("/version")
+    async def version():
+        return {"version": jaxengine.__version__}
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest):
+        serving.check_model(req.model)
+        tok = serving.tokenizer
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError("give exactly one of prompt or messages", param="prompt")
+        if req.prompt is not None:
+            ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        else:
+            ids = list(tok.apply_chat_template([{"role": m.role, "content": m.text()} for m in req.messages],
+                                               tokenize=True, add_generation_prompt=req.add_generation_prompt,
+                                               return_dict=False))
+        return {"tokens": ids, "count": len(ids), "max_model_len": engine.engine.max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest):
+        serving.check_model(req.model)
+        vocab = engine.engine.model_config.vocab_size
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(f"tokens {bad[:5]} are outside the vocabulary [0, {vocab})", param="tokens")
+        return {"prompt": serving.tokenizer.decode(req.tokens)}
+
+    @app.get("/metrics")
+    async def metrics():
+        registry = engine.metrics.registry
+        return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,113 @@
+"""Runs an LLMEngine on a background thread and streams its outputs to asyncio request handlers."""
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+
+from jaxengine.engine.llm_engine import LLMEngine
+from jaxengine.outputs import RequestOutput
+from jaxengine.sampling_params import SamplingParams
+from server.metrics import EngineMetrics
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class AsyncEngine:
+    """Many concurrent handlers submit requests; one thread steps the engine, so the scheduler batches them."""
+
+    def __init__(self, engine: LLMEngine, metrics: EngineMetrics | None = None):
+        self.engine = engine
+        self.metrics = metrics
+        self.error: BaseException | None = None
+        self._submissions: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._lock = threading.Lock()
+        self._wakeup = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="jaxengine-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def is_alive(self) -> bool:
+        return self.error is None and self._thread.is_alive()
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+        self._thread.join(timeout=10)
+
+    # --- handler side -----------------------------------------------------------------------------------
+
+    async def generate(self, request_id: str, prompt: dict, params: SamplingParams, *, priority: int = 0,
+                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Yields the request's outputs until it finishes; leaving early (a disconnect) aborts it."""
+        if not self.is_alive:
+            raise EngineDeadError(f"the engine loop has stopped: {self.error!r}")
+        stream: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            if request_id in self._streams:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            self._streams[request_id] = (asyncio.get_running_loop(), stream)
+        self._submissions.put((request_id, prompt, params, priority, cache_salt))
+        self._wakeup.set()
+        finished = False
+        try:
+            while not finished:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            with self._lock:
+                self._streams.pop(request_id, None)
+            if not finished:
+                self.engine.abort_request(request_id)
+                self._wakeup.set()
+
+    # --- engine side ------------------------------------------------------------------------------------
+
+    def _deliver(self, request_id: str, item) -> None:
+        with self._lock:
+            target = self._streams.get(request_id)
+        if target is not None:
+            loop, stream = target
+            loop.call_soon_threadsafe(stream.put_nowait, item)
+
+    def _admit_submissions(self) -> None:
+        while True:
+            try:
+                request_id, prompt, params, priority, cache_salt = self._submissions.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self.engine.add_request(request_id, prompt, params, priority=priority, cache_salt=cache_salt)
+            except ValueError as e:  # validated before submission; anything left is the caller's fault
+                self._deliver(request_id, e)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stopping:
+                self._admit_submissions()
+                if not self.engine.has_unfinished_requests():
+                    self._wakeup.wait(timeout=0.5)
+                    self._wakeup.clear()
+                    continue
+                outputs = self.engine.step()
+                for out in outputs:
+                    self._deliver(out.request_id, out)
+                if self.metrics is not None:
+                    self.metrics.after_step(self.engine, outputs)
+        except BaseException as e:  # noqa: BLE001 - any fault kills the loop; handlers must hear of it
+            logger.exception("engine loop died")
+            self.error = e
+            with self._lock:
+                streams = list(self._streams)
+            for request_id in streams:
+                self._deliver(request_id, EngineDeadError(f"the engine loop died: {e!r}"))

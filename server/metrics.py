@@ -1,0 +1,96 @@
+"""Prometheus metrics. Names mirror vLLM's (`vllm:` prefix) so that existing dashboards work unchanged;
+metrics vLLM has no counterpart for use the `jaxengine:` prefix."""
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from jaxengine.compile_counter import compile_count
+from jaxengine.outputs import RequestOutput
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                    20.0, 40.0, 80.0)
+
+
+class EngineMetrics:
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        labels = {"model_name": model_name}
+        r = self.registry
+
+        def gauge(name, doc):
+            return Gauge(name, doc, list(labels), registry=r).labels(**labels)
+
+        def counter(name, doc):
+            return Counter(name, doc, list(labels), registry=r).labels(**labels)
+
+        def histogram(name, doc):
+            return Histogram(name, doc, list(labels), buckets=_LATENCY_BUCKETS, registry=r).labels(**labels)
+
+        self.running = gauge("vllm:num_requests_running", "Requests in the running batch")
+        self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0 to 1)")
+        self.prefix_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prompt tokens served by the prefix cache")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of finished prefills")
+        self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens")
+        self.preemptions = counter("vllm:num_preemptions", "Sequences preempted")
+        self._success = Counter("vllm:request_success", "Finished requests by finish reason",
+                                list(labels) + ["finished_reason"], registry=r)
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token")
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between generated tokens")
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish")
+        self.queue_time = histogram("vllm:request_queue_time_seconds", "Arrival to first scheduling")
+        self.compiles = gauge("jaxengine:compile_count", "XLA compilations in this process")
+        self.step_tokens = Histogram("vllm:iteration_tokens_total", "Tokens scheduled per engine step", list(labels),
+                                     buckets=(1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+                                     registry=r).labels(**labels)
+        self.step_requests = Histogram("jaxengine:step_batch_requests", "Requests batched per engine step",
+                                       list(labels), buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+                                       registry=r).labels(**labels)
+        self._labels = labels
+        self._seen_tokens: dict[str, tuple[int, float]] = {}  # request -> (tokens so far, time of the last)
+        self._prefix = (0, 0)
+        self._preemptions = 0
+
+    def after_step(self, engine, outputs: list[RequestOutput]) -> None:
+        scheduler, bm = engine.scheduler, engine.block_manager
+        if engine.last_step_size is not None:
+            self.step_requests.observe(engine.last_step_size[0])
+            self.step_tokens.observe(engine.last_step_size[1])
+        self.running.set(len(scheduler.running))
+        self.waiting.set(len(scheduler.waiting))
+        self.kv_usage.set(bm.usage)
+        self.prefix_queries.inc(bm.query_tokens - self._prefix[0])
+        self.prefix_hits.inc(bm.hit_tokens - self._prefix[1])
+        self._prefix = (bm.query_tokens, bm.hit_tokens)
+        self.preemptions.inc(scheduler.num_preemptions - self._preemptions)
+        self._preemptions = scheduler.num_preemptions
+        self.compiles.set(compile_count())
+        for out in outputs:
+            self._observe(out)
+
+    def _observe(self, out: RequestOutput) -> None:
+        m = out.metrics
+        tokens = sum(len(c.token_ids) for c in out.outputs)  # outputs reach the server in cumulative form
+        seen, last = self._seen_tokens.get(out.request_id, (0, m.arrival_time))
+        new = tokens - seen
+        if new > 0:
+            now = m.first_token_time if seen == 0 else max(m.first_token_time, time.monotonic())
+            if seen == 0:
+                self.ttft.observe(m.first_token_time - m.arrival_time)
+                self.prompt_tokens.inc(len(out.prompt_token_ids))
+                if m.first_scheduled_time is not None:
+                    self.queue_time.observe(m.first_scheduled_time - m.arrival_time)
+            else:
+                for _ in range(new):
+                    self.itl.observe((now - last) / new)
+            self.generation_tokens.inc(new)
+            self._seen_tokens[out.request_id] = (tokens, now)
+        if out.finished:
+            self._seen_tokens.pop(out.request_id, None)
+            if m.finished_time is not None:
+                self.e2e.observe(m.finished_time - m.arrival_time)
+            for c in out.outputs:
+                self._success.labels(**self._labels, finished_reason=c.finish_reason or "abort").inc()
+

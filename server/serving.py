@@ -1,0 +1,278 @@
+"""Turns OpenAI requests into engine requests and engine outputs into OpenAI responses and SSE chunks."""
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from jaxengine.outputs import RequestOutput
+from jaxengine.sampling_params import RequestOutputKind, SamplingParams
+from server.engine_client import AsyncEngine, EngineDeadError
+from server.errors import APIError, error_body
+from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+
+def sampling_params(req: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
+                    prompt_logprobs: int | None) -> SamplingParams:
+    bias = None
+    if req.logit_bias:
+        try:
+            bias = {int(k): v for k, v in req.logit_bias.items()}
+        except ValueError:
+            raise APIError("logit_bias keys must be token ids (integers as strings)", param="logit_bias") from None
+    fields = dict(
+        n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p, top_k=0 if req.top_k is None else req.top_k,
+        min_p=req.min_p or 0.0, seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty, logit_bias=bias,
+        allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words, min_tokens=req.min_tokens,
+        ignore_eos=req.ignore_eos, skip_special_tokens=req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output, max_tokens=max_tokens, logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs, output_kind=RequestOutputKind.CUMULATIVE)
+    try:
+        return SamplingParams(**fields)
+    except ValueError as e:
+        raise APIError(str(e), param=str(e).split(" ")[0]) from None
+
+
+def _usage(prompts: list[list[int]], finals: dict[int, RequestOutput]) -> dict:
+    prompt = sum(len(p) for p in prompts)
+    completion = sum(len(c.token_ids) for out in finals.values() for c in out.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _sse(payload) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+class Serving:
+    def __init__(self, engine: AsyncEngine, model_name: str):
+        self.engine = engine
+        self.model_name = model_name
+        self.tokenizer = engine.engine.tokenizer
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(f"model {name!r} does not exist; this server serves {self.model_name!r}", param="model",
+                           code="model_not_found")
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        try:
+            self.engine.engine.validate(ids, params)
+        except ValueError as e:
+            raise APIError(str(e), param="prompt" if "prompt" in str(e) else None) from None
+
+    async def _run_all(self, request_id: str, prompts: list[tuple[str | None, list[int]]], params: SamplingParams,
+                       req: SamplingFields) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Submits every prompt and yields (prompt index, cumulative output) as they arrive."""
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i, text, ids):
+            try:
+                async for out in self.engine.generate(f"{request_id}-{i}", {"prompt": text, "prompt_token_ids": ids},
+                                                      params, priority=req.priority, cache_salt=req.cache_salt):
+                    await merged.put((i, out))
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                await merged.put((i, e))
+
+        tasks = [asyncio.create_task(pump(i, t, ids)) for i, (t, ids) in enumerate(prompts)]
+        remaining = len(tasks)
+        try:
+            while remaining:
+                i, item = await merged.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finished:
+                    remaining -= 1
+                yield i, item
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    # --- completions ---------------------------------------------------------------------------------
+
+    def _completion_prompts(self, prompt) -> list[tuple[str | None, list[int]]]:
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        elif prompt and isinstance(prompt[0], int):
+            prompt = [prompt]
+        if not prompt:
+            raise APIError("prompt must not be empty", param="prompt")
+        return [(p, self.tokenizer.encode(p)) if isinstance(p, str) else (None, list(p)) for p in prompt]
+
+    async def completion(self, req: CompletionRequest):
+        self.check_model(req.model)
+        if req.suffix is not None:
+            raise APIError("suffix is not supported", param="suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise APIError("best_of must equal n (beam search and best-of ranking are not supported)",
+                           param="best_of")
+        prompts = self._completion_prompts(req.prompt)
+        params = sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
+                                 prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None
+                                 else req.prompt_logprobs)
+        for _, ids in prompts:
+            self._validate(ids, params)
+        request_id = req.request_id or f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        if req.stream:
+            return self._stream_completion(request_id, created, prompts, params, req)
+        finals = {}
+        async for i, out in self._run_all(request_id, prompts, params, req):
+            if out.finished:
+                finals[i] = out
+        choices = []
+        for i in range(len(prompts)):
+            for c in finals[i].outputs:
+                text, logprobs = c.text, self._completion_logprobs(c.token_ids, c.logprobs, 0)
+                if req.echo:
+                    echo_text = prompts[i][0] if prompts[i][0] is not None else self.tokenizer.decode(prompts[i][1])
+                    text = echo_text + text
+                    if logprobs is not None:
+                        logprobs = self._merge_echo_logprobs(prompts[i][1], finals[i].prompt_logprobs, logprobs)
+                choices.append({"index": i * req.n + c.index, "text": text, "logprobs": logprobs,
+                                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+        return {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name,
+                "choices": choices, "usage": _usage([p[1] for p in prompts], finals)}
+
+    def _completion_logprobs(self, token_ids, logprobs, offset) -> dict | None:
+        if logprobs is None:
+            return None
+        tokens, token_lps, tops, offsets = [], [], [], []
+        for tok, entry in zip(token_ids, logprobs):
+            piece = self.tokenizer.decode([tok])
+            tokens.append(piece)
+            token_lps.append(entry[tok].logprob)
+            tops.append({lp.decoded_token: lp.logprob for t, lp in entry.items()})
+            offsets.append(offset)
+            offset += len(piece)
+        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+    def _merge_echo_logprobs(self, prompt_ids, prompt_logprobs, generated: dict) -> dict:
+        pieces = [self.tokenizer.decode([t]) for t in prompt_ids]
+        offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
+        shift = sum(len(p) for p in pieces)
+        return {
+            "tokens": pieces + generated["tokens"],
+            "token_logprobs": [None if e is None else e[t].logprob for t, e in zip(prompt_ids, prompt_logprobs)]
+            + generated["token_logprobs"],
+            "top_logprobs": [None if e is None else {lp.decoded_token: lp.logprob for lp in e.values()}
+                             for e in prompt_logprobs] + generated["top_logprobs"],
+            "text_offset": offsets + [o + shift for o in generated["text_offset"]],
+        }
+
+    async def _stream_completion(self, request_id, created, prompts, params, req) -> AsyncIterator[str]:
+        sent: dict[tuple[int, int], tuple[int, int]] = {}  # (prompt, sample) -> (chars, tokens) sent
+        finals = {}
+        base = {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name}
+        try:
+            async for i, out in self._run_all(request_id, prompts, params, req):
+                if out.finished:
+                    finals[i] = out
+                for c in out.outputs:
+                    chars, ntok = sent.get((i, c.index), (0, 0))
+                    first = (i, c.index) not in sent
+                    text = c.text[chars:]
+                    if req.echo and first:
+                        text = (prompts[i][0] or self.tokenizer.decode(prompts[i][1])) + text
+                    if not text and c.finish_reason is None and len(c.token_ids) == ntok:
+                        continue
+                    logprobs = self._completion_logprobs(c.token_ids[ntok:], c.logprobs[ntok:], chars) \
+                        if c.logprobs is not None else None
+                    sent[(i, c.index)] = (len(c.text), len(c.token_ids))
+                    yield _sse(base | {"choices": [{"index": i * req.n + c.index, "text": text, "logprobs": logprobs,
+                                                    "finish_reason": c.finish_reason,
+                                                    "stop_reason": c.stop_reason}]})
+            if req.stream_options and req.stream_options.include_usage:
+                yield _sse(base | {"choices": [], "usage": _usage([p[1] for p in prompts], finals)})
+        except (EngineDeadError, ValueError) as e:
+            yield _sse(error_body(str(e), 500 if isinstance(e, EngineDeadError) else 400))
+        yield _sse("[DONE]")
+
+    # --- chat ----------------------------------------------------------------------------------------
+
+    def _chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        if self.tokenizer.chat_template is None:
+            raise APIError("this model's tokenizer has no chat template; use /v1/completions", param="messages")
+        messages = [{"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
+                    for m in req.messages]
+        try:
+            ids = self.tokenizer.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=req.add_generation_prompt and not
+                req.continue_final_message, continue_final_message=req.continue_final_message, return_dict=False,
+                **(req.chat_template_kwargs or {}))
+        except Exception as e:  # template errors are the request's fault (roles, kwargs)
+            raise APIError(f"could not apply the chat template: {e}", param="messages") from None
+        return list(ids)
+
+    async def chat(self, req: ChatCompletionRequest):
+        self.check_model(req.model)
+        if req.response_format is not None and req.response_format.type != "text":
+            raise APIError(f"response_format type {req.response_format.type!r} is not supported; only 'text'",
+                           param="response_format")
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError("top_logprobs requires logprobs=true", param="top_logprobs")
+        ids = self._chat_prompt(req)
+        params = sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
+                                 logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+                                 prompt_logprobs=req.prompt_logprobs)
+        self._validate(ids, params)
+        request_id = req.request_id or f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        prompts = [(None, ids)]
+        if req.stream:
+            return self._stream_chat(request_id, created, prompts, params, req)
+        final = None
+        async for _, out in self._run_all(request_id, prompts, params, req):
+            final = out
+        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                    "logprobs": self._chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0),
+                    "finish_reason": c.finish_reason,
+                    "stop_reason": c.stop_reason} for c in final.outputs]
+        return {"id": request_id, "object": "chat.completion", "created": created, "model": self.model_name,
+                "choices": choices, "usage": _usage([ids], {0: final})}
+
+    def _token_info(self, token: int, logprob: float) -> dict:
+        piece = self.tokenizer.decode([token])
+        return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
+
+    def _chat_logprobs(self, token_ids, logprobs, top_n: int) -> dict | None:
+        if logprobs is None:
+            return None
+        content = []
+        for tok, entry in zip(token_ids, logprobs):
+            ranked = sorted(entry.items(), key=lambda kv: kv[1].rank)[:top_n]  # ranks 1..top_n
+            content.append(self._token_info(tok, entry[tok].logprob)
+                           | {"top_logprobs": [self._token_info(t, lp.logprob) for t, lp in ranked]})
+        return {"content": content}
+
+    async def _stream_chat(self, request_id, created, prompts, params, req) -> AsyncIterator[str]:
+        base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
+        sent: dict[int, tuple[int, int]] = {}
+        final = None
+        try:
+            async for _, out in self._run_all(request_id, prompts, params, req):
+                final = out
+                for c in out.outputs:
+                    if c.index not in sent:
+                        sent[c.index] = (0, 0)
+                        yield _sse(base | {"choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                                        "logprobs": None, "finish_reason": None}]})
+                    chars, ntok = sent[c.index]
+                    text = c.text[chars:]
+                    if not text and c.finish_reason is None:
+                        continue
+                    logprobs = self._chat_logprobs(c.token_ids[ntok:], c.logprobs[ntok:], req.top_logprobs or 0) \
+                        if c.logprobs is not None else None
+                    sent[c.index] = (len(c.text), len(c.token_ids))
+                    yield _sse(base | {"choices": [{"index": c.index, "delta": {"content": text} if text else {},
+                                                    "logprobs": logprobs, "finish_reason": c.finish_reason,
+                                                    "stop_reason": c.stop_reason}]})
+            if req.stream_options and req.stream_options.include_usage:
+                yield _sse(base | {"choices": [], "usage": _usage([prompts[0][1]], {0: final})})
+        except (EngineDeadError, ValueError) as e:
+            yield _sse(error_body(str(e), 500 if isinstance(e, EngineDeadError) else 400))
+        yield _sse("[DONE]")

@@ -1,0 +1,218 @@
+"""Error bodies, API keys, disconnects, health, metrics, tokenization and a schema fuzz."""
+
+import json
+import time
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from server.app import build_app
+from server.engine_client import AsyncEngine
+from server.metrics import EngineMetrics
+from tests.server.conftest import API_KEY, MODEL, LiveServer, wait_until_idle
+
+
+def assert_error(response, status, param=None):
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": "other-model", "prompt": "hi"}, "model"),
+    ({"prompt": "hi", "temperature": -1}, "temperature"),
+    ({"prompt": "hi", "top_p": 0}, "top_p"),
+    ({"prompt": "hi", "top_k": -5}, "top_k"),
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "n": 100000}, "n"),
+    ({"prompt": 42}, "prompt"),
+    ({"prompt": "hi", "max_tokens": "many"}, "max_tokens"),
+    ({"prompt": "hi", "suffix": "end"}, "suffix"),
+    ({"prompt": "hi", "best_of": 3}, "best_of"),
+    ({"prompt": "hi", "frobnicate": True}, "frobnicate"),
+    ({"prompt": "hi", "logit_bias": {"not-a-token": 1}}, "logit_bias"),
+    ({"prompt": "hi", "logprobs": 50}, None),
+    ({"prompt": [1, 2, 999999]}, "prompt"),
+    ({"prompt": "word " * 600, "max_tokens": 5}, "prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+])
+def test_invalid_completion_requests_get_400(http, body, param):
+    assert_error(http.post("/v1/completions", json=body), 400, param)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, None),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, None),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
+])
+def test_invalid_chat_requests_get_400(http, body, param):
+    assert_error(http.post("/v1/chat/completions", json=body), 400, param)
+
+
+def test_malformed_json_gets_400(http):
+    error = assert_error(http.post("/v1/completions", content=b'{"prompt": "x",',
+                                   headers={"content-type": "application/json"}), 400)
+    assert "JSON" in error["message"]
+
+
+def test_unknown_route_gets_404(http):
+    assert_error(http.get("/v1/nothing-here"), 404)
+
+
+def test_engine_keeps_serving_after_bad_requests(http, async_engine):
+    http.post("/v1/completions", json={"prompt": "hi", "n": 100000})
+    ok = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert ok.status_code == 200
+    wait_until_idle(async_engine.engine)
+
+
+def test_api_key_is_required_on_v1_routes(live_with_key):
+    with httpx.Client(base_url=live_with_key.url) as c:
+        assert_error(c.get("/v1/models"), 401)
+        assert_error(c.post("/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer wrong"}), 401)
+        ok = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2},
+                    headers={"Authorization": f"Bearer {API_KEY}"})
+        assert ok.status_code == 200
+        assert c.get("/health").status_code == 200  # not under /v1
+
+
+def test_no_api_key_needed_when_none_is_configured(http):
+    assert http.get("/v1/models").status_code == 200
+
+
+def test_disconnect_mid_stream_frees_the_blocks(live, async_engine):
+    engine = async_engine.engine
+    wait_until_idle(engine)
+    with httpx.Client(base_url=live.url, timeout=30) as c:
+        with c.stream("POST", "/v1/completions", json={"prompt": "long", "max_tokens": 400, "stream": True,
+                                                       "ignore_eos": True}) as response:
+            lines = response.iter_lines()
+            got = [next(lines) for _ in range(6)]
+            assert any(line.startswith("data: {") for line in got)
+            assert engine.block_manager.num_free_blocks < engine.block_manager.num_blocks
+    wait_until_idle(engine)
+
+
+def test_health_version_tokenize_detokenize(http):
+    assert http.get("/health").status_code == 200
+    assert http.get("/version").json()["version"]
+    tokens = http.post("/tokenize", json={"prompt": "def f(x):"}).json()
+    assert tokens["count"] == len(tokens["tokens"]) > 0
+    assert http.post("/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"] == "def f(x):"
+    chat = http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat["count"] > 2
+    assert_error(http.post("/detokenize", json={"tokens": [10 ** 7]}), 400, "tokens")
+
+
+def metric_values(http) -> dict[tuple[str, str], float]:
+    out = {}
+    for family in text_string_to_metric_families(http.get("/metrics").text):
+        for s in family.samples:
+            out[(s.name, s.labels.get("finished_reason", s.labels.get("le", "")))] = s.value
+    return out
+
+
+def test_metrics_parse_and_counters_move(http):
+    before = metric_values(http)
+    for _ in range(2):
+        assert http.post("/v1/completions", json={"prompt": "metrics", "max_tokens": 3, "ignore_eos": True}).is_success
+    after = metric_values(http)
+    assert after[("vllm:generation_tokens_total", "")] >= before.get(("vllm:generation_tokens_total", ""), 0) + 6
+    assert after[("vllm:prompt_tokens_total", "")] > before.get(("vllm:prompt_tokens_total", ""), 0)
+    assert after[("vllm:request_success_total", "length")] >= before.get(("vllm:request_success_total", "length"),
+                                                                         0) + 2
+    assert after[("vllm:prefix_cache_queries_total", "")] > before.get(("vllm:prefix_cache_queries_total", ""), 0)
+    assert after[("vllm:time_to_first_token_seconds_count", "")] >= 2
+    assert after[("vllm:e2e_request_latency_seconds_count", "")] >= 2
+    assert after[("vllm:request_queue_time_seconds_count", "")] >= 2
+    assert after[("vllm:inter_token_latency_seconds_count", "")] > 0
+    assert ("jaxengine:compile_count", "") in after
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert (name, "") in after
+
+
+class FaultyEngine:
+    """Fault injection: the real engine's interface, but the step crashes."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.tokenizer, self.max_model_len = engine.tokenizer, engine.max_model_len
+        self.model_config, self.validate = engine.model_config, engine.validate
+        self.pending = []
+
+    def add_request(self, request_id, *args, **kwargs):
+        self.pending.append(request_id)
+
+    def has_unfinished_requests(self):
+        return bool(self.pending)
+
+    def abort_request(self, request_id):
+        pass
+
+    def step(self):
+        raise RuntimeError("injected device fault")
+
+
+def test_a_dead_engine_loop_fails_requests_promptly_and_health_reports_it(engines):
+    faulty = AsyncEngine(FaultyEngine(engines("qwen2", max_num_seqs=16, max_num_batched_tokens=64)),
+                         EngineMetrics(MODEL))
+    server = LiveServer(build_app(faulty, MODEL))
+    try:
+        with httpx.Client(base_url=server.url, timeout=20) as c:
+            start = time.monotonic()
+            response = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+            assert time.monotonic() - start < 10
+            assert_error(response, 500)
+            assert_error(c.get("/health"), 503)
+            assert_error(c.post("/v1/completions", json={"prompt": "x"}), 500)
+    finally:
+        server.stop()
+
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integers(-10 ** 12, 10 ** 12),
+                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
+                    st.lists(st.integers(-3, 400), max_size=4), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+_COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop", "seed",
+                      "logprobs", "echo", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+                      "min_tokens", "ignore_eos", "stop_token_ids", "allowed_token_ids", "bad_words", "priority",
+                      "prompt_logprobs", "stream", "best_of", "suffix", "unknown"]
+_CHAT_FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "logprobs", "top_logprobs",
+                "n", "stop", "seed", "stream", "response_format", "top_k", "min_p"]
+
+
+def _bodies(fields, required):
+    base = st.fixed_dictionaries({}, optional={f: _values for f in fields})
+    return base.map(lambda d: {**required, **d}).map(
+        lambda d: {**d, "max_tokens": d["max_tokens"]} if isinstance(d.get("max_tokens"), int)
+        and 0 < d["max_tokens"] <= 8 else {**d, "max_tokens": 4})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=_bodies(_COMPLETION_FIELDS, {"prompt": "fuzz"}))
+def test_fuzzed_completion_bodies_never_cause_5xx(live, body):
+    with httpx.Client(base_url=live.url, timeout=60) as c:
+        response = c.post("/v1/completions", content=json.dumps(body, allow_nan=True),
+                          headers={"content-type": "application/json"})
+        assert response.status_code < 500, (body, response.text)
+        assert c.get("/health").status_code == 200
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=_bodies(_CHAT_FIELDS, {"messages": [{"role": "user", "content": "fuzz"}]}))
+def test_fuzzed_chat_bodies_never_cause_5xx(live, body):
+    with httpx.Client(base_url=live.url, timeout=60) as c:
+        response = c.post("/v1/chat/completions", content=json.dumps(body, allow_nan=True),
+                          headers={"content-type": "application/json"})
+        assert response.status_code < 500, (body, response.text)
+        assert c.get("/health").status_code == 200

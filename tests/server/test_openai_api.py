@@ -1,0 +1,129 @@
+"""The server through the official openai SDK: completions and chat, streaming and not."""
+
+import concurrent.futures
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server.conftest import MODEL, wait_until_idle
+
+
+def test_models_lists_the_served_model(client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_completion(client):
+    out = client.completions.create(model=MODEL, prompt="def f(x):", max_tokens=8, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert out.object == "text_completion" and len(out.choices) == 1
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage.completion_tokens == 8 and out.usage.prompt_tokens > 0
+
+
+def test_completion_stream_concatenates_to_the_non_streamed_text(client):
+    kwargs = dict(model=MODEL, prompt="import json", max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kwargs).choices[0].text
+    chunks = list(client.completions.create(stream=True, **kwargs))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_chat_and_its_stream_agree(client):
+    kwargs = dict(model=MODEL, messages=[{"role": "system", "content": "brief"}, {"role": "user", "content": "hi"}],
+                  max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**kwargs)
+    assert whole.choices[0].message.role == "assistant"
+    stream = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    assert stream[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == whole.choices[0].message.content
+    assert stream[-1].usage.completion_tokens == 10 == whole.usage.completion_tokens
+
+
+def test_chat_text_parts_and_max_completion_tokens(client):
+    out = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": [{"type": "text", "text": "hel"},
+                                                            {"type": "text", "text": "lo"}]}],
+        max_completion_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 3
+
+
+def test_n_two_gives_two_choices(client):
+    out = client.completions.create(model=MODEL, prompt="x = ", max_tokens=6, n=2, temperature=1.0, seed=3)
+    assert sorted(c.index for c in out.choices) == [0, 1]
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a"}], n=2,
+                                          max_tokens=4, seed=1)
+    assert len(chat.choices) == 2
+
+
+def test_completion_logprobs_and_echo(client):
+    out = client.completions.create(model=MODEL, prompt="a b", max_tokens=4, temperature=0, logprobs=2, echo=True,
+                                    extra_body={"ignore_eos": True})
+    lp = out.choices[0].logprobs
+    prompt_len = out.usage.prompt_tokens
+    assert len(lp.tokens) == prompt_len + 4
+    assert lp.token_logprobs[0] is None and all(v <= 0 for v in lp.token_logprobs[1:])
+    assert out.choices[0].text.startswith("a b")
+
+
+def test_chat_logprobs(client):
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}], max_tokens=5,
+                                         temperature=0, logprobs=True, top_logprobs=3,
+                                         extra_body={"ignore_eos": True})
+    content = out.choices[0].logprobs.content
+    assert len(content) == 5
+    for item in content:
+        assert len(item.top_logprobs) == 3
+        assert item.logprob == pytest.approx(item.top_logprobs[0].logprob)  # greedy picks the top token
+
+
+def test_stop_string(client):
+    free = client.completions.create(model=MODEL, prompt="def g(", max_tokens=20, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = next(free[i:i + 2] for i in range(3, len(free)) if "\ufffd" not in free[i:i + 2])
+    out = client.completions.create(model=MODEL, prompt="def g(", max_tokens=20, temperature=0, stop=[stop],
+                                    extra_body={"ignore_eos": True}).choices[0]
+    assert out.text == free[: free.index(stop)] and out.finish_reason == "stop"
+
+
+def test_seed_reproducibility(client):
+    kwargs = dict(model=MODEL, prompt="seed", max_tokens=10, temperature=1.0, extra_body={"ignore_eos": True})
+    a = client.completions.create(seed=42, **kwargs).choices[0].text
+    b = client.completions.create(seed=42, **kwargs).choices[0].text
+    c = client.completions.create(seed=43, **kwargs).choices[0].text
+    assert a == b != c
+
+
+def test_vllm_extra_fields_are_honoured(client):
+    out = client.completions.create(model=MODEL, prompt="z", max_tokens=6, temperature=1.0, seed=0,
+                                    extra_body={"top_k": 1, "ignore_eos": True, "min_tokens": 6,
+                                                "repetition_penalty": 1.1, "priority": 2})
+    greedy = client.completions.create(model=MODEL, prompt="z", max_tokens=6, temperature=0,
+                                       extra_body={"ignore_eos": True, "repetition_penalty": 1.1})
+    assert out.choices[0].text == greedy.choices[0].text
+
+
+def batched_steps(http) -> float:
+    """How many engine steps so far ran more than one request, from /metrics."""
+    families = {f.name: f for f in text_string_to_metric_families(http.get("/metrics").text)}
+    buckets = {s.labels["le"]: s.value for s in families["jaxengine:step_batch_requests"].samples
+               if s.name.endswith("_bucket")}
+    return buckets["+Inf"] - buckets["1.0"]
+
+
+def test_64_concurrent_streams_complete_and_are_batched(client, http, async_engine):
+    before = batched_steps(http)
+
+    def one(i):
+        stream = client.completions.create(model=MODEL, prompt=f"request {i}", max_tokens=8, temperature=0,
+                                           stream=True, extra_body={"ignore_eos": True})
+        return "".join(c.choices[0].text for c in stream if c.choices)
+
+    with concurrent.futures.ThreadPoolExecutor(64) as pool:
+        streamed = list(pool.map(one, range(64)))
+    assert batched_steps(http) > before
+    for i, text in enumerate(streamed):
+        want = client.completions.create(model=MODEL, prompt=f"request {i}", max_tokens=8, temperature=0,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+        assert text == want
+    wait_until_idle(async_engine.engine)
