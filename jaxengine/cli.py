@@ -51,14 +51,14 @@ def _serve(args) -> None:
 
     import uvicorn
 
-    from jaxengine.engine.llm_engine import LLMEngine
+    from jaxengine.engine.dp_engine import create_engine
     from server.app import build_app
     from server.engine_client import AsyncEngine
     from server.metrics import EngineMetrics
 
     config = engine_config(args)
     name = args.served_model_name or config.model or "jaxengine-demo"
-    engine = LLMEngine(config)
+    engine = create_engine(config)
     async_engine = AsyncEngine(engine, EngineMetrics(name))
     app = build_app(async_engine, name, api_key=args.api_key or os.environ.get("JAXENGINE_API_KEY"))
     try:

@@ -19,11 +19,13 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     min_token_bucket: int = 16
     kv_cache_memory_fraction: float = 0.9  # of free accelerator memory after the weights
-    kv_cache_gib: float = 1.0  # KV pool size on CPU, where free memory is not measurable
+    kv_cache_gib: float = 1.0  # KV pool size per device on CPU, where free memory is not measurable
     num_kv_blocks: int | None = None  # explicit pool size; overrides both of the above
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
     seed: int = 0
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
     max_logprobs: int = 20  # the most `logprobs` a request may ask for
     compilation_cache_dir: str | None = "~/.cache/jaxengine/xla"  # None or "" turns the persistent cache off
     warmup: bool = True

@@ -5,7 +5,7 @@ import itertools
 from tqdm.auto import tqdm
 
 from jaxengine.config import EngineConfig
-from jaxengine.engine.llm_engine import LLMEngine
+from jaxengine.engine.dp_engine import create_engine
 from jaxengine.outputs import RequestOutput
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 
@@ -14,7 +14,7 @@ class LLM:
     def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, progress: bool = True,
                  **engine_args):
         config = config or EngineConfig(model=model, **engine_args)
-        self.engine = LLMEngine(config, progress=progress)
+        self.engine = create_engine(config, progress=progress)
         self._ids = itertools.count()
 
     def get_tokenizer(self):

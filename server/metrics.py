@@ -54,18 +54,23 @@ class EngineMetrics:
         self._preemptions = 0
 
     def after_step(self, engine, outputs: list[RequestOutput]) -> None:
-        scheduler, bm = engine.scheduler, engine.block_manager
-        if engine.last_step_size is not None:
-            self.step_requests.observe(engine.last_step_size[0])
-            self.step_tokens.observe(engine.last_step_size[1])
-        self.running.set(len(scheduler.running))
-        self.waiting.set(len(scheduler.waiting))
-        self.kv_usage.set(bm.usage)
-        self.prefix_queries.inc(bm.query_tokens - self._prefix[0])
-        self.prefix_hits.inc(bm.hit_tokens - self._prefix[1])
-        self._prefix = (bm.query_tokens, bm.hit_tokens)
-        self.preemptions.inc(scheduler.num_preemptions - self._preemptions)
-        self._preemptions = scheduler.num_preemptions
+        """`engine`: an LLMEngine or data-parallel replicas of it (summed over replicas)."""
+        replicas = getattr(engine, "replicas", [engine])
+        for r in replicas:
+            if r.last_step_size is not None:
+                self.step_requests.observe(r.last_step_size[0])
+                self.step_tokens.observe(r.last_step_size[1])
+        self.running.set(sum(len(r.scheduler.running) for r in replicas))
+        self.waiting.set(sum(len(r.scheduler.waiting) for r in replicas))
+        self.kv_usage.set(sum(r.block_manager.usage for r in replicas) / len(replicas))
+        queries = sum(r.block_manager.query_tokens for r in replicas)
+        hits = sum(r.block_manager.hit_tokens for r in replicas)
+        self.prefix_queries.inc(queries - self._prefix[0])
+        self.prefix_hits.inc(hits - self._prefix[1])
+        self._prefix = (queries, hits)
+        preemptions = sum(r.scheduler.num_preemptions for r in replicas)
+        self.preemptions.inc(preemptions - self._preemptions)
+        self._preemptions = preemptions
         self.compiles.set(compile_count())
         for out in outputs:
             self._observe(out)

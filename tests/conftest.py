@@ -6,6 +6,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+jax.config.update("jax_num_cpu_devices", 8)  # fake devices for the sharding tests; others use device 0
+
 from tests import tiny_models  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", os.environ.get("JAXENGINE_TEST_CACHE", os.path.expanduser("~/.cache/jaxengine/xla-tests")))

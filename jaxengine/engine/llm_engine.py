@@ -16,7 +16,8 @@ from jaxengine.engine.block_manager import BlockManager
 from jaxengine.engine.detokenizer import IncrementalDetokenizer
 from jaxengine.engine.request import Sequence
 from jaxengine.engine.scheduler import Scheduler
-from jaxengine.models.loader import load_model, resolve_model_dir
+from jaxengine.models.loader import load_config, load_model, resolve_model_dir
+from jaxengine.parallel.sharding import check_layout, make_mesh
 from jaxengine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from jaxengine.runner.model_runner import MAX_BANNED, MAX_LOGIT_BIAS, ModelRunner
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
@@ -48,13 +49,18 @@ class _Request:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, progress: bool = True):
+    def __init__(self, config: EngineConfig, progress: bool = True, devices: list | None = None):
+        """`devices`: where this engine runs (default: the first tensor_parallel_size devices)."""
         from transformers import AutoTokenizer
 
         self.config = config
         enable_compilation_cache(config.compilation_cache_dir)
         model_dir = resolve_model_dir(config.model) if config.model else _demo_model_dir()
-        model, self.model_config = load_model(model_dir, config.dtype, progress=progress)
+        tp = config.tensor_parallel_size
+        _, checkpoint_config = load_config(model_dir)
+        check_layout(checkpoint_config, tp, config.data_parallel_size, len(jax.devices()))
+        self.mesh = make_mesh(tp, devices)
+        model, self.model_config = load_model(model_dir, config.dtype, progress=progress, mesh=self.mesh)
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or model_dir)
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(model_dir)
@@ -65,7 +71,7 @@ class LLMEngine:
                                    policy=config.scheduling_policy)
         self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=config.block_size,
                                   max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
-                                  max_num_batched_tokens=config.max_num_batched_tokens,
+                                  max_num_batched_tokens=config.max_num_batched_tokens, mesh=self.mesh,
                                   min_token_bucket=config.min_token_bucket, max_logprobs=config.max_logprobs)
         logger.info("KV cache: %d blocks of %d tokens (%d tokens); at most %.1f requests of max_model_len=%d at once",
                     num_blocks, config.block_size, num_blocks * config.block_size,
@@ -99,7 +105,9 @@ class LLMEngine:
 
     def _num_kv_blocks(self, model) -> int:
         cfg = self.config
+        # The pool is sharded by KV head over the 'model' axis: size it per device.
         per_block = int(np.prod(model.kv_cache_shape(1, cfg.block_size))) * np.dtype(model.dtype).itemsize
+        per_block //= cfg.tensor_parallel_size
         if cfg.num_kv_blocks is not None:
             return cfg.num_kv_blocks
         device = jax.devices()[0]
@@ -211,11 +219,19 @@ class LLMEngine:
     # --- the step --------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        return self.finish_step(self.start_step())
+
+    def start_step(self):
+        """Schedules and launches a step on the device without waiting (see `finish_step`)."""
         touched = self._process_aborts()
         chunks = self.scheduler.schedule()
         self.last_step_size = (len(chunks), sum(c.num_tokens for c in chunks)) if chunks else None
+        return touched, chunks, self.runner.dispatch(chunks) if chunks else None
+
+    def finish_step(self, started) -> list[RequestOutput]:
+        touched, chunks, launched = started
         if chunks:
-            tokens, logprobs, prompt_logprobs = self.runner.execute(chunks)
+            tokens, logprobs, prompt_logprobs = self.runner.collect(launched, len(chunks))
             start = 0
             for row, (chunk, token) in enumerate(zip(chunks, tokens)):
                 seq = chunk.seq

@@ -16,9 +16,10 @@ from jaxengine.models.config import ModelConfig, rope_inv_freq
 from jaxengine.runner.batch import RaggedBatch
 
 
-def _param(shape, dtype) -> nnx.Param:
-    # Models are built abstractly (nnx.eval_shape) and filled from checkpoints; zeros only give the shape.
-    return nnx.Param(jnp.zeros(shape, dtype))
+def _param(shape, dtype, axes: tuple[str, ...]) -> nnx.Param:
+    """A parameter named by logical axes (mapped to mesh axes in jaxengine/parallel/sharding.py). Models are
+    built abstractly (nnx.eval_shape) and filled from checkpoints; zeros only give the shape."""
+    return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
 
 
 def _dot(x, w):
@@ -33,24 +34,24 @@ class DecoderLayers(nnx.Module):
         L, D, I = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.cfg = cfg
-        self.attn_norm = _param((L, D), dtype)
-        self.q_proj = _param((L, D, q_width), dtype)
-        self.k_proj = _param((L, D, kv_width), dtype)
-        self.v_proj = _param((L, D, kv_width), dtype)
-        self.o_proj = _param((L, q_width, D), dtype)
+        self.attn_norm = _param((L, D), dtype, ("layers", "embed"))
+        self.q_proj = _param((L, D, q_width), dtype, ("layers", "embed", "heads"))
+        self.k_proj = _param((L, D, kv_width), dtype, ("layers", "embed", "kv_heads"))
+        self.v_proj = _param((L, D, kv_width), dtype, ("layers", "embed", "kv_heads"))
+        self.o_proj = _param((L, q_width, D), dtype, ("layers", "heads", "embed"))
         if cfg.qkv_bias:
-            self.q_bias = _param((L, q_width), dtype)
-            self.k_bias = _param((L, kv_width), dtype)
-            self.v_bias = _param((L, kv_width), dtype)
+            self.q_bias = _param((L, q_width), dtype, ("layers", "heads"))
+            self.k_bias = _param((L, kv_width), dtype, ("layers", "kv_heads"))
+            self.v_bias = _param((L, kv_width), dtype, ("layers", "kv_heads"))
         if cfg.o_bias:
-            self.o_bias = _param((L, D), dtype)
+            self.o_bias = _param((L, D), dtype, ("layers", "embed"))
         if cfg.qk_norm:
-            self.q_norm = _param((L, cfg.head_dim), dtype)
-            self.k_norm = _param((L, cfg.head_dim), dtype)
-        self.mlp_norm = _param((L, D), dtype)
-        self.gate_proj = _param((L, D, I), dtype)
-        self.up_proj = _param((L, D, I), dtype)
-        self.down_proj = _param((L, I, D), dtype)
+            self.q_norm = _param((L, cfg.head_dim), dtype, ("layers", "head_dim"))
+            self.k_norm = _param((L, cfg.head_dim), dtype, ("layers", "head_dim"))
+        self.mlp_norm = _param((L, D), dtype, ("layers", "embed"))
+        self.gate_proj = _param((L, D, I), dtype, ("layers", "embed", "mlp"))
+        self.up_proj = _param((L, D, I), dtype, ("layers", "embed", "mlp"))
+        self.down_proj = _param((L, I, D), dtype, ("layers", "mlp", "embed"))
 
     def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, inv_freq, rope_scaling):
         cfg = self.cfg
@@ -82,11 +83,11 @@ class LlamaForCausalLM(nnx.Module):
     def __init__(self, cfg: ModelConfig, dtype=jnp.float32):
         self.cfg = cfg
         self.dtype = dtype
-        self.embed = _param((cfg.vocab_size, cfg.hidden_size), dtype)
+        self.embed = _param((cfg.vocab_size, cfg.hidden_size), dtype, ("vocab", "embed"))
         self.layers = DecoderLayers(cfg, dtype)
-        self.final_norm = _param((cfg.hidden_size,), dtype)
+        self.final_norm = _param((cfg.hidden_size,), dtype, ("embed",))
         if not cfg.tie_word_embeddings:
-            self.lm_head = _param((cfg.hidden_size, cfg.vocab_size), dtype)
+            self.lm_head = _param((cfg.hidden_size, cfg.vocab_size), dtype, ("embed", "vocab"))
 
     def __call__(
         self,
@@ -114,6 +115,8 @@ class LlamaForCausalLM(nnx.Module):
         else:
             logits = jnp.dot(h, self.lm_head[...], preferred_element_type=jnp.float32)
         return logits, kv_cache
+
+    KV_CACHE_AXES = ("layers", "pages", "page", "kv_heads", "head_dim")  # K/V interleaved on kv_heads
 
     def kv_cache_shape(self, num_pages: int, page_size: int) -> tuple[int, ...]:
         cfg = self.cfg

@@ -1,5 +1,6 @@
 """Loads a Hugging Face checkpoint (local directory or hub id) into an abstractly built NNX model."""
 
+import dataclasses
 import json
 import logging
 import re
@@ -16,6 +17,7 @@ from jaxengine.models.config import ModelConfig, read_hf_config
 from jaxengine.models.llama import hf_weight_map
 from jaxengine.models.registry import get_architecture
 from jaxengine.models.safetensors_io import read_safetensors
+from jaxengine.parallel.sharding import kv_head_repeats, named_sharding
 
 logger = logging.getLogger(__name__)
 
@@ -69,25 +71,43 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def load_model(model: str | Path, dtype: str = "auto", progress: bool = True):
-    """Returns (model, ModelConfig). Weights go from memory-mapped safetensors to the device one
-    parameter at a time; the model is never initialised with real arrays."""
+def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, mesh=None):
+    """Returns (model, ModelConfig). Weights go from memory-mapped safetensors to the device one parameter
+    at a time (on a mesh, each device receives only its shard); the model is never initialised with real
+    arrays. On a mesh with more devices on 'model' than the model has KV heads, each KV head is repeated
+    (the returned config says how many KV heads the sharded model holds)."""
     start = time.perf_counter()
     model_dir = resolve_model_dir(model)
     model_class, cfg = load_config(model_dir)
     jdtype = resolve_dtype(dtype, cfg)
+    repeats = kv_head_repeats(cfg, mesh.shape["model"]) if mesh is not None else 1
+    checkpoint_kv_heads = cfg.num_kv_heads
+    cfg = dataclasses.replace(cfg, num_kv_heads=cfg.num_kv_heads * repeats)
     abstract = nnx.eval_shape(lambda: model_class(cfg, jdtype))
     graphdef, abstract_state = nnx.split(abstract)
     flat = nnx.to_flat_state(abstract_state)
     targets = {path: var.get_value() for path, var in flat}  # path -> ShapeDtypeStruct
-    loaded = _fill(checkpoint_files(model_dir), hf_weight_map(cfg), targets, cfg, progress)
+    shardings = {path: named_sharding(var.get_metadata()["logical_axes"], var.get_value().shape, mesh)
+                 for path, var in flat} if mesh is not None else {}
+    loaded = _fill(checkpoint_files(model_dir), hf_weight_map(cfg), targets, shardings, cfg, progress,
+                   kv_repeat=(checkpoint_kv_heads, repeats))
     state = nnx.from_flat_state([(path, var.replace(loaded[path])) for path, var in flat])
     logger.info("loaded %s (%s) from %s in %.1f s", cfg.architecture, jnp.dtype(jdtype).name, model_dir,
                 time.perf_counter() - start)
     return nnx.merge(graphdef, state), cfg
 
 
-def _fill(files, weight_map, targets, cfg, progress) -> dict:
+_KV_PARAMS = {"k_proj", "v_proj", "k_bias", "v_bias"}
+
+
+def _repeat_kv_heads(array: np.ndarray, kv_heads: int, repeats: int) -> np.ndarray:
+    """[..., kv_heads * head_dim] -> [..., kv_heads * repeats * head_dim], each head copied `repeats` times."""
+    *lead, width = array.shape
+    heads = array.reshape(*lead, kv_heads, width // kv_heads)
+    return np.repeat(heads, repeats, axis=-2).reshape(*lead, width * repeats)
+
+
+def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat) -> dict:
     pieces_needed = {path: (cfg.num_layers if path[0] == "layers" else 1) for path in targets}
     buffers, done, seen = {}, {}, set()
     headers = [read_safetensors(f) for f in files]
@@ -104,8 +124,14 @@ def _fill(files, weight_map, targets, cfg, progress) -> dict:
             seen.add(name)
             path, layer, transpose = weight_map[name]
             target = targets[path]
-            expected = target.shape[1:] if layer is not None else target.shape
+            expected = tuple(target.shape[1:] if layer is not None else target.shape)
             source = array.T if transpose else array
+            kv_heads, repeats = kv_repeat
+            if repeats > 1 and path[-1] in _KV_PARAMS:
+                expected = expected[:-1] + (expected[-1] // repeats,)
+                if source.shape == expected:
+                    source = _repeat_kv_heads(np.asarray(source), kv_heads, repeats)
+                    expected = source.shape
             if source.shape != tuple(expected):
                 hf_shape = tuple(reversed(expected)) if transpose else tuple(expected)
                 raise ValueError(f"tensor {name} has shape {tuple(array.shape)}, expected {hf_shape}")
@@ -115,7 +141,7 @@ def _fill(files, weight_map, targets, cfg, progress) -> dict:
                 buffers.setdefault(path, np.empty(target.shape, target.dtype))[layer] = source
             pieces_needed[path] -= 1
             if pieces_needed[path] == 0:
-                done[path] = jax.device_put(buffers.pop(path))
+                done[path] = jax.device_put(buffers.pop(path), shardings.get(path))
     bar.close()
     missing = sorted(set(weight_map) - seen)
     if missing:

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from jaxengine.engine.request import Sequence, Status
 from jaxengine.engine.scheduler import ScheduledChunk
 from jaxengine.layers.sampler import VARIANTS, SamplingInputs, SlotState, reset_slot, sampling_step, token_logprobs
+from jaxengine.parallel.sharding import named_sharding, replicated
 from jaxengine.runner.batch import RaggedBatch
 
 logger = logging.getLogger(__name__)
@@ -48,10 +49,13 @@ def _step(graphdef, state, kv_cache, slot_state, batch: RaggedBatch, sampling: S
 
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, min_token_bucket: int = 16, max_logprobs: int = 20):
+                 max_num_batched_tokens: int, mesh, min_token_bucket: int = 16, max_logprobs: int = 20):
         graphdef, self.state = nnx.split(model)
         self.vocab_size = vocab = model.cfg.vocab_size
-        self.kv_cache = jnp.zeros(model.kv_cache_shape(num_blocks, block_size), model.dtype)
+        self.mesh = mesh
+        self.replicated = replicated(mesh)
+        kv_shape = model.kv_cache_shape(num_blocks, block_size)
+        self.kv_cache = jnp.zeros(kv_shape, model.dtype, device=named_sharding(model.KV_CACHE_AXES, kv_shape, mesh))
         self.token_buckets = power_of_two_buckets(min(min_token_bucket, max_num_batched_tokens), max_num_batched_tokens)
         self.req_buckets = power_of_two_buckets(min(8, max_num_seqs), max_num_seqs)
         self.pages_per_seq = -(-max_model_len // block_size)
@@ -64,7 +68,7 @@ class ModelRunner:
         # Slots hold device state for sequences that use penalties or allowed_token_ids; running sequences
         # never outnumber max_num_seqs, and a preempted one rebuilds its slot when it runs again.
         self.num_slots = max_num_seqs
-        self.slot_state = SlotState.zeros(self.num_slots, vocab)
+        self.slot_state = jax.device_put(SlotState.zeros(self.num_slots, vocab), self.replicated)
         self.free_slots = list(range(self.num_slots))
         self.slot_owners: dict[int, Sequence] = {}
         self._reset_slot = None
@@ -110,9 +114,9 @@ class ModelRunner:
     def _slot_resetter(self):
         if self._reset_slot is None:
             padded = np.zeros(self.max_model_len, np.int32)
-            self._reset_slot = jax.jit(reset_slot, donate_argnums=0).lower(
-                self.slot_state, np.int32(0), padded, padded, np.zeros(self.vocab_size, np.int32),
-                np.bool_(False)).compile()
+            args = jax.device_put((np.int32(0), padded, padded, np.zeros(self.vocab_size, np.int32), np.bool_(False)),
+                                  self.replicated)
+            self._reset_slot = jax.jit(reset_slot, donate_argnums=0).lower(self.slot_state, *args).compile()
             self.num_compiles += 1
         return self._reset_slot
 
@@ -135,10 +139,11 @@ class ModelRunner:
             out[: len(ids)] = ids
             return out
 
-        self.slot_state = self._slot_resetter()(
-            self.slot_state, np.int32(seq.slot), padded(seq.prompt_token_ids, self.max_model_len),
-            padded(seq.output_token_ids, self.max_model_len), padded(params.allowed_token_ids or [], vocab),
-            np.bool_(params.allowed_token_ids is not None))
+        args = jax.device_put((np.int32(seq.slot), padded(seq.prompt_token_ids, self.max_model_len),
+                               padded(seq.output_token_ids, self.max_model_len),
+                               padded(params.allowed_token_ids or [], vocab),
+                               np.bool_(params.allowed_token_ids is not None)), self.replicated)
+        self.slot_state = self._slot_resetter()(self.slot_state, *args)
 
     # --- the step -------------------------------------------------------------------------------------
 
@@ -150,7 +155,7 @@ class ModelRunner:
         batch = RaggedBatch(self.input_ids[:t], self.positions[:t], self.cu_q_lens[: r + 1], self.kv_lens[:r],
                             self.block_tables[:r], np.int32(num_seqs), self.logits_indices[:r])
         sampling = jax.tree.map(lambda a: a[:r], self.sampling)
-        return jax.device_put((batch, sampling, self.prompt_targets[:t]))
+        return jax.device_put((batch, sampling, self.prompt_targets[:t]), self.replicated)
 
     def _fill_sampling_row(self, i: int, chunk: ScheduledChunk) -> None:
         seq, params, s = chunk.seq, chunk.seq.params, self.sampling
@@ -180,6 +185,10 @@ class ModelRunner:
         """Runs one step. Returns the sampled token of each chunk (meaningful where the chunk completes its
         sequence); in the full and prompt variants (top ids, top logprobs, token logprob, rank) per chunk; in
         the prompt variant the same for every flat token position, predicting `prompt_targets`."""
+        return self.collect(self.dispatch(chunks), len(chunks))
+
+    def dispatch(self, chunks: list[ScheduledChunk]):
+        """Packs and launches the step without waiting for it (JAX dispatch is asynchronous)."""
         self._release_slots()
         for chunk in chunks:
             if chunk.seq.params.needs_slot_state and chunk.seq.slot is None:
@@ -206,11 +215,17 @@ class ModelRunner:
         inputs = self._device_inputs(num_tokens, num_reqs, len(chunks))
         tokens, logprobs, prompt_logprobs, self.kv_cache, self.slot_state = step(
             self.state, self.kv_cache, self.slot_state, *inputs)
+        return tokens, logprobs, prompt_logprobs
+
+    @staticmethod
+    def collect(launched, num_chunks: int) -> tuple[np.ndarray, tuple | None, tuple | None]:
+        """Waits for a dispatched step and brings its results to the host."""
+        tokens, logprobs, prompt_logprobs = launched
         if logprobs is not None:
-            logprobs = tuple(np.asarray(x)[: len(chunks)] for x in logprobs)
+            logprobs = tuple(np.asarray(x)[:num_chunks] for x in logprobs)
         if prompt_logprobs is not None:
             prompt_logprobs = tuple(np.asarray(x) for x in prompt_logprobs)
-        return np.asarray(tokens)[: len(chunks)], logprobs, prompt_logprobs
+        return np.asarray(tokens)[:num_chunks], logprobs, prompt_logprobs
 
     @staticmethod
     def _variant(chunks: list[ScheduledChunk]) -> str:
