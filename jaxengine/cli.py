@@ -67,6 +67,16 @@ def _serve(args) -> None:
         async_engine.shutdown()
 
 
+def _convert(args) -> None:
+    from jaxengine.models.loader import load_model, resolve_model_dir
+    from jaxengine.models.orbax_io import save_converted
+
+    model_dir = resolve_model_dir(args.model)
+    model, _ = load_model(model_dir, args.dtype)
+    save_converted(model, model_dir, args.output)
+    print(f"wrote an Orbax checkpoint to {args.output}; serve it with --model {args.output}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="jaxengine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -87,12 +97,17 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
     add_engine_flags(serve)
     serve.set_defaults(run=_serve)
+    convert = sub.add_parser("convert", help="write an Orbax checkpoint of the converted parameters")
+    convert.add_argument("--model", required=True, help="Hugging Face directory or hub id")
+    convert.add_argument("--output", required=True, help="a new directory for the checkpoint")
+    convert.add_argument("--dtype", default="auto")
+    convert.set_defaults(run=_convert)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("jax").setLevel(logging.WARNING)
     try:
         args.run(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
         sys.exit(f"error: {e}")
 
 

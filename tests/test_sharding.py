@@ -97,3 +97,27 @@ def test_tensor_and_data_parallel_replicas_match_one_device_and_share_the_load(l
         finals.update({o.request_id: o for o in engine.step() if o.finished})
     assert [finals[f"dp{i}"].outputs[0].token_ids for i in range(len(prompts))] == want
     assert all(r.block_manager.num_free_blocks == r.block_manager.num_blocks for r in engine.replicas)
+
+
+def test_orbax_round_trip_restores_sharded_with_identical_output(llama8, sharded_engines, tmp_path, capsys):
+    import time
+
+    from jaxengine.cli import main
+    from jaxengine.models.loader import load_model
+    from jaxengine.parallel.sharding import make_mesh
+
+    out = tmp_path / "orbax"
+    main(["convert", "--model", str(llama8), "--output", str(out)])
+    assert "wrote an Orbax checkpoint" in capsys.readouterr().out
+    prompts = random_prompts(331, (5, 33), seed=4)
+    want = greedy_tokens(sharded_engines(llama8), prompts)
+    assert greedy_tokens(sharded_engines(out, tensor_parallel_size=4), prompts) == want
+    mesh = make_mesh(4)
+    timings = {}
+    for name, path in (("safetensors", llama8), ("orbax", out)):
+        start = time.perf_counter()
+        load_model(path, "float32", progress=False, mesh=mesh)
+        timings[name] = time.perf_counter() - start
+    print(f"load time on a 4-device mesh: safetensors {timings['safetensors']:.3f} s, orbax {timings['orbax']:.3f} s")
+    with pytest.raises(SystemExit, match="already holds a converted checkpoint"):
+        main(["convert", "--model", str(llama8), "--output", str(out)])

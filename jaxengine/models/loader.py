@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from jaxengine.models.config import ModelConfig, read_hf_config
 from jaxengine.models.llama import hf_weight_map
 from jaxengine.models.registry import get_architecture
+from jaxengine.models import orbax_io
 from jaxengine.models.safetensors_io import read_safetensors
 from jaxengine.parallel.sharding import kv_head_repeats, named_sharding
 
@@ -79,6 +80,9 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     start = time.perf_counter()
     model_dir = resolve_model_dir(model)
     model_class, cfg = load_config(model_dir)
+    orbax = orbax_io.is_orbax_checkpoint(model_dir)
+    if orbax and dtype == "auto":
+        dtype = orbax_io.checkpoint_dtype(model_dir)
     jdtype = resolve_dtype(dtype, cfg)
     repeats = kv_head_repeats(cfg, mesh.shape["model"]) if mesh is not None else 1
     checkpoint_kv_heads = cfg.num_kv_heads
@@ -89,11 +93,14 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     targets = {path: var.get_value() for path, var in flat}  # path -> ShapeDtypeStruct
     shardings = {path: named_sharding(var.get_metadata()["logical_axes"], var.get_value().shape, mesh)
                  for path, var in flat} if mesh is not None else {}
-    loaded = _fill(checkpoint_files(model_dir), hf_weight_map(cfg), targets, shardings, cfg, progress,
-                   kv_repeat=(checkpoint_kv_heads, repeats))
+    if orbax:
+        loaded = orbax_io.restore(model_dir, flat, targets, shardings, _KV_PARAMS, repeats, checkpoint_kv_heads)
+    else:
+        loaded = _fill(checkpoint_files(model_dir), hf_weight_map(cfg), targets, shardings, cfg, progress,
+                       kv_repeat=(checkpoint_kv_heads, repeats))
     state = nnx.from_flat_state([(path, var.replace(loaded[path])) for path, var in flat])
-    logger.info("loaded %s (%s) from %s in %.1f s", cfg.architecture, jnp.dtype(jdtype).name, model_dir,
-                time.perf_counter() - start)
+    logger.info("loaded %s (%s) from %s (%s) in %.2f s", cfg.architecture, jnp.dtype(jdtype).name, model_dir,
+                "orbax" if orbax else "safetensors", time.perf_counter() - start)
     return nnx.merge(graphdef, state), cfg
 
 
