@@ -52,11 +52,19 @@ def _serve(args) -> None:
     import uvicorn
 
     from jaxengine.engine.dp_engine import create_engine
+    from jaxengine.engine.llm_engine import LLMEngine
+    from jaxengine.parallel import multihost
     from server.app import build_app
     from server.engine_client import AsyncEngine
     from server.metrics import EngineMetrics
 
     config = engine_config(args)
+    if args.distributed:
+        multihost.initialize(args.coordinator_address, args.num_processes, args.process_id,
+                             args.heartbeat_timeout)
+        if not multihost.is_leader():  # followers run the leader's device commands until it stops
+            LLMEngine(config).runner.follow()
+            return
     name = args.served_model_name or config.model or "jaxengine-demo"
     engine = create_engine(config)
     async_engine = AsyncEngine(engine, EngineMetrics(name))
@@ -65,6 +73,8 @@ def _serve(args) -> None:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
         async_engine.shutdown()
+        if args.distributed:
+            engine.runner.stop_followers()
 
 
 def _convert(args) -> None:
@@ -95,6 +105,14 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or JAXENGINE_API_KEY)")
     serve.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
+    serve.add_argument("--distributed", action="store_true",
+                       help="multi-host: jax.distributed.initialize; process 0 serves, the others follow")
+    serve.add_argument("--coordinator-address", default=None, help="host:port of process 0 (default: from the "
+                       "environment, as Cloud TPU VMs provide)")
+    serve.add_argument("--num-processes", type=int, default=None)
+    serve.add_argument("--process-id", type=int, default=None)
+    serve.add_argument("--heartbeat-timeout", type=int, default=30,
+                       help="seconds before a dead process makes the others fail")
     add_engine_flags(serve)
     serve.set_defaults(run=_serve)
     convert = sub.add_parser("convert", help="write an Orbax checkpoint of the converted parameters")

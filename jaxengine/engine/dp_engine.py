@@ -20,6 +20,9 @@ from jaxengine.outputs import RequestOutput
 class DataParallelEngine:
     def __init__(self, config: EngineConfig, progress: bool = True):
         tp, dp = config.tensor_parallel_size, config.data_parallel_size
+        if jax.process_count() > 1:
+            raise ValueError("data_parallel_size > 1 is not supported across processes yet; use "
+                             "tensor_parallel_size over all devices of the slice")
         devices = jax.devices()
         if tp * dp > len(devices):
             raise ValueError(f"tensor_parallel_size x data_parallel_size = {tp * dp} devices, but only "

@@ -17,6 +17,7 @@ from jaxengine.engine.detokenizer import IncrementalDetokenizer
 from jaxengine.engine.request import Sequence
 from jaxengine.engine.scheduler import Scheduler
 from jaxengine.models.loader import load_config, load_model, resolve_model_dir
+from jaxengine.parallel.multihost import CommandChannel, is_leader
 from jaxengine.parallel.sharding import check_layout, make_mesh
 from jaxengine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from jaxengine.runner.model_runner import MAX_BANNED, MAX_LOGIT_BIAS, ModelRunner
@@ -72,7 +73,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=config.block_size,
                                   max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
                                   max_num_batched_tokens=config.max_num_batched_tokens, mesh=self.mesh,
-                                  min_token_bucket=config.min_token_bucket, max_logprobs=config.max_logprobs)
+                                  min_token_bucket=config.min_token_bucket, max_logprobs=config.max_logprobs,
+                                  channel=CommandChannel() if jax.process_count() > 1 and is_leader() else None)
         logger.info("KV cache: %d blocks of %d tokens (%d tokens); at most %.1f requests of max_model_len=%d at once",
                     num_blocks, config.block_size, num_blocks * config.block_size,
                     num_blocks * config.block_size / self.max_model_len, self.max_model_len)

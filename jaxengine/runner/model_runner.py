@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from jaxengine.engine.request import Sequence, Status
 from jaxengine.engine.scheduler import ScheduledChunk
 from jaxengine.layers.sampler import VARIANTS, SamplingInputs, SlotState, reset_slot, sampling_step, token_logprobs
+from jaxengine.parallel import multihost
 from jaxengine.parallel.sharding import named_sharding, replicated
 from jaxengine.runner.batch import RaggedBatch
 
@@ -49,10 +50,13 @@ def _step(graphdef, state, kv_cache, slot_state, batch: RaggedBatch, sampling: S
 
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, mesh, min_token_bucket: int = 16, max_logprobs: int = 20):
+                 max_num_batched_tokens: int, mesh, min_token_bucket: int = 16, max_logprobs: int = 20,
+                 channel: multihost.CommandChannel | None = None):
+        """`channel`: on the leader of a multi-process mesh, every device command is sent through it first."""
         graphdef, self.state = nnx.split(model)
         self.vocab_size = vocab = model.cfg.vocab_size
         self.mesh = mesh
+        self.channel = channel
         self.replicated = replicated(mesh)
         kv_shape = model.kv_cache_shape(num_blocks, block_size)
         self.kv_cache = jnp.zeros(kv_shape, model.dtype, device=named_sharding(model.KV_CACHE_AXES, kv_shape, mesh))
@@ -139,23 +143,34 @@ class ModelRunner:
             out[: len(ids)] = ids
             return out
 
-        args = jax.device_put((np.int32(seq.slot), padded(seq.prompt_token_ids, self.max_model_len),
-                               padded(seq.output_token_ids, self.max_model_len),
-                               padded(params.allowed_token_ids or [], vocab),
-                               np.bool_(params.allowed_token_ids is not None)), self.replicated)
-        self.slot_state = self._slot_resetter()(self.slot_state, *args)
+        args = (np.int32(seq.slot), padded(seq.prompt_token_ids, self.max_model_len),
+                padded(seq.output_token_ids, self.max_model_len), padded(params.allowed_token_ids or [], vocab),
+                np.bool_(params.allowed_token_ids is not None))
+        if self.channel is not None:
+            self.channel.send(multihost.RESET_SLOT, payload=args)
+        self._run_reset(args)
+
+    def _run_reset(self, args) -> None:
+        self.slot_state = self._slot_resetter()(self.slot_state, *jax.device_put(args, self.replicated))
+
+    def _reset_args_like(self):
+        padded = np.zeros(self.max_model_len, np.int32)
+        return (np.int32(0), padded, padded, np.zeros(self.vocab_size, np.int32), np.bool_(False))
 
     # --- the step -------------------------------------------------------------------------------------
 
     def _bucket(self, buckets: list[int], n: int) -> int:
         return next(b for b in buckets if b >= n)
 
-    def _device_inputs(self, num_tokens: int, num_reqs: int, num_seqs: int = 0):
+    def _host_inputs(self, num_tokens: int, num_reqs: int, num_seqs: int = 0):
         t, r = num_tokens, num_reqs
         batch = RaggedBatch(self.input_ids[:t], self.positions[:t], self.cu_q_lens[: r + 1], self.kv_lens[:r],
                             self.block_tables[:r], np.int32(num_seqs), self.logits_indices[:r])
         sampling = jax.tree.map(lambda a: a[:r], self.sampling)
-        return jax.device_put((batch, sampling, self.prompt_targets[:t]), self.replicated)
+        return batch, sampling, self.prompt_targets[:t]
+
+    def _device_inputs(self, num_tokens: int, num_reqs: int, num_seqs: int = 0):
+        return jax.device_put(self._host_inputs(num_tokens, num_reqs, num_seqs), self.replicated)
 
     def _fill_sampling_row(self, i: int, chunk: ScheduledChunk) -> None:
         seq, params, s = chunk.seq, chunk.seq.params, self.sampling
@@ -211,21 +226,51 @@ class ModelRunner:
         self.cu_q_lens[len(chunks) + 1: num_reqs + 1] = start
         self.kv_lens[len(chunks):num_reqs] = 0
         self._clear_padding_rows(len(chunks), num_reqs)
-        step = self._executable(num_tokens, num_reqs, self._variant(chunks))
-        inputs = self._device_inputs(num_tokens, num_reqs, len(chunks))
+        variant = self._variant(chunks)
+        host_inputs = self._host_inputs(num_tokens, num_reqs, len(chunks))
+        if self.channel is not None:
+            self.channel.send(multihost.STEP, (num_tokens, num_reqs, VARIANTS.index(variant)), host_inputs)
+        return self._run_step(num_tokens, num_reqs, variant, host_inputs)
+
+    def _run_step(self, num_tokens: int, num_reqs: int, variant: str, host_inputs):
+        step = self._executable(num_tokens, num_reqs, variant)
+        inputs = jax.device_put(host_inputs, self.replicated)
         tokens, logprobs, prompt_logprobs, self.kv_cache, self.slot_state = step(
             self.state, self.kv_cache, self.slot_state, *inputs)
         return tokens, logprobs, prompt_logprobs
+
+    def follow(self) -> None:
+        """A follower process: run every command the leader sends until it sends STOP."""
+        def payload_like(kind, shape):
+            if kind == multihost.STEP:
+                return self._host_inputs(shape[0], shape[1])
+            return self._reset_args_like() if kind == multihost.RESET_SLOT else None
+
+        channel = multihost.CommandChannel()
+        while True:
+            kind, shape, payload = channel.receive(payload_like)
+            if kind == multihost.STOP:
+                return
+            if kind == multihost.RESET_SLOT:
+                self._run_reset(payload)
+            else:
+                tokens, _, _ = self._run_step(shape[0], shape[1], VARIANTS[shape[2]], payload)
+                tokens.block_until_ready()  # one step at a time: back-to-back collectives can deadlock on CPU
+
+    def stop_followers(self) -> None:
+        if self.channel is not None:
+            self.channel.send(multihost.STOP)
+            self.channel = None
 
     @staticmethod
     def collect(launched, num_chunks: int) -> tuple[np.ndarray, tuple | None, tuple | None]:
         """Waits for a dispatched step and brings its results to the host."""
         tokens, logprobs, prompt_logprobs = launched
         if logprobs is not None:
-            logprobs = tuple(np.asarray(x)[:num_chunks] for x in logprobs)
+            logprobs = tuple(multihost.to_host(x)[:num_chunks] for x in logprobs)
         if prompt_logprobs is not None:
-            prompt_logprobs = tuple(np.asarray(x) for x in prompt_logprobs)
-        return np.asarray(tokens)[:num_chunks], logprobs, prompt_logprobs
+            prompt_logprobs = tuple(multihost.to_host(x) for x in prompt_logprobs)
+        return multihost.to_host(tokens)[:num_chunks], logprobs, prompt_logprobs
 
     @staticmethod
     def _variant(chunks: list[ScheduledChunk]) -> str:
