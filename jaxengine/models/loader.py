@@ -1,6 +1,7 @@
 """Loads a Hugging Face checkpoint (local directory or hub id) into an abstractly built NNX model."""
 
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
 from jaxengine.models.config import ModelConfig, read_hf_config
@@ -114,9 +116,25 @@ def _repeat_kv_heads(array: np.ndarray, kv_heads: int, repeats: int) -> np.ndarr
     return np.repeat(heads, repeats, axis=-2).reshape(*lead, width * repeats)
 
 
+@functools.partial(jax.jit, donate_argnums=0)
+def _set_layer(stacked: jax.Array, piece: jax.Array, layer: int) -> jax.Array:
+    """Writes one layer's tensor into the stacked parameter in place (donated), keeping its sharding."""
+    return jax.lax.dynamic_update_index_in_dim(stacked, piece, layer, axis=0)
+
+
+def _layer_sharding(sharding, layer):
+    """The sharding of one layer's slice of a stacked parameter (its spec without the leading axis)."""
+    if sharding is None or layer is None:
+        return sharding
+    return NamedSharding(sharding.mesh, PartitionSpec(*sharding.spec[1:]))
+
+
 def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat) -> dict:
+    """Streams tensors file by file: each goes from the memory map straight to its devices (only its shard
+    to each), and per-layer tensors are written into their stacked parameter on device, so host memory
+    peaks near one tensor."""
     pieces_needed = {path: (cfg.num_layers if path[0] == "layers" else 1) for path in targets}
-    buffers, done, seen = {}, {}, set()
+    done, seen = {}, set()
     headers = [read_safetensors(f) for f in files]
     bar = tqdm(total=sum(len(h) for h in headers), desc="Loading weights", unit="tensor", disable=not progress)
     for file, tensors in zip(files, headers):
@@ -142,13 +160,15 @@ def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat) -> di
             if source.shape != tuple(expected):
                 hf_shape = tuple(reversed(expected)) if transpose else tuple(expected)
                 raise ValueError(f"tensor {name} has shape {tuple(array.shape)}, expected {hf_shape}")
+            sharding = shardings.get(path)
+            piece = jax.device_put(np.asarray(source, dtype=target.dtype), _layer_sharding(sharding, layer))
             if layer is None:
-                buffers[path] = np.array(source, dtype=target.dtype)
+                done[path] = piece
             else:
-                buffers.setdefault(path, np.empty(target.shape, target.dtype))[layer] = source
+                if path not in done:
+                    done[path] = jnp.zeros(target.shape, target.dtype, device=sharding)
+                done[path] = _set_layer(done[path], piece, layer)
             pieces_needed[path] -= 1
-            if pieces_needed[path] == 0:
-                done[path] = jax.device_put(buffers.pop(path), shardings.get(path))
     bar.close()
     missing = sorted(set(weight_map) - seen)
     if missing:
