@@ -16,7 +16,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llama8(tmp_path_factory, tokenizer_dir):
-    return tiny_models.make_sharding_model("llama8", tmp_path_factory.mktemp("llama8"), tokenizer_dir)
+    return tiny_models.make_extra_model("llama8", tmp_path_factory.mktemp("llama8"), tokenizer_dir)
 
 
 @pytest.fixture(scope="module")

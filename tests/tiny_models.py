@@ -79,15 +79,17 @@ def _randomise(model) -> None:
 def read_config(model_dir: Path) -> dict:
     return json.loads((Path(model_dir) / "config.json").read_text())
 
-# Not in the default set: 8 query heads and 2 KV heads so that TP = 8 works (with KV heads repeated).
-SPECS_FOR_SHARDING = {
+# Not in the default set: 8 query heads and 2 KV heads so that TP = 8 works (with KV heads repeated), and
+# head_dim 64 for the TPU kernel, which supports head_dim 64/128/256.
+EXTRA_SPECS = {
     "llama8": dict(cls="LlamaForCausalLM", num_attention_heads=8, num_key_value_heads=2, intermediate_size=128,
                    tie_word_embeddings=False),
+    "llama-hd64": dict(cls="LlamaForCausalLM", hidden_size=128, num_attention_heads=2, num_key_value_heads=1),
 }
 
 
-def make_sharding_model(name: str, out_dir: Path, tokenizer_dir: Path) -> Path:
-    SPECS[name] = SPECS_FOR_SHARDING[name]
+def make_extra_model(name: str, out_dir: Path, tokenizer_dir: Path) -> Path:
+    SPECS[name] = EXTRA_SPECS[name]
     try:
         return make_model(name, out_dir, tokenizer_dir)
     finally:

@@ -61,7 +61,8 @@ class LLMEngine:
         _, checkpoint_config = load_config(model_dir)
         check_layout(checkpoint_config, tp, config.data_parallel_size, len(jax.devices()))
         self.mesh = make_mesh(tp, devices)
-        model, self.model_config = load_model(model_dir, config.dtype, progress=progress, mesh=self.mesh)
+        model, self.model_config = load_model(model_dir, config.dtype, progress=progress, mesh=self.mesh,
+                                              attention_backend=config.attention_backend)
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or model_dir)
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(model_dir)

@@ -1,10 +1,15 @@
 """Paged KV writes and the attention dispatch used by every model."""
 
+import functools
+import logging
+
 import jax
 import jax.numpy as jnp
 
 from jaxengine.runner.batch import RaggedBatch
 from pallas_kernels.reference import ragged_paged_attention
+
+logger = logging.getLogger(__name__)
 
 
 def token_slots(batch: RaggedBatch, page_size: int, num_pages: int) -> tuple[jax.Array, jax.Array]:
@@ -30,6 +35,42 @@ def write_kv(
     return kv_cache.at[layer, page, offset].set(interleaved.astype(kv_cache.dtype), mode="drop")
 
 
+ATTENTION_BACKENDS = ("auto", "reference", "pallas")
+
+
+def select_body(setting: str, head_dim: int, page_size: int):
+    """(name, function) of the attention body for this backend and shape.
+
+    `auto`: the Pallas kernel on TPU and GPU, the reference on CPU. `pallas`: the kernel for the backend; on
+    CPU the TPU body in TPU interpret mode (for testing). A shape the kernel does not support falls back
+    to the reference with a warning."""
+    if setting not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {setting!r}")
+    backend = jax.default_backend()
+    if setting == "reference" or (setting == "auto" and backend not in ("tpu", "gpu")):
+        return "reference", ragged_paged_attention
+    if backend == "gpu":
+        from pallas_kernels import gpu as body
+
+        name, kwargs = "gpu", {}
+    else:
+        from jax.experimental.pallas import tpu as pltpu
+
+        from pallas_kernels import tpu as body
+
+        name, kwargs = "tpu", {} if backend == "tpu" else {"interpret": pltpu.InterpretParams()}
+    if not body.supports(head_dim, page_size):
+        _warn_once(f"the {name} attention kernel does not support head_dim={head_dim}, page_size={page_size}; "
+                   f"using the reference attention instead")
+        return "reference", ragged_paged_attention
+    return name, functools.partial(body.ragged_paged_attention, **kwargs)
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    logger.warning(message)
+
+
 def attention(
     q: jax.Array,  # [T, num_q_heads, head_dim]
     kv_cache: jax.Array,
@@ -39,7 +80,8 @@ def attention(
     sm_scale: float,
     sliding_window: jax.Array | int | None = None,
     soft_cap: float | None = None,
+    backend: str = "auto",
 ) -> jax.Array:  # [T, num_q_heads, head_dim]
-    return ragged_paged_attention(
-        q, kv_cache, layer, batch.kv_lens, batch.block_tables, batch.cu_q_lens, batch.num_seqs,
-        sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+    _, body = select_body(backend, q.shape[-1], kv_cache.shape[2])
+    return body(q, kv_cache, layer, batch.kv_lens, batch.block_tables, batch.cu_q_lens, batch.num_seqs,
+                sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)

@@ -30,8 +30,9 @@ def _dot(x, w):
 class DecoderLayers(nnx.Module):
     """All decoder layers; every parameter has a leading `num_layers` axis. Calling it runs one layer's slice."""
 
-    def __init__(self, cfg: ModelConfig, dtype):
+    def __init__(self, cfg: ModelConfig, dtype, attention_backend: str = "auto"):
         L, D, I = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size
+        self.attention_backend = attention_backend
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.cfg = cfg
         self.attn_norm = _param((L, D), dtype, ("layers", "embed"))
@@ -69,7 +70,8 @@ class DecoderLayers(nnx.Module):
         q = apply_rope(q, batch.positions, inv_freq, rope_scaling)
         k = apply_rope(k, batch.positions, inv_freq, rope_scaling)
         kv_cache = write_kv(kv_cache, layer, k, v, slots)
-        o = attention(q, kv_cache, layer, batch, sm_scale=cfg.head_dim ** -0.5, sliding_window=window)
+        o = attention(q, kv_cache, layer, batch, sm_scale=cfg.head_dim ** -0.5, sliding_window=window,
+                      backend=self.attention_backend)
         o = _dot(o.reshape(T, -1), self.o_proj[...])
         if cfg.o_bias:
             o = o + self.o_bias[...]
@@ -80,11 +82,11 @@ class DecoderLayers(nnx.Module):
 
 
 class LlamaForCausalLM(nnx.Module):
-    def __init__(self, cfg: ModelConfig, dtype=jnp.float32):
+    def __init__(self, cfg: ModelConfig, dtype=jnp.float32, attention_backend: str = "auto"):
         self.cfg = cfg
         self.dtype = dtype
         self.embed = _param((cfg.vocab_size, cfg.hidden_size), dtype, ("vocab", "embed"))
-        self.layers = DecoderLayers(cfg, dtype)
+        self.layers = DecoderLayers(cfg, dtype, attention_backend)
         self.final_norm = _param((cfg.hidden_size,), dtype, ("embed",))
         if not cfg.tie_word_embeddings:
             self.lm_head = _param((cfg.hidden_size, cfg.vocab_size), dtype, ("embed", "vocab"))

@@ -74,7 +74,8 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, mesh=None):
+def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, mesh=None,
+               attention_backend: str = "auto"):
     """Returns (model, ModelConfig). Weights go from memory-mapped safetensors to the device one parameter
     at a time (on a mesh, each device receives only its shard); the model is never initialised with real
     arrays. On a mesh with more devices on 'model' than the model has KV heads, each KV head is repeated
@@ -89,7 +90,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     repeats = kv_head_repeats(cfg, mesh.shape["model"]) if mesh is not None else 1
     checkpoint_kv_heads = cfg.num_kv_heads
     cfg = dataclasses.replace(cfg, num_kv_heads=cfg.num_kv_heads * repeats)
-    abstract = nnx.eval_shape(lambda: model_class(cfg, jdtype))
+    abstract = nnx.eval_shape(lambda: model_class(cfg, jdtype, attention_backend))
     graphdef, abstract_state = nnx.split(abstract)
     flat = nnx.to_flat_state(abstract_state)
     targets = {path: var.get_value() for path, var in flat}  # path -> ShapeDtypeStruct

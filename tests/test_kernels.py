@@ -1,0 +1,109 @@
+"""The Pallas bodies (TPU in TPU interpret mode, GPU with interpret=True) against the reference."""
+
+import logging
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+
+from jaxengine import SamplingParams
+from jaxengine.config import EngineConfig
+from jaxengine.engine.llm_engine import LLMEngine
+from jaxengine.layers.attention import select_body
+from pallas_kernels import gpu, tpu
+from pallas_kernels.reference import ragged_paged_attention as reference
+from tests import tiny_models
+from tests.engine_util import random_prompts, run_to_completion
+
+NUM_KV_HEADS, NUM_LAYERS = 2, 2
+BODIES = {"tpu": lambda *a, **k: tpu.ragged_paged_attention(*a, interpret=pltpu.InterpretParams(), **k),
+          "gpu": lambda *a, **k: gpu.ragged_paged_attention(*a, interpret=True, **k)}
+
+
+def ragged_case(seed, mode, page_size, group, head_dim, dtype):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 5))
+    kv_lens = rng.integers(1, 90, n)
+    if mode == "decode":
+        q_lens = np.ones(n, int)
+    elif mode == "prefill":
+        q_lens = kv_lens.copy()
+    else:
+        q_lens = np.concatenate([np.ones(n // 2, int), rng.integers(1, kv_lens[n // 2:] + 1)])
+    pages_per_seq = -(-96 // page_size)
+    num_pages = pages_per_seq * n + 2
+    num_reqs, num_tokens = n + 2, int(q_lens.sum()) + 3  # padded rows and tokens
+    kv = rng.standard_normal((NUM_LAYERS, num_pages, page_size, 2 * NUM_KV_HEADS, head_dim))
+    q = rng.standard_normal((num_tokens, NUM_KV_HEADS * group, head_dim))
+    tables = np.zeros((num_reqs, pages_per_seq), np.int32)
+    free = rng.permutation(num_pages).tolist()  # scattered, non-contiguous pages
+    for i, k in enumerate(kv_lens):
+        for j in range(-(-k // page_size)):
+            tables[i, j] = free.pop()
+    cu = np.full(num_reqs + 1, q_lens.sum(), np.int32)
+    cu[: n + 1] = np.concatenate([[0], np.cumsum(q_lens)])
+    lens = np.zeros(num_reqs, np.int32)
+    lens[:n] = kv_lens
+    args = (jnp.asarray(q, dtype), jnp.asarray(kv, dtype), jnp.int32(1), jnp.asarray(lens), jnp.asarray(tables),
+            jnp.asarray(cu), jnp.int32(n))
+    return args, int(q_lens.sum())
+
+
+# (mode, page size, GQA ratio, head_dim, window, soft cap): every value of each axis appears.
+CASES = [
+    ("decode", 16, 1, 64, None, None), ("prefill", 16, 4, 128, None, None), ("mixed", 64, 8, 64, None, None),
+    ("mixed", 16, 4, 64, 24, None), ("decode", 64, 4, 128, 9, 30.0), ("prefill", 64, 1, 64, None, 30.0),
+    ("mixed", 16, 8, 128, 40, 50.0), ("decode", 16, 8, 64, None, None),
+]
+
+
+@pytest.mark.parametrize("body", BODIES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_float32_body_matches_reference(body, case):
+    mode, page_size, group, head_dim, window, cap = case
+    args, real = ragged_case(len(mode) + page_size + group, mode, page_size, group, head_dim, jnp.float32)
+    kwargs = dict(sm_scale=head_dim ** -0.5, sliding_window=window, soft_cap=cap)
+    want = np.asarray(reference(*args, **kwargs))
+    got = np.asarray(BODIES[body](*args, **kwargs))
+    np.testing.assert_allclose(got[:real], want[:real], atol=2e-5, rtol=0)
+    assert np.all(got[real:] == 0), "padded tokens must stay untouched (zero)"
+
+
+@pytest.mark.parametrize("body", BODIES)
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "-".join(map(str, c)))
+def test_bfloat16_body_matches_reference(body, case):
+    """Both compute in float32 from the same bf16 inputs and round the output to bf16 once: they may differ
+    by one bf16 ulp of the output (2^-8 relative; outputs are averages of unit-scale values, so <= 2^-7)."""
+    mode, page_size, group, head_dim, window, cap = case
+    args, real = ragged_case(7 + page_size, mode, page_size, group, head_dim, jnp.bfloat16)
+    kwargs = dict(sm_scale=head_dim ** -0.5, sliding_window=window, soft_cap=cap)
+    want = np.asarray(reference(*args, **kwargs).astype(jnp.float32))
+    got = np.asarray(BODIES[body](*args, **kwargs).astype(jnp.float32))
+    np.testing.assert_allclose(got[:real], want[:real], atol=2 ** -7, rtol=2 ** -7)
+
+
+def test_unsupported_shape_falls_back_to_the_reference_with_a_warning(caplog):
+    with caplog.at_level(logging.WARNING):
+        name, _ = select_body("pallas", head_dim=80, page_size=16)
+    assert name == "reference"
+    assert "does not support head_dim=80" in caplog.text
+    assert select_body("pallas", 128, 16)[0] == "tpu"  # on CPU, the TPU body in interpret mode
+    assert select_body("auto", 128, 16)[0] == "reference"
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        select_body("flash", 128, 16)
+
+
+@pytest.mark.slow
+def test_full_model_with_the_tpu_body_in_interpret_mode_matches_the_reference(tmp_path_factory, tokenizer_dir):
+    model_dir = tiny_models.make_extra_model("llama-hd64", tmp_path_factory.mktemp("hd64"), tokenizer_dir)
+    prompts = random_prompts(331, (3, 21), seed=5)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    tokens = {}
+    for backend in ("reference", "pallas"):
+        engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", max_model_len=128, max_num_seqs=8,
+                                        max_num_batched_tokens=32, min_token_bucket=32, kv_cache_gib=0.01,
+                                        attention_backend=backend), progress=False)
+        finals = run_to_completion(engine, [(f"k{i}", p, params) for i, p in enumerate(prompts)])
+        tokens[backend] = [finals[f"k{i}"].outputs[0].token_ids for i in range(len(prompts))]
+    assert tokens["pallas"] == tokens["reference"]
