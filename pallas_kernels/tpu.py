@@ -175,3 +175,44 @@ def ragged_paged_attention(
         interpret=interpret,
     )(*scalars, padded, kv_pages, jnp.zeros_like(padded))
     return out[:num_tokens]
+
+
+def _write_kernel(layer_ref, pages_ref, offsets_ref, new_ref, _pool_in, pool_hbm, sem):
+    t = pl.program_id(0)
+    page = pages_ref[t]
+
+    @pl.when(page >= 0)
+    def _():
+        copy = pltpu.make_async_copy(new_ref.at[0], pool_hbm.at[layer_ref[0], page, offsets_ref[t]], sem)
+        copy.start()
+        copy.wait()
+
+
+def write_kv(
+    kv_pages: jax.Array,  # [num_layers, num_pages, page_size, 2 * num_kv_heads, head_dim], updated in place
+    layer: jax.Array | int,  # i32[]
+    new_kv: jax.Array,  # [T, 2 * num_kv_heads, head_dim], K/V interleaved
+    pages: jax.Array,  # i32[T]: destination page; -1 = padding, not written
+    offsets: jax.Array,  # i32[T]: slot within the page
+    *,
+    interpret=False,
+) -> jax.Array:
+    """The companion kernel: each token's K/V row goes by DMA straight into its page (the pool is aliased,
+    so nothing else is copied)."""
+    num_tokens, kv_width, head_dim = new_kv.shape
+    scalars = (jnp.asarray(layer, jnp.int32).reshape(1), pages.astype(jnp.int32), offsets.astype(jnp.int32))
+    return pl.pallas_call(
+        _write_kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=len(scalars),
+            grid=(num_tokens,),
+            in_specs=[pl.BlockSpec((1, kv_width, head_dim), lambda t, *_: (t, 0, 0)),
+                      pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.SemaphoreType.DMA(())],
+        ),
+        out_shape=jax.ShapeDtypeStruct(kv_pages.shape, kv_pages.dtype),
+        input_output_aliases={len(scalars) + 1: 0},
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
+        interpret=interpret,
+    )(*scalars, new_kv.astype(kv_pages.dtype), kv_pages)

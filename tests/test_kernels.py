@@ -107,3 +107,17 @@ def test_full_model_with_the_tpu_body_in_interpret_mode_matches_the_reference(tm
         finals = run_to_completion(engine, [(f"k{i}", p, params) for i, p in enumerate(prompts)])
         tokens[backend] = [finals[f"k{i}"].outputs[0].token_ids for i in range(len(prompts))]
     assert tokens["pallas"] == tokens["reference"]
+
+
+def test_tpu_companion_kernel_writes_kv_rows_into_their_pages():
+    rng = np.random.default_rng(3)
+    pool = rng.standard_normal((2, 6, 16, 4, 64)).astype(np.float32)
+    new = rng.standard_normal((5, 4, 64)).astype(np.float32)
+    pages, offsets = np.array([4, 4, 0, -1, 2]), np.array([0, 15, 7, 3, 9])  # one padding token
+    got = np.asarray(tpu.write_kv(jnp.asarray(pool), 1, jnp.asarray(new), jnp.asarray(pages), jnp.asarray(offsets),
+                                  interpret=pltpu.InterpretParams()))
+    want = pool.copy()
+    for row, (p, o) in enumerate(zip(pages, offsets)):
+        if p >= 0:
+            want[1, p, o] = new[row]
+    np.testing.assert_array_equal(got, want)

@@ -28,11 +28,27 @@ def write_kv(
     k: jax.Array,  # [T, num_kv_heads, head_dim]
     v: jax.Array,  # [T, num_kv_heads, head_dim]
     slots: tuple[jax.Array, jax.Array],
+    backend: str = "auto",
 ) -> jax.Array:
+    """Writes this step's K/V into their pages: the TPU companion kernel where the TPU attention body runs,
+    otherwise an in-place XLA scatter (the cache is donated)."""
     num_tokens, num_kv_heads, head_dim = k.shape
     interleaved = jnp.stack([k, v], axis=2).reshape(num_tokens, 2 * num_kv_heads, head_dim)
     page, offset = slots
+    name, _ = select_body(backend, head_dim, kv_cache.shape[2])
+    if name == "tpu":
+        from pallas_kernels import tpu
+
+        interpret = {} if jax.default_backend() == "tpu" else {"interpret": _tpu_interpret()}
+        pages = jnp.where(page < kv_cache.shape[1], page, -1)
+        return tpu.write_kv(kv_cache, layer, interleaved, pages, offset, **interpret)
     return kv_cache.at[layer, page, offset].set(interleaved.astype(kv_cache.dtype), mode="drop")
+
+
+def _tpu_interpret():
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.InterpretParams()
 
 
 ATTENTION_BACKENDS = ("auto", "reference", "pallas")
@@ -54,11 +70,9 @@ def select_body(setting: str, head_dim: int, page_size: int):
 
         name, kwargs = "gpu", {}
     else:
-        from jax.experimental.pallas import tpu as pltpu
-
         from pallas_kernels import tpu as body
 
-        name, kwargs = "tpu", {} if backend == "tpu" else {"interpret": pltpu.InterpretParams()}
+        name, kwargs = "tpu", {} if backend == "tpu" else {"interpret": _tpu_interpret()}
     if not body.supports(head_dim, page_size):
         _warn_once(f"the {name} attention kernel does not support head_dim={head_dim}, page_size={page_size}; "
                    f"using the reference attention instead")

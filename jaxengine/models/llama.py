@@ -69,7 +69,7 @@ class DecoderLayers(nnx.Module):
             k = rms_norm(k, self.k_norm[...], cfg.rms_norm_eps)
         q = apply_rope(q, batch.positions, inv_freq, rope_scaling)
         k = apply_rope(k, batch.positions, inv_freq, rope_scaling)
-        kv_cache = write_kv(kv_cache, layer, k, v, slots)
+        kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=self.attention_backend)
         o = attention(q, kv_cache, layer, batch, sm_scale=cfg.head_dim ** -0.5, sliding_window=window,
                       backend=self.attention_backend)
         o = _dot(o.reshape(T, -1), self.o_proj[...])
