@@ -120,11 +120,19 @@ def main(argv: list[str] | None = None) -> None:
     convert.add_argument("--output", required=True, help="a new directory for the checkpoint")
     convert.add_argument("--dtype", default="auto")
     convert.set_defaults(run=_convert)
-    args = parser.parse_args(argv)
+    from jaxengine.bench import add_bench_parser
+
+    add_bench_parser(sub)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("jax").setLevel(logging.WARNING)
     try:
-        args.run(args)
+        if getattr(args, "passthrough", False):
+            args.run(args, extra)
+        else:
+            args.run(args)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         sys.exit(f"error: {e}")
 
