@@ -46,10 +46,16 @@ def test_explicit_dtype_sets_every_parameter(model_dirs, dtype, expected):
     assert model.embed[...].dtype == expected and model.layers.q_bias[...].dtype == expected
 
 
-def test_auto_dtype_follows_config(mistral_copy):
+def test_auto_dtype_follows_the_config_on_accelerators_and_is_float32_on_cpu(mistral_copy):
+    from jaxengine.models.loader import load_config, resolve_dtype
+
     edit_config(mistral_copy, dtype="bfloat16")
-    model, _ = load_model(mistral_copy, "auto", progress=False)
-    assert model.layers.o_proj[...].dtype == jnp.bfloat16
+    _, cfg = load_config(mistral_copy)
+    assert resolve_dtype("auto", cfg, backend="tpu") == jnp.bfloat16
+    assert resolve_dtype("auto", cfg, backend="gpu") == jnp.bfloat16
+    assert resolve_dtype("auto", cfg, backend="cpu") == jnp.float32
+    model, _ = load_model(mistral_copy, "auto", progress=False)  # this machine is a CPU
+    assert model.layers.o_proj[...].dtype == jnp.float32
 
 
 def test_unknown_dtype_is_refused(model_dirs):
