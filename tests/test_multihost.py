@@ -1,6 +1,7 @@
 """Two local processes (jax.distributed on 127.0.0.1, gloo CPU collectives, 2 devices each) serve one
 tensor-parallel engine with the leader/follower protocol."""
 
+import contextlib
 import json
 import os
 import queue
@@ -70,38 +71,36 @@ def prompts_and_expected(model_dirs, engines):
     return prompts, [finals[f"mh{i}"].outputs[0].token_ids for i in range(len(prompts))]
 
 
-@pytest.mark.slow
-def test_two_processes_serve_the_same_tokens_as_one(model_dirs, prompts_and_expected):
-    prompts, expected = prompts_and_expected
+@contextlib.contextmanager
+def two_processes(model_dir, prompts, mode):
+    """Leader and follower started and the leader ready (prompts sent); both killed on the way out."""
     port = free_port()
-    leader, follower = start(0, port, model_dirs["qwen2"], "once"), start(1, port, model_dirs["qwen2"], "once")
+    leader, follower = start(0, port, model_dir, mode), start(1, port, model_dir, mode)
     try:
         leader.stdin.write(json.dumps(prompts) + "\n")
         leader.stdin.flush()
         deadline = time.monotonic() + 240
         assert read_line(leader, deadline) == "ready"
+        yield leader, follower, deadline
+    finally:
+        kill(leader, follower)
+
+
+@pytest.mark.slow
+def test_two_processes_serve_the_same_tokens_as_one(model_dirs, prompts_and_expected):
+    prompts, expected = prompts_and_expected
+    with two_processes(model_dirs["qwen2"], prompts, "once") as (leader, follower, deadline):
         assert json.loads(read_line(leader, deadline)) == expected
         assert read_line(follower, deadline) == "follower stopped"
         assert leader.wait(timeout=60) == 0 and follower.wait(timeout=60) == 0
-    finally:
-        kill(leader, follower)
 
 
 @pytest.mark.slow
 def test_leader_fails_loudly_when_the_follower_dies(model_dirs, prompts_and_expected):
     prompts, _ = prompts_and_expected
-    port = free_port()
-    leader, follower = start(0, port, model_dirs["qwen2"], "forever"), start(1, port, model_dirs["qwen2"], "forever")
-    try:
-        leader.stdin.write(json.dumps(prompts) + "\n")
-        leader.stdin.flush()
-        deadline = time.monotonic() + 240
-        assert read_line(leader, deadline) == "ready"
+    with two_processes(model_dirs["qwen2"], prompts, "forever") as (leader, follower, deadline):
         read_line(leader, deadline)  # the first round of tokens: both processes are stepping
         os.killpg(follower.pid, signal.SIGKILL)
         killed = time.monotonic()
-        returncode = leader.wait(timeout=60)
-        assert returncode != 0
+        assert leader.wait(timeout=60) != 0
         assert time.monotonic() - killed < 60
-    finally:
-        kill(leader, follower)
