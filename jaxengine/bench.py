@@ -5,7 +5,6 @@ The random dataset is the shared peer workload: token ids drawn uniformly from [
 numpy's default_rng(seed), so every engine sees the same prompts.
 """
 
-import argparse
 import asyncio
 import dataclasses
 import json

@@ -48,6 +48,17 @@ def _sse(payload) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
+async def _sse_stream(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+    """Server-Sent Events framing shared by completions and chat: each chunk, an error event if the engine
+    fails or refuses mid-stream, then `[DONE]`."""
+    try:
+        async for chunk in chunks:
+            yield _sse(chunk)
+    except (EngineDeadError, ValueError) as e:
+        yield _sse(error_body(str(e), 500 if isinstance(e, EngineDeadError) else 400))
+    yield _sse("[DONE]")
+
+
 class Serving:
     def __init__(self, engine: AsyncEngine, model_name: str):
         self.engine = engine
@@ -119,7 +130,7 @@ class Serving:
         request_id = req.request_id or f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if req.stream:
-            return self._stream_completion(request_id, created, prompts, params, req)
+            return _sse_stream(self._stream_completion(request_id, created, prompts, params, req))
         finals = {}
         async for i, out in self._run_all(request_id, prompts, params, req):
             if out.finished:
@@ -164,33 +175,28 @@ class Serving:
             "text_offset": offsets + [o + shift for o in generated["text_offset"]],
         }
 
-    async def _stream_completion(self, request_id, created, prompts, params, req) -> AsyncIterator[str]:
+    async def _stream_completion(self, request_id, created, prompts, params, req) -> AsyncIterator[dict]:
         sent: dict[tuple[int, int], tuple[int, int]] = {}  # (prompt, sample) -> (chars, tokens) sent
         finals = {}
         base = {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name}
-        try:
-            async for i, out in self._run_all(request_id, prompts, params, req):
-                if out.finished:
-                    finals[i] = out
-                for c in out.outputs:
-                    chars, ntok = sent.get((i, c.index), (0, 0))
-                    first = (i, c.index) not in sent
-                    text = c.text[chars:]
-                    if req.echo and first:
-                        text = (prompts[i][0] or self.tokenizer.decode(prompts[i][1])) + text
-                    if not text and c.finish_reason is None and len(c.token_ids) == ntok:
-                        continue
-                    logprobs = self._completion_logprobs(c.token_ids[ntok:], c.logprobs[ntok:], chars) \
-                        if c.logprobs is not None else None
-                    sent[(i, c.index)] = (len(c.text), len(c.token_ids))
-                    yield _sse(base | {"choices": [{"index": i * req.n + c.index, "text": text, "logprobs": logprobs,
-                                                    "finish_reason": c.finish_reason,
-                                                    "stop_reason": c.stop_reason}]})
-            if req.stream_options and req.stream_options.include_usage:
-                yield _sse(base | {"choices": [], "usage": _usage([p[1] for p in prompts], finals)})
-        except (EngineDeadError, ValueError) as e:
-            yield _sse(error_body(str(e), 500 if isinstance(e, EngineDeadError) else 400))
-        yield _sse("[DONE]")
+        async for i, out in self._run_all(request_id, prompts, params, req):
+            if out.finished:
+                finals[i] = out
+            for c in out.outputs:
+                chars, ntok = sent.get((i, c.index), (0, 0))
+                first = (i, c.index) not in sent
+                text = c.text[chars:]
+                if req.echo and first:
+                    text = (prompts[i][0] or self.tokenizer.decode(prompts[i][1])) + text
+                if not text and c.finish_reason is None and len(c.token_ids) == ntok:
+                    continue
+                logprobs = self._completion_logprobs(c.token_ids[ntok:], c.logprobs[ntok:], chars) \
+                    if c.logprobs is not None else None
+                sent[(i, c.index)] = (len(c.text), len(c.token_ids))
+                yield base | {"choices": [{"index": i * req.n + c.index, "text": text, "logprobs": logprobs,
+                                           "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}
+        if req.stream_options and req.stream_options.include_usage:
+            yield base | {"choices": [], "usage": _usage([p[1] for p in prompts], finals)}
 
     # --- chat ----------------------------------------------------------------------------------------
 
@@ -224,7 +230,7 @@ class Serving:
         created = int(time.time())
         prompts = [(None, ids)]
         if req.stream:
-            return self._stream_chat(request_id, created, prompts, params, req)
+            return _sse_stream(self._stream_chat(request_id, created, prompts, params, req))
         final = None
         async for _, out in self._run_all(request_id, prompts, params, req):
             final = out
@@ -249,30 +255,26 @@ class Serving:
                            | {"top_logprobs": [self._token_info(t, lp.logprob) for t, lp in ranked]})
         return {"content": content}
 
-    async def _stream_chat(self, request_id, created, prompts, params, req) -> AsyncIterator[str]:
+    async def _stream_chat(self, request_id, created, prompts, params, req) -> AsyncIterator[dict]:
         base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
         sent: dict[int, tuple[int, int]] = {}
         final = None
-        try:
-            async for _, out in self._run_all(request_id, prompts, params, req):
-                final = out
-                for c in out.outputs:
-                    if c.index not in sent:
-                        sent[c.index] = (0, 0)
-                        yield _sse(base | {"choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                                        "logprobs": None, "finish_reason": None}]})
-                    chars, ntok = sent[c.index]
-                    text = c.text[chars:]
-                    if not text and c.finish_reason is None:
-                        continue
-                    logprobs = self._chat_logprobs(c.token_ids[ntok:], c.logprobs[ntok:], req.top_logprobs or 0) \
-                        if c.logprobs is not None else None
-                    sent[c.index] = (len(c.text), len(c.token_ids))
-                    yield _sse(base | {"choices": [{"index": c.index, "delta": {"content": text} if text else {},
-                                                    "logprobs": logprobs, "finish_reason": c.finish_reason,
-                                                    "stop_reason": c.stop_reason}]})
-            if req.stream_options and req.stream_options.include_usage:
-                yield _sse(base | {"choices": [], "usage": _usage([prompts[0][1]], {0: final})})
-        except (EngineDeadError, ValueError) as e:
-            yield _sse(error_body(str(e), 500 if isinstance(e, EngineDeadError) else 400))
-        yield _sse("[DONE]")
+        async for _, out in self._run_all(request_id, prompts, params, req):
+            final = out
+            for c in out.outputs:
+                if c.index not in sent:
+                    sent[c.index] = (0, 0)
+                    yield base | {"choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                               "logprobs": None, "finish_reason": None}]}
+                chars, ntok = sent[c.index]
+                text = c.text[chars:]
+                if not text and c.finish_reason is None:
+                    continue
+                logprobs = self._chat_logprobs(c.token_ids[ntok:], c.logprobs[ntok:], req.top_logprobs or 0) \
+                    if c.logprobs is not None else None
+                sent[c.index] = (len(c.text), len(c.token_ids))
+                yield base | {"choices": [{"index": c.index, "delta": {"content": text} if text else {},
+                                           "logprobs": logprobs, "finish_reason": c.finish_reason,
+                                           "stop_reason": c.stop_reason}]}
+        if req.stream_options and req.stream_options.include_usage:
+            yield base | {"choices": [], "usage": _usage([prompts[0][1]], {0: final})}

@@ -1,6 +1,5 @@
 """Tensor parallelism on 8 fake CPU devices: same greedy tokens, real collectives, sharded weights."""
 
-import numpy as np
 import pytest
 
 from jaxengine import SamplingParams

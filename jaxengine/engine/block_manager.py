@@ -100,15 +100,11 @@ class BlockManager:
         child.block_ids = parent.block_ids[:shared]
         child.num_computed_tokens = shared * self.block_size
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        needed = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(seq.block_ids)
-        return needed <= len(self.free)
-
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Ensures pages for `num_new_tokens` more tokens; False (and nothing taken) if the pool is short."""
-        if not self.can_allocate(seq, num_new_tokens):
-            return False
         needed = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(seq.block_ids)
+        if needed > len(self.free):
+            return False
         seq.block_ids.extend(self._pop_free() for _ in range(needed))
         return True
 

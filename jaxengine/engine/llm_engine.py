@@ -185,13 +185,14 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         bad_words = self._tokenize_bad_words(params.bad_words)
+        min_tokens_banned = sorted(self.eos_token_ids | set(params.stop_token_ids))
         base_seed = params.seed if params.seed is not None else int(self._rng.integers(1 << 62))
         seqs = []
         for i in range(params.n):
             seed = int(np.random.SeedSequence([base_seed & ((1 << 63) - 1), i]).generate_state(1)[0])
             seq = Sequence(request_id, i, token_ids, params, seed, priority, arrival_time, cache_salt)
             seq.fork_parent = seqs[0] if i else None
-            seq.min_tokens_banned = sorted(self.eos_token_ids | set(params.stop_token_ids))
+            seq.min_tokens_banned = min_tokens_banned
             seq.bad_words = bad_words
             seqs.append(seq)
         detoks = [IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens,

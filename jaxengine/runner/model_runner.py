@@ -55,7 +55,6 @@ class ModelRunner:
         """`channel`: on the leader of a multi-process mesh, every device command is sent through it first."""
         graphdef, self.state = nnx.split(model)
         self.vocab_size = vocab = model.cfg.vocab_size
-        self.mesh = mesh
         self.channel = channel
         self.replicated = replicated(mesh)
         kv_shape = model.kv_cache_shape(num_blocks, block_size)
@@ -117,9 +116,7 @@ class ModelRunner:
 
     def _slot_resetter(self):
         if self._reset_slot is None:
-            padded = np.zeros(self.max_model_len, np.int32)
-            args = jax.device_put((np.int32(0), padded, padded, np.zeros(self.vocab_size, np.int32), np.bool_(False)),
-                                  self.replicated)
+            args = jax.device_put(self._reset_args_like(), self.replicated)
             self._reset_slot = jax.jit(reset_slot, donate_argnums=0).lower(self.slot_state, *args).compile()
             self.num_compiles += 1
         return self._reset_slot
@@ -154,6 +151,7 @@ class ModelRunner:
         self.slot_state = self._slot_resetter()(self.slot_state, *jax.device_put(args, self.replicated))
 
     def _reset_args_like(self):
+        """Placeholder arguments of reset_slot: their shapes and dtypes (compilation, followers)."""
         padded = np.zeros(self.max_model_len, np.int32)
         return (np.int32(0), padded, padded, np.zeros(self.vocab_size, np.int32), np.bool_(False))
 
