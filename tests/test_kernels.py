@@ -15,39 +15,11 @@ from pallas_kernels import gpu, tpu
 from pallas_kernels.reference import ragged_paged_attention as reference
 from tests import tiny_models
 from tests.engine_util import random_prompts, run_to_completion
+from tests.ragged import ragged_case
 
 NUM_KV_HEADS, NUM_LAYERS = 2, 2
 BODIES = {"tpu": lambda *a, **k: tpu.ragged_paged_attention(*a, interpret=pltpu.InterpretParams(), **k),
           "gpu": lambda *a, **k: gpu.ragged_paged_attention(*a, interpret=True, **k)}
-
-
-def ragged_case(seed, mode, page_size, group, head_dim, dtype):
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(2, 5))
-    kv_lens = rng.integers(1, 90, n)
-    if mode == "decode":
-        q_lens = np.ones(n, int)
-    elif mode == "prefill":
-        q_lens = kv_lens.copy()
-    else:
-        q_lens = np.concatenate([np.ones(n // 2, int), rng.integers(1, kv_lens[n // 2:] + 1)])
-    pages_per_seq = -(-96 // page_size)
-    num_pages = pages_per_seq * n + 2
-    num_reqs, num_tokens = n + 2, int(q_lens.sum()) + 3  # padded rows and tokens
-    kv = rng.standard_normal((NUM_LAYERS, num_pages, page_size, 2 * NUM_KV_HEADS, head_dim))
-    q = rng.standard_normal((num_tokens, NUM_KV_HEADS * group, head_dim))
-    tables = np.zeros((num_reqs, pages_per_seq), np.int32)
-    free = rng.permutation(num_pages).tolist()  # scattered, non-contiguous pages
-    for i, k in enumerate(kv_lens):
-        for j in range(-(-k // page_size)):
-            tables[i, j] = free.pop()
-    cu = np.full(num_reqs + 1, q_lens.sum(), np.int32)
-    cu[: n + 1] = np.concatenate([[0], np.cumsum(q_lens)])
-    lens = np.zeros(num_reqs, np.int32)
-    lens[:n] = kv_lens
-    args = (jnp.asarray(q, dtype), jnp.asarray(kv, dtype), jnp.int32(1), jnp.asarray(lens), jnp.asarray(tables),
-            jnp.asarray(cu), jnp.int32(n))
-    return args, int(q_lens.sum())
 
 
 # (mode, page size, GQA ratio, head_dim, window, soft cap): every value of each axis appears.
@@ -62,7 +34,9 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_float32_body_matches_reference(body, case):
     mode, page_size, group, head_dim, window, cap = case
-    args, real = ragged_case(len(mode) + page_size + group, mode, page_size, group, head_dim, jnp.float32)
+    case = ragged_case(len(mode) + page_size + group, mode, page_size, group, head_dim, max_kv_len=90, max_reqs=4,
+                       num_kv_heads=NUM_KV_HEADS, num_layers=NUM_LAYERS)
+    args, real = case.args, case.num_real_tokens
     kwargs = dict(sm_scale=head_dim ** -0.5, sliding_window=window, soft_cap=cap)
     want = np.asarray(reference(*args, **kwargs))
     got = np.asarray(BODIES[body](*args, **kwargs))
@@ -76,7 +50,9 @@ def test_bfloat16_body_matches_reference(body, case):
     """Both compute in float32 from the same bf16 inputs and round the output to bf16 once: they may differ
     by one bf16 ulp of the output (2^-8 relative; outputs are averages of unit-scale values, so <= 2^-7)."""
     mode, page_size, group, head_dim, window, cap = case
-    args, real = ragged_case(7 + page_size, mode, page_size, group, head_dim, jnp.bfloat16)
+    case = ragged_case(7 + page_size, mode, page_size, group, head_dim, dtype=jnp.bfloat16, max_kv_len=90,
+                       max_reqs=4, num_kv_heads=NUM_KV_HEADS, num_layers=NUM_LAYERS)
+    args, real = case.args, case.num_real_tokens
     kwargs = dict(sm_scale=head_dim ** -0.5, sliding_window=window, soft_cap=cap)
     want = np.asarray(reference(*args, **kwargs).astype(jnp.float32))
     got = np.asarray(BODIES[body](*args, **kwargs).astype(jnp.float32))

@@ -8,22 +8,9 @@ import numpy as np
 import pytest
 
 from pallas_kernels.reference import ragged_paged_attention
+from tests.ragged import ragged_case
 
 HEAD_DIM, NUM_KV_HEADS, NUM_LAYERS = 32, 2, 2
-
-
-def random_batch(rng, mode, page_size, max_reqs=6, pages_per_seq=None):
-    """(q_lens, kv_lens) for a random ragged batch of the given mode, decode rows first."""
-    n = int(rng.integers(2, max_reqs + 1))
-    kv_lens = rng.integers(1, 150, n)
-    if mode == "decode":
-        q_lens = np.ones(n, int)
-    elif mode == "prefill":
-        q_lens = kv_lens.copy()
-    else:
-        num_decode = n // 2
-        q_lens = np.concatenate([np.ones(num_decode, int), rng.integers(1, kv_lens[num_decode:] + 1)])
-    return q_lens, kv_lens
 
 
 def naive_attention(q, k, v, q_lens, kv_lens, sm_scale, window, soft_cap):
@@ -50,36 +37,13 @@ def naive_attention(q, k, v, q_lens, kv_lens, sm_scale, window, soft_cap):
     return np.concatenate(out)
 
 
-def run_case(seed, mode, page_size, group, window=None, soft_cap=None, layer=1):
-    rng = np.random.default_rng(seed)
-    q_lens, kv_lens = random_batch(rng, mode, page_size)
-    num_q_heads = NUM_KV_HEADS * group
-    pages_per_seq = -(-160 // page_size)
-    num_pages = pages_per_seq * len(kv_lens) + 3
-    num_tokens, num_reqs = int(q_lens.sum()) + 5, len(kv_lens) + 2  # padding on both axes
-    kv_pages = rng.standard_normal((NUM_LAYERS, num_pages, page_size, 2 * NUM_KV_HEADS, HEAD_DIM)).astype(np.float32)
-    block_tables = np.zeros((num_reqs, pages_per_seq), np.int32)
-    free = rng.permutation(num_pages).tolist()  # scattered, non-contiguous pages
-    ks, vs = [], []
-    for i, kl in enumerate(kv_lens):
-        pages = [free.pop() for _ in range(-(-kl // page_size))]
-        block_tables[i, : len(pages)] = pages
-        flat = kv_pages[layer, pages].reshape(-1, 2 * NUM_KV_HEADS, HEAD_DIM)[:kl]
-        ks.append(flat[:, 0::2])
-        vs.append(flat[:, 1::2])
-    q = rng.standard_normal((num_tokens, num_q_heads, HEAD_DIM)).astype(np.float32)
-    cu_q_lens = np.full(num_reqs + 1, q_lens.sum(), np.int32)
-    cu_q_lens[: len(q_lens) + 1] = np.concatenate([[0], np.cumsum(q_lens)])
-    kv_lens_padded = np.zeros(num_reqs, np.int32)
-    kv_lens_padded[: len(kv_lens)] = kv_lens
+def run_case(seed, mode, page_size, group, window=None, soft_cap=None):
+    case = ragged_case(seed, mode, page_size, group, HEAD_DIM, num_kv_heads=NUM_KV_HEADS, num_layers=NUM_LAYERS)
     sm_scale = HEAD_DIM ** -0.5
-    got = ragged_paged_attention(
-        jnp.asarray(q), jnp.asarray(kv_pages), jnp.int32(layer), jnp.asarray(kv_lens_padded),
-        jnp.asarray(block_tables), jnp.asarray(cu_q_lens), jnp.int32(len(kv_lens)),
-        sm_scale=sm_scale, sliding_window=window, soft_cap=soft_cap)
-    got = np.asarray(got)
-    want = naive_attention(q, ks, vs, q_lens, kv_lens, sm_scale, window, soft_cap)
-    real = int(q_lens.sum())
+    got = np.asarray(ragged_paged_attention(*case.args, sm_scale=sm_scale, sliding_window=window, soft_cap=soft_cap))
+    ks, vs = zip(*(case.contiguous_kv(i) for i in range(len(case.kv_lens))))
+    want = naive_attention(np.asarray(case.args[0]), ks, vs, case.q_lens, case.kv_lens, sm_scale, window, soft_cap)
+    real = case.num_real_tokens
     np.testing.assert_allclose(got[:real], want, atol=2e-5, rtol=1e-5)
     assert np.all(got[real:] == 0), "padded tokens must produce zeros"
 
