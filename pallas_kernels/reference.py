@@ -1,7 +1,16 @@
 """Pure-JAX ragged paged attention: the CPU path and the oracle for the Pallas bodies.
 
-Each query token walks its own request's pages in chunks with an online softmax, so the cost is
-O(tokens x context) and memory per chunk O(tokens x chunk), never O(requests^2).
+Requests are split by how many new tokens they bring, because the two cases want different shapes on
+XLA:CPU:
+
+- one-token requests (decode) are walked together, one row per request, over their pages in chunks with
+  an online softmax; the cost is O(requests x context) and no token gathers another's pages;
+- multi-token requests (prefill chunks) are cut into blocks of query rows; a loop over the blocks walks
+  each block's request pages once for all its rows, so K/V are gathered per block, not per token, and the
+  scores are matmuls of a useful size. Causality bounds the walk: a block stops at its last query's
+  position.
+
+Every row's memory use is bounded by a chunk, never by the context or by requests^2.
 """
 
 import functools
@@ -9,8 +18,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-_CHUNK_BYTES = 32 << 20  # budget for one chunk of gathered K/V
-_MAX_CHUNK_TOKENS = 128  # small chunks keep the work close to the real context length
+_CHUNK_BYTES = 8 << 20  # budget for one chunk of gathered K/V on the one-token path
+_MAX_CHUNK_KEYS = 64  # small chunks keep the work close to the real context length
+_BLOCK_QUERIES = 64  # query rows per block on the multi-token path
+_BLOCK_KEYS = 128  # keys per chunk on the multi-token path
 
 
 def ragged_paged_attention(
@@ -27,57 +38,113 @@ def ragged_paged_attention(
     soft_cap: float | None = None,
 ) -> jax.Array:  # [T, num_q_heads, head_dim]; padded tokens get zeros
     num_tokens, num_q_heads, head_dim = q.shape
-    _, _, page_size, kv_width, _ = kv_pages.shape
+    _, num_pages, page_size, kv_width, _ = kv_pages.shape
     num_kv_heads = kv_width // 2
     group = num_q_heads // num_kv_heads
-    chunk_pages = _chunk_pages(num_tokens, page_size, kv_width, head_dim, kv_pages.dtype.itemsize)
-    chunk_tokens = chunk_pages * page_size
-
-    token = jnp.arange(num_tokens, dtype=jnp.int32)
-    req = jnp.minimum(jnp.searchsorted(cu_q_lens[1:], token, side="right"), kv_lens.shape[0] - 1)
-    valid = token < cu_q_lens[num_seqs]  # [T]
-    kv_len = jnp.where(valid, kv_lens[req], 0)  # [T]
-    q_pos = kv_len - (cu_q_lens[req + 1] - cu_q_lens[req]) + (token - cu_q_lens[req])  # [T]
+    num_reqs = kv_lens.shape[0]
     window = jnp.asarray(0 if sliding_window is None else sliding_window, jnp.int32)
-    first_key = jnp.where(window > 0, q_pos - window + 1, 0)  # [T]
-
-    pad = (-block_tables.shape[1]) % chunk_pages
     # Rows of the pool as one flat table: gathering whole pages as rows is several times faster on XLA:CPU
     # than a multi-dimensional gather.
-    num_pages = kv_pages.shape[1]
     rows = kv_pages.reshape(-1, page_size * kv_width * head_dim)  # [num_layers * num_pages, page elements]
-    tables = jnp.pad(block_tables, ((0, 0), (0, pad)))[req] + layer * num_pages  # [T, padded_pages]
+    tables = block_tables + layer * num_pages
     qg = q.reshape(num_tokens, num_kv_heads, group, head_dim).astype(jnp.float32) * sm_scale
-    num_chunks = (jnp.max(kv_len) + chunk_tokens - 1) // chunk_tokens
+    q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
+    live = jnp.arange(num_reqs) < num_seqs
+    walk = functools.partial(_softmax_step, soft_cap=soft_cap)
 
-    def body(c, carry):
-        m, l, acc = carry  # [T, Hkv, G], [T, Hkv, G], [T, Hkv, G, D]
-        pages = jax.lax.dynamic_slice_in_dim(tables, c * chunk_pages, chunk_pages, axis=1)  # [T, chunk_pages]
-        kv = jnp.take(rows, pages, axis=0).reshape(num_tokens, chunk_tokens, kv_width, head_dim)
-        k, v = kv[:, :, 0::2].astype(jnp.float32), kv[:, :, 1::2].astype(jnp.float32)  # [T, C, Hkv, D]
-        s = jnp.einsum("thgd,tchd->thgc", qg, k)
-        if soft_cap is not None:
-            s = soft_cap * jnp.tanh(s / soft_cap)
-        k_pos = c * chunk_tokens + jnp.arange(chunk_tokens, dtype=jnp.int32)  # [C]
-        mask = (k_pos[None] <= q_pos[:, None]) & (k_pos[None] < kv_len[:, None]) & (k_pos[None] >= first_key[:, None])
-        s = jnp.where(mask[:, None, None, :], s, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-        p = jnp.exp(s - m_safe[..., None])
-        correction = jnp.exp(jnp.where(jnp.isfinite(m), m - m_safe, -jnp.inf))
-        l = l * correction + jnp.sum(p, axis=-1)
-        acc = acc * correction[..., None] + jnp.einsum("thgc,tchd->thgd", p, v)
-        return m_new, l, acc
+    # One-token requests: row r is request r's only token.
+    single = live & (q_lens == 1)
+    first_token = jnp.minimum(cu_q_lens[:-1], num_tokens - 1)
+    kv_len = jnp.where(single, kv_lens, 0)
+    q_pos = kv_len - 1
+    first_key = jnp.where(window > 0, jnp.maximum(q_pos - window + 1, 0), 0)
+    chunk_pages = _chunk_pages(num_reqs, page_size, kv_width, head_dim, kv_pages.dtype.itemsize)
+    chunk = chunk_pages * page_size
+    padded = jnp.pad(tables, ((0, 0), (0, -tables.shape[1] % chunk_pages)))
+    q_single = qg[first_token]  # [R, Hkv, G, D]
 
-    shape = (num_tokens, num_kv_heads, group)
-    init = (jnp.full(shape, -jnp.inf), jnp.zeros(shape), jnp.zeros(shape + (head_dim,)))
-    _, l, acc = jax.lax.fori_loop(0, num_chunks, body, init)
-    out = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
+    def single_body(c, carry):
+        pages = jax.lax.dynamic_slice_in_dim(padded, c * chunk_pages, chunk_pages, axis=1)  # [R, chunk_pages]
+        kv = jnp.take(rows, pages, axis=0).reshape(num_reqs, chunk, kv_width, head_dim)
+        k, v = kv[:, :, 0::2].astype(jnp.float32), kv[:, :, 1::2].astype(jnp.float32)  # [R, C, Hkv, D]
+        s = jnp.einsum("rhgd,rchd->rhgc", q_single, k)
+        k_pos = c * chunk + jnp.arange(chunk, dtype=jnp.int32)
+        mask = (k_pos[None] < kv_len[:, None]) & (k_pos[None] >= first_key[:, None])  # [R, C]
+        return walk(carry, s, mask[:, None, None, :], v, "rhgc,rchd->rhgd")
+
+    lo = jnp.min(jnp.where(single, first_key, jnp.iinfo(jnp.int32).max)) // chunk
+    hi = (jnp.max(kv_len) + chunk - 1) // chunk
+    state = (num_reqs, num_kv_heads, group)
+    _, l, acc = jax.lax.fori_loop(jnp.minimum(lo, hi), hi, single_body, _init(state, head_dim))
+    out_single = _normalise(l, acc)  # [R, Hkv, G, D]
+    out = jnp.zeros((num_tokens + 1, num_kv_heads, group, head_dim), jnp.float32)
+    out = out.at[jnp.where(single, first_token, num_tokens)].set(out_single)[:num_tokens]
+
+    # Multi-token requests: blocks of query rows, each walking its request's pages.
+    block = min(_BLOCK_QUERIES, num_tokens)
+    key_pages = max(1, _BLOCK_KEYS // page_size)
+    keys = key_pages * page_size
+    tables = jnp.pad(tables, ((0, 0), (0, -tables.shape[1] % key_pages)))
+    blocks_per_req = jnp.where(live & (q_lens > 1), (q_lens + block - 1) // block, 0)
+    blocks_end = jnp.cumsum(blocks_per_req)
+
+    def block_body(i, out):
+        r = jnp.searchsorted(blocks_end, i, side="right")
+        first = cu_q_lens[r] + (i - (blocks_end[r] - blocks_per_req[r])) * block
+        end = jnp.minimum(first + block, cu_q_lens[r + 1])
+        start = jnp.minimum(first, num_tokens - block)  # the slice must fit; rows before `first` are masked
+        token = start + jnp.arange(block, dtype=jnp.int32)
+        valid = (token >= first) & (token < end)
+        pos = kv_lens[r] - q_lens[r] + (token - cu_q_lens[r])  # [B]
+        first_key = jnp.where(window > 0, jnp.maximum(pos - window + 1, 0), 0)
+        q_block = jax.lax.dynamic_slice_in_dim(qg, start, block)  # [B, Hkv, G, D]
+
+        def key_body(c, carry):
+            pages = jax.lax.dynamic_slice_in_dim(tables[r], c * key_pages, key_pages)
+            kv = jnp.take(rows, pages, axis=0).reshape(keys, kv_width, head_dim)
+            k, v = kv[:, 0::2].astype(jnp.float32), kv[:, 1::2].astype(jnp.float32)  # [K, Hkv, D]
+            s = jnp.einsum("bhgd,khd->hgbk", q_block, k)
+            k_pos = c * keys + jnp.arange(keys, dtype=jnp.int32)
+            mask = (k_pos[None] <= pos[:, None]) & (k_pos[None] >= first_key[:, None]) & valid[:, None]
+            return walk(carry, s, mask[None, None], v, "hgbk,khd->hgbd")
+
+        lo = jnp.min(jnp.where(valid, first_key, jnp.iinfo(jnp.int32).max)) // keys
+        hi = jnp.max(jnp.where(valid, pos, -1)) // keys + 1
+        _, l, acc = jax.lax.fori_loop(jnp.minimum(lo, hi), hi, key_body, _init((num_kv_heads, group, block), head_dim))
+        result = _normalise(l, acc).transpose(2, 0, 1, 3)  # [B, Hkv, G, D]
+        current = jax.lax.dynamic_slice_in_dim(out, start, block)
+        return jax.lax.dynamic_update_slice_in_dim(out, jnp.where(valid[:, None, None, None], result, current),
+                                                   start, axis=0)
+
+    out = jax.lax.fori_loop(0, blocks_end[-1], block_body, out)
     return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
 
 
+def _init(shape, head_dim):
+    return jnp.full(shape, -jnp.inf), jnp.zeros(shape), jnp.zeros(shape + (head_dim,))
+
+
+def _softmax_step(carry, s, mask, v, pv_spec, *, soft_cap):
+    """One chunk of the online softmax: scores `s` (last axis: keys), their mask, the chunk's values."""
+    m, l, acc = carry
+    if soft_cap is not None:
+        s = soft_cap * jnp.tanh(s / soft_cap)
+    s = jnp.where(mask, s, -jnp.inf)
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+    p = jnp.exp(s - m_safe[..., None])
+    correction = jnp.exp(jnp.where(jnp.isfinite(m), m - m_safe, -jnp.inf))
+    l = l * correction + jnp.sum(p, axis=-1)
+    acc = acc * correction[..., None] + jnp.einsum(pv_spec, p, v)
+    return m_new, l, acc
+
+
+def _normalise(l, acc):
+    return jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
+
+
 @functools.lru_cache(maxsize=None)
-def _chunk_pages(num_tokens, page_size, kv_width, head_dim, itemsize) -> int:
-    per_key = num_tokens * kv_width * head_dim * max(itemsize, 4)
-    tokens = max(page_size, min(_MAX_CHUNK_TOKENS, _CHUNK_BYTES // per_key))
-    return max(1, tokens // page_size)
+def _chunk_pages(num_rows, page_size, kv_width, head_dim, itemsize) -> int:
+    per_key = num_rows * kv_width * head_dim * max(itemsize, 4)
+    keys = max(page_size, min(_MAX_CHUNK_KEYS, _CHUNK_BYTES // per_key))
+    return max(1, keys // page_size)

@@ -47,13 +47,14 @@ def test_explicit_dtype_sets_every_parameter(model_dirs, dtype, expected):
 
 
 def test_auto_dtype_follows_the_config_on_accelerators_and_is_float32_on_cpu(mistral_copy):
-    from jaxengine.models.loader import load_config, resolve_dtype
+    from jaxengine.models.loader import load_config, resolve_dtypes
 
     edit_config(mistral_copy, dtype="bfloat16")
     _, cfg = load_config(mistral_copy)
-    assert resolve_dtype("auto", cfg, backend="tpu") == jnp.bfloat16
-    assert resolve_dtype("auto", cfg, backend="gpu") == jnp.bfloat16
-    assert resolve_dtype("auto", cfg, backend="cpu") == jnp.float32
+    assert resolve_dtypes("auto", cfg, backend="tpu") == (jnp.bfloat16, jnp.bfloat16)
+    assert resolve_dtypes("auto", cfg, backend="gpu") == (jnp.bfloat16, jnp.bfloat16)
+    assert resolve_dtypes("auto", cfg, backend="cpu") == (jnp.float32, jnp.float32)
+    assert resolve_dtypes("bfloat16", cfg, backend="cpu") == (jnp.float32, jnp.bfloat16)
     model, _ = load_model(mistral_copy, "auto", progress=False)  # this machine is a CPU
     assert model.layers.o_proj[...].dtype == jnp.float32
 

@@ -23,8 +23,9 @@ def _param(shape, dtype, axes: tuple[str, ...]) -> nnx.Param:
 
 
 def _dot(x, w):
-    """x @ w accumulated in float32 (a bf16 x bf16 -> bf16 dot is far slower on CPU), cast back."""
-    return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+    """x @ w in the weight's dtype, accumulated in float32 (a bf16 x bf16 -> bf16 dot is far slower on CPU),
+    returned in x's dtype."""
+    return jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
 class DecoderLayers(nnx.Module):
@@ -82,14 +83,16 @@ class DecoderLayers(nnx.Module):
 
 
 class LlamaForCausalLM(nnx.Module):
-    def __init__(self, cfg: ModelConfig, dtype=jnp.float32, attention_backend: str = "auto"):
+    def __init__(self, cfg: ModelConfig, dtype=jnp.float32, attention_backend: str = "auto", param_dtype=None):
+        """`dtype`: activations and the KV cache; `param_dtype` (default: `dtype`): the weights."""
         self.cfg = cfg
         self.dtype = dtype
-        self.embed = _param((cfg.vocab_size, cfg.hidden_size), dtype, ("vocab", "embed"))
-        self.layers = DecoderLayers(cfg, dtype, attention_backend)
-        self.final_norm = _param((cfg.hidden_size,), dtype, ("embed",))
+        self.param_dtype = param_dtype = param_dtype or dtype
+        self.embed = _param((cfg.vocab_size, cfg.hidden_size), param_dtype, ("vocab", "embed"))
+        self.layers = DecoderLayers(cfg, param_dtype, attention_backend)
+        self.final_norm = _param((cfg.hidden_size,), param_dtype, ("embed",))
         if not cfg.tie_word_embeddings:
-            self.lm_head = _param((cfg.hidden_size, cfg.vocab_size), dtype, ("embed", "vocab"))
+            self.lm_head = _param((cfg.hidden_size, cfg.vocab_size), param_dtype, ("embed", "vocab"))
 
     def __call__(
         self,
@@ -107,15 +110,13 @@ class LlamaForCausalLM(nnx.Module):
             layer_module = nnx.merge(graphdef, state)
             return layer_module(h, kv_cache, layer, window, batch, slots, jnp.asarray(inv_freq), rope_scaling), None
 
-        h = self.embed[...][batch.input_ids]  # [T, hidden]
+        h = self.embed[...][batch.input_ids].astype(self.dtype)  # [T, hidden]
         layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
         windows = jnp.asarray(cfg.sliding_windows, jnp.int32)
         (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows))
         h = rms_norm(h[batch.logits_indices], self.final_norm[...], cfg.rms_norm_eps)  # [R, hidden]
-        if cfg.tie_word_embeddings:
-            logits = jnp.dot(h, self.embed[...].T, preferred_element_type=jnp.float32)
-        else:
-            logits = jnp.dot(h, self.lm_head[...], preferred_element_type=jnp.float32)
+        head = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
+        logits = jnp.dot(h.astype(head.dtype), head, preferred_element_type=jnp.float32)
         return logits, kv_cache
 
     KV_CACHE_AXES = ("layers", "pages", "page", "kv_heads", "head_dim")  # K/V interleaved on kv_heads

@@ -38,7 +38,7 @@ def save_converted(model, model_dir: Path, output: Path) -> None:
     for name in _SIDE_FILES:
         if (Path(model_dir) / name).is_file():
             shutil.copy(Path(model_dir) / name, output / name)
-    (output / MARKER).write_text(json.dumps({"format": 1, "dtype": jnp.dtype(model.dtype).name}))
+    (output / MARKER).write_text(json.dumps({"format": 1, "dtype": jnp.dtype(model.param_dtype).name}))
 
 
 def restore(model_dir: Path, flat, targets: dict, shardings: dict, kv_params: set, repeats: int,
