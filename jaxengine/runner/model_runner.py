@@ -31,20 +31,27 @@ def power_of_two_buckets(low: int, high: int) -> list[int]:
     return buckets + [high]
 
 
-def _step(graphdef, state, kv_cache, slot_state, batch: RaggedBatch, sampling: SamplingInputs,
-          prompt_targets: jax.Array, *, variant: str, num_logprobs: int):
-    """prompt_targets: i32[T], the token that follows each flat position (used by the `prompt` variant)."""
+def _forward(graphdef, replicated, state, kv_cache, batch: RaggedBatch):
+    """The model over one ragged batch: logits f32[R, vocab] at `batch.logits_indices` (replicated, as the
+    sampling program expects them), the updated cache."""
+    logits, kv_cache = nnx.merge(graphdef, state)(kv_cache, batch)
+    return jax.lax.with_sharding_constraint(logits, replicated), kv_cache
+
+
+def _sample(logits, slot_state, sampling: SamplingInputs, *, variant: str, num_logprobs: int):
+    return sampling_step(logits, sampling, slot_state, variant=variant, num_logprobs=num_logprobs)
+
+
+def _prompt_step(graphdef, state, kv_cache, slot_state, batch: RaggedBatch, sampling: SamplingInputs,
+                 prompt_targets: jax.Array, *, num_logprobs: int):
+    """Forward and sampling in one program, keeping the logits of every position for `prompt_logprobs`.
+    prompt_targets: i32[T], the token that follows each flat position."""
     model = nnx.merge(graphdef, state)
-    if variant == "prompt":
-        all_rows = dataclasses.replace(batch, logits_indices=jnp.arange(batch.input_ids.shape[0], dtype=jnp.int32))
-        all_logits, kv_cache = model(kv_cache, all_rows)  # [T, vocab]
-        logits = all_logits[batch.logits_indices]
-        prompt_logprobs = token_logprobs(all_logits, prompt_targets, num_logprobs)
-    else:
-        logits, kv_cache = model(kv_cache, batch)
-        prompt_logprobs = None
-    tokens, logprobs, slot_state = sampling_step(logits, sampling, slot_state, variant=variant,
-                                                 num_logprobs=num_logprobs)
+    all_rows = dataclasses.replace(batch, logits_indices=jnp.arange(batch.input_ids.shape[0], dtype=jnp.int32))
+    all_logits, kv_cache = model(kv_cache, all_rows)  # [T, vocab]
+    prompt_logprobs = token_logprobs(all_logits, prompt_targets, num_logprobs)
+    tokens, logprobs, slot_state = sampling_step(all_logits[batch.logits_indices], sampling, slot_state,
+                                                 variant="prompt", num_logprobs=num_logprobs)
     return tokens, logprobs, prompt_logprobs, kv_cache, slot_state
 
 
@@ -65,8 +72,12 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.max_logprobs = max_logprobs
         self.num_compiles = 0
-        self._jitted = jax.jit(functools.partial(_step, graphdef), static_argnames=("variant", "num_logprobs"),
-                               donate_argnums=(1, 2))
+        self._jitted = {
+            "forward": jax.jit(functools.partial(_forward, graphdef, self.replicated), donate_argnums=1),
+            "sample": jax.jit(_sample, static_argnames=("variant", "num_logprobs"), donate_argnums=1),
+            "prompt": jax.jit(functools.partial(_prompt_step, graphdef), static_argnames=("num_logprobs",),
+                              donate_argnums=(1, 2)),
+        }
         self._compiled = {}
         # Slots hold device state for sequences that use penalties or allowed_token_ids; running sequences
         # never outnumber max_num_seqs, and a preempted one rebuilds its slot when it runs again.
@@ -94,23 +105,44 @@ class ModelRunner:
 
     # --- compilation ----------------------------------------------------------------------------------
 
-    def shapes(self) -> list[tuple[int, int, str]]:
-        """Every (token bucket, request bucket, sampler variant) the step is compiled for."""
-        return [(t, r, v) for t in self.token_buckets for r in self.req_buckets
-                if r <= t or r == self.req_buckets[0] for v in VARIANTS]
+    def shapes(self) -> list[tuple]:
+        """Every program the step runs, compiled ahead of time. Each token bucket T has one request bucket
+        (`requests_for(T)`), so the model compiles once per token bucket ("forward"), plus once more where
+        `prompt_logprobs` needs every position's logits ("prompt"); sampling is its own small program per
+        request bucket and variant, so variants do not multiply the model's compiles."""
+        model = [(kind, t, self.requests_for(t)) for kind in ("forward", "prompt") for t in self.token_buckets]
+        sample = [("sample", r, v) for r in sorted({self.requests_for(t) for t in self.token_buckets})
+                  for v in VARIANTS if v != "prompt"]
+        return model + sample
+
+    def requests_for(self, num_tokens: int) -> int:
+        """The request bucket that goes with a token bucket: enough rows for one request per token, up to
+        max_num_seqs. Padding rows cost little: the attention skips them and the sampler is cheap."""
+        return self._bucket(self.req_buckets, min(num_tokens, self.req_buckets[-1]))
 
     def warmup(self, progress: bool = True) -> None:
         for shape in tqdm(self.shapes(), desc="Compiling buckets", disable=not progress):
             self._executable(*shape)
         self._slot_resetter()
 
-    def _executable(self, num_tokens: int, num_reqs: int, variant: str):
-        key = (num_tokens, num_reqs, variant)
+    def _executable(self, kind: str, size: int, extra):
+        """("forward"|"prompt", num_tokens, num_reqs) or ("sample", num_reqs, variant)."""
+        key = (kind, size, extra)
         if key not in self._compiled:
-            inputs = self._device_inputs(num_tokens, num_reqs)
-            num_logprobs = self.max_logprobs if variant in ("full", "prompt") else 0
-            self._compiled[key] = self._jitted.lower(self.state, self.kv_cache, self.slot_state, *inputs,
-                                                     variant=variant, num_logprobs=num_logprobs).compile()
+            if kind == "sample":
+                num_logprobs = self.max_logprobs if extra == "full" else 0
+                _, sampling, _ = self._device_inputs(1, size)
+                logits = jax.ShapeDtypeStruct((size, self.vocab_size), jnp.float32, sharding=self.replicated)
+                lowered = self._jitted["sample"].lower(logits, self.slot_state, sampling, variant=extra,
+                                                       num_logprobs=num_logprobs)
+            else:
+                batch, sampling, targets = self._device_inputs(size, extra)
+                if kind == "forward":
+                    lowered = self._jitted["forward"].lower(self.state, self.kv_cache, batch)
+                else:
+                    lowered = self._jitted["prompt"].lower(self.state, self.kv_cache, self.slot_state, batch,
+                                                           sampling, targets, num_logprobs=self.max_logprobs)
+            self._compiled[key] = lowered.compile()
             self.num_compiles += 1
         return self._compiled[key]
 
@@ -207,7 +239,7 @@ class ModelRunner:
             if chunk.seq.params.needs_slot_state and chunk.seq.slot is None:
                 self._assign_slot(chunk.seq)
         num_tokens = self._bucket(self.token_buckets, sum(c.num_tokens for c in chunks))
-        num_reqs = self._bucket(self.req_buckets, len(chunks))
+        num_reqs = self.requests_for(num_tokens)  # >= len(chunks): each chunk has a token
         start = 0
         for i, chunk in enumerate(chunks):
             seq, n, done = chunk.seq, chunk.num_tokens, chunk.seq.num_computed_tokens
@@ -231,11 +263,17 @@ class ModelRunner:
         return self._run_step(num_tokens, num_reqs, variant, host_inputs)
 
     def _run_step(self, num_tokens: int, num_reqs: int, variant: str, host_inputs):
-        step = self._executable(num_tokens, num_reqs, variant)
         inputs = jax.device_put(host_inputs, self.replicated)
-        tokens, logprobs, prompt_logprobs, self.kv_cache, self.slot_state = step(
-            self.state, self.kv_cache, self.slot_state, *inputs)
-        return tokens, logprobs, prompt_logprobs
+        if variant == "prompt":
+            step = self._executable("prompt", num_tokens, num_reqs)
+            tokens, logprobs, prompt_logprobs, self.kv_cache, self.slot_state = step(
+                self.state, self.kv_cache, self.slot_state, *inputs)
+            return tokens, logprobs, prompt_logprobs
+        batch, sampling, _ = inputs
+        logits, self.kv_cache = self._executable("forward", num_tokens, num_reqs)(self.state, self.kv_cache, batch)
+        tokens, logprobs, self.slot_state = self._executable("sample", num_reqs, variant)(
+            logits, self.slot_state, sampling)
+        return tokens, logprobs, None
 
     def follow(self) -> None:
         """A follower process: run every command the leader sends until it sends STOP."""
