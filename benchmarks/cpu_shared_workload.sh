@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The shared CPU workload (see ../shared/peers/README.md) with our tools, then the vLLM peer if available.
+# The shared CPU workload (see ../shared/peers/README.md): our engine, then vLLM's CPU build when
+# PEER_VENV is set, one after the other in the same run. One JSON line per measurement on stdout.
 #   MODELS=/tmp/peer-models PEER_VENV=/path/.venv-vllm RUNS=3 bash benchmarks/cpu_shared_workload.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -8,17 +9,38 @@ models="${MODELS:-/tmp/jaxengine-peer-models}"
 runs="${RUNS:-3}"
 [ -d "$models/llama-135m" ] || python "$peers/make_models.py" "$models" --only llama-135m >&2
 engine=(--model "$models/llama-135m" --max-model-len 1024 --max-num-seqs 64 --max-num-batched-tokens 512
-        --min-token-bucket 64 --kv-cache-gib 2)
-jaxengine bench throughput "${engine[@]}" --runs "$runs"
-jaxengine bench latency "${engine[@]}" --batch-size 1 --num-iters 5
-jaxengine bench startup "${engine[@]}" --runs 2
-port=8765
-jaxengine serve "${engine[@]}" --port "$port" >/dev/null 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null' EXIT
-until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do sleep 1; done
-jaxengine bench serve --base-url "http://127.0.0.1:$port" --num-prompts 64 --input-len 128 --output-len 128
-kill $server
+        --kv-cache-gib 2)
+peer_env=(VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2)
 if [ -n "${PEER_VENV:-}" ]; then
-    "$PEER_VENV/bin/python" "$peers/bench_vllm_offline.py" "$models/llama-135m" --runs "$runs"
+    PEER_VENV="$(readlink -f "$PEER_VENV")"
+    [ -f "$PEER_VENV/lib/libiomp5.so" ] && peer_env+=(LD_PRELOAD="$PEER_VENV/lib/libiomp5.so")
 fi
+
+# Offline throughput and single-request latency.
+jaxengine bench throughput "${engine[@]}" --runs "$runs"
+if [ -n "${PEER_VENV:-}" ]; then
+    env "${peer_env[@]}" "$PEER_VENV/bin/python" "$peers/bench_vllm_offline.py" "$models/llama-135m" --runs "$runs"
+fi
+jaxengine bench latency "${engine[@]}" --batch-size 1 --num-iters 5
+
+# Serving at request rate inf: vLLM's own `bench serve` client against our server, then against vLLM.
+port=8765
+jaxengine serve "${engine[@]}" --port "$port" --served-model-name llama-135m >/dev/null 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do sleep 1; done
+compiles() { curl -s "http://127.0.0.1:$port/metrics" | awk '/^jaxengine:compile_count/ {print $2}'; }
+before=$(compiles)
+if [ -n "${PEER_VENV:-}" ]; then
+    SERVER_URL="http://127.0.0.1:$port" VLLM_VENV="$PEER_VENV" RUNS="$runs" RATES=inf \
+        bash "$peers/serve_bench.sh" "$models/llama-135m"
+else
+    jaxengine bench serve --base-url "http://127.0.0.1:$port" --num-prompts 64 --input-len 128 --output-len 128
+fi
+echo "{\"engine\": \"jaxengine-serve\", \"compiles_during_serve_benchmark\": $(python -c "print(int(float('$(compiles)') - float('$before')))")}"
+kill $server; wait $server 2>/dev/null || true
+if [ -n "${PEER_VENV:-}" ]; then
+    env "${peer_env[@]}" VLLM_VENV="$PEER_VENV" RUNS="$runs" RATES=inf bash "$peers/serve_bench.sh" "$models/llama-135m"
+fi
+
+jaxengine bench startup "${engine[@]}" --runs 2

@@ -42,6 +42,7 @@ class EngineMetrics:
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish")
         self.queue_time = histogram("vllm:request_queue_time_seconds", "Arrival to first scheduling")
         self.compiles = gauge("jaxengine:compile_count", "XLA compilations in this process")
+        self.compiles.set_function(compile_count)  # read at every scrape, so it is current before any step
         self.step_tokens = Histogram("vllm:iteration_tokens_total", "Tokens scheduled per engine step", list(labels),
                                      buckets=(1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
                                      registry=r).labels(**labels)
@@ -71,7 +72,6 @@ class EngineMetrics:
         preemptions = sum(r.scheduler.num_preemptions for r in replicas)
         self.preemptions.inc(preemptions - self._preemptions)
         self._preemptions = preemptions
-        self.compiles.set(compile_count())
         for out in outputs:
             self._observe(out)
 
