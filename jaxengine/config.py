@@ -6,6 +6,7 @@ from pathlib import Path
 import yaml
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
+LAYER_LOOPS = ("auto", "scan", "unrolled")
 
 
 @dataclasses.dataclass
@@ -24,7 +25,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
     seed: int = 0
-    attention_backend: str = "auto"  # auto | reference | pallas (see jaxengine/layers/attention.py)
+    attention_backend: str = "auto"  # auto | reference | pallas | native (see jaxengine/layers/attention.py)
+    layer_loop: str = "auto"  # auto | scan | unrolled; auto = unrolled on CPU (faster steps, slower compiles)
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     max_logprobs: int = 20  # the most `logprobs` a request may ask for
@@ -40,8 +42,10 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
-        if self.attention_backend not in ("auto", "reference", "pallas"):
-            raise ValueError(f"attention_backend must be auto, reference or pallas, got {self.attention_backend!r}")
+        if self.attention_backend not in ("auto", "reference", "pallas", "native"):
+            raise ValueError(f"attention_backend must be auto, reference, pallas or native, got {self.attention_backend!r}")
+        if self.layer_loop not in LAYER_LOOPS:
+            raise ValueError(f"layer_loop must be one of {', '.join(LAYER_LOOPS)}, got {self.layer_loop!r}")
         if self.max_logprobs < 1:
             raise ValueError(f"max_logprobs must be >= 1, got {self.max_logprobs}")
         if not 0 < self.kv_cache_memory_fraction <= 1:

@@ -11,7 +11,7 @@ from jaxengine import SamplingParams
 from jaxengine.config import EngineConfig
 from jaxengine.engine.llm_engine import LLMEngine
 from jaxengine.layers.attention import select_body
-from pallas_kernels import gpu, tpu
+from pallas_kernels import cpu, gpu, tpu
 from pallas_kernels.reference import ragged_paged_attention as reference
 from tests import tiny_models
 from tests.engine_util import random_prompts, run_to_completion
@@ -65,9 +65,19 @@ def test_unsupported_shape_falls_back_to_the_reference_with_a_warning(caplog):
     assert name == "reference"
     assert "does not support head_dim=80" in caplog.text
     assert select_body("pallas", 128, 16)[0] == "tpu"  # on CPU, the TPU body in interpret mode
-    assert select_body("auto", 128, 16)[0] == "reference"
+    assert select_body("auto", 128, 16)[0] == ("cpu" if cpu.available() else "reference")
     with pytest.raises(ValueError, match="attention_backend must be one of"):
         select_body("flash", 128, 16)
+
+
+def test_cpu_bodies_by_setting_and_dtype(caplog):
+    if not cpu.available():
+        pytest.skip("the native CPU attention could not be built here (no C++ compiler?)")
+    assert select_body("native", 64, 16)[0] == "cpu"
+    assert select_body("reference", 64, 16)[0] == "reference"
+    with caplog.at_level(logging.WARNING):
+        assert select_body("auto", 64, 16, (jnp.bfloat16, jnp.bfloat16))[0] == "reference"
+    assert "supports float32 only" in caplog.text
 
 
 @pytest.mark.slow

@@ -60,9 +60,16 @@ def test_ragged_prefill_logits_match_transformers(arch, model_dirs, hf_models):
         np.testing.assert_allclose(logits, hf_logits(hf_models(arch), prompt), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("attention,layers", [("auto", "stacked"), ("reference", "unstacked")])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_incremental_decode_through_scattered_pages_matches_transformers(arch, model_dirs, hf_models):
-    model, cfg = load_model(model_dirs[arch], "float32", progress=False)
+def test_incremental_decode_through_scattered_pages_matches_transformers(arch, attention, layers, model_dirs,
+                                                                          hf_models):
+    """Both CPU attention bodies (native under `auto`, and the pure-JAX reference) and both layer loops
+    (lax.scan over stacked weights, the unrolled loop over per-layer arrays)."""
+    model, cfg = load_model(model_dirs[arch], "float32", progress=False, attention_backend=attention)
+    if layers == "unstacked":
+        model.unstack_layers()
+        assert model.layers_unstacked and len(model.layers) == cfg.num_layers
     seqs = sequences(cfg.vocab_size, extra=DECODE_STEPS, seed=1)
     prefill, decoded = prefill_and_decode(model, seqs)
     for seq, pre, dec in zip(seqs, prefill, decoded):

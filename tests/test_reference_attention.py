@@ -1,5 +1,7 @@
-"""The reference ragged paged attention against a naive dense attention on random ragged batches."""
+"""The CPU attention bodies (the pure-JAX reference and the native FFI kernel) against a naive dense attention
+on random ragged batches."""
 
+import functools
 import itertools
 
 import jax
@@ -7,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels import cpu
 from pallas_kernels.reference import ragged_paged_attention
 from tests.ragged import ragged_case
 
@@ -37,10 +40,22 @@ def naive_attention(q, k, v, q_lens, kv_lens, sm_scale, window, soft_cap):
     return np.concatenate(out)
 
 
-def run_case(seed, mode, page_size, group, window=None, soft_cap=None):
+BODIES = ("reference", "native")
+
+
+def body(name):
+    if name == "reference":
+        return ragged_paged_attention
+    if not cpu.available():
+        pytest.skip("the native CPU attention could not be built here (no C++ compiler?)")
+    return cpu.ragged_paged_attention
+
+
+def run_case(seed, mode, page_size, group, window=None, soft_cap=None, name="reference"):
     case = ragged_case(seed, mode, page_size, group, HEAD_DIM, num_kv_heads=NUM_KV_HEADS, num_layers=NUM_LAYERS)
     sm_scale = HEAD_DIM ** -0.5
-    got = np.asarray(ragged_paged_attention(*case.args, sm_scale=sm_scale, sliding_window=window, soft_cap=soft_cap))
+    attend = jax.jit(functools.partial(body(name), sm_scale=sm_scale, sliding_window=window, soft_cap=soft_cap))
+    got = np.asarray(attend(*case.args))
     ks, vs = zip(*(case.contiguous_kv(i) for i in range(len(case.kv_lens))))
     want = naive_attention(np.asarray(case.args[0]), ks, vs, case.q_lens, case.kv_lens, sm_scale, window, soft_cap)
     real = case.num_real_tokens
@@ -48,25 +63,39 @@ def run_case(seed, mode, page_size, group, window=None, soft_cap=None):
     assert np.all(got[real:] == 0), "padded tokens must produce zeros"
 
 
+@pytest.mark.parametrize("name", BODIES)
 @pytest.mark.parametrize("mode,page_size,group", list(itertools.product(
     ("prefill", "decode", "mixed"), (1, 16, 64), (1, 4, 7))))
-def test_matches_dense_attention(mode, page_size, group):
-    run_case(seed=100 * page_size + 10 * group + len(mode), mode=mode, page_size=page_size, group=group)
+def test_matches_dense_attention(mode, page_size, group, name):
+    run_case(seed=100 * page_size + 10 * group + len(mode), mode=mode, page_size=page_size, group=group, name=name)
 
 
+@pytest.mark.parametrize("name", BODIES)
 @pytest.mark.parametrize("mode", ("prefill", "decode", "mixed"))
 @pytest.mark.parametrize("window", (1, 7, 40))
-def test_sliding_window_matches_dense_attention(mode, window):
-    run_case(seed=window, mode=mode, page_size=16, group=4, window=window)
+def test_sliding_window_matches_dense_attention(mode, window, name):
+    run_case(seed=window, mode=mode, page_size=16, group=4, window=window, name=name)
 
 
+@pytest.mark.parametrize("name", BODIES)
 @pytest.mark.parametrize("mode", ("prefill", "mixed"))
-def test_soft_cap_matches_dense_attention(mode):
-    run_case(seed=3, mode=mode, page_size=16, group=2, soft_cap=5.0)
+def test_soft_cap_matches_dense_attention(mode, name):
+    run_case(seed=3, mode=mode, page_size=16, group=2, soft_cap=5.0, name=name)
 
 
-def test_traced_window_and_layer_inside_jit():
+def test_native_ignores_page_ids_outside_the_pool():
+    """A corrupt block table must not make the native body read outside the pool: such keys are skipped."""
+    attend = body("native")
+    kv_pages = jnp.ones((1, 2, 4, 2, 8), jnp.float32)
+    q = jnp.ones((1, 1, 8), jnp.float32)
+    out = attend(q, kv_pages, 0, jnp.array([8]), jnp.array([[1, 1 << 30]]), jnp.array([0, 1]), 1, sm_scale=1.0)
+    np.testing.assert_allclose(np.asarray(out), 1.0)
+
+
+@pytest.mark.parametrize("name", BODIES)
+def test_traced_window_and_layer_inside_jit(name):
     """Layers run under lax.scan, so the window and layer index arrive as traced values."""
+    ragged_paged_attention = body(name)
     rng = np.random.default_rng(0)
     kv_pages = jnp.asarray(rng.standard_normal((2, 4, 16, 2, 8)), jnp.float32)
     q = jnp.asarray(rng.standard_normal((16, 2, 8)), jnp.float32)

@@ -62,7 +62,9 @@ class LLMEngine:
         check_layout(checkpoint_config, tp, config.data_parallel_size, len(jax.devices()))
         self.mesh = make_mesh(tp, devices)
         model, self.model_config = load_model(model_dir, config.dtype, progress=progress, mesh=self.mesh,
-                                              attention_backend=config.attention_backend)
+                                              attention_backend=self._attention_backend(config, tp))
+        if config.layer_loop == "unrolled" or (config.layer_loop == "auto" and jax.default_backend() == "cpu"):
+            model.unstack_layers()
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or model_dir)
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(model_dir)
@@ -86,6 +88,17 @@ class LLMEngine:
         self._abort_lock = threading.Lock()
         self._rng = np.random.default_rng(config.seed)
         self.last_step_size: tuple[int, int] | None = None  # (requests, tokens) of the latest step
+
+    @staticmethod
+    def _attention_backend(config: EngineConfig, tp: int) -> str:
+        """The native CPU body is one custom call that XLA cannot split over a mesh: sharded CPU engines use
+        the reference body, which XLA partitions by heads like the rest of the model."""
+        if tp == 1 or jax.default_backend() != "cpu" or config.attention_backend not in ("auto", "native"):
+            return config.attention_backend
+        if config.attention_backend == "native":
+            raise ValueError("attention_backend 'native' runs on one CPU device; use 'auto' or 'reference' with "
+                             f"tensor_parallel_size={tp}")
+        return "reference"
 
     def _max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings

@@ -51,19 +51,32 @@ def _tpu_interpret():
     return pltpu.InterpretParams()
 
 
-ATTENTION_BACKENDS = ("auto", "reference", "pallas")
+ATTENTION_BACKENDS = ("auto", "reference", "pallas", "native")
 
 
-def select_body(setting: str, head_dim: int, page_size: int):
-    """(name, function) of the attention body for this backend and shape.
+def select_body(setting: str, head_dim: int, page_size: int, dtypes=(jnp.float32, jnp.float32)):
+    """(name, function) of the attention body for this backend, shape and (q, cache) dtypes.
 
-    `auto`: the Pallas kernel on TPU and GPU, the reference on CPU. `pallas`: the kernel for the backend; on
-    CPU the TPU body in TPU interpret mode (for testing). A shape the kernel does not support falls back
-    to the reference with a warning."""
+    `auto`: the Pallas kernel on TPU and GPU; on CPU the native body (pallas_kernels/cpu.py) where it
+    builds, else the reference. `native`: the native CPU body, or an error. `pallas`: the kernel for the
+    backend; on CPU the TPU body in TPU interpret mode (for testing). A shape or dtype a kernel does not
+    support falls back to the reference with a warning."""
     if setting not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {setting!r}")
     backend = jax.default_backend()
-    if setting == "reference" or (setting == "auto" and backend not in ("tpu", "gpu")):
+    if setting == "native" or (setting == "auto" and backend not in ("tpu", "gpu")):
+        from pallas_kernels import cpu
+
+        if setting == "native" and (backend != "cpu" or not cpu.available()):
+            raise ValueError("attention_backend 'native' needs the CPU backend and a C++ compiler to build "
+                             "pallas_kernels/cpu_attention.cc (see the log for the build error)")
+        if backend == "cpu" and cpu.available():
+            if cpu.supports(*dtypes):
+                return "cpu", cpu.ragged_paged_attention
+            _warn_once(f"the native CPU attention supports float32 only, not {jnp.dtype(dtypes[1]).name}; "
+                       f"using the reference attention instead")
+        return "reference", ragged_paged_attention
+    if setting == "reference":
         return "reference", ragged_paged_attention
     if backend == "gpu":
         from pallas_kernels import gpu as body
@@ -96,6 +109,6 @@ def attention(
     soft_cap: float | None = None,
     backend: str = "auto",
 ) -> jax.Array:  # [T, num_q_heads, head_dim]
-    _, body = select_body(backend, q.shape[-1], kv_cache.shape[2])
+    _, body = select_body(backend, q.shape[-1], kv_cache.shape[2], (q.dtype, kv_cache.dtype))
     return body(q, kv_cache, layer, batch.kv_lens, batch.block_tables, batch.cu_q_lens, batch.num_seqs,
                 sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)

@@ -1,8 +1,11 @@
 """Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) in Flax NNX over a paged KV cache.
 
-Layer weights are stacked on a leading `num_layers` axis and the layers run under `lax.scan`, which
-compiles an order of magnitude faster than an unrolled Python loop. Linear weights are stored
-`[in, out]` (transposed from Hugging Face's `[out, in]`).
+Layer weights are loaded stacked on a leading `num_layers` axis (one array per parameter: one transfer, one
+sharding, one Orbax entry) and the layers run under `lax.scan`, which compiles an order of magnitude faster than
+an unrolled Python loop. `unstack_layers()` trades that compile time for speed on CPU: each layer gets its own
+arrays and the loop is unrolled, because XLA:CPU copies a layer's weight slice out of the stacked array before
+every matmul inside the scan. Linear weights are stored `[in, out]` (transposed from Hugging Face's
+`[out, in]`).
 """
 
 import jax
@@ -102,22 +105,41 @@ class LlamaForCausalLM(nnx.Module):
         cfg = self.cfg
         inv_freq, rope_scaling = rope_inv_freq(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
         slots = token_slots(batch, kv_cache.shape[2], kv_cache.shape[1])
-        graphdef, stacked = nnx.split(self.layers)
-
-        def one_layer(carry, xs):
-            h, kv_cache = carry
-            state, layer, window = xs
-            layer_module = nnx.merge(graphdef, state)
-            return layer_module(h, kv_cache, layer, window, batch, slots, jnp.asarray(inv_freq), rope_scaling), None
-
         h = self.embed[...][batch.input_ids].astype(self.dtype)  # [T, hidden]
-        layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
         windows = jnp.asarray(cfg.sliding_windows, jnp.int32)
-        (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows))
+        if self.layers_unstacked:
+            for i, layer_module in enumerate(self.layers):
+                h, kv_cache = layer_module(h, kv_cache, jnp.int32(i), windows[i], batch, slots,
+                                           jnp.asarray(inv_freq), rope_scaling)
+        else:
+            graphdef, stacked = nnx.split(self.layers)
+
+            def one_layer(carry, xs):
+                h, kv_cache = carry
+                state, layer, window = xs
+                layer_module = nnx.merge(graphdef, state)
+                return layer_module(h, kv_cache, layer, window, batch, slots, jnp.asarray(inv_freq), rope_scaling), None
+
+            layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+            (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows))
         h = rms_norm(h[batch.logits_indices], self.final_norm[...], cfg.rms_norm_eps)  # [R, hidden]
         head = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
         logits = jnp.dot(h.astype(head.dtype), head, preferred_element_type=jnp.float32)
         return logits, kv_cache
+
+    @property
+    def layers_unstacked(self) -> bool:
+        return not isinstance(self.layers, DecoderLayers)
+
+    def unstack_layers(self) -> None:
+        """Gives each layer its own parameter arrays (slices of the stacked ones, which are then freed; each
+        keeps its sharding) and so an unrolled layer loop. Faster on CPU (see the module docstring); each
+        model program then compiles several times slower. Checkpoints are written from the stacked layout."""
+        if self.layers_unstacked:
+            return
+        graphdef, stacked = nnx.split(self.layers)
+        self.layers = nnx.List([nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked))
+                                for i in range(self.cfg.num_layers)])
 
     KV_CACHE_AXES = ("layers", "pages", "page", "kv_heads", "head_dim")  # K/V interleaved on kv_heads
 

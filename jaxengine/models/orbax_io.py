@@ -27,6 +27,9 @@ def save_converted(model, model_dir: Path, output: Path) -> None:
     config and tokenizer files, so that `--model output` loads it."""
     import orbax.checkpoint as ocp
 
+    if model.layers_unstacked:
+        raise ValueError("save_converted writes the stacked layer layout; convert a model from load_model "
+                         "before unstack_layers()")
     output = Path(output).absolute()
     if (output / "params").exists():
         raise FileExistsError(f"{output} already holds a converted checkpoint; choose an empty directory")
