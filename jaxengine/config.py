@@ -18,7 +18,7 @@ class EngineConfig:
     block_size: int = 16
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
-    min_token_bucket: int = 8  # smallest token bucket: what a lone decoding request pays for
+    min_token_bucket: int = 1  # smallest token bucket: what a lone decoding request pays for
     kv_cache_memory_fraction: float = 0.9  # of free accelerator memory after the weights
     kv_cache_gib: float = 1.0  # KV pool size per device on CPU, where free memory is not measurable
     num_kv_blocks: int | None = None  # explicit pool size; overrides both of the above

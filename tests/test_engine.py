@@ -44,6 +44,16 @@ def test_batched_greedy_matches_transformers(arch, engines, hf_expected):
     check_greedy(engines(arch), prompts, expected, "batched")
 
 
+def test_one_token_bucket_serves_a_lone_request(engines, hf_expected):
+    """The default buckets start at one token and one request row, so a lone decoding request runs
+    vector-matrix products instead of paying for padding rows."""
+    prompts, expected = hf_expected("llama")
+    engine = engines("llama", min_token_bucket=1)
+    assert engine.runner.token_buckets[0] == 1 and engine.runner.requests_for(1) == 1
+    check_greedy(engine, prompts[2:3], expected[2:3], "lone")
+    assert engine.last_step_size == (1, 1)  # (requests, tokens) of the last decode step
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_chunked_prefill_with_preemption_matches_transformers(arch, engines, hf_expected):
     """A 32-token budget chunks every prompt longer than 32; 30 blocks of 16 tokens cannot hold all 8

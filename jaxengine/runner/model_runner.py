@@ -57,7 +57,7 @@ def _prompt_step(graphdef, state, kv_cache, slot_state, batch: RaggedBatch, samp
 
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, mesh, min_token_bucket: int = 16, max_logprobs: int = 20,
+                 max_num_batched_tokens: int, mesh, min_token_bucket: int = 1, max_logprobs: int = 20,
                  channel: multihost.CommandChannel | None = None):
         """`channel`: on the leader of a multi-process mesh, every device command is sent through it first."""
         graphdef, self.state = nnx.split(model)
@@ -67,7 +67,7 @@ class ModelRunner:
         kv_shape = model.kv_cache_shape(num_blocks, block_size)
         self.kv_cache = jnp.zeros(kv_shape, model.dtype, device=named_sharding(model.KV_CACHE_AXES, kv_shape, mesh))
         self.token_buckets = power_of_two_buckets(min(min_token_bucket, max_num_batched_tokens), max_num_batched_tokens)
-        self.req_buckets = power_of_two_buckets(min(8, max_num_seqs), max_num_seqs)
+        self.req_buckets = power_of_two_buckets(min(self.token_buckets[0], max_num_seqs), max_num_seqs)
         self.pages_per_seq = -(-max_model_len // block_size)
         self.max_model_len = max_model_len
         self.max_logprobs = max_logprobs
