@@ -7,6 +7,7 @@ import yaml
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
 LAYER_LOOPS = ("auto", "scan", "unrolled")
+ATTENTION_BACKENDS = ("auto", "reference", "pallas", "native")  # see jaxengine/layers/attention.py
 
 
 @dataclasses.dataclass
@@ -42,8 +43,9 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
-        if self.attention_backend not in ("auto", "reference", "pallas", "native"):
-            raise ValueError(f"attention_backend must be auto, reference, pallas or native, got {self.attention_backend!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                             f"got {self.attention_backend!r}")
         if self.layer_loop not in LAYER_LOOPS:
             raise ValueError(f"layer_loop must be one of {', '.join(LAYER_LOOPS)}, got {self.layer_loop!r}")
         if self.max_logprobs < 1:

@@ -235,6 +235,9 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
   const int64_t R = kv_lens.dimensions()[0];
   if (kv_dims[4] != D || Hkv == 0 || Hq % Hkv != 0)
     return ffi::Error::InvalidArgument("cpu attention: head_dim or head counts of q and kv disagree");
+  if (cu_q_lens.element_count() != static_cast<size_t>(R + 1) || block_tables.dimensions()[0] != R)
+    return ffi::Error::InvalidArgument("cpu attention: kv_lens [R], block_tables [R, pages] and cu_q_lens "
+                                       "[R + 1] disagree");
   auto shared = std::make_shared<Shared>();
   Problem& p = shared->problem;
   p = Problem{q.typed_data(), kv.typed_data(), kv_lens.typed_data(), block_tables.typed_data(),

@@ -92,10 +92,18 @@ def test_native_ignores_page_ids_outside_the_pool():
     np.testing.assert_allclose(np.asarray(out), 1.0)
 
 
+def test_native_refuses_inconsistent_request_arrays():
+    attend = body("native")
+    kv_pages = jnp.ones((1, 2, 4, 2, 8), jnp.float32)
+    q = jnp.ones((1, 1, 8), jnp.float32)
+    with pytest.raises(Exception, match="cu_q_lens"):
+        attend(q, kv_pages, 0, jnp.array([8]), jnp.array([[0, 1]]), jnp.array([0]), 1, sm_scale=1.0)
+
+
 @pytest.mark.parametrize("name", BODIES)
 def test_traced_window_and_layer_inside_jit(name):
     """Layers run under lax.scan, so the window and layer index arrive as traced values."""
-    ragged_paged_attention = body(name)
+    attend = body(name)
     rng = np.random.default_rng(0)
     kv_pages = jnp.asarray(rng.standard_normal((2, 4, 16, 2, 8)), jnp.float32)
     q = jnp.asarray(rng.standard_normal((16, 2, 8)), jnp.float32)
@@ -103,8 +111,8 @@ def test_traced_window_and_layer_inside_jit(name):
 
     @jax.jit
     def f(window, layer):
-        return ragged_paged_attention(q, kv_pages, layer, *args, sm_scale=1.0, sliding_window=window)
+        return attend(q, kv_pages, layer, *args, sm_scale=1.0, sliding_window=window)
 
-    eager = ragged_paged_attention(q, kv_pages, 1, *args, sm_scale=1.0, sliding_window=4)
+    eager = attend(q, kv_pages, 1, *args, sm_scale=1.0, sliding_window=4)
     np.testing.assert_allclose(np.asarray(f(jnp.int32(4), jnp.int32(1))), np.asarray(eager), atol=1e-6)
     assert not np.allclose(np.asarray(f(jnp.int32(0), jnp.int32(1))), np.asarray(eager))

@@ -6,6 +6,7 @@ import logging
 import jax
 import jax.numpy as jnp
 
+from jaxengine.config import ATTENTION_BACKENDS
 from jaxengine.runner.batch import RaggedBatch
 from pallas_kernels.reference import ragged_paged_attention
 
@@ -49,9 +50,6 @@ def _tpu_interpret():
     from jax.experimental.pallas import tpu as pltpu
 
     return pltpu.InterpretParams()
-
-
-ATTENTION_BACKENDS = ("auto", "reference", "pallas", "native")
 
 
 def select_body(setting: str, head_dim: int, page_size: int, dtypes=(jnp.float32, jnp.float32)):

@@ -105,12 +105,13 @@ class LlamaForCausalLM(nnx.Module):
         cfg = self.cfg
         inv_freq, rope_scaling = rope_inv_freq(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
         slots = token_slots(batch, kv_cache.shape[2], kv_cache.shape[1])
+        inv_freq = jnp.asarray(inv_freq)
         h = self.embed[...][batch.input_ids].astype(self.dtype)  # [T, hidden]
         windows = jnp.asarray(cfg.sliding_windows, jnp.int32)
         if self.layers_unstacked:
             for i, layer_module in enumerate(self.layers):
-                h, kv_cache = layer_module(h, kv_cache, jnp.int32(i), windows[i], batch, slots,
-                                           jnp.asarray(inv_freq), rope_scaling)
+                h, kv_cache = layer_module(h, kv_cache, jnp.int32(i), windows[i], batch, slots, inv_freq,
+                                           rope_scaling)
         else:
             graphdef, stacked = nnx.split(self.layers)
 
@@ -118,7 +119,7 @@ class LlamaForCausalLM(nnx.Module):
                 h, kv_cache = carry
                 state, layer, window = xs
                 layer_module = nnx.merge(graphdef, state)
-                return layer_module(h, kv_cache, layer, window, batch, slots, jnp.asarray(inv_freq), rope_scaling), None
+                return layer_module(h, kv_cache, layer, window, batch, slots, inv_freq, rope_scaling), None
 
             layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
             (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows))
