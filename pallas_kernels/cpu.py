@@ -27,7 +27,7 @@ _SOURCE = Path(__file__).with_name("cpu_attention.cc")
 _TARGET = "jaxengine_cpu_ragged_paged_attention"
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -49,7 +49,7 @@ def _library() -> ctypes.CDLL:
         raise RuntimeError("no C++ compiler (g++, c++ or clang++; or set CXX)")
     include = jax.ffi.include_dir()
     key = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), (Path(include) / "xla/ffi/api/ffi.h").read_bytes(), _cpu_flags().encode(),
+    for part in (_SOURCE.read_bytes(), (Path(include) / "xla/ffi/api/ffi.h").read_bytes(), cpu_flags().encode(),
                  compiler.encode()):
         key.update(part)
     cache = Path(os.environ.get("JAXENGINE_KERNEL_CACHE", "~/.cache/jaxengine/kernels")).expanduser()

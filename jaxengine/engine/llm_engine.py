@@ -26,10 +26,38 @@ from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 logger = logging.getLogger(__name__)
 
 
-def enable_compilation_cache(cache_dir: str | None) -> None:
-    if cache_dir and not jax.config.jax_compilation_cache_dir:
+def enable_compilation_cache(cache_dir: str | None) -> Path | None:
+    """Where the runner keeps its compiled programs across processes (`executables/` in `cache_dir`), or None.
+    Multi-process engines compile with the other processes: they get JAX's persistent compilation cache
+    instead (unless the process set its own). One cache, not both: see jaxengine/runner/executables.py."""
+    if not cache_dir:
+        return None
+    if jax.process_count() == 1:
+        return Path(cache_dir).expanduser() / "executables"
+    if not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache_dir))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    return None
+
+
+_GENERIC_FAST_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def load_tokenizer(name_or_dir):
+    """AutoTokenizer's tokenizer for a local directory or hub id. A directory whose tokenizer_config.json
+    names the generic fast class (Llama 3, SmolLM, ...) loads it directly, as AutoTokenizer would: resolving
+    the class through AutoTokenizer imports transformers' model configs and with them torch, seconds of
+    start-up on CPU."""
+    from transformers import PreTrainedTokenizerFast
+
+    directory = Path(name_or_dir).expanduser()
+    config_file = directory / "tokenizer_config.json"
+    if (directory / "tokenizer.json").is_file() and config_file.is_file():
+        if json.loads(config_file.read_text()).get("tokenizer_class") in _GENERIC_FAST_TOKENIZERS:
+            return PreTrainedTokenizerFast.from_pretrained(directory)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name_or_dir)
 
 
 @dataclasses.dataclass
@@ -52,20 +80,18 @@ class _Request:
 class LLMEngine:
     def __init__(self, config: EngineConfig, progress: bool = True, devices: list | None = None):
         """`devices`: where this engine runs (default: the first tensor_parallel_size devices)."""
-        from transformers import AutoTokenizer
-
         self.config = config
-        enable_compilation_cache(config.compilation_cache_dir)
+        executables = enable_compilation_cache(config.compilation_cache_dir)
         model_dir = resolve_model_dir(config.model) if config.model else _demo_model_dir()
         tp = config.tensor_parallel_size
         _, checkpoint_config = load_config(model_dir)
         check_layout(checkpoint_config, tp, config.data_parallel_size, len(jax.devices()))
         self.mesh = make_mesh(tp, devices)
+        unrolled = config.layer_loop == "unrolled" or (config.layer_loop == "auto" and jax.default_backend() == "cpu")
         model, self.model_config = load_model(model_dir, config.dtype, progress=progress, mesh=self.mesh,
-                                              attention_backend=self._attention_backend(config, tp))
-        if config.layer_loop == "unrolled" or (config.layer_loop == "auto" and jax.default_backend() == "cpu"):
-            model.unstack_layers()
-        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or model_dir)
+                                              attention_backend=self._attention_backend(config, tp),
+                                              unstacked=unrolled)
+        self.tokenizer = load_tokenizer(config.tokenizer or model_dir)
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(model_dir)
         num_blocks = self._num_kv_blocks(model)
@@ -77,7 +103,8 @@ class LLMEngine:
                                   max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
                                   max_num_batched_tokens=config.max_num_batched_tokens, mesh=self.mesh,
                                   min_token_bucket=config.min_token_bucket, max_logprobs=config.max_logprobs,
-                                  channel=CommandChannel() if jax.process_count() > 1 and is_leader() else None)
+                                  channel=CommandChannel() if jax.process_count() > 1 and is_leader() else None,
+                                  executable_cache=executables)
         logger.info("KV cache: %d blocks of %d tokens (%d tokens); at most %.1f requests of max_model_len=%d at once",
                     num_blocks, config.block_size, num_blocks * config.block_size,
                     num_blocks * config.block_size / self.max_model_len, self.max_model_len)

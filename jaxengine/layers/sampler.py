@@ -3,10 +3,9 @@
 Order, as in vLLM v1: penalties and logit processors on the raw logits, then temperature, min-p, top-k
 and top-p. Logprobs are taken from the model's raw distribution (log-softmax of the unprocessed logits).
 
-Static variants: `greedy` (argmax only), `sample`, `full`, which adds the per-sequence slot state (output
-token counts, prompt presence, allowed tokens) needed by penalties and `allowed_token_ids`, and logprobs; and
-`prompt`, which is `full` plus logprobs for every prompt position (the model then computes logits for all
-tokens of the step).
+Static variants: `greedy` (argmax only), `sample`, and `full`, which adds the per-sequence slot state (output
+token counts, prompt presence, allowed tokens) needed by penalties and `allowed_token_ids`, and logprobs.
+Prompt logprobs are `token_logprobs` over every position of the step (see jaxengine/runner/model_runner.py).
 """
 
 import dataclasses
@@ -14,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-VARIANTS = ("greedy", "sample", "full", "prompt")
+VARIANTS = ("greedy", "sample", "full")
 
 
 @jax.tree_util.register_dataclass
@@ -143,7 +142,7 @@ def token_logprobs(
 def sampling_step(logits: jax.Array, inputs: SamplingInputs, slot_state: SlotState, *, variant: str,
                   num_logprobs: int):
     """Returns (tokens i32[R], logprobs tuple or None, slot_state with the sampled tokens counted)."""
-    full = variant in ("full", "prompt")
+    full = variant == "full"
     processed = process_logits(logits, inputs, slot_state if full else None)
     tokens = sample(processed, inputs, all_greedy=variant == "greedy")
     if not full:

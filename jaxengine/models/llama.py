@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxengine.layers.attention import attention, token_slots, write_kv
+from jaxengine.layers.attention import attention, select_body, token_slots, write_kv
 from jaxengine.layers.norms import rms_norm
 from jaxengine.layers.rope import apply_rope
 from jaxengine.models.config import ModelConfig, rope_inv_freq
@@ -91,6 +91,7 @@ class LlamaForCausalLM(nnx.Module):
         self.cfg = cfg
         self.dtype = dtype
         self.param_dtype = param_dtype = param_dtype or dtype
+        self.attention_backend = attention_backend
         self.embed = _param((cfg.vocab_size, cfg.hidden_size), param_dtype, ("vocab", "embed"))
         self.layers = DecoderLayers(cfg, param_dtype, attention_backend)
         self.final_norm = _param((cfg.hidden_size,), param_dtype, ("embed",))
@@ -102,6 +103,14 @@ class LlamaForCausalLM(nnx.Module):
         kv_cache: jax.Array,  # [num_layers, num_pages, page_size, 2 * num_kv_heads, head_dim], donated
         batch: RaggedBatch,
     ) -> tuple[jax.Array, jax.Array]:  # logits f32[len(logits_indices), vocab], updated kv_cache
+        hidden, kv_cache = self.hidden_states(kv_cache, batch)
+        return self.logits(hidden[batch.logits_indices]), kv_cache
+
+    def hidden_states(
+        self,
+        kv_cache: jax.Array,  # [num_layers, num_pages, page_size, 2 * num_kv_heads, head_dim], donated
+        batch: RaggedBatch,
+    ) -> tuple[jax.Array, jax.Array]:  # final-normed hidden states [T, hidden] of every token, kv_cache
         cfg = self.cfg
         inv_freq, rope_scaling = rope_inv_freq(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
         slots = token_slots(batch, kv_cache.shape[2], kv_cache.shape[1])
@@ -123,10 +132,16 @@ class LlamaForCausalLM(nnx.Module):
 
             layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
             (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows))
-        h = rms_norm(h[batch.logits_indices], self.final_norm[...], cfg.rms_norm_eps)  # [R, hidden]
-        head = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
-        logits = jnp.dot(h.astype(head.dtype), head, preferred_element_type=jnp.float32)
-        return logits, kv_cache
+        return rms_norm(h, self.final_norm[...], cfg.rms_norm_eps), kv_cache
+
+    def logits(self, hidden: jax.Array) -> jax.Array:  # hidden [N, hidden] -> logits f32[N, vocab]
+        head = self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
+        return jnp.dot(hidden.astype(head.dtype), head, preferred_element_type=jnp.float32)
+
+    def attention_body(self, page_size: int) -> str:
+        """The attention body the layers run (building and registering the native CPU kernel if it is that)."""
+        name, _ = select_body(self.attention_backend, self.cfg.head_dim, page_size, (self.dtype, self.dtype))
+        return name
 
     @property
     def layers_unstacked(self) -> bool:
@@ -139,8 +154,14 @@ class LlamaForCausalLM(nnx.Module):
         if self.layers_unstacked:
             return
         graphdef, stacked = nnx.split(self.layers)
-        self.layers = nnx.List([nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked))
-                                for i in range(self.cfg.num_layers)])
+
+        def layer_slice(var: nnx.Variable, i: int) -> nnx.Variable:
+            return var.replace(var.get_value()[i], logical_axes=var.get_metadata()["logical_axes"][1:])
+
+        self.layers = nnx.List([
+            nnx.merge(graphdef, jax.tree.map(lambda v, i=i: layer_slice(v, i), stacked,
+                                             is_leaf=lambda x: isinstance(x, nnx.Variable)))
+            for i in range(self.cfg.num_layers)])
 
     KV_CACHE_AXES = ("layers", "pages", "page", "kv_heads", "head_dim")  # K/V interleaved on kv_heads
 

@@ -83,11 +83,12 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 
 
 def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, mesh=None,
-               attention_backend: str = "auto"):
+               attention_backend: str = "auto", unstacked: bool = False):
     """Returns (model, ModelConfig). Weights go from memory-mapped safetensors to the device one parameter
     at a time (on a mesh, each device receives only its shard); the model is never initialised with real
     arrays. On a mesh with more devices on 'model' than the model has KV heads, each KV head is repeated
-    (the returned config says how many KV heads the sharded model holds)."""
+    (the returned config says how many KV heads the sharded model holds). `unstacked`: each layer gets its
+    own arrays (`LlamaForCausalLM.unstack_layers`), filled straight from the checkpoint's tensors."""
     start = time.perf_counter()
     model_dir = resolve_model_dir(model)
     model_class, cfg = load_config(model_dir)
@@ -98,7 +99,13 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     repeats = kv_head_repeats(cfg, mesh.shape["model"]) if mesh is not None else 1
     checkpoint_kv_heads = cfg.num_kv_heads
     cfg = dataclasses.replace(cfg, num_kv_heads=cfg.num_kv_heads * repeats)
-    abstract = nnx.eval_shape(lambda: model_class(cfg, jdtype, attention_backend, param_dtype=param_dtype))
+    def build():
+        built = model_class(cfg, jdtype, attention_backend, param_dtype=param_dtype)
+        if unstacked and not orbax:
+            built.unstack_layers()
+        return built
+
+    abstract = nnx.eval_shape(build)
     graphdef, abstract_state = nnx.split(abstract)
     flat = nnx.to_flat_state(abstract_state)
     targets = {path: var.get_value() for path, var in flat}  # path -> ShapeDtypeStruct
@@ -110,10 +117,13 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
         loaded = _fill(checkpoint_files(model_dir), hf_weight_map(cfg), targets, shardings, cfg, progress,
                        kv_repeat=(checkpoint_kv_heads, repeats))
     state = nnx.from_flat_state([(path, var.replace(loaded[path])) for path, var in flat])
+    loaded_model = nnx.merge(graphdef, state)
+    if unstacked:
+        loaded_model.unstack_layers()  # an Orbax checkpoint holds stacked layers; no-op otherwise
     logger.info("loaded %s (weights %s, compute %s) from %s (%s) in %.2f s", cfg.architecture,
                 jnp.dtype(param_dtype).name, jnp.dtype(jdtype).name, model_dir,
                 "orbax" if orbax else "safetensors", time.perf_counter() - start)
-    return nnx.merge(graphdef, state), cfg
+    return loaded_model, cfg
 
 
 _KV_PARAMS = {"k_proj", "v_proj", "k_bias", "v_bias"}
@@ -143,7 +153,6 @@ def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat) -> di
     """Streams tensors file by file: each goes from the memory map straight to its devices (only its shard
     to each), and per-layer tensors are written into their stacked parameter on device, so host memory
     peaks near one tensor."""
-    pieces_needed = {path: (cfg.num_layers if path[0] == "layers" else 1) for path in targets}
     done, seen = {}, set()
     headers = [read_safetensors(f) for f in files]
     bar = tqdm(total=sum(len(h) for h in headers), desc="Loading weights", unit="tensor", disable=not progress)
@@ -158,6 +167,8 @@ def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat) -> di
                 raise ValueError(f"tensor {name} appears twice in the checkpoint ({file.name})")
             seen.add(name)
             path, layer, transpose = weight_map[name]
+            if layer is not None and path not in targets:  # unstacked: ("layers", name) -> ("layers", i, name)
+                path, layer = (path[0], layer, *path[1:]), None
             target = targets[path]
             expected = tuple(target.shape[1:] if layer is not None else target.shape)
             source = array.T if transpose else array
@@ -178,7 +189,6 @@ def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat) -> di
                 if path not in done:
                     done[path] = jnp.zeros(target.shape, target.dtype, device=sharding)
                 done[path] = _set_layer(done[path], piece, layer)
-            pieces_needed[path] -= 1
     bar.close()
     missing = sorted(set(weight_map) - seen)
     if missing:

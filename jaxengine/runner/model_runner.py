@@ -1,8 +1,8 @@
 """Packs scheduled chunks into bucketed ragged batches and runs the jitted step (forward + sampling)."""
 
-import dataclasses
 import functools
 import logging
+import time
 
 import jax
 import jax.numpy as jnp
@@ -16,11 +16,13 @@ from jaxengine.layers.sampler import VARIANTS, SamplingInputs, SlotState, reset_
 from jaxengine.parallel import multihost
 from jaxengine.parallel.sharding import named_sharding, replicated
 from jaxengine.runner.batch import RaggedBatch
+from jaxengine.runner.executables import ExecutableCache, signature
 
 logger = logging.getLogger(__name__)
 
 MAX_LOGIT_BIAS = 64  # entries of `logit_bias` per request
 MAX_BANNED = 32  # tokens banned at once per request (min_tokens' EOS/stop ids plus bad_words)
+STEP_VARIANTS = VARIANTS + ("prompt",)  # the sampler's variants, and "full" with prompt logprobs
 
 
 def power_of_two_buckets(low: int, high: int) -> list[int]:
@@ -32,36 +34,38 @@ def power_of_two_buckets(low: int, high: int) -> list[int]:
 
 
 def _forward(graphdef, replicated, state, kv_cache, batch: RaggedBatch):
-    """The model over one ragged batch: logits f32[R, vocab] at `batch.logits_indices` (replicated, as the
-    sampling program expects them), the updated cache."""
-    logits, kv_cache = nnx.merge(graphdef, state)(kv_cache, batch)
-    return jax.lax.with_sharding_constraint(logits, replicated), kv_cache
+    """The model over one ragged batch: logits f32[R, vocab] at `batch.logits_indices`, every token's final
+    hidden state [T, hidden] (what prompt logprobs need; both replicated, as the programs after it expect
+    them) and the updated cache."""
+    model = nnx.merge(graphdef, state)
+    hidden, kv_cache = model.hidden_states(kv_cache, batch)
+    logits = model.logits(hidden[batch.logits_indices])
+    constrain = functools.partial(jax.lax.with_sharding_constraint, shardings=replicated)
+    return constrain(logits), constrain(hidden), kv_cache
 
 
 def _sample(logits, slot_state, sampling: SamplingInputs, *, variant: str, num_logprobs: int):
     return sampling_step(logits, sampling, slot_state, variant=variant, num_logprobs=num_logprobs)
 
 
-def _prompt_step(graphdef, state, kv_cache, slot_state, batch: RaggedBatch, sampling: SamplingInputs,
-                 prompt_targets: jax.Array, *, num_logprobs: int):
-    """Forward and sampling in one program, keeping the logits of every position for `prompt_logprobs`.
-    prompt_targets: i32[T], the token that follows each flat position."""
-    model = nnx.merge(graphdef, state)
-    all_rows = dataclasses.replace(batch, logits_indices=jnp.arange(batch.input_ids.shape[0], dtype=jnp.int32))
-    all_logits, kv_cache = model(kv_cache, all_rows)  # [T, vocab]
-    prompt_logprobs = token_logprobs(all_logits, prompt_targets, num_logprobs)
-    tokens, logprobs, slot_state = sampling_step(all_logits[batch.logits_indices], sampling, slot_state,
-                                                 variant="prompt", num_logprobs=num_logprobs)
-    return tokens, logprobs, prompt_logprobs, kv_cache, slot_state
+def _prompt_logprobs(graphdef, state, hidden, prompt_targets, *, num_logprobs: int):
+    """`prompt_logprobs` of every flat position. hidden: [T, hidden] from the forward program;
+    prompt_targets: i32[T], the token that follows each position."""
+    return token_logprobs(nnx.merge(graphdef, state).logits(hidden), prompt_targets, num_logprobs)
 
 
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int,
                  max_num_batched_tokens: int, mesh, min_token_bucket: int = 1, max_logprobs: int = 20,
-                 channel: multihost.CommandChannel | None = None):
-        """`channel`: on the leader of a multi-process mesh, every device command is sent through it first."""
+                 channel: multihost.CommandChannel | None = None, executable_cache: str | None = None):
+        """`channel`: on the leader of a multi-process mesh, every device command is sent through it first.
+        `executable_cache`: a directory where compiled programs are kept across processes (one process only)."""
         graphdef, self.state = nnx.split(model)
         self.vocab_size = vocab = model.cfg.vocab_size
+        self.hidden_size, self.dtype = model.cfg.hidden_size, model.dtype
+        self.attention_body = model.attention_body(block_size)
+        self._model_key = f"{graphdef!r}|{self.attention_body}"  # what the model programs close over
+        self._cache = ExecutableCache(executable_cache) if executable_cache and jax.process_count() == 1 else None
         self.channel = channel
         self.replicated = replicated(mesh)
         kv_shape = model.kv_cache_shape(num_blocks, block_size)
@@ -71,12 +75,11 @@ class ModelRunner:
         self.pages_per_seq = -(-max_model_len // block_size)
         self.max_model_len = max_model_len
         self.max_logprobs = max_logprobs
-        self.num_compiles = 0
         self._jitted = {
             "forward": jax.jit(functools.partial(_forward, graphdef, self.replicated), donate_argnums=1),
             "sample": jax.jit(_sample, static_argnames=("variant", "num_logprobs"), donate_argnums=1),
-            "prompt": jax.jit(functools.partial(_prompt_step, graphdef), static_argnames=("num_logprobs",),
-                              donate_argnums=(1, 2)),
+            "prompt": jax.jit(functools.partial(_prompt_logprobs, graphdef), static_argnames=("num_logprobs",)),
+            "reset": jax.jit(reset_slot, donate_argnums=0),
         }
         self._compiled = {}
         # Slots hold device state for sequences that use penalties or allowed_token_ids; running sequences
@@ -85,7 +88,6 @@ class ModelRunner:
         self.slot_state = jax.device_put(SlotState.zeros(self.num_slots, vocab), self.replicated)
         self.free_slots = list(range(self.num_slots))
         self.slot_owners: dict[int, Sequence] = {}
-        self._reset_slot = None
         max_t, max_r = max_num_batched_tokens, max_num_seqs
         self.input_ids = np.zeros(max_t, np.int32)  # host buffers, allocated once at their maximum size
         self.positions = np.zeros(max_t, np.int32)
@@ -107,13 +109,14 @@ class ModelRunner:
 
     def shapes(self) -> list[tuple]:
         """Every program the step runs, compiled ahead of time. Each token bucket T has one request bucket
-        (`requests_for(T)`), so the model compiles once per token bucket ("forward"), plus once more where
-        `prompt_logprobs` needs every position's logits ("prompt"); sampling is its own small program per
-        request bucket and variant, so variants do not multiply the model's compiles."""
-        model = [(kind, t, self.requests_for(t)) for kind in ("forward", "prompt") for t in self.token_buckets]
+        (`requests_for(T)`), so the model compiles once per token bucket ("forward"). The small programs
+        after it do not multiply that: `prompt_logprobs` over the forward's hidden states, one per token
+        bucket ("prompt"), and sampling, one per request bucket and variant ("sample")."""
+        forward = [("forward", t, self.requests_for(t)) for t in self.token_buckets]
+        prompt = [("prompt", t, None) for t in self.token_buckets]
         sample = [("sample", r, v) for r in sorted({self.requests_for(t) for t in self.token_buckets})
-                  for v in VARIANTS if v != "prompt"]
-        return model + sample
+                  for v in VARIANTS]
+        return forward + prompt + sample
 
     def requests_for(self, num_tokens: int) -> int:
         """The request bucket that goes with a token bucket: enough rows for one request per token, up to
@@ -121,37 +124,42 @@ class ModelRunner:
         return self._bucket(self.req_buckets, min(num_tokens, self.req_buckets[-1]))
 
     def warmup(self, progress: bool = True) -> None:
-        for shape in tqdm(self.shapes(), desc="Compiling buckets", disable=not progress):
+        start, hits = time.perf_counter(), self._cache.hits if self._cache else 0
+        for shape in tqdm(self.shapes() + [("reset", None, None)], desc="Compiling buckets", disable=not progress):
             self._executable(*shape)
-        self._slot_resetter()
+        loaded = (self._cache.hits - hits) if self._cache else 0
+        logger.info("%d programs ready in %.1f s (%d loaded from the executable cache)", len(self._compiled),
+                    time.perf_counter() - start, loaded)
 
-    def _executable(self, kind: str, size: int, extra):
-        """("forward"|"prompt", num_tokens, num_reqs) or ("sample", num_reqs, variant)."""
+    def _executable(self, kind: str, size, extra):
+        """("forward", num_tokens, num_reqs), ("prompt", num_tokens, None), ("sample", num_reqs, variant) or
+        ("reset", None, None)."""
         key = (kind, size, extra)
         if key not in self._compiled:
-            if kind == "sample":
-                num_logprobs = self.max_logprobs if extra == "full" else 0
-                _, sampling, _ = self._device_inputs(1, size)
-                logits = jax.ShapeDtypeStruct((size, self.vocab_size), jnp.float32, sharding=self.replicated)
-                lowered = self._jitted["sample"].lower(logits, self.slot_state, sampling, variant=extra,
-                                                       num_logprobs=num_logprobs)
+            args, statics = self._arguments_like(kind, size, extra)
+            lower = functools.partial(self._jitted[kind].lower, *args, **statics)
+            if self._cache is None:
+                self._compiled[key] = lower().compile()
             else:
-                batch, sampling, targets = self._device_inputs(size, extra)
-                if kind == "forward":
-                    lowered = self._jitted["forward"].lower(self.state, self.kv_cache, batch)
-                else:
-                    lowered = self._jitted["prompt"].lower(self.state, self.kv_cache, self.slot_state, batch,
-                                                           sampling, targets, num_logprobs=self.max_logprobs)
-            self._compiled[key] = lowered.compile()
-            self.num_compiles += 1
+                name = f"{kind}{sorted(statics.items())}" + (self._model_key if kind in ("forward", "prompt") else "")
+                self._compiled[key] = self._cache.get(name, signature(args), lower)
         return self._compiled[key]
 
-    def _slot_resetter(self):
-        if self._reset_slot is None:
-            args = jax.device_put(self._reset_args_like(), self.replicated)
-            self._reset_slot = jax.jit(reset_slot, donate_argnums=0).lower(self.slot_state, *args).compile()
-            self.num_compiles += 1
-        return self._reset_slot
+    def _arguments_like(self, kind: str, size, extra) -> tuple[tuple, dict]:
+        """Arguments with the shapes, dtypes and shardings a program is called with, and its static ones."""
+        if kind == "forward":
+            batch, _, _ = self._device_inputs(size, extra)
+            return (self.state, self.kv_cache, batch), {}
+        if kind == "prompt":
+            hidden = jax.ShapeDtypeStruct((size, self.hidden_size), self.dtype, sharding=self.replicated)
+            targets = jax.ShapeDtypeStruct((size,), jnp.int32, sharding=self.replicated)
+            return (self.state, hidden, targets), {"num_logprobs": self.max_logprobs}
+        if kind == "sample":
+            _, sampling, _ = self._device_inputs(1, size)
+            logits = jax.ShapeDtypeStruct((size, self.vocab_size), jnp.float32, sharding=self.replicated)
+            num_logprobs = self.max_logprobs if extra == "full" else 0
+            return (logits, self.slot_state, sampling), {"variant": extra, "num_logprobs": num_logprobs}
+        return (self.slot_state, *jax.device_put(self._reset_args_like(), self.replicated)), {}
 
     # --- slots ----------------------------------------------------------------------------------------
 
@@ -180,7 +188,7 @@ class ModelRunner:
         self._run_reset(args)
 
     def _run_reset(self, args) -> None:
-        self.slot_state = self._slot_resetter()(self.slot_state, *jax.device_put(args, self.replicated))
+        self.slot_state = self._executable("reset", None, None)(self.slot_state, *jax.device_put(args, self.replicated))
 
     def _reset_args_like(self):
         """Placeholder arguments of reset_slot: their shapes and dtypes (compilation, followers)."""
@@ -259,21 +267,21 @@ class ModelRunner:
         variant = self._variant(chunks)
         host_inputs = self._host_inputs(num_tokens, num_reqs, len(chunks))
         if self.channel is not None:
-            self.channel.send(multihost.STEP, (num_tokens, num_reqs, VARIANTS.index(variant)), host_inputs)
+            self.channel.send(multihost.STEP, (num_tokens, num_reqs, STEP_VARIANTS.index(variant)), host_inputs)
         return self._run_step(num_tokens, num_reqs, variant, host_inputs)
 
     def _run_step(self, num_tokens: int, num_reqs: int, variant: str, host_inputs):
-        inputs = jax.device_put(host_inputs, self.replicated)
+        """`variant`: one of STEP_VARIANTS; "prompt" samples as "full" does and adds prompt logprobs."""
+        batch, sampling, prompt_targets = jax.device_put(host_inputs, self.replicated)
+        logits, hidden, self.kv_cache = self._executable("forward", num_tokens, num_reqs)(
+            self.state, self.kv_cache, batch)
+        prompt_logprobs = None
         if variant == "prompt":
-            step = self._executable("prompt", num_tokens, num_reqs)
-            tokens, logprobs, prompt_logprobs, self.kv_cache, self.slot_state = step(
-                self.state, self.kv_cache, self.slot_state, *inputs)
-            return tokens, logprobs, prompt_logprobs
-        batch, sampling, _ = inputs
-        logits, self.kv_cache = self._executable("forward", num_tokens, num_reqs)(self.state, self.kv_cache, batch)
-        tokens, logprobs, self.slot_state = self._executable("sample", num_reqs, variant)(
-            logits, self.slot_state, sampling)
-        return tokens, logprobs, None
+            prompt_logprobs = self._executable("prompt", num_tokens, None)(self.state, hidden, prompt_targets)
+            variant = "full"
+        tokens, logprobs, self.slot_state = self._executable("sample", num_reqs, variant)(logits, self.slot_state,
+                                                                                        sampling)
+        return tokens, logprobs, prompt_logprobs
 
     def follow(self) -> None:
         """A follower process: run every command the leader sends until it sends STOP."""
@@ -290,7 +298,7 @@ class ModelRunner:
             if kind == multihost.RESET_SLOT:
                 self._run_reset(payload)
             else:
-                tokens, _, _ = self._run_step(shape[0], shape[1], VARIANTS[shape[2]], payload)
+                tokens, _, _ = self._run_step(shape[0], shape[1], STEP_VARIANTS[shape[2]], payload)
                 tokens.block_until_ready()  # one step at a time: back-to-back collectives can deadlock on CPU
 
     def stop_followers(self) -> None:

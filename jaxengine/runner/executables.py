@@ -1,0 +1,132 @@
+"""A disk cache of the runner's compiled programs, so that a warm start skips tracing and lowering.
+
+JAX's persistent compilation cache only skips XLA's compile: each program is still traced and lowered in
+Python first, about a second for a 30-layer model with an unrolled layer loop. This cache stores the
+serialized executable itself. An entry's key covers everything the program depends on: jax and jaxlib,
+the backend, XLA_FLAGS, the CPU's features, the source of the code that builds programs (models, layers,
+runner, parallel, pallas_kernels), the program's name and static arguments (for model programs: the model's
+graph definition, i.e. its architecture, config and static settings) and the shape, dtype, sharding and
+devices of every argument. Single-process engines only: a multi-host program is compiled with the others.
+
+An executable that JAX's persistent cache loaded cannot be serialized again (XLA:CPU then writes it without
+its kernels: "Function ... not found" when it runs), so only a program that XLA compiled in this call is
+stored; one that came from a JAX cache (persistent, or in memory after such a load) is not. The engine
+turns JAX's persistent cache on only where this one is off; a process may still turn it on itself.
+"""
+
+import functools
+import hashlib
+import logging
+import os
+import pickle
+import tempfile
+from pathlib import Path
+
+import jax
+from jax.experimental import serialize_executable
+from jax.sharding import NamedSharding
+
+from jaxengine.compile_counter import compile_count
+
+logger = logging.getLogger(__name__)
+
+_PROGRAM_SOURCES = ("jaxengine/models", "jaxengine/layers", "jaxengine/runner", "jaxengine/parallel",
+                    "pallas_kernels")  # the code that traces into the step's programs
+
+
+_jax_cache_hits = 0  # executables that JAX's persistent cache returned (its compile event counts them too)
+
+
+def _count_jax_cache_hits(event: str, **_) -> None:
+    global _jax_cache_hits
+    if event == "/jax/compilation_cache/cache_hits":
+        _jax_cache_hits += 1
+
+
+jax.monitoring.register_event_listener(_count_jax_cache_hits)
+
+
+@functools.cache
+def _source_digest() -> str:
+    root = Path(__file__).resolve().parents[2]
+    key = hashlib.sha256()
+    for folder in _PROGRAM_SOURCES:
+        for path in sorted(p for p in (root / folder).rglob("*") if p.suffix in (".py", ".cc")):
+            key.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return key.hexdigest()
+
+
+def _cpu_features() -> str:
+    from pallas_kernels.cpu import cpu_flags
+
+    return cpu_flags()
+
+
+def signature(tree) -> str:
+    """The structure, shapes, dtypes and shardings (with their devices, in order) of a pytree of arrays or
+    ShapeDtypeStructs."""
+    leaves, treedef = jax.tree.flatten(tree)
+    parts = [str(treedef)]
+    for leaf in leaves:
+        sharding = leaf.sharding
+        devices = [d.id for d in (sharding.mesh.devices.flat if isinstance(sharding, NamedSharding)
+                                  else sorted(sharding.device_set, key=lambda d: d.id))]
+        parts.append(f"{leaf.shape}:{leaf.dtype}:{sharding}:{devices}")
+    return "\n".join(parts)
+
+
+class ExecutableCache:
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory).expanduser()
+        backend = jax.devices()[0].client
+        key = hashlib.sha256()
+        for part in (jax.__version__, jax.lib.__version__, backend.platform, backend.platform_version,
+                     os.environ.get("XLA_FLAGS", ""), _cpu_features() if backend.platform == "cpu" else "",
+                     _source_digest()):
+            key.update(part.encode() + b"\0")
+        self._base = key
+        self.hits = 0
+
+    def _path(self, name: str, args_signature: str) -> Path:
+        key = self._base.copy()
+        key.update(name.encode() + b"\0" + args_signature.encode())
+        return self.directory / f"{key.hexdigest()[:32]}.jaxexec"
+
+    def get(self, name: str, args_signature: str, lower) -> jax.stages.Compiled:
+        """The program stored under (name, args_signature), else `lower().compile()`, stored for next time.
+        `name` must say everything about the program that its arguments do not."""
+        path = self._path(name, args_signature)
+        if path.is_file():
+            try:
+                compiled = self._load(path)
+                self.hits += 1
+                return compiled
+            except Exception as e:  # a damaged or incompatible entry: compile afresh and replace it
+                logger.warning("could not load the cached program %s (%s): %s; compiling it", name, path.name, e)
+        compiles, jax_cache_hits = compile_count(), _jax_cache_hits
+        compiled = lower().compile()
+        if compile_count() > compiles and _jax_cache_hits == jax_cache_hits:  # see the module docstring
+            self._store(path, compiled)
+        return compiled
+
+    @staticmethod
+    def _load(path: Path) -> jax.stages.Compiled:
+        entry = pickle.loads(path.read_bytes())
+        by_id = {d.id: d for d in jax.devices()}
+        devices = [by_id[i] for i in entry["devices"]]  # the executable's own device order
+        return serialize_executable.deserialize_and_load(entry["executable"], entry["in_tree"], entry["out_tree"],
+                                                         execution_devices=devices)
+
+    def _store(self, path: Path, compiled: jax.stages.Compiled) -> None:
+        try:
+            executable, in_tree, out_tree = serialize_executable.serialize(compiled)
+            devices = [d.id for d in compiled._executable.xla_executable.local_devices()]
+            blob = pickle.dumps({"executable": executable, "in_tree": in_tree, "out_tree": out_tree,
+                                 "devices": devices})
+        except Exception as e:  # a backend without serialization: the program still runs, uncached
+            logger.debug("not caching %s: %s", path.name, e)
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=self.directory, delete=False) as f:
+            f.write(blob)
+        os.replace(f.name, path)  # atomic: a concurrent reader sees a whole entry or none
