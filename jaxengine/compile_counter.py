@@ -6,8 +6,10 @@ import threading
 import jax
 
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_PERSISTENT_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _lock = threading.Lock()
 _count = 0
+_persistent_cache_hits = 0
 
 
 def _on_event(event: str, duration: float, **_) -> None:
@@ -17,11 +19,24 @@ def _on_event(event: str, duration: float, **_) -> None:
             _count += 1
 
 
+def _on_cache_hit(event: str, **_) -> None:
+    global _persistent_cache_hits
+    if event == _PERSISTENT_CACHE_HIT_EVENT:
+        with _lock:
+            _persistent_cache_hits += 1
+
+
 jax.monitoring.register_event_duration_secs_listener(_on_event)
+jax.monitoring.register_event_listener(_on_cache_hit)
 
 
 def compile_count() -> int:
     return _count
+
+
+def persistent_cache_hit_count() -> int:
+    """Executables that JAX's persistent cache returned; compile_count() counts them too."""
+    return _persistent_cache_hits
 
 
 @contextlib.contextmanager

@@ -99,6 +99,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     repeats = kv_head_repeats(cfg, mesh.shape["model"]) if mesh is not None else 1
     checkpoint_kv_heads = cfg.num_kv_heads
     cfg = dataclasses.replace(cfg, num_kv_heads=cfg.num_kv_heads * repeats)
+
     def build():
         built = model_class(cfg, jdtype, attention_backend, param_dtype=param_dtype)
         if unstacked and not orbax:
@@ -151,8 +152,8 @@ def _layer_sharding(sharding, layer):
 
 def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat) -> dict:
     """Streams tensors file by file: each goes from the memory map straight to its devices (only its shard
-    to each), and per-layer tensors are written into their stacked parameter on device, so host memory
-    peaks near one tensor."""
+    to each), and per-layer tensors are written into their stacked parameter on device (or become the
+    layer's own parameter when the targets are unstacked), so host memory peaks near one tensor."""
     done, seen = {}, set()
     headers = [read_safetensors(f) for f in files]
     bar = tqdm(total=sum(len(h) for h in headers), desc="Loading weights", unit="tensor", disable=not progress)

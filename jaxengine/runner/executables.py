@@ -26,24 +26,13 @@ import jax
 from jax.experimental import serialize_executable
 from jax.sharding import NamedSharding
 
-from jaxengine.compile_counter import compile_count
+from jaxengine.compile_counter import compile_count, persistent_cache_hit_count
+from pallas_kernels.cpu import cpu_flags
 
 logger = logging.getLogger(__name__)
 
 _PROGRAM_SOURCES = ("jaxengine/models", "jaxengine/layers", "jaxengine/runner", "jaxengine/parallel",
                     "pallas_kernels")  # the code that traces into the step's programs
-
-
-_jax_cache_hits = 0  # executables that JAX's persistent cache returned (its compile event counts them too)
-
-
-def _count_jax_cache_hits(event: str, **_) -> None:
-    global _jax_cache_hits
-    if event == "/jax/compilation_cache/cache_hits":
-        _jax_cache_hits += 1
-
-
-jax.monitoring.register_event_listener(_count_jax_cache_hits)
 
 
 @functools.cache
@@ -54,12 +43,6 @@ def _source_digest() -> str:
         for path in sorted(p for p in (root / folder).rglob("*") if p.suffix in (".py", ".cc")):
             key.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return key.hexdigest()
-
-
-def _cpu_features() -> str:
-    from pallas_kernels.cpu import cpu_flags
-
-    return cpu_flags()
 
 
 def signature(tree) -> str:
@@ -81,7 +64,7 @@ class ExecutableCache:
         backend = jax.devices()[0].client
         key = hashlib.sha256()
         for part in (jax.__version__, jax.lib.__version__, backend.platform, backend.platform_version,
-                     os.environ.get("XLA_FLAGS", ""), _cpu_features() if backend.platform == "cpu" else "",
+                     os.environ.get("XLA_FLAGS", ""), cpu_flags() if backend.platform == "cpu" else "",
                      _source_digest()):
             key.update(part.encode() + b"\0")
         self._base = key
@@ -103,9 +86,9 @@ class ExecutableCache:
                 return compiled
             except Exception as e:  # a damaged or incompatible entry: compile afresh and replace it
                 logger.warning("could not load the cached program %s (%s): %s; compiling it", name, path.name, e)
-        compiles, jax_cache_hits = compile_count(), _jax_cache_hits
+        compiles, cache_hits = compile_count(), persistent_cache_hit_count()
         compiled = lower().compile()
-        if compile_count() > compiles and _jax_cache_hits == jax_cache_hits:  # see the module docstring
+        if compile_count() > compiles and persistent_cache_hit_count() == cache_hits:  # see the module docstring
             self._store(path, compiled)
         return compiled
 

@@ -65,7 +65,7 @@ class ModelRunner:
         self.hidden_size, self.dtype = model.cfg.hidden_size, model.dtype
         self.attention_body = model.attention_body(block_size)
         self._model_key = f"{graphdef!r}|{self.attention_body}"  # what the model programs close over
-        self._cache = ExecutableCache(executable_cache) if executable_cache and jax.process_count() == 1 else None
+        self._cache = ExecutableCache(executable_cache) if executable_cache else None
         self.channel = channel
         self.replicated = replicated(mesh)
         kv_shape = model.kv_cache_shape(num_blocks, block_size)
