@@ -107,3 +107,25 @@ def test_tpu_companion_kernel_writes_kv_rows_into_their_pages():
         if p >= 0:
             want[1, p, o] = new[row]
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 33, 47), (12, 64, 32), (25, 576, 200), (3, 1536, 96)])
+def test_native_bf16_matmul_matches_xla(m, k, n):
+    """Odd K (an unpaired last weight row), partial column panels, row blocks of every size up to 12 and more."""
+    import jax
+
+    rng = np.random.default_rng(m * k * n)
+    x = jnp.asarray(rng.standard_normal((m, k), np.float32))
+    w = jnp.asarray(rng.standard_normal((k, n), np.float32)).astype(jnp.bfloat16)
+    expected = jnp.dot(x.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+    got = jax.jit(cpu.matmul_bf16)(x, w)
+    assert got.shape == (m, n) and got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+def test_native_bf16_matmul_refuses_other_shapes_and_dtypes():
+    with pytest.raises(ValueError, match=r"x \[M, K\] and w \[K, N\]"):
+        cpu.matmul_bf16(jnp.zeros((2, 3)), jnp.zeros((4, 5), jnp.bfloat16))
+    with pytest.raises(ValueError, match="float32 x and bfloat16 w"):
+        cpu.matmul_bf16(jnp.zeros((2, 3)), jnp.zeros((3, 5)))

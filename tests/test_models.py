@@ -6,6 +6,7 @@ import torch
 import transformers
 
 from jaxengine.models import load_model
+from jaxengine.models.loader import native_matmul_applies
 from tests.conftest import ARCHS
 from tests.paged import PagedModel
 
@@ -78,13 +79,17 @@ def test_incremental_decode_through_scattered_pages_matches_transformers(arch, a
         np.testing.assert_allclose(dec, ref[len(pre):], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("matmul", ["xla", pytest.param("native", marks=pytest.mark.skipif(
+    not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16"))])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_bfloat16_error_is_within_twice_transformers_own_bfloat16_error(arch, model_dirs, hf_models):
+def test_bfloat16_error_is_within_twice_transformers_own_bfloat16_error(arch, matmul, model_dirs, hf_models):
     """bfloat16 keeps 8 mantissa bits, so both engines drift from the float32 result by rounding that depends on
     the order of operations; a fixed tolerance would be arbitrary. Instead we measure transformers' own bfloat16
     drift from its float32 logits on the same inputs and require ours to stay within twice that (plus one bf16
-    ulp at the logits' scale), and greedy choices to agree on almost every position."""
-    model, cfg = load_model(model_dirs[arch], "bfloat16", progress=False)
+    ulp at the logits' scale), and greedy choices to agree on almost every position. Both bfloat16 matmul
+    paths: XLA's dot and the native CPU kernel (which also gives a tied model its own head copy)."""
+    model, cfg = load_model(model_dirs[arch], "bfloat16", progress=False, native_matmul=matmul == "native")
+    assert model.native_matmul == (matmul == "native")
     seqs = sequences(cfg.vocab_size, extra=DECODE_STEPS, seed=2)
     prefill, decoded = prefill_and_decode(model, seqs)
     agree = total = 0

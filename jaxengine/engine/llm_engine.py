@@ -90,7 +90,7 @@ class LLMEngine:
         unrolled = config.layer_loop == "unrolled" or (config.layer_loop == "auto" and jax.default_backend() == "cpu")
         model, self.model_config = load_model(model_dir, config.dtype, progress=progress, mesh=self.mesh,
                                               attention_backend=self._attention_backend(config, tp),
-                                              unstacked=unrolled)
+                                              unstacked=unrolled, native_matmul=True)
         self.tokenizer = load_tokenizer(config.tokenizer or model_dir)
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(model_dir)

@@ -45,18 +45,22 @@ def resolve_model_dir(model: str | Path) -> Path:
         raise FileNotFoundError(f"could not fetch model {str(model)!r} from the Hugging Face hub: {e}") from e
 
 
-def resolve_dtypes(dtype: str, cfg: ModelConfig, backend: str | None = None):
+def resolve_dtypes(dtype: str, cfg: ModelConfig, backend: str | None = None, native_bf16: bool = False):
     """(compute dtype, weight dtype) for a `dtype` setting.
 
     On accelerators both are the setting, and `auto` is the checkpoint's dtype. On CPU activations and the
     KV cache are always float32: XLA:CPU's bfloat16 element-wise and attention paths measured far slower
     (the paged attention ~45x). Weights there follow an explicit setting (a bfloat16 matmul casts its input
-    and accumulates in float32); `auto` is float32, because XLA:CPU's bfloat16 matmuls measured 2-4x slower
-    than float32 ones below ~256 rows (every decode step) and only ~1.5x faster at 512 rows."""
+    and accumulates in float32). `auto` keeps a bfloat16 checkpoint's weights in bfloat16 where the native
+    bfloat16 matmul runs (`native_bf16`: a CPU with AVX-512 BF16, see pallas_kernels/cpu_matmul.cc; ~1.5-2x
+    XLA's float32 matmuls at decode row counts, half the weight bytes per step), and is float32 otherwise,
+    because XLA:CPU's own bfloat16 matmuls measured 2-4x slower than float32 ones below ~256 rows."""
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; use one of auto, {', '.join(DTYPES)}")
     if (backend or jax.default_backend()) == "cpu":
-        return jnp.float32, DTYPES["float32" if dtype == "auto" else dtype]
+        if dtype == "auto":
+            return jnp.float32, DTYPES["bfloat16" if cfg.torch_dtype == "bfloat16" and native_bf16 else "float32"]
+        return jnp.float32, DTYPES[dtype]
     setting = {"float16": "float16", "bfloat16": "bfloat16"}.get(cfg.torch_dtype, "float32") if dtype == "auto" else dtype
     return DTYPES[setting], DTYPES[setting]
 
@@ -82,26 +86,41 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
+def native_matmul_applies(mesh=None) -> bool:
+    """Whether float32 x bfloat16 matmuls can run the native CPU kernel: the CPU backend, one device (the FFI
+    call is not partitioned over a mesh) and a CPU with AVX-512 BF16."""
+    if jax.default_backend() != "cpu" or (mesh is not None and mesh.devices.size > 1):
+        return False
+    from pallas_kernels import cpu
+
+    return cpu.matmul_available()
+
+
 def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, mesh=None,
-               attention_backend: str = "auto", unstacked: bool = False):
+               attention_backend: str = "auto", unstacked: bool = False, native_matmul: bool = False):
     """Returns (model, ModelConfig). Weights go from memory-mapped safetensors to the device one parameter
     at a time (on a mesh, each device receives only its shard); the model is never initialised with real
     arrays. On a mesh with more devices on 'model' than the model has KV heads, each KV head is repeated
     (the returned config says how many KV heads the sharded model holds). `unstacked`: each layer gets its
-    own arrays (`LlamaForCausalLM.unstack_layers`), filled straight from the checkpoint's tensors."""
+    own arrays (`LlamaForCausalLM.unstack_layers`), filled straight from the checkpoint's tensors.
+    `native_matmul`: where `native_matmul_applies`, bfloat16 weights run the native CPU matmul (and `auto`
+    keeps a bfloat16 checkpoint in bfloat16); a tied head then gets its own transposed copy. For serving;
+    a model to convert and save keeps the checkpoint's parameters only."""
     start = time.perf_counter()
     model_dir = resolve_model_dir(model)
     model_class, cfg = load_config(model_dir)
     orbax = orbax_io.is_orbax_checkpoint(model_dir)
     if orbax and dtype == "auto":
         dtype = orbax_io.checkpoint_dtype(model_dir)
-    jdtype, param_dtype = resolve_dtypes(dtype, cfg)
+    native_matmul = native_matmul and native_matmul_applies(mesh)
+    jdtype, param_dtype = resolve_dtypes(dtype, cfg, native_bf16=native_matmul)
+    native_matmul = native_matmul and param_dtype == jnp.bfloat16 and jdtype == jnp.float32
     repeats = kv_head_repeats(cfg, mesh.shape["model"]) if mesh is not None else 1
     checkpoint_kv_heads = cfg.num_kv_heads
     cfg = dataclasses.replace(cfg, num_kv_heads=cfg.num_kv_heads * repeats)
 
     def build():
-        built = model_class(cfg, jdtype, attention_backend, param_dtype=param_dtype)
+        built = model_class(cfg, jdtype, attention_backend, param_dtype=param_dtype, native_matmul=native_matmul)
         if unstacked and not orbax:
             built.unstack_layers()
         return built
@@ -121,9 +140,11 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     loaded_model = nnx.merge(graphdef, state)
     if unstacked:
         loaded_model.unstack_layers()  # an Orbax checkpoint holds stacked layers; no-op otherwise
-    logger.info("loaded %s (weights %s, compute %s) from %s (%s) in %.2f s", cfg.architecture,
-                jnp.dtype(param_dtype).name, jnp.dtype(jdtype).name, model_dir,
-                "orbax" if orbax else "safetensors", time.perf_counter() - start)
+    if native_matmul:
+        loaded_model.copy_tied_head()
+    logger.info("loaded %s (weights %s, compute %s%s) from %s (%s) in %.2f s", cfg.architecture,
+                jnp.dtype(param_dtype).name, jnp.dtype(jdtype).name, ", native bfloat16 matmul" if native_matmul else "",
+                model_dir, "orbax" if orbax else "safetensors", time.perf_counter() - start)
     return loaded_model, cfg
 
 
