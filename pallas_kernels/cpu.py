@@ -93,21 +93,35 @@ def matmul_available() -> bool:
     return "avx512_bf16" in flags and "avx512bw" in flags and available()
 
 
-def matmul_bf16(x, w):
-    """x f32[M, K] @ w bf16[K, N] -> f32[M, N]: x rounded to bfloat16, products accumulated in float32 (what
-    `jnp.dot(x.astype(bfloat16), w, preferred_element_type=float32)` computes, up to summation order)."""
+PANEL = 32  # output columns per packed panel (cpu_matmul.cc)
+
+
+def pack_bf16(w):
+    """w [..., K, N] -> bfloat16 [..., ceil(N / 32), ceil(K / 2), 64], the native matmul's layout: panels of
+    32 output columns, each contiguous, holding (w[2k, n], w[2k + 1, n]) pairs (zero-padded)."""
+    *lead, K, N = w.shape
+    P, K2 = -(-N // PANEL), -(-K // 2)
+    w = jnp.pad(jnp.asarray(w, jnp.bfloat16), [(0, 0)] * len(lead) + [(0, 2 * K2 - K), (0, P * PANEL - N)])
+    w = w.reshape(*lead, K2, 2, P, PANEL)
+    return jnp.moveaxis(w, (-2, -1), (-4, -2)).reshape(*lead, P, K2, 2 * PANEL)
+
+
+def matmul_bf16(x, packed, n: int):
+    """x f32[M, K] @ w -> f32[M, n], `packed` = pack_bf16(w) for w [K, n]: x rounded to bfloat16, products
+    accumulated in float32 (what `jnp.dot(x.astype(bfloat16), w, preferred_element_type=float32)` computes,
+    up to summation order)."""
+    if x.ndim != 2 or packed.ndim != 3 or packed.shape != (-(-n // PANEL), -(-x.shape[1] // 2), 2 * PANEL):
+        raise ValueError(f"matmul_bf16 needs x [M, K] and pack_bf16(w) of a [K, {n}] w, got {x.shape} and "
+                         f"{packed.shape}")
+    if x.dtype != jnp.float32 or packed.dtype != jnp.bfloat16:
+        raise ValueError(f"matmul_bf16 needs float32 x and a bfloat16 packed w, got {x.dtype} and {packed.dtype}")
     _library()
-    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
-        raise ValueError(f"matmul_bf16 needs x [M, K] and w [K, N], got {x.shape} and {w.shape}")
-    if x.dtype != jnp.float32 or w.dtype != jnp.bfloat16:
-        raise ValueError(f"matmul_bf16 needs float32 x and bfloat16 w, got {x.dtype} and {w.dtype}")
-    _library()
-    call = jax.ffi.ffi_call(_MATMUL_TARGET, jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32))
-    return call(x, w)
+    call = jax.ffi.ffi_call(_MATMUL_TARGET, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32))
+    return call(x, packed)
 
 
 def supports(q_dtype, kv_dtype) -> bool:
-    return jnp.dtype(q_dtype) == jnp.float32 and jnp.dtype(kv_dtype) == jnp.float32
+    return jnp.dtype(q_dtype) == jnp.float32 and jnp.dtype(kv_dtype) in (jnp.float32, jnp.bfloat16)
 
 
 def ragged_paged_attention(q, kv_pages, layer, kv_lens, block_tables, cu_q_lens, num_seqs, *, sm_scale: float,

@@ -77,7 +77,27 @@ def test_cpu_bodies_by_setting_and_dtype(caplog):
     assert select_body("reference", 64, 16)[0] == "reference"
     with caplog.at_level(logging.WARNING):
         assert select_body("auto", 64, 16, (jnp.bfloat16, jnp.bfloat16))[0] == "reference"
-    assert "supports float32 only" in caplog.text
+    assert "takes float32 queries and float32 or bfloat16 pages" in caplog.text
+    assert select_body("auto", 64, 16, (jnp.float32, jnp.bfloat16))[0] == "cpu"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_native_body_reads_bfloat16_pages(case):
+    """float32 queries over a bfloat16 cache (the CPU bf16-model policy): both bodies widen the same bf16 K/V
+    to float32, so they agree as closely as on float32 pages."""
+    if not cpu.available():
+        pytest.skip("the native CPU attention could not be built here (no C++ compiler?)")
+    mode, page_size, group, head_dim, window, cap = case
+    case = ragged_case(len(mode) + page_size + group, mode, page_size, group, head_dim, max_kv_len=90, max_reqs=4,
+                       num_kv_heads=NUM_KV_HEADS, num_layers=NUM_LAYERS)
+    args, real = list(case.args), case.num_real_tokens
+    args[1] = args[1].astype(jnp.bfloat16)
+    kwargs = dict(sm_scale=head_dim ** -0.5, sliding_window=window, soft_cap=cap)
+    want = np.asarray(reference(*args, **kwargs))
+    got = np.asarray(cpu.ragged_paged_attention(*args, **kwargs))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got[:real], want[:real], atol=2e-5, rtol=0)
+    assert np.all(got[real:] == 0)
 
 
 @pytest.mark.slow
@@ -112,20 +132,23 @@ def test_tpu_companion_kernel_writes_kv_rows_into_their_pages():
 @pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
 @pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 33, 47), (12, 64, 32), (25, 576, 200), (3, 1536, 96)])
 def test_native_bf16_matmul_matches_xla(m, k, n):
-    """Odd K (an unpaired last weight row), partial column panels, row blocks of every size up to 12 and more."""
+    """Odd K (an unpaired last weight row, zero-padded), partial column panels, row blocks of every size up to
+    12 and more."""
     import jax
 
     rng = np.random.default_rng(m * k * n)
     x = jnp.asarray(rng.standard_normal((m, k), np.float32))
     w = jnp.asarray(rng.standard_normal((k, n), np.float32)).astype(jnp.bfloat16)
     expected = jnp.dot(x.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
-    got = jax.jit(cpu.matmul_bf16)(x, w)
+    packed = cpu.pack_bf16(w)
+    assert packed.shape == (-(-n // 32), -(-k // 2), 64)
+    got = jax.jit(cpu.matmul_bf16, static_argnums=2)(x, packed, n)
     assert got.shape == (m, n) and got.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-5 * np.sqrt(k))
 
 
 def test_native_bf16_matmul_refuses_other_shapes_and_dtypes():
-    with pytest.raises(ValueError, match=r"x \[M, K\] and w \[K, N\]"):
-        cpu.matmul_bf16(jnp.zeros((2, 3)), jnp.zeros((4, 5), jnp.bfloat16))
-    with pytest.raises(ValueError, match="float32 x and bfloat16 w"):
-        cpu.matmul_bf16(jnp.zeros((2, 3)), jnp.zeros((3, 5)))
+    with pytest.raises(ValueError, match=r"x \[M, K\] and pack_bf16\(w\) of a \[K, 5\] w"):
+        cpu.matmul_bf16(jnp.zeros((2, 7)), cpu.pack_bf16(jnp.zeros((4, 5))), 5)
+    with pytest.raises(ValueError, match="float32 x and a bfloat16 packed w"):
+        cpu.matmul_bf16(jnp.zeros((2, 3), jnp.bfloat16), cpu.pack_bf16(jnp.zeros((3, 5))), 5)

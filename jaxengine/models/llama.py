@@ -8,8 +8,6 @@ every matmul inside the scan. Linear weights are stored `[in, out]` (transposed 
 `[out, in]`).
 """
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -27,24 +25,34 @@ def _param(shape, dtype, axes: tuple[str, ...]) -> nnx.Param:
     return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
 
 
-def _dot(x, w, native: bool = False):
-    """x @ w in the weight's dtype, accumulated in float32 (a bf16 x bf16 -> bf16 dot is far slower on CPU),
-    returned in x's dtype. `native`: a float32 x bfloat16 product runs the native CPU kernel (same numbers up
-    to summation order; pallas_kernels/cpu_matmul.cc)."""
-    if native and x.dtype == jnp.float32 and w.dtype == jnp.bfloat16:
+def _dot(x, w, n: int):
+    """x @ w -> [.., n] in the weight's dtype, accumulated in float32 (a bf16 x bf16 -> bf16 dot is far slower
+    on CPU), returned in x's dtype. A packed weight (`pack_for_native_matmul`, 3 dimensions) runs the native
+    CPU kernel: same numbers up to summation order (pallas_kernels/cpu_matmul.cc)."""
+    if w.ndim == 3:
         from pallas_kernels import cpu
 
-        return cpu.matmul_bf16(x, w)
+        return cpu.matmul_bf16(x.astype(jnp.float32), w, n).astype(x.dtype)
     return jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _pack(var: nnx.Variable) -> None:
+    from pallas_kernels import cpu
+
+    stacked = var.get_value().ndim == 3  # [layers, in, out]
+    var.set_value(cpu.pack_bf16(var.get_value()))
+    var.set_metadata("logical_axes", ("layers",) * stacked + ("packed",) * 3)
 
 
 class DecoderLayers(nnx.Module):
     """All decoder layers; every parameter has a leading `num_layers` axis. Calling it runs one layer's slice."""
 
-    def __init__(self, cfg: ModelConfig, dtype, attention_backend: str = "auto", native_matmul: bool = False):
+    def __init__(self, cfg: ModelConfig, dtype, attention_backend: str = "auto"):
         L, D, I = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size
         self.attention_backend = attention_backend
-        self.native_matmul = native_matmul
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.cfg = cfg
         self.attn_norm = _param((L, D), dtype, ("layers", "embed"))
@@ -69,9 +77,9 @@ class DecoderLayers(nnx.Module):
     def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, inv_freq, rope_scaling):
         cfg = self.cfg
         T = h.shape[0]
-        dot = functools.partial(_dot, native=self.native_matmul)
+        q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         x = rms_norm(h, self.attn_norm[...], cfg.rms_norm_eps)
-        q, k, v = dot(x, self.q_proj[...]), dot(x, self.k_proj[...]), dot(x, self.v_proj[...])
+        q, k, v = _dot(x, self.q_proj[...], q_width), _dot(x, self.k_proj[...], kv_width), _dot(x, self.v_proj[...], kv_width)
         if cfg.qkv_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         q = q.reshape(T, cfg.num_heads, cfg.head_dim)
@@ -85,27 +93,28 @@ class DecoderLayers(nnx.Module):
         kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=self.attention_backend)
         o = attention(q, kv_cache, layer, batch, sm_scale=cfg.head_dim ** -0.5, sliding_window=window,
                       backend=self.attention_backend)
-        o = dot(o.reshape(T, -1), self.o_proj[...])
+        o = _dot(o.reshape(T, -1), self.o_proj[...], cfg.hidden_size)
         if cfg.o_bias:
             o = o + self.o_bias[...]
         h = h + o
         x = rms_norm(h, self.mlp_norm[...], cfg.rms_norm_eps)
-        gated = jax.nn.silu(dot(x, self.gate_proj[...])) * dot(x, self.up_proj[...])
-        return h + dot(gated, self.down_proj[...]), kv_cache
+        I = cfg.intermediate_size
+        gated = jax.nn.silu(_dot(x, self.gate_proj[...], I)) * _dot(x, self.up_proj[...], I)
+        return h + _dot(gated, self.down_proj[...], cfg.hidden_size), kv_cache
 
 
 class LlamaForCausalLM(nnx.Module):
     def __init__(self, cfg: ModelConfig, dtype=jnp.float32, attention_backend: str = "auto", param_dtype=None,
-                 native_matmul: bool = False):
-        """`dtype`: activations and the KV cache; `param_dtype` (default: `dtype`): the weights.
-        `native_matmul`: float32 x bfloat16 products run the native CPU kernel (`loader.native_matmul_applies`)."""
+                 kv_dtype=None):
+        """`dtype`: activations; `param_dtype` (default: `dtype`): the weights; `kv_dtype` (default: `dtype`):
+        the KV cache."""
         self.cfg = cfg
         self.dtype = dtype
+        self.kv_dtype = kv_dtype or dtype
         self.param_dtype = param_dtype = param_dtype or dtype
         self.attention_backend = attention_backend
-        self.native_matmul = native_matmul
         self.embed = _param((cfg.vocab_size, cfg.hidden_size), param_dtype, ("vocab", "embed"))
-        self.layers = DecoderLayers(cfg, param_dtype, attention_backend, native_matmul)
+        self.layers = DecoderLayers(cfg, param_dtype, attention_backend)
         self.final_norm = _param((cfg.hidden_size,), param_dtype, ("embed",))
         if not cfg.tie_word_embeddings:
             self.lm_head = _param((cfg.hidden_size, cfg.vocab_size), param_dtype, ("embed", "vocab"))
@@ -148,20 +157,33 @@ class LlamaForCausalLM(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:  # hidden [N, hidden] -> logits f32[N, vocab]
         head = self.lm_head[...] if hasattr(self, "lm_head") else self.embed[...].T
-        if self.native_matmul:
-            return _dot(hidden.astype(jnp.float32), head, native=True).astype(jnp.float32)
+        if head.ndim == 3:  # packed for the native CPU matmul
+            return _dot(hidden.astype(jnp.float32), head, self.cfg.vocab_size)
         return jnp.dot(hidden.astype(head.dtype), head, preferred_element_type=jnp.float32)
 
-    def copy_tied_head(self) -> None:
-        """Gives a tied model a [hidden, vocab] copy of its embedding as the output head: the native matmul
-        reads its weight as [K, N] rows, and a transposed view of the embedding would be copied every step.
-        Costs the embedding's memory again; checkpoints are written from models without it."""
-        if self.cfg.tie_word_embeddings and not hasattr(self, "lm_head"):
-            self.lm_head = nnx.Param(jnp.asarray(self.embed[...].T), logical_axes=("embed", "vocab"))
+    @property
+    def native_matmul(self) -> bool:
+        return hasattr(self, "lm_head") and self.lm_head.get_value().ndim == 3
+
+    def pack_for_native_matmul(self) -> None:
+        """Packs every bfloat16 matmul weight for the native CPU kernel (`pallas_kernels.cpu.pack_bf16`: panels
+        of 32 output columns, each one contiguous stream); a tied model gets a packed copy of its embedding as
+        the output head (the embedding itself stays for the token lookup). For a single-device CPU engine: the
+        packed layout is not sharded, and checkpoints are written from unpacked models."""
+        if self.native_matmul:
+            return
+        if self.param_dtype != jnp.bfloat16:
+            raise ValueError(f"the native CPU matmul takes bfloat16 weights, not {jnp.dtype(self.param_dtype).name}")
+        for layer in (self.layers if self.layers_unstacked else [self.layers]):
+            for name in _LINEAR:
+                _pack(getattr(layer, name))
+        if not hasattr(self, "lm_head"):
+            self.lm_head = nnx.Param(self.embed[...].T, logical_axes=("embed", "vocab"))
+        _pack(self.lm_head)
 
     def attention_body(self, page_size: int) -> str:
         """The attention body the layers run (building and registering the native CPU kernel if it is that)."""
-        name, _ = select_body(self.attention_backend, self.cfg.head_dim, page_size, (self.dtype, self.dtype))
+        name, _ = select_body(self.attention_backend, self.cfg.head_dim, page_size, (self.dtype, self.kv_dtype))
         return name
 
     @property

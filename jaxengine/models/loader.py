@@ -103,9 +103,11 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     arrays. On a mesh with more devices on 'model' than the model has KV heads, each KV head is repeated
     (the returned config says how many KV heads the sharded model holds). `unstacked`: each layer gets its
     own arrays (`LlamaForCausalLM.unstack_layers`), filled straight from the checkpoint's tensors.
-    `native_matmul`: where `native_matmul_applies`, bfloat16 weights run the native CPU matmul (and `auto`
-    keeps a bfloat16 checkpoint in bfloat16); a tied head then gets its own transposed copy. For serving;
-    a model to convert and save keeps the checkpoint's parameters only."""
+    `native_matmul`: where `native_matmul_applies`, bfloat16 weights are packed for the native CPU matmul
+    (and `auto` keeps a bfloat16 checkpoint in bfloat16; `LlamaForCausalLM.pack_for_native_matmul`). The KV
+    cache stays float32 on CPU: a bfloat16 cache measured hundreds of times slower per step here (XLA:CPU
+    copies the whole cache around each layer's K/V write). For serving; a model to convert and save keeps
+    the checkpoint's layout."""
     start = time.perf_counter()
     model_dir = resolve_model_dir(model)
     model_class, cfg = load_config(model_dir)
@@ -120,7 +122,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     cfg = dataclasses.replace(cfg, num_kv_heads=cfg.num_kv_heads * repeats)
 
     def build():
-        built = model_class(cfg, jdtype, attention_backend, param_dtype=param_dtype, native_matmul=native_matmul)
+        built = model_class(cfg, jdtype, attention_backend, param_dtype=param_dtype)
         if unstacked and not orbax:
             built.unstack_layers()
         return built
@@ -141,7 +143,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     if unstacked:
         loaded_model.unstack_layers()  # an Orbax checkpoint holds stacked layers; no-op otherwise
     if native_matmul:
-        loaded_model.copy_tied_head()
+        loaded_model.pack_for_native_matmul()
     logger.info("loaded %s (weights %s, compute %s%s) from %s (%s) in %.2f s", cfg.architecture,
                 jnp.dtype(param_dtype).name, jnp.dtype(jdtype).name, ", native bfloat16 matmul" if native_matmul else "",
                 model_dir, "orbax" if orbax else "safetensors", time.perf_counter() - start)

@@ -24,6 +24,7 @@ LOGICAL_TO_MESH = {
     "head_dim": None,
     "pages": None,
     "page": None,
+    "packed": None,  # the native CPU matmul's packed weight layout (single device only)
 }
 
 
