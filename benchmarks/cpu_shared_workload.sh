@@ -13,7 +13,13 @@ engine=(--model "$models/llama-135m" --max-model-len 1024 --max-num-seqs 64 --ma
 peer_env=(VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2)
 if [ -n "${PEER_VENV:-}" ]; then
     PEER_VENV="$(readlink -f "$PEER_VENV")"
-    [ -f "$PEER_VENV/lib/libiomp5.so" ] && peer_env+=(LD_PRELOAD="$PEER_VENV/lib/libiomp5.so")
+    # The peer's fastest settings (../shared/peers/README.md): tcmalloc (Debian's libtcmalloc-minimal4) and the
+    # venv's libiomp5, each where present.
+    preload=()
+    tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+    [ -f "$tcmalloc" ] && preload+=("$tcmalloc")
+    [ -f "$PEER_VENV/lib/libiomp5.so" ] && preload+=("$PEER_VENV/lib/libiomp5.so")
+    [ ${#preload[@]} -gt 0 ] && peer_env+=(LD_PRELOAD="${preload[*]}")
 fi
 
 # Offline throughput and single-request latency.
