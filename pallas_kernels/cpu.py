@@ -53,8 +53,8 @@ def _library() -> ctypes.CDLL:
         raise RuntimeError("no C++ compiler (g++, c++ or clang++; or set CXX)")
     include = jax.ffi.include_dir()
     key = hashlib.sha256()
-    for part in (*(source.read_bytes() for source in _SOURCES), (Path(include) / "xla/ffi/api/ffi.h").read_bytes(), cpu_flags().encode(),
-                 compiler.encode()):
+    sources = [source.read_bytes() for source in _SOURCES]
+    for part in (*sources, (Path(include) / "xla/ffi/api/ffi.h").read_bytes(), cpu_flags().encode(), compiler.encode()):
         key.update(part)
     cache = Path(os.environ.get("JAXENGINE_KERNEL_CACHE", "~/.cache/jaxengine/kernels")).expanduser()
     library = cache / f"cpu_kernels-{key.hexdigest()[:16]}.so"
@@ -121,7 +121,7 @@ def matmul_bf16(x, packed, n: int):
 
 
 def supports(q_dtype, kv_dtype) -> bool:
-    return jnp.dtype(q_dtype) == jnp.float32 and jnp.dtype(kv_dtype) in (jnp.float32, jnp.bfloat16)
+    return jnp.dtype(q_dtype) == jnp.float32 and jnp.dtype(kv_dtype) == jnp.float32
 
 
 def ragged_paged_attention(q, kv_pages, layer, kv_lens, block_tables, cu_q_lens, num_seqs, *, sm_scale: float,

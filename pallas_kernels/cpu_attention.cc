@@ -1,8 +1,7 @@
 // Ragged paged attention for XLA:CPU, called through the XLA FFI (see cpu.py, which builds and registers it).
 //
-// Same contract as reference.py: q [T, Hq, D] (float32), the whole paged pool [L, P, S, 2*Hkv, D] (float32, or
-// bfloat16 widened as it is read) with K and V interleaved on the head axis (row 2h is head h's K, 2h+1 its
-// V), read in place at `layer`. Work items are
+// Same contract as reference.py: q [T, Hq, D], the whole paged pool [L, P, S, 2*Hkv, D] with K and V
+// interleaved on the head axis (row 2h is head h's K, 2h+1 its V), read in place at `layer`. Work items are
 // (request, tile of up to kTileTokens query tokens); each walks its request's keys in blocks with an online
 // softmax, so every key's K/V row is read once per item straight from its page. Items are shared between the
 // caller and XLA's intra-op thread pool.
@@ -48,7 +47,7 @@ inline float exp_nonpositive(float x) {
 
 struct Problem {
   const float* q;
-  const void* kv;  // float or bfloat16 (uint16_t) pages
+  const float* kv;
   const int32_t* kv_lens;
   const int32_t* block_tables;
   const int32_t* cu_q_lens;
@@ -71,41 +70,20 @@ inline v8 load8(const float* x) {
   return v;
 }
 
-// 8 bfloat16 values widened to float32 (a bfloat16 is the top half of a float32).
-typedef uint32_t u8x8 __attribute__((vector_size(32)));
-typedef uint16_t u16x8 __attribute__((vector_size(16)));
-
-inline v8 load8(const uint16_t* x) {
-  u16x8 h;
-  std::memcpy(&h, x, sizeof(h));
-  const u8x8 wide = __builtin_convertvector(h, u8x8) << 16;
-  v8 v;
-  std::memcpy(&v, &wide, sizeof(v));
-  return v;
-}
-
-inline float widen(float x) { return x; }
-inline float widen(uint16_t x) {
-  const uint32_t bits = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
 inline void store8(float* x, v8 v) { std::memcpy(x, &v, sizeof(v)); }
 
 inline float sum8(v8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 
 // Scores of one query row against keys [first, last]: four keys at a time, so four independent chains of
 // FMAs run side by side. kD: the head dimension when known at compile time (a multiple of 8), else 0.
-template <int kD, typename T>
-inline void score_keys(const float* qi, const T* const* key_rows, int64_t k_offset, int first, int last,
+template <int kD>
+inline void score_keys(const float* qi, const float* const* key_rows, int64_t k_offset, int first, int last,
                        int64_t D, float* s) {
   int j = first;
   if constexpr (kD > 0) {
     for (; j + 3 <= last; j += 4) {
-      const T *k0 = key_rows[j] + k_offset, *k1 = key_rows[j + 1] + k_offset;
-      const T *k2 = key_rows[j + 2] + k_offset, *k3 = key_rows[j + 3] + k_offset;
+      const float *k0 = key_rows[j] + k_offset, *k1 = key_rows[j + 1] + k_offset;
+      const float *k2 = key_rows[j + 2] + k_offset, *k3 = key_rows[j + 3] + k_offset;
       v8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
       for (int d = 0; d < kD; d += 8) {
         const v8 q = load8(qi + d);
@@ -118,22 +96,22 @@ inline void score_keys(const float* qi, const T* const* key_rows, int64_t k_offs
     }
   }
   for (; j <= last; ++j) {
-    const T* k = key_rows[j] + k_offset;
+    const float* k = key_rows[j] + k_offset;
     float dot = 0.0f;
-    for (int64_t d = 0; d < D; ++d) dot += qi[d] * widen(k[d]);
+    for (int64_t d = 0; d < D; ++d) dot += qi[d] * k[d];
     s[j] = dot;
   }
 }
 
 // acc = acc * correction + sum_j weights[j] * V_j, the accumulator held in registers across the keys.
-template <int kD, typename T>
-inline void accumulate_values(float* ai, float correction, const T* const* key_rows, int64_t v_offset,
+template <int kD>
+inline void accumulate_values(float* ai, float correction, const float* const* key_rows, int64_t v_offset,
                               int first, int last, int64_t D, const float* weights) {
   if constexpr (kD > 0) {
     v8 a[kD / 8];
     for (int c = 0; c < kD / 8; ++c) a[c] = load8(ai + 8 * c) * correction;
     for (int j = first; j <= last; ++j) {
-      const T* v = key_rows[j] + v_offset;
+      const float* v = key_rows[j] + v_offset;
       const float w = weights[j];
       for (int c = 0; c < kD / 8; ++c) a[c] += w * load8(v + 8 * c);
     }
@@ -141,16 +119,16 @@ inline void accumulate_values(float* ai, float correction, const T* const* key_r
   } else {
     for (int64_t d = 0; d < D; ++d) ai[d] *= correction;
     for (int j = first; j <= last; ++j) {
-      const T* v = key_rows[j] + v_offset;
+      const float* v = key_rows[j] + v_offset;
       const float w = weights[j];
-      for (int64_t d = 0; d < D; ++d) ai[d] += w * widen(v[d]);
+      for (int64_t d = 0; d < D; ++d) ai[d] += w * v[d];
     }
   }
 }
 
 // One request's tokens [first_token, end_token) over all heads. A key's K/V for every head are one
 // contiguous row of the page, so the walk reads pages sequentially.
-template <int kD, typename T>
+template <int kD>
 void run_item(const Problem& p, const Item& item) {
   const int64_t D = kD > 0 ? kD : p.head_dim, G = p.group, W = 2 * p.num_kv_heads, Hq = p.num_kv_heads * p.group;
   const int32_t q_start = p.cu_q_lens[item.req];
@@ -182,8 +160,7 @@ void run_item(const Problem& p, const Item& item) {
     l[i] = 0.0f;
   }
   std::fill(acc, acc + rows * D, 0.0f);
-  const T* key_rows[kKeyBlock];  // [2 * Hkv, D] of each key
-  const T* pages = static_cast<const T*>(p.kv);
+  const float* key_rows[kKeyBlock];  // [2 * Hkv, D] of each key
   const int32_t* table = p.block_tables + item.req * p.pages_per_seq;
   for (int32_t block = key_lo; block <= key_hi; block += kKeyBlock) {
     const int n = std::min<int32_t>(kKeyBlock, key_hi - block + 1);
@@ -193,14 +170,14 @@ void run_item(const Problem& p, const Item& item) {
       const int64_t slot = key / p.page_size;
       const int32_t page = slot < p.pages_per_seq ? table[slot] : -1;
       usable[j] = page >= 0 && page < p.num_pages;  // a bad page id is skipped, never read
-      key_rows[j] = pages + ((p.layer * p.num_pages + (usable[j] ? page : 0)) * p.page_size + key % p.page_size) * W * D;
+      key_rows[j] = p.kv + ((p.layer * p.num_pages + (usable[j] ? page : 0)) * p.page_size + key % p.page_size) * W * D;
     }
     for (int i = 0; i < rows; ++i) {
       const int32_t first = std::max(lo[i], block) - block, last = std::min(hi[i], block + n - 1) - block;
       if (first > last) continue;
       const int64_t k_offset = 2 * ((i % Hq) / G) * D;
       const float* qi = qs + i * D;
-      score_keys<kD, T>(qi, key_rows, k_offset, first, last, D, s);
+      score_keys<kD>(qi, key_rows, k_offset, first, last, D, s);
       float block_max = kNegInf;
       for (int j = first; j <= last; ++j) {
         if (p.soft_cap > 0.0f) s[j] = p.soft_cap * std::tanh(s[j] / p.soft_cap);
@@ -218,7 +195,7 @@ void run_item(const Problem& p, const Item& item) {
         sum += s[j];
       }
       l[i] = l[i] * correction + sum;
-      accumulate_values<kD, T>(acc + i * D, correction, key_rows, k_offset + D, first, last, D, s);
+      accumulate_values<kD>(acc + i * D, correction, key_rows, k_offset + D, first, last, D, s);
     }
   }
   for (int i = 0; i < rows; ++i) {
@@ -244,21 +221,13 @@ struct Shared {
   }
 };
 
-template <int kD>
-void (*runner(ffi::DataType type))(const Problem&, const Item&) {
-  return type == ffi::DataType::BF16 ? run_item<kD, uint16_t> : run_item<kD, float>;
-}
-
-ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer kv,
+ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kv,
                      ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> kv_lens,
                      ffi::Buffer<ffi::S32> block_tables, ffi::Buffer<ffi::S32> cu_q_lens,
                      ffi::Buffer<ffi::S32> num_seqs, ffi::Buffer<ffi::S32> window, float sm_scale,
                      float soft_cap, ffi::ResultBuffer<ffi::F32> out) {
   const auto q_dims = q.dimensions();
   const auto kv_dims = kv.dimensions();
-  const ffi::DataType kv_type = kv.element_type();
-  if (kv_type != ffi::DataType::F32 && kv_type != ffi::DataType::BF16)
-    return ffi::Error::InvalidArgument("cpu attention: the pages must be float32 or bfloat16");
   if (q_dims.size() != 3 || kv_dims.size() != 5 || block_tables.dimensions().size() != 2)
     return ffi::Error::InvalidArgument("cpu attention: q must be [T, H, D], kv [L, P, S, 2*Hkv, D]");
   const int64_t T = q_dims[0], Hq = q_dims[1], D = q_dims[2];
@@ -271,14 +240,11 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuff
                                        "[R + 1] disagree");
   auto shared = std::make_shared<Shared>();
   Problem& p = shared->problem;
-  p = Problem{q.typed_data(), kv.untyped_data(), kv_lens.typed_data(), block_tables.typed_data(),
+  p = Problem{q.typed_data(), kv.typed_data(), kv_lens.typed_data(), block_tables.typed_data(),
               cu_q_lens.typed_data(), out->typed_data(), kv_dims[1], kv_dims[2], Hkv, Hq / Hkv, D,
               block_tables.dimensions()[1], std::clamp<int64_t>(layer.typed_data()[0], 0, L - 1),
               window.typed_data()[0], sm_scale, soft_cap};
-  shared->run = D == 64    ? runner<64>(kv_type)
-                : D == 128 ? runner<128>(kv_type)
-                : D == 256 ? runner<256>(kv_type)
-                           : runner<0>(kv_type);
+  shared->run = D == 64 ? run_item<64> : D == 128 ? run_item<128> : D == 256 ? run_item<256> : run_item<0>;
   std::memset(p.out, 0, sizeof(float) * T * Hq * D);  // padding tokens get zeros
   const int32_t live = std::clamp<int32_t>(num_seqs.typed_data()[0], 0, static_cast<int32_t>(R));
   for (int32_t r = 0; r < live; ++r) {
@@ -301,7 +267,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuAttention, Attention,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()   // q
-                                  .Arg<ffi::AnyBuffer>()          // kv pages, float32 or bfloat16
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // kv pages
                                   .Arg<ffi::Buffer<ffi::S32>>()   // layer
                                   .Arg<ffi::Buffer<ffi::S32>>()   // kv_lens
                                   .Arg<ffi::Buffer<ffi::S32>>()   // block_tables

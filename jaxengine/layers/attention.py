@@ -71,9 +71,8 @@ def select_body(setting: str, head_dim: int, page_size: int, dtypes=(jnp.float32
         if backend == "cpu" and cpu.available():
             if cpu.supports(*dtypes):
                 return "cpu", cpu.ragged_paged_attention
-            _warn_once(f"the native CPU attention takes float32 queries and float32 or bfloat16 pages, not "
-                       f"{jnp.dtype(dtypes[0]).name} and {jnp.dtype(dtypes[1]).name}; using the reference attention "
-                       f"instead")
+            _warn_once(f"the native CPU attention supports float32 only, not {jnp.dtype(dtypes[1]).name}; "
+                       f"using the reference attention instead")
         return "reference", ragged_paged_attention
     if setting == "reference":
         return "reference", ragged_paged_attention

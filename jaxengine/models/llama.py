@@ -104,13 +104,10 @@ class DecoderLayers(nnx.Module):
 
 
 class LlamaForCausalLM(nnx.Module):
-    def __init__(self, cfg: ModelConfig, dtype=jnp.float32, attention_backend: str = "auto", param_dtype=None,
-                 kv_dtype=None):
-        """`dtype`: activations; `param_dtype` (default: `dtype`): the weights; `kv_dtype` (default: `dtype`):
-        the KV cache."""
+    def __init__(self, cfg: ModelConfig, dtype=jnp.float32, attention_backend: str = "auto", param_dtype=None):
+        """`dtype`: activations and the KV cache; `param_dtype` (default: `dtype`): the weights."""
         self.cfg = cfg
         self.dtype = dtype
-        self.kv_dtype = kv_dtype or dtype
         self.param_dtype = param_dtype = param_dtype or dtype
         self.attention_backend = attention_backend
         self.embed = _param((cfg.vocab_size, cfg.hidden_size), param_dtype, ("vocab", "embed"))
@@ -183,7 +180,7 @@ class LlamaForCausalLM(nnx.Module):
 
     def attention_body(self, page_size: int) -> str:
         """The attention body the layers run (building and registering the native CPU kernel if it is that)."""
-        name, _ = select_body(self.attention_backend, self.cfg.head_dim, page_size, (self.dtype, self.kv_dtype))
+        name, _ = select_body(self.attention_backend, self.cfg.head_dim, page_size, (self.dtype, self.dtype))
         return name
 
     @property

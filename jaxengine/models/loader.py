@@ -106,7 +106,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     `native_matmul`: where `native_matmul_applies`, bfloat16 weights are packed for the native CPU matmul
     (and `auto` keeps a bfloat16 checkpoint in bfloat16; `LlamaForCausalLM.pack_for_native_matmul`). The KV
     cache stays float32 on CPU: a bfloat16 cache measured hundreds of times slower per step here (XLA:CPU
-    copies the whole cache around each layer's K/V write). For serving; a model to convert and save keeps
+    copies the whole cache around each layer's K/V scatter). For serving; a model to convert and save keeps
     the checkpoint's layout."""
     start = time.perf_counter()
     model_dir = resolve_model_dir(model)
@@ -116,7 +116,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
         dtype = orbax_io.checkpoint_dtype(model_dir)
     native_matmul = native_matmul and native_matmul_applies(mesh)
     jdtype, param_dtype = resolve_dtypes(dtype, cfg, native_bf16=native_matmul)
-    native_matmul = native_matmul and param_dtype == jnp.bfloat16 and jdtype == jnp.float32
+    native_matmul = native_matmul and param_dtype == jnp.bfloat16  # not with an explicit float32
     repeats = kv_head_repeats(cfg, mesh.shape["model"]) if mesh is not None else 1
     checkpoint_kv_heads = cfg.num_kv_heads
     cfg = dataclasses.replace(cfg, num_kv_heads=cfg.num_kv_heads * repeats)
