@@ -8,6 +8,7 @@ import yaml
 SCHEDULING_POLICIES = ("fcfs", "priority")
 LAYER_LOOPS = ("auto", "scan", "unrolled")
 ATTENTION_BACKENDS = ("auto", "reference", "pallas", "native")  # see jaxengine/layers/attention.py
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")  # see LLMEngine._kv_cache_dtype
 
 
 @dataclasses.dataclass
@@ -15,6 +16,7 @@ class EngineConfig:
     model: str | None = None  # local HF directory or hub id; None = the built-in demo model
     tokenizer: str | None = None  # defaults to the model directory
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    kv_cache_dtype: str = "auto"  # auto | float32 | bfloat16 | float16; auto: see LLMEngine._kv_cache_dtype
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     block_size: int = 16
     max_num_seqs: int = 64
@@ -46,6 +48,8 @@ class EngineConfig:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                              f"got {self.attention_backend!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.layer_loop not in LAYER_LOOPS:
             raise ValueError(f"layer_loop must be one of {', '.join(LAYER_LOOPS)}, got {self.layer_loop!r}")
         if self.max_logprobs < 1:

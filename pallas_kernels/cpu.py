@@ -2,8 +2,9 @@
 float32 x bfloat16 matmul (`cpu_matmul.cc`).
 
 XLA:CPU runs the reference attention's gathers and many tiny batched dots far from memory bandwidth; the
-native body reads each request's K/V straight from its pages (float32 q and pages only, the CPU compute
-dtype). XLA:CPU's bfloat16 dots reach a fraction of the AVX-512 BF16 peak at decode and prefill row counts;
+native body reads each request's K/V straight from its pages (float32 q; float32 or bfloat16 pages), and its
+companion writer puts each step's K/V into the pages in place (`write_kv`: XLA:CPU's scatter into a bfloat16
+pool converts the whole pool around every write). XLA:CPU's bfloat16 dots reach a fraction of the AVX-512 BF16 peak at decode and prefill row counts;
 the native matmul uses that instruction directly (`matmul_available()`: only where the CPU has it). Both
 are compiled from source into one library with the system C++ compiler on first use and cached under
 `~/.cache/jaxengine/kernels` (or `$JAXENGINE_KERNEL_CACHE`), keyed by the sources, jaxlib's FFI headers and
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 _SOURCES = (Path(__file__).with_name("cpu_attention.cc"), Path(__file__).with_name("cpu_matmul.cc"))
 _TARGET = "jaxengine_cpu_ragged_paged_attention"
 _MATMUL_TARGET = "jaxengine_cpu_matmul_bf16"
+_WRITE_TARGET = "jaxengine_cpu_write_kv"
 
 
 def cpu_flags() -> str:
@@ -73,6 +75,7 @@ def _library() -> ctypes.CDLL:
     lib = ctypes.cdll.LoadLibrary(str(library))
     jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuAttention), platform="cpu")
     jax.ffi.register_ffi_target(_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulBf16), platform="cpu")
+    jax.ffi.register_ffi_target(_WRITE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuWriteKv), platform="cpu")
     return lib
 
 
@@ -121,7 +124,23 @@ def matmul_bf16(x, packed, n: int):
 
 
 def supports(q_dtype, kv_dtype) -> bool:
-    return jnp.dtype(q_dtype) == jnp.float32 and jnp.dtype(kv_dtype) == jnp.float32
+    """float32 queries over float32 or bfloat16 pages (computed in float32)."""
+    return jnp.dtype(q_dtype) == jnp.float32 and jnp.dtype(kv_dtype) in (jnp.float32, jnp.bfloat16)
+
+
+def write_kv(kv_pages, layer, rows, pages, offsets):
+    """kv_pages [L, P, S, 2 * Hkv, D] (float32 or bfloat16) with kv_pages[layer, pages[t], offsets[t]] = rows[t]
+    (rows float32 [T, 2 * Hkv, D], rounded to the pool's dtype); tokens whose page is outside [0, P) are
+    skipped. Written in place: the pool is aliased to the result (donate it, as the engine does)."""
+    if rows.ndim != 3 or kv_pages.ndim != 5 or rows.shape[1:] != kv_pages.shape[3:]:
+        raise ValueError(f"write_kv needs rows [T, {kv_pages.shape[3:]}] for a pool {kv_pages.shape}, got {rows.shape}")
+    if not supports(jnp.float32, kv_pages.dtype):
+        raise ValueError(f"write_kv supports float32 and bfloat16 pools, not {kv_pages.dtype}")
+    _library()
+    call = jax.ffi.ffi_call(_WRITE_TARGET, jax.ShapeDtypeStruct(kv_pages.shape, kv_pages.dtype),
+                            input_output_aliases={0: 0})
+    return call(kv_pages, jnp.asarray(layer, jnp.int32).reshape(1), rows.astype(jnp.float32),
+                pages.astype(jnp.int32), offsets.astype(jnp.int32))
 
 
 def ragged_paged_attention(q, kv_pages, layer, kv_lens, block_tables, cu_q_lens, num_seqs, *, sm_scale: float,

@@ -1,10 +1,15 @@
 // Ragged paged attention for XLA:CPU, called through the XLA FFI (see cpu.py, which builds and registers it).
 //
-// Same contract as reference.py: q [T, Hq, D], the whole paged pool [L, P, S, 2*Hkv, D] with K and V
-// interleaved on the head axis (row 2h is head h's K, 2h+1 its V), read in place at `layer`. Work items are
-// (request, tile of up to kTileTokens query tokens); each walks its request's keys in blocks with an online
-// softmax, so every key's K/V row is read once per item straight from its page. Items are shared between the
-// caller and XLA's intra-op thread pool.
+// Same contract as reference.py: q [T, Hq, D] (float32), the whole paged pool [L, P, S, 2*Hkv, D] (float32 or
+// bfloat16) with K and V interleaved on the head axis (row 2h is head h's K, 2h+1 its V), read in place at
+// `layer`. Work items are (request, tile of up to kTileTokens query tokens); each walks its request's keys in
+// blocks of 16 with an online softmax, so every key's K/V row is read once per item straight from its page,
+// and each kv head's K/V of a block is read once for all of that head's query rows. Items are shared between
+// the caller and XLA's intra-op thread pool. WriteKv, the companion, writes a step's K/V rows in place.
+//
+// Compute is float32. With a known head_dim (64, 128, 256) the 16 scores of a row are one vector (a
+// transposing reduction of 16 partial-sum vectors); bfloat16 pages are scored by vdpbf16ps against q
+// rounded to bfloat16 where the CPU has AVX-512 BF16, and widened to float32 otherwise and for values.
 
 #include <algorithm>
 #include <atomic>
@@ -14,7 +19,12 @@
 #include <limits>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #include "xla/ffi/api/ffi.h"
 
@@ -23,7 +33,7 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int kTileTokens = 8;  // query tokens per work item (multi-token requests)
-constexpr int kKeyBlock = 32;    // keys scored before each softmax rescale
+constexpr int kKeyBlock = 16;   // keys scored before each softmax rescale (one vector of scores)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // exp for x <= 0 (scores minus their running max) by range reduction and a degree-6 polynomial (Cephes);
@@ -47,7 +57,7 @@ inline float exp_nonpositive(float x) {
 
 struct Problem {
   const float* q;
-  const float* kv;
+  const void* kv;  // float32 or bfloat16 (uint16) pages
   const int32_t* kv_lens;
   const int32_t* block_tables;
   const int32_t* cu_q_lens;
@@ -61,148 +71,354 @@ struct Item {
   int32_t req, first_token, end_token;
 };
 
-// 8 floats in one vector register (AVX) or two (SSE); loads and stores need no alignment.
+// 8 floats in one vector register (AVX) or two (SSE); 16 in one (AVX-512) or two. Loads and stores need no
+// alignment.
 typedef float v8 __attribute__((vector_size(32)));
+typedef float v16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
-inline v8 load8(const float* x) {
-  v8 v;
+inline v16 load16(const float* x) {
+  v16 v;
   std::memcpy(&v, x, sizeof(v));
   return v;
 }
 
-inline void store8(float* x, v8 v) { std::memcpy(x, &v, sizeof(v)); }
+// 16 bfloat16 values widened to float32 (a bfloat16 is the top half of a float32).
+inline v16 load16(const uint16_t* x) {
+#ifdef __AVX512F__
+  const __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))), 16);
+  return reinterpret_cast<v16>(_mm512_castsi512_ps(w));
+#else
+  u16x16 h;
+  std::memcpy(&h, x, sizeof(h));
+  const u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+  v16 v;
+  std::memcpy(&v, &w, sizeof(v));
+  return v;
+#endif
+}
 
-inline float sum8(v8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+inline float to_float(float x) { return x; }
 
-// Scores of one query row against keys [first, last]: four keys at a time, so four independent chains of
-// FMAs run side by side. kD: the head dimension when known at compile time (a multiple of 8), else 0.
-template <int kD>
-inline void score_keys(const float* qi, const float* const* key_rows, int64_t k_offset, int first, int last,
-                       int64_t D, float* s) {
-  int j = first;
-  if constexpr (kD > 0) {
-    for (; j + 3 <= last; j += 4) {
-      const float *k0 = key_rows[j] + k_offset, *k1 = key_rows[j + 1] + k_offset;
-      const float *k2 = key_rows[j + 2] + k_offset, *k3 = key_rows[j + 3] + k_offset;
-      v8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
-      for (int d = 0; d < kD; d += 8) {
-        const v8 q = load8(qi + d);
-        a0 += q * load8(k0 + d);
-        a1 += q * load8(k1 + d);
-        a2 += q * load8(k2 + d);
-        a3 += q * load8(k3 + d);
+inline float to_float(uint16_t x) {
+  const uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+inline void store16(float* x, v16 v) { std::memcpy(x, &v, sizeof(v)); }
+
+inline float sum16(v16 v) {
+  v8 lo, hi;
+  std::memcpy(&lo, &v, sizeof(lo));
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+  const v8 x = lo + hi;
+  return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+}
+
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+
+inline v16 splat(float x) { return v16{} + x; }
+
+inline float max16(v16 v) {
+  v8 lo, hi;
+  std::memcpy(&lo, &v, sizeof(lo));
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+  const v8 x = lo > hi ? lo : hi;
+  return std::max(std::max(std::max(x[0], x[1]), std::max(x[2], x[3])),
+                  std::max(std::max(x[4], x[5]), std::max(x[6], x[7])));
+}
+
+// exp_nonpositive on 16 lanes.
+inline v16 exp16(v16 x) {
+  x = x < splat(-87.0f) ? splat(-87.0f) : x;
+  const v16 y = x * 1.44269504088896341f + 0.5f;
+  v16 n = __builtin_convertvector(__builtin_convertvector(y, i32x16), v16);  // truncation, then floor:
+  n = n > y ? n - 1.0f : n;
+  const v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  v16 q = splat(1.9875691500e-4f);
+  q = q * r + 1.3981999507e-3f;
+  q = q * r + 8.3334519073e-3f;
+  q = q * r + 4.1665795894e-2f;
+  q = q * r + 1.6666665459e-1f;
+  q = q * r + 5.0000001201e-1f;
+  q = q * r * r + r + 1.0f;
+  const i32x16 bits = (__builtin_convertvector(n, i32x16) + 127) << 23;
+  v16 scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return q * scale;
+}
+
+// Lane-pair sums of two vectors interleaved, the steps of a transposing reduction: after four levels lane j
+// holds the full sum of the j-th of 16 vectors (45 shuffles and adds for 16 sums, not 16 reductions).
+inline v16 fold1(v16 a, v16 b) {
+  return __builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
+         __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+}
+inline v16 fold2(v16 a, v16 b) {
+  return __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+         __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+}
+inline v16 fold4(v16 a, v16 b) {
+  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
+         __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+}
+inline v16 fold8(v16 a, v16 b) {
+  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+         __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+}
+
+// Pointers to the [2 * Hkv, D] page rows of keys [block, block + n) (past n: the pool's first row, never
+// weighted); usable[j]: the key exists and its page id is valid (a bad one is skipped, never read).
+template <class T>
+void locate_keys(const Problem& p, const T* kv, const int32_t* table, int32_t block, int n, const T** key_rows,
+                 bool* usable) {
+  const int64_t row = 2 * p.num_kv_heads * p.head_dim;
+  for (int j = 0; j < kKeyBlock; ++j) {
+    const int32_t key = block + j;
+    const int64_t slot = key / p.page_size;
+    const int32_t page = j < n && slot < p.pages_per_seq ? table[slot] : -1;
+    usable[j] = page >= 0 && page < p.num_pages;
+    key_rows[j] = usable[j] ? kv + ((p.layer * p.num_pages + page) * p.page_size + key % p.page_size) * row : kv;
+  }
+}
+
+struct RowState {
+  float* q;      // [D], scaled
+  uint16_t* qb;  // [D]: q rounded to bfloat16 (the bfloat16 dot products' operand)
+  float* acc;    // [D]
+  float m, l;
+  int32_t lo, hi;  // the row's first and last key
+};
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+constexpr bool kBf16Dot = true;  // bfloat16 pages are scored with vdpbf16ps, q rounded to bfloat16
+
+// acc + the products of a's and b's bfloat16 pairs (vdpbf16ps). In assembly: GCC 12 spills every
+// __m512i -> __m512bh cast through the stack here.
+inline __m512 dot_bf16(__m512 acc, __m512i a, __m512i b) {
+  asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+#else
+constexpr bool kBf16Dot = false;
+#endif
+
+// The 16 scores of one row against the block's keys (lane j = q . k_j), kD a multiple of 32: float32 pages
+// by FMAs; bfloat16 pages by the AVX-512 BF16 dot product of bfloat16 pairs where the CPU has it (else widened).
+template <int kD, class T>
+inline v16 block_scores(const RowState& row, const T* const* key_rows, int64_t k_offset) {
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+  __m512i qb[kD / 32];
+  if constexpr (std::is_same_v<T, uint16_t>)
+    for (int c = 0; c < kD / 32; ++c) qb[c] = _mm512_loadu_si512(row.qb + 32 * c);
+#endif
+  auto dot = [&](int j) {
+    const T* k = key_rows[j] + k_offset;
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      __m512 a = _mm512_setzero_ps();
+      for (int c = 0; c < kD / 32; ++c) a = dot_bf16(a, qb[c], _mm512_loadu_si512(k + 32 * c));
+      return reinterpret_cast<v16>(a);
+    }
+#endif
+    v16 a = load16(row.q) * load16(k);
+    for (int c = 1; c < kD / 16; ++c) a += load16(row.q + 16 * c) * load16(k + 16 * c);
+    return a;
+  };
+  auto two = [&](int j) { return fold1(dot(j), dot(j + 1)); };
+  auto four = [&](int j) { return fold2(two(j), two(j + 2)); };
+  auto eight = [&](int j) { return fold4(four(j), four(j + 4)); };
+  return fold8(eight(0), eight(8));
+}
+
+// Online-softmax update of one row with the block's scores; returns the block's weights (0 where masked or
+// outside the row's keys) and scales the row's accumulator by the correction. False: nothing to add.
+inline bool softmax_update(const Problem& p, RowState& row, v16 scores, i32x16 ok, int32_t block, int64_t D,
+                           v16* weights) {
+  if (p.soft_cap > 0.0f)
+    for (int j = 0; j < kKeyBlock; ++j) scores[j] = p.soft_cap * std::tanh(scores[j] / p.soft_cap);
+  const i32x16 keys = i32x16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + block;
+  const i32x16 live = ok & (keys >= row.lo) & (keys <= row.hi);
+  scores = live ? scores : splat(kNegInf);
+  const float block_max = max16(scores);
+  if (block_max == kNegInf) return false;
+  const float m_new = std::max(row.m, block_max);
+  const float correction = row.m == kNegInf ? 0.0f : exp_nonpositive(row.m - m_new);
+  row.m = m_new;
+  *weights = live ? exp16(scores - m_new) : splat(0.0f);
+  row.l = row.l * correction + sum16(*weights);
+  if (correction != 1.0f)
+    for (int64_t d = 0; d < D; d += 16) store16(row.acc + d, load16(row.acc + d) * correction);
+  return true;
+}
+
+// acc_r += sum_j weights_r[j] * V_j for N rows of one kv head at once, so each key's V is loaded (and
+// widened) once for all of them; the accumulators stay in registers across the keys.
+template <int kD, int N, class T>
+inline void accumulate_values(RowState* const* rows, const v16* weights, const T* const* key_rows, int64_t v_offset,
+                              int first, int last) {
+  v16 a[N][kD / 16];
+  for (int r = 0; r < N; ++r)
+    for (int c = 0; c < kD / 16; ++c) a[r][c] = load16(rows[r]->acc + 16 * c);
+  for (int j = first; j <= last; ++j) {
+    const T* v = key_rows[j] + v_offset;
+    for (int c = 0; c < kD / 16; ++c) {
+      const v16 x = load16(v + 16 * c);
+      for (int r = 0; r < N; ++r) a[r][c] += weights[r][j] * x;
+    }
+  }
+  for (int r = 0; r < N; ++r)
+    for (int c = 0; c < kD / 16; ++c) store16(rows[r]->acc + 16 * c, a[r][c]);
+}
+
+// One kv head's rows (all tokens of the item x the head's query heads) against a block of 16 keys.
+template <int kD, class T>
+void head_block_vector(const Problem& p, RowState* const* rows, int count, const T* const* key_rows, i32x16 ok,
+                       int32_t block, int h) {
+  constexpr int kRows = kD <= 64 ? 4 : kD <= 128 ? 2 : 1;  // rows per pass over V: 16 accumulators at most
+  const int64_t k_offset = 2 * h * kD;
+  RowState* active[kRows];
+  v16 weights[kRows];
+  int n = 0, first = kKeyBlock, last = -1;
+  auto flush = [&] {
+    if (n == kRows) accumulate_values<kD, kRows>(active, weights, key_rows, k_offset + kD, first, last);
+    else if constexpr (kRows > 1) {
+      if (n == 1) accumulate_values<kD, 1>(active, weights, key_rows, k_offset + kD, first, last);
+      if constexpr (kRows > 2) {
+        if (n == 2) accumulate_values<kD, 2>(active, weights, key_rows, k_offset + kD, first, last);
+        if (n == 3) accumulate_values<kD, 3>(active, weights, key_rows, k_offset + kD, first, last);
       }
-      s[j] = sum8(a0), s[j + 1] = sum8(a1), s[j + 2] = sum8(a2), s[j + 3] = sum8(a3);
     }
+    n = 0, first = kKeyBlock, last = -1;
+  };
+  for (int i = 0; i < count; ++i) {
+    RowState& row = *rows[i];
+    const int32_t lo = std::max(row.lo, block) - block, hi = std::min(row.hi, block + kKeyBlock - 1) - block;
+    if (lo > hi) continue;
+    if (!softmax_update(p, row, block_scores<kD>(row, key_rows, k_offset), ok, block, kD, &weights[n])) continue;
+    active[n++] = &row;
+    first = std::min(first, lo), last = std::max(last, hi);
+    if (n == kRows) flush();
   }
-  for (; j <= last; ++j) {
-    const float* k = key_rows[j] + k_offset;
+  if (n > 0) flush();
+}
+
+// The same for any head_dim, one lane at a time.
+template <class T>
+void row_block_scalar(const Problem& p, RowState& row, const T* const* key_rows, const bool* usable,
+                      int32_t block, int64_t k_offset) {
+  const int32_t first = std::max(row.lo, block) - block, last = std::min(row.hi, block + kKeyBlock - 1) - block;
+  if (first > last) return;
+  const int64_t D = p.head_dim;
+  float s[kKeyBlock];
+  float block_max = kNegInf;
+  for (int j = first; j <= last; ++j) {
+    const T* k = key_rows[j] + k_offset;
     float dot = 0.0f;
-    for (int64_t d = 0; d < D; ++d) dot += qi[d] * k[d];
-    s[j] = dot;
+    for (int64_t d = 0; d < D; ++d) dot += row.q[d] * to_float(k[d]);
+    if (p.soft_cap > 0.0f) dot = p.soft_cap * std::tanh(dot / p.soft_cap);
+    s[j] = usable[j] ? dot : kNegInf;
+    block_max = std::max(block_max, s[j]);
+  }
+  if (block_max == kNegInf) return;
+  const float m_new = std::max(row.m, block_max);
+  const float correction = row.m == kNegInf ? 0.0f : exp_nonpositive(row.m - m_new);
+  row.m = m_new;
+  float sum = 0.0f;
+  for (int j = first; j <= last; ++j) {
+    s[j] = s[j] == kNegInf ? 0.0f : exp_nonpositive(s[j] - m_new);
+    sum += s[j];
+  }
+  row.l = row.l * correction + sum;
+  for (int64_t d = 0; d < D; ++d) row.acc[d] *= correction;
+  for (int j = first; j <= last; ++j) {
+    const T* v = key_rows[j] + k_offset + D;
+    for (int64_t d = 0; d < D; ++d) row.acc[d] += s[j] * to_float(v[d]);
   }
 }
 
-// acc = acc * correction + sum_j weights[j] * V_j, the accumulator held in registers across the keys.
-template <int kD>
-inline void accumulate_values(float* ai, float correction, const float* const* key_rows, int64_t v_offset,
-                              int first, int last, int64_t D, const float* weights) {
-  if constexpr (kD > 0) {
-    v8 a[kD / 8];
-    for (int c = 0; c < kD / 8; ++c) a[c] = load8(ai + 8 * c) * correction;
-    for (int j = first; j <= last; ++j) {
-      const float* v = key_rows[j] + v_offset;
-      const float w = weights[j];
-      for (int c = 0; c < kD / 8; ++c) a[c] += w * load8(v + 8 * c);
-    }
-    for (int c = 0; c < kD / 8; ++c) store8(ai + 8 * c, a[c]);
-  } else {
-    for (int64_t d = 0; d < D; ++d) ai[d] *= correction;
-    for (int j = first; j <= last; ++j) {
-      const float* v = key_rows[j] + v_offset;
-      const float w = weights[j];
-      for (int64_t d = 0; d < D; ++d) ai[d] += w * v[d];
-    }
-  }
+inline uint16_t round_bf16(float x) {  // to nearest even; NaN stays NaN
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  if ((bits & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  return static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
 }
 
-// One request's tokens [first_token, end_token) over all heads. A key's K/V for every head are one
-// contiguous row of the page, so the walk reads pages sequentially.
-template <int kD>
+// One request's tokens [first_token, end_token) over all heads, in blocks of 16 keys with an online softmax.
+// Each block is first touched in address order (see below).
+template <int kD, class T>
 void run_item(const Problem& p, const Item& item) {
-  const int64_t D = kD > 0 ? kD : p.head_dim, G = p.group, W = 2 * p.num_kv_heads, Hq = p.num_kv_heads * p.group;
+  const T* kv = static_cast<const T*>(p.kv);
+  const int64_t D = kD > 0 ? kD : p.head_dim, G = p.group, Hkv = p.num_kv_heads, Hq = Hkv * G;
   const int32_t q_start = p.cu_q_lens[item.req];
   const int32_t q_len = p.cu_q_lens[item.req + 1] - q_start;
   const int32_t ctx = p.kv_lens[item.req];
-  const int rows = (item.end_token - item.first_token) * Hq;  // row i: token first + i / Hq, head i % Hq
+  const int tokens = item.end_token - item.first_token;
+  const int rows = tokens * Hq;  // row i: token first + i / Hq, head i % Hq
   thread_local std::vector<float> buffer;
-  thread_local std::vector<int32_t> bounds;
-  buffer.resize(static_cast<size_t>(rows) * (2 * D + 2) + 2 * kKeyBlock);
-  bounds.resize(2 * static_cast<size_t>(rows));
-  float* qs = buffer.data();         // [rows, D], scaled
-  float* acc = qs + rows * D;        // [rows, D]
-  float* m = acc + rows * D;         // [rows]
-  float* l = m + rows;               // [rows]
-  float* s = l + rows;               // [kKeyBlock]: scores, then weights
-  int32_t* lo = bounds.data();       // first and last key of each row
-  int32_t* hi = lo + rows;
+  thread_local std::vector<uint16_t> rounded;
+  thread_local std::vector<RowState> states;
+  thread_local std::vector<RowState*> by_head;  // [Hkv, tokens * G]
+  buffer.resize(static_cast<size_t>(rows) * 2 * D);
+  rounded.resize(static_cast<size_t>(rows) * D);
+  states.resize(rows);
+  by_head.resize(rows);
   int32_t key_lo = std::numeric_limits<int32_t>::max(), key_hi = -1;
   for (int i = 0; i < rows; ++i) {
+    RowState& row = states[i];
+    row.q = buffer.data() + 2 * i * D;
+    row.acc = row.q + D;
+    row.qb = rounded.data() + i * D;
     const int32_t token = item.first_token + i / Hq;
     const float* src = p.q + (token * Hq + i % Hq) * D;
-    for (int64_t d = 0; d < D; ++d) qs[i * D + d] = src[d] * p.sm_scale;
+    for (int64_t d = 0; d < D; ++d) row.q[d] = src[d] * p.sm_scale;
+    if (kBf16Dot && std::is_same_v<T, uint16_t>)
+      for (int64_t d = 0; d < D; ++d) row.qb[d] = round_bf16(row.q[d]);
+    std::fill(row.acc, row.acc + D, 0.0f);
     const int32_t pos = ctx - q_len + (token - q_start);
-    hi[i] = std::min(pos, ctx - 1);
-    lo[i] = p.window > 0 ? std::max(pos - p.window + 1, 0) : 0;
-    key_lo = std::min(key_lo, lo[i]);
-    key_hi = std::max(key_hi, hi[i]);
-    m[i] = kNegInf;
-    l[i] = 0.0f;
+    row.hi = std::min(pos, ctx - 1);
+    row.lo = p.window > 0 ? std::max(pos - p.window + 1, 0) : 0;
+    row.m = kNegInf;
+    row.l = 0.0f;
+    key_lo = std::min(key_lo, row.lo);
+    key_hi = std::max(key_hi, row.hi);
+    const int head = i % Hq, kv_head = head / G;
+    by_head[kv_head * tokens * G + (i / Hq) * G + head % G] = &row;
   }
-  std::fill(acc, acc + rows * D, 0.0f);
-  const float* key_rows[kKeyBlock];  // [2 * Hkv, D] of each key
+  const T* key_rows[kKeyBlock];  // [2 * Hkv, D] of each key
+  bool usable[kKeyBlock];
   const int32_t* table = p.block_tables + item.req * p.pages_per_seq;
+  const int64_t row_bytes = 2 * Hkv * D * sizeof(T);
   for (int32_t block = key_lo; block <= key_hi; block += kKeyBlock) {
-    const int n = std::min<int32_t>(kKeyBlock, key_hi - block + 1);
-    bool usable[kKeyBlock];
-    for (int j = 0; j < n; ++j) {
-      const int32_t key = block + j;
-      const int64_t slot = key / p.page_size;
-      const int32_t page = slot < p.pages_per_seq ? table[slot] : -1;
-      usable[j] = page >= 0 && page < p.num_pages;  // a bad page id is skipped, never read
-      key_rows[j] = p.kv + ((p.layer * p.num_pages + (usable[j] ? page : 0)) * p.page_size + key % p.page_size) * W * D;
-    }
-    for (int i = 0; i < rows; ++i) {
-      const int32_t first = std::max(lo[i], block) - block, last = std::min(hi[i], block + n - 1) - block;
-      if (first > last) continue;
-      const int64_t k_offset = 2 * ((i % Hq) / G) * D;
-      const float* qi = qs + i * D;
-      score_keys<kD>(qi, key_rows, k_offset, first, last, D, s);
-      float block_max = kNegInf;
-      for (int j = first; j <= last; ++j) {
-        if (p.soft_cap > 0.0f) s[j] = p.soft_cap * std::tanh(s[j] / p.soft_cap);
-        if (!usable[j]) s[j] = kNegInf;
-        block_max = std::max(block_max, s[j]);
-      }
-      if (block_max == kNegInf) continue;
-      const float m_new = std::max(m[i], block_max);
-      const float correction = m[i] == kNegInf ? 0.0f : exp_nonpositive(m[i] - m_new);
-      m[i] = m_new;
-      float sum = 0.0f;
-      for (int j = first; j <= last; ++j) {  // -inf scores clamp to exp(-87) ~ 0 and are zeroed
-        const float weight = exp_nonpositive(s[j] - m_new);
-        s[j] = s[j] == kNegInf ? 0.0f : weight;
-        sum += s[j];
-      }
-      l[i] = l[i] * correction + sum;
-      accumulate_values<kD>(acc + i * D, correction, key_rows, k_offset + D, first, last, D, s);
+    locate_keys(p, kv, table, block, std::min<int32_t>(kKeyBlock, key_hi - block + 1), key_rows, usable);
+    // Touch the block's lines in address order first: on the machines measured the hardware prefetcher then
+    // streams each page at full bandwidth, while the head-by-head reads below alone ran at half of it (and
+    // software prefetches made it slower still).
+    uint32_t sink = 0;
+    for (int j = 0; j < kKeyBlock; ++j)
+      if (usable[j])
+        for (int64_t b = 0; b < row_bytes; b += 64)
+          sink += *reinterpret_cast<const volatile uint8_t*>(reinterpret_cast<const char*>(key_rows[j]) + b);
+    (void)sink;
+    if constexpr (kD > 0) {
+      i32x16 ok;
+      for (int j = 0; j < kKeyBlock; ++j) ok[j] = usable[j] ? -1 : 0;
+      for (int h = 0; h < Hkv; ++h)
+        head_block_vector<kD>(p, by_head.data() + h * tokens * G, tokens * G, key_rows, ok, block, h);
+    } else {
+      for (int i = 0; i < rows; ++i)
+        row_block_scalar(p, states[i], key_rows, usable, block, 2 * ((i % Hq) / G) * D);
     }
   }
   for (int i = 0; i < rows; ++i) {
+    const RowState& row = states[i];
     const int32_t token = item.first_token + i / Hq;
     float* dst = p.out + (token * Hq + i % Hq) * D;
-    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-    for (int64_t d = 0; d < D; ++d) dst[d] = acc[i * D + d] * inv;
+    const float inv = row.l > 0.0f ? 1.0f / row.l : 0.0f;
+    for (int64_t d = 0; d < D; ++d) dst[d] = row.acc[d] * inv;
   }
 }
 
@@ -221,13 +437,21 @@ struct Shared {
   }
 };
 
-ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kv,
+template <class T>
+auto pick(int64_t D) -> void (*)(const Problem&, const Item&) {
+  return D == 64 ? run_item<64, T> : D == 128 ? run_item<128, T> : D == 256 ? run_item<256, T> : run_item<0, T>;
+}
+
+ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer kv,
                      ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> kv_lens,
                      ffi::Buffer<ffi::S32> block_tables, ffi::Buffer<ffi::S32> cu_q_lens,
                      ffi::Buffer<ffi::S32> num_seqs, ffi::Buffer<ffi::S32> window, float sm_scale,
                      float soft_cap, ffi::ResultBuffer<ffi::F32> out) {
   const auto q_dims = q.dimensions();
   const auto kv_dims = kv.dimensions();
+  const bool bf16 = kv.element_type() == ffi::DataType::BF16;
+  if (!bf16 && kv.element_type() != ffi::DataType::F32)
+    return ffi::Error::InvalidArgument("cpu attention: the kv pages must be float32 or bfloat16");
   if (q_dims.size() != 3 || kv_dims.size() != 5 || block_tables.dimensions().size() != 2)
     return ffi::Error::InvalidArgument("cpu attention: q must be [T, H, D], kv [L, P, S, 2*Hkv, D]");
   const int64_t T = q_dims[0], Hq = q_dims[1], D = q_dims[2];
@@ -240,11 +464,11 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
                                        "[R + 1] disagree");
   auto shared = std::make_shared<Shared>();
   Problem& p = shared->problem;
-  p = Problem{q.typed_data(), kv.typed_data(), kv_lens.typed_data(), block_tables.typed_data(),
+  p = Problem{q.typed_data(), kv.untyped_data(), kv_lens.typed_data(), block_tables.typed_data(),
               cu_q_lens.typed_data(), out->typed_data(), kv_dims[1], kv_dims[2], Hkv, Hq / Hkv, D,
               block_tables.dimensions()[1], std::clamp<int64_t>(layer.typed_data()[0], 0, L - 1),
               window.typed_data()[0], sm_scale, soft_cap};
-  shared->run = D == 64 ? run_item<64> : D == 128 ? run_item<128> : D == 256 ? run_item<256> : run_item<0>;
+  shared->run = bf16 ? pick<uint16_t>(D) : pick<float>(D);
   std::memset(p.out, 0, sizeof(float) * T * Hq * D);  // padding tokens get zeros
   const int32_t live = std::clamp<int32_t>(num_seqs.typed_data()[0], 0, static_cast<int32_t>(R));
   for (int32_t r = 0; r < live; ++r) {
@@ -261,13 +485,48 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
   return ffi::Error::Success();
 }
 
+// Writes this step's K/V rows into their pages in place: kv[layer, pages[t], offsets[t]] = rows[t] (float32
+// rows rounded to nearest even where the pool is bfloat16). A page id outside [0, P) (padding tokens) or an
+// offset outside [0, S) is skipped. The pool is aliased to the result (cpu.py), so XLA neither copies it
+// nor, as its own scatter into a bfloat16 pool does on CPU, converts it around each write.
+ffi::Error WriteKv(ffi::AnyBuffer kv, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::F32> rows,
+                   ffi::Buffer<ffi::S32> pages, ffi::Buffer<ffi::S32> offsets, ffi::Result<ffi::AnyBuffer> out) {
+  const auto kv_dims = kv.dimensions();
+  const auto row_dims = rows.dimensions();
+  const bool bf16 = kv.element_type() == ffi::DataType::BF16;
+  if ((!bf16 && kv.element_type() != ffi::DataType::F32) || out->element_type() != kv.element_type())
+    return ffi::Error::InvalidArgument("cpu write_kv: the pool must be float32 or bfloat16");
+  if (kv_dims.size() != 5 || row_dims.size() != 3 || row_dims[1] != kv_dims[3] || row_dims[2] != kv_dims[4] ||
+      pages.element_count() != static_cast<size_t>(row_dims[0]) || offsets.element_count() != pages.element_count())
+    return ffi::Error::InvalidArgument("cpu write_kv: pool [L, P, S, 2*Hkv, D], rows [T, 2*Hkv, D], pages and "
+                                       "offsets [T] disagree");
+  const int64_t L = kv_dims[0], P = kv_dims[1], S = kv_dims[2], width = kv_dims[3] * kv_dims[4];
+  const int64_t l = std::clamp<int64_t>(layer.typed_data()[0], 0, L - 1);
+  const float* src = rows.typed_data();
+  if (out->untyped_data() != kv.untyped_data())  // not aliased after all: start from the input pool
+    std::memcpy(out->untyped_data(), kv.untyped_data(), kv.size_bytes());
+  for (int64_t t = 0; t < row_dims[0]; ++t) {
+    const int32_t page = pages.typed_data()[t], offset = offsets.typed_data()[t];
+    if (page < 0 || page >= P || offset < 0 || offset >= S) continue;
+    const int64_t at = ((l * P + page) * S + offset) * width;
+    const float* row = src + t * width;
+    if (bf16) {
+      uint16_t* dst = static_cast<uint16_t*>(out->untyped_data()) + at;
+      for (int64_t i = 0; i < width; ++i) dst[i] = round_bf16(row[i]);
+    } else {
+      std::memcpy(static_cast<float*>(out->untyped_data()) + at, row, sizeof(float) * width);
+    }
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuAttention, Attention,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()   // q
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // kv pages
+                                  .Arg<ffi::AnyBuffer>()          // kv pages: float32 or bfloat16
                                   .Arg<ffi::Buffer<ffi::S32>>()   // layer
                                   .Arg<ffi::Buffer<ffi::S32>>()   // kv_lens
                                   .Arg<ffi::Buffer<ffi::S32>>()   // block_tables
@@ -277,3 +536,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuAttention, Attention,
                                   .Attr<float>("sm_scale")
                                   .Attr<float>("soft_cap")        // <= 0: none
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuWriteKv, WriteKv,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()          // kv pool (aliased to the result)
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // layer
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // rows [T, 2*Hkv, D]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // pages [T]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // offsets [T]
+                                  .Ret<ffi::AnyBuffer>());        // the pool

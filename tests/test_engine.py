@@ -1,5 +1,6 @@
 """The continuous-batching engine end to end against transformers' greedy decoding."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -140,3 +141,32 @@ def test_abort_frees_blocks_and_reports_abort(engines):
     assert [o.outputs[0].finish_reason for o in outs if o.request_id == "to-abort"] == ["abort"]
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert not engine.has_unfinished_requests()
+
+
+def test_kv_cache_dtype_follows_the_weights_on_cpu_and_refuses_what_cannot_run(engines, model_dirs):
+    """`kv_cache_dtype: auto` on CPU: a bfloat16 cache where the native kernels run bfloat16 weights (twice the
+    blocks for the same memory), float32 otherwise; the numerics of that path against transformers are in
+    tests/test_models.py. A reduced-precision cache the CPU path cannot run is refused before anything starts."""
+    from jaxengine import LLMEngine
+    from jaxengine.config import EngineConfig
+    from jaxengine.models.loader import native_matmul_applies
+
+    f32 = engines("llama")
+    assert f32.runner.kv_cache.dtype == jnp.float32
+    engine = engines("llama", dtype="bfloat16")
+    native = native_matmul_applies()
+    assert engine.runner.kv_cache.dtype == (jnp.bfloat16 if native else jnp.float32)
+    assert engine.block_manager.num_blocks // (2 if native else 1) == f32.block_manager.num_blocks
+    prompts = random_prompts(engine.model_config.vocab_size, (5, 40, 90), seed=11)
+    with assert_no_compiles("greedy decoding over the engine's CPU cache dtype"):
+        finals = run_to_completion(engine, [(f"kv{i}", p, GREEDY) for i, p in enumerate(prompts)])
+    assert all(len(finals[f"kv{i}"].outputs[0].token_ids) == NEW_TOKENS for i in range(len(prompts)))
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    explicit = dict(model=str(model_dirs["llama"]), dtype="float32", max_model_len=512, kv_cache_gib=0.01,
+                    warmup=False)
+    with pytest.raises(ValueError, match="kv_cache_dtype 'bfloat16' on CPU needs the native attention"):
+        LLMEngine(EngineConfig(**explicit, kv_cache_dtype="bfloat16", attention_backend="reference"), progress=False)
+    with pytest.raises(ValueError, match="kv_cache_dtype 'float16' on CPU"):
+        LLMEngine(EngineConfig(**explicit, kv_cache_dtype="float16"), progress=False)
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        EngineConfig(kv_cache_dtype="fp8")

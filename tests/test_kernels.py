@@ -20,6 +20,13 @@ from tests.ragged import ragged_case
 NUM_KV_HEADS, NUM_LAYERS = 2, 2
 BODIES = {"tpu": lambda *a, **k: tpu.ragged_paged_attention(*a, interpret=pltpu.InterpretParams(), **k),
           "gpu": lambda *a, **k: gpu.ragged_paged_attention(*a, interpret=True, **k)}
+FLOAT32_BODIES = {**BODIES, "native": lambda *a, **k: native()(*a, **k)}
+
+
+def native():
+    if not cpu.available():
+        pytest.skip("the native CPU attention could not be built here (no C++ compiler?)")
+    return cpu.ragged_paged_attention
 
 
 # (mode, page size, GQA ratio, head_dim, window, soft cap): every value of each axis appears.
@@ -30,7 +37,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("body", BODIES)
+@pytest.mark.parametrize("body", FLOAT32_BODIES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_float32_body_matches_reference(body, case):
     mode, page_size, group, head_dim, window, cap = case
@@ -39,7 +46,7 @@ def test_float32_body_matches_reference(body, case):
     args, real = case.args, case.num_real_tokens
     kwargs = dict(sm_scale=head_dim ** -0.5, sliding_window=window, soft_cap=cap)
     want = np.asarray(reference(*args, **kwargs))
-    got = np.asarray(BODIES[body](*args, **kwargs))
+    got = np.asarray(FLOAT32_BODIES[body](*args, **kwargs))
     np.testing.assert_allclose(got[:real], want[:real], atol=2e-5, rtol=0)
     assert np.all(got[real:] == 0), "padded tokens must stay untouched (zero)"
 
@@ -59,6 +66,46 @@ def test_bfloat16_body_matches_reference(body, case):
     np.testing.assert_allclose(got[:real], want[:real], atol=2 ** -7, rtol=2 ** -7)
 
 
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_native_body_over_bfloat16_pages_matches_reference(case):
+    """float32 queries over a bfloat16 pool (the engine's CPU cache for bfloat16 checkpoints), against the
+    reference over the same pages widened to float32. Where the CPU has AVX-512 BF16 the native body scores
+    with q rounded to bfloat16 (2^-9 relative), as vLLM's bfloat16 CPU attention does: outputs (averages of
+    unit-scale values) may then differ by a few 2^-9."""
+    mode, page_size, group, head_dim, window, cap = case
+    case = ragged_case(3 * page_size + group, mode, page_size, group, head_dim, max_kv_len=90, max_reqs=4,
+                       num_kv_heads=NUM_KV_HEADS, num_layers=NUM_LAYERS)
+    q, pool, *rest = case.args
+    pool = pool.astype(jnp.bfloat16)
+    kwargs = dict(sm_scale=head_dim ** -0.5, sliding_window=window, soft_cap=cap)
+    want = np.asarray(reference(q, pool.astype(jnp.float32), *rest, **kwargs))
+    got = np.asarray(native()(q, pool, *rest, **kwargs))
+    real = case.num_real_tokens
+    np.testing.assert_allclose(got[:real], want[:real], atol=2 ** -6, rtol=0)
+    assert np.abs(got[:real] - want[:real]).mean() < 2 ** -9
+    assert np.all(got[real:] == 0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_native_kv_writer_matches_the_scatter_in_place(dtype):
+    """The native K/V writer (the CPU body's companion: XLA:CPU's scatter converts a whole bfloat16 pool around
+    each write) against `.at[].set`, padding tokens (page id = P) skipped, under jit with the pool donated."""
+    import jax
+
+    native()
+    rng = np.random.default_rng(5)
+    pool = jnp.asarray(rng.standard_normal((2, 6, 16, 4, 64)), dtype)
+    rows = jnp.asarray(rng.standard_normal((5, 4, 64)), jnp.float32)
+    pages, offsets = jnp.array([4, 4, 0, 6, 2]), jnp.array([0, 15, 7, 3, 9])  # token 3: padding
+    want = np.asarray(pool.at[1, pages, offsets].set(rows.astype(dtype), mode="drop").astype(jnp.float32))
+    write = jax.jit(cpu.write_kv, donate_argnums=0)
+    got = write(pool, 1, rows, pages, offsets)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), want)
+    with pytest.raises(ValueError, match="rows"):
+        cpu.write_kv(got, 0, rows[:, :2], pages, offsets)
+
+
 def test_unsupported_shape_falls_back_to_the_reference_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING):
         name, _ = select_body("pallas", head_dim=80, page_size=16)
@@ -75,9 +122,10 @@ def test_cpu_bodies_by_setting_and_dtype(caplog):
         pytest.skip("the native CPU attention could not be built here (no C++ compiler?)")
     assert select_body("native", 64, 16)[0] == "cpu"
     assert select_body("reference", 64, 16)[0] == "reference"
+    assert select_body("auto", 64, 16, (jnp.float32, jnp.bfloat16))[0] == "cpu"
     with caplog.at_level(logging.WARNING):
         assert select_body("auto", 64, 16, (jnp.bfloat16, jnp.bfloat16))[0] == "reference"
-    assert "supports float32 only" in caplog.text
+    assert "float32 queries" in caplog.text
 
 
 @pytest.mark.slow
@@ -110,10 +158,11 @@ def test_tpu_companion_kernel_writes_kv_rows_into_their_pages():
 
 
 @pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
-@pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 33, 47), (12, 64, 32), (25, 576, 200), (3, 1536, 96)])
+@pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 33, 47), (12, 64, 32), (25, 576, 200), (3, 1536, 96),
+                                   (64, 96, 40)])
 def test_native_bf16_matmul_matches_xla(m, k, n):
-    """Odd K (an unpaired last weight row, zero-padded), partial column panels, row blocks of every size up to
-    12 and more."""
+    """Odd K (an unpaired last weight row, zero-padded), partial column panels, row blocks of several sizes
+    (M split evenly into blocks of at most 12: 13 -> 7 + 6, 64 -> 11 x 5 + 9)."""
     import jax
 
     rng = np.random.default_rng(m * k * n)

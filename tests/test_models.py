@@ -1,5 +1,6 @@
 """Our Flax models against Hugging Face transformers on tiny random checkpoints."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -87,9 +88,13 @@ def test_bfloat16_error_is_within_twice_transformers_own_bfloat16_error(arch, ma
     the order of operations; a fixed tolerance would be arbitrary. Instead we measure transformers' own bfloat16
     drift from its float32 logits on the same inputs and require ours to stay within twice that (plus one bf16
     ulp at the logits' scale), and greedy choices to agree on almost every position. Both bfloat16 matmul
-    paths: XLA's dot and the native CPU kernel (which also gives a tied model its own head copy)."""
+    paths: XLA's dot over a float32 KV cache, and the engine's CPU default for a bfloat16 checkpoint: the native
+    matmul (which also gives a tied model its own head copy) with a bfloat16 KV cache written and read by the
+    native kernels (transformers keeps its K/V in bfloat16 too)."""
     model, cfg = load_model(model_dirs[arch], "bfloat16", progress=False, native_matmul=matmul == "native")
     assert model.native_matmul == (matmul == "native")
+    if matmul == "native":
+        model.kv_dtype = jnp.bfloat16
     seqs = sequences(cfg.vocab_size, extra=DECODE_STEPS, seed=2)
     prefill, decoded = prefill_and_decode(model, seqs)
     agree = total = 0

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxengine.config import EngineConfig
@@ -91,6 +92,7 @@ class LLMEngine:
         model, self.model_config = load_model(model_dir, config.dtype, progress=progress, mesh=self.mesh,
                                               attention_backend=self._attention_backend(config, tp),
                                               unstacked=unrolled, native_matmul=True)
+        model.kv_dtype = self._kv_cache_dtype(config, model)
         self.tokenizer = load_tokenizer(config.tokenizer or model_dir)
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(model_dir)
@@ -127,6 +129,25 @@ class LLMEngine:
                              f"tensor_parallel_size={tp}")
         return "reference"
 
+    @staticmethod
+    def _kv_cache_dtype(config: EngineConfig, model):
+        """The KV cache's dtype. `auto`: the compute dtype, except on CPU where the native attention runs and
+        the weights are bfloat16 (a bfloat16 checkpoint with the native matmul): a bfloat16 cache there, as
+        vLLM's CPU build keeps a bfloat16 model's cache, which halves the bytes each decode step reads (the
+        native kernels round K/V to bfloat16 on write and compute in float32). An explicit bfloat16 or
+        float16 cache on CPU needs the native body (bfloat16) or is refused: XLA:CPU's scatter converts a
+        whole reduced-precision cache around every write."""
+        setting = config.kv_cache_dtype
+        if jax.default_backend() != "cpu":
+            return model.dtype if setting == "auto" else jnp.dtype(setting)
+        native = model.attention_body(config.block_size) == "cpu"
+        if setting == "auto":
+            return jnp.bfloat16 if native and model.param_dtype == jnp.bfloat16 else model.dtype
+        if setting != "float32" and not (native and setting == "bfloat16"):
+            raise ValueError(f"kv_cache_dtype {setting!r} on CPU needs the native attention (bfloat16 only; "
+                             f"attention_backend auto or native, one device); use float32 or auto")
+        return jnp.dtype(setting)
+
     def _max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
         if self.config.max_model_len is None:
@@ -149,7 +170,7 @@ class LLMEngine:
     def _num_kv_blocks(self, model) -> int:
         cfg = self.config
         # The pool is sharded by KV head over the 'model' axis: size it per device.
-        per_block = int(np.prod(model.kv_cache_shape(1, cfg.block_size))) * np.dtype(model.dtype).itemsize
+        per_block = int(np.prod(model.kv_cache_shape(1, cfg.block_size))) * np.dtype(model.kv_dtype).itemsize
         per_block //= cfg.tensor_parallel_size
         if cfg.num_kv_blocks is not None:
             return cfg.num_kv_blocks

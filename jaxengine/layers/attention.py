@@ -31,12 +31,17 @@ def write_kv(
     slots: tuple[jax.Array, jax.Array],
     backend: str = "auto",
 ) -> jax.Array:
-    """Writes this step's K/V into their pages: the TPU companion kernel where the TPU attention body runs,
-    otherwise an in-place XLA scatter (the cache is donated)."""
+    """Writes this step's K/V into their pages in place (the cache is donated): the TPU companion kernel where
+    the TPU attention body runs, the native writer where the native CPU body runs (XLA:CPU's scatter converts
+    a whole bfloat16 cache around each write), otherwise an XLA scatter."""
     num_tokens, num_kv_heads, head_dim = k.shape
     interleaved = jnp.stack([k, v], axis=2).reshape(num_tokens, 2 * num_kv_heads, head_dim)
     page, offset = slots
-    name, _ = select_body(backend, head_dim, kv_cache.shape[2])
+    name, _ = select_body(backend, head_dim, kv_cache.shape[2], (jnp.float32, kv_cache.dtype))
+    if name == "cpu":
+        from pallas_kernels import cpu
+
+        return cpu.write_kv(kv_cache, layer, interleaved, page, offset)
     if name == "tpu":
         from pallas_kernels import tpu
 
@@ -71,8 +76,9 @@ def select_body(setting: str, head_dim: int, page_size: int, dtypes=(jnp.float32
         if backend == "cpu" and cpu.available():
             if cpu.supports(*dtypes):
                 return "cpu", cpu.ragged_paged_attention
-            _warn_once(f"the native CPU attention supports float32 only, not {jnp.dtype(dtypes[1]).name}; "
-                       f"using the reference attention instead")
+            _warn_once(f"the native CPU attention takes float32 queries over float32 or bfloat16 pages, not "
+                       f"{jnp.dtype(dtypes[0]).name} over {jnp.dtype(dtypes[1]).name}; using the reference "
+                       f"attention instead")
         return "reference", ragged_paged_attention
     if setting == "reference":
         return "reference", ragged_paged_attention

@@ -108,6 +108,7 @@ class LlamaForCausalLM(nnx.Module):
         """`dtype`: activations and the KV cache; `param_dtype` (default: `dtype`): the weights."""
         self.cfg = cfg
         self.dtype = dtype
+        self.kv_dtype = dtype  # the KV cache's; the engine may choose another (LLMEngine._kv_cache_dtype)
         self.param_dtype = param_dtype = param_dtype or dtype
         self.attention_backend = attention_backend
         self.embed = _param((cfg.vocab_size, cfg.hidden_size), param_dtype, ("vocab", "embed"))
@@ -180,7 +181,7 @@ class LlamaForCausalLM(nnx.Module):
 
     def attention_body(self, page_size: int) -> str:
         """The attention body the layers run (building and registering the native CPU kernel if it is that)."""
-        name, _ = select_body(self.attention_backend, self.cfg.head_dim, page_size, (self.dtype, self.dtype))
+        name, _ = select_body(self.attention_backend, self.cfg.head_dim, page_size, (self.dtype, self.kv_dtype))
         return name
 
     @property

@@ -48,9 +48,9 @@ def resolve_model_dir(model: str | Path) -> Path:
 def resolve_dtypes(dtype: str, cfg: ModelConfig, backend: str | None = None, native_bf16: bool = False):
     """(compute dtype, weight dtype) for a `dtype` setting.
 
-    On accelerators both are the setting, and `auto` is the checkpoint's dtype. On CPU activations and the
-    KV cache are always float32: XLA:CPU's bfloat16 element-wise and attention paths measured far slower
-    (the paged attention ~45x). Weights there follow an explicit setting (a bfloat16 matmul casts its input
+    On accelerators both are the setting, and `auto` is the checkpoint's dtype. On CPU activations are
+    always float32: XLA:CPU's bfloat16 element-wise and attention paths measured far slower (the paged
+    attention ~45x; the KV cache's own dtype is the engine's choice, `LLMEngine._kv_cache_dtype`). Weights there follow an explicit setting (a bfloat16 matmul casts its input
     and accumulates in float32). `auto` keeps a bfloat16 checkpoint's weights in bfloat16 where the native
     bfloat16 matmul runs (`native_bf16`: a CPU with AVX-512 BF16, see pallas_kernels/cpu_matmul.cc; ~1.5-2x
     XLA's float32 matmuls at decode row counts, half the weight bytes per step), and is float32 otherwise,

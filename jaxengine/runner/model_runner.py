@@ -69,7 +69,7 @@ class ModelRunner:
         self.channel = channel
         self.replicated = replicated(mesh)
         kv_shape = model.kv_cache_shape(num_blocks, block_size)
-        self.kv_cache = jnp.zeros(kv_shape, model.dtype, device=named_sharding(model.KV_CACHE_AXES, kv_shape, mesh))
+        self.kv_cache = jnp.zeros(kv_shape, model.kv_dtype, device=named_sharding(model.KV_CACHE_AXES, kv_shape, mesh))
         self.token_buckets = power_of_two_buckets(min(min_token_bucket, max_num_batched_tokens), max_num_batched_tokens)
         self.req_buckets = power_of_two_buckets(min(self.token_buckets[0], max_num_seqs), max_num_seqs)
         self.pages_per_seq = -(-max_model_len // block_size)
