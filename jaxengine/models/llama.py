@@ -47,6 +47,29 @@ def _pack(var: nnx.Variable) -> None:
     var.set_metadata("logical_axes", ("layers",) * stacked + ("packed",) * 3)
 
 
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def _pack_layer(layer) -> None:
+    """Packs a layer's matmul weights; projections of the same input whose widths are whole panels (32
+    columns) become one packed weight (their panels side by side): one native call instead of three (two),
+    with enough panels to share between threads (k/v of a small model have 6 each)."""
+    from pallas_kernels import cpu
+
+    fused = set()
+    for name, parts in _FUSED.items():
+        if all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
+            stacked = getattr(layer, parts[0]).get_value().ndim == 3
+            value = jnp.concatenate([cpu.pack_bf16(getattr(layer, part).get_value()) for part in parts], axis=-3)
+            for part in parts:
+                delattr(layer, part)
+            setattr(layer, name, nnx.Param(value, logical_axes=("layers",) * stacked + ("packed",) * 3))
+            fused.update(parts)
+    for name in _LINEAR:
+        if name not in fused:
+            _pack(getattr(layer, name))
+
+
 class DecoderLayers(nnx.Module):
     """All decoder layers; every parameter has a leading `num_layers` axis. Calling it runs one layer's slice."""
 
@@ -79,7 +102,12 @@ class DecoderLayers(nnx.Module):
         T = h.shape[0]
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         x = rms_norm(h, self.attn_norm[...], cfg.rms_norm_eps)
-        q, k, v = _dot(x, self.q_proj[...], q_width), _dot(x, self.k_proj[...], kv_width), _dot(x, self.v_proj[...], kv_width)
+        if hasattr(self, "qkv_proj"):  # fused at packing (pack_for_native_matmul)
+            qkv = _dot(x, self.qkv_proj[...], q_width + 2 * kv_width)
+            q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], -1)
+        else:
+            q, k, v = (_dot(x, self.q_proj[...], q_width), _dot(x, self.k_proj[...], kv_width),
+                       _dot(x, self.v_proj[...], kv_width))
         if cfg.qkv_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         q = q.reshape(T, cfg.num_heads, cfg.head_dim)
@@ -99,7 +127,11 @@ class DecoderLayers(nnx.Module):
         h = h + o
         x = rms_norm(h, self.mlp_norm[...], cfg.rms_norm_eps)
         I = cfg.intermediate_size
-        gated = jax.nn.silu(_dot(x, self.gate_proj[...], I)) * _dot(x, self.up_proj[...], I)
+        if hasattr(self, "gate_up_proj"):
+            gate, up = jnp.split(_dot(x, self.gate_up_proj[...], 2 * I), [I], -1)
+        else:
+            gate, up = _dot(x, self.gate_proj[...], I), _dot(x, self.up_proj[...], I)
+        gated = jax.nn.silu(gate) * up
         return h + _dot(gated, self.down_proj[...], cfg.hidden_size), kv_cache
 
 
@@ -173,8 +205,7 @@ class LlamaForCausalLM(nnx.Module):
         if self.param_dtype != jnp.bfloat16:
             raise ValueError(f"the native CPU matmul takes bfloat16 weights, not {jnp.dtype(self.param_dtype).name}")
         for layer in (self.layers if self.layers_unstacked else [self.layers]):
-            for name in _LINEAR:
-                _pack(getattr(layer, name))
+            _pack_layer(layer)
         if not hasattr(self, "lm_head"):
             self.lm_head = nnx.Param(self.embed[...].T, logical_axes=("embed", "vocab"))
         _pack(self.lm_head)
