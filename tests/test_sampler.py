@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from jaxengine import SamplingParams
 from jaxengine.compile_counter import assert_no_compiles
-from jaxengine.layers.sampler import SamplingInputs, apply_penalties, process_logits, sample
+from jaxengine.layers.sampler import SamplingInputs, apply_penalties, first_argmax, process_logits, sample
 from tests.engine_util import run_to_completion
 
 VOCAB = 12
@@ -138,3 +138,16 @@ def test_mixed_batch_compiles_nothing_after_warmup(engines):
         finals = run_to_completion(engine, [(f"mix-{i}", [5, 6, 7 + i], p) for i, p in enumerate(kinds)])
     assert all(len(o.outputs[0].token_ids) == 6 for o in finals.values())
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_first_argmax_is_jnp_argmax_on_ties_infinities_and_nans():
+    rng = np.random.default_rng(4)
+    logits = rng.integers(-3, 3, (6, 50)).astype(np.float32)  # many ties
+    logits[1] = -np.inf  # a fully masked row
+    logits[2, [7, 30]] = np.nan
+    logits[3, 11] = np.inf
+    logits[4, [0, 49]] = 100.0
+    got = np.asarray(jax.jit(first_argmax)(jnp.asarray(logits)))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(logits), axis=-1)))
+    assert list(got[1:5]) == [0, 7, 11, 0]

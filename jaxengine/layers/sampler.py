@@ -98,13 +98,23 @@ def process_logits(logits: jax.Array, inputs: SamplingInputs, slot_state: SlotSt
     return logits.at[rows, inputs.banned].set(-jnp.inf, mode="drop")
 
 
+def first_argmax(logits: jax.Array) -> jax.Array:  # i32[R]
+    """jnp.argmax over the last axis (the first maximum; a NaN counts as the maximum, the first NaN wins) as two
+    plain reductions: XLA:CPU runs argmax's variadic (value, index) reduce ~2.5x slower (4.9 vs 1.9 ms for
+    [64, 32000], a greedy decode step's whole sampling)."""
+    top = jnp.max(logits, axis=-1, keepdims=True)  # NaN if the row has one
+    hit = (logits == top) | jnp.isnan(logits)
+    vocab = logits.shape[-1]
+    return jnp.min(jnp.where(hit, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
+
+
 def sample(
     logits: jax.Array,  # f32[R, vocab], processed
     inputs: SamplingInputs,
     *,
     all_greedy: bool,
 ) -> jax.Array:  # i32[R]
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy = first_argmax(logits)
     if all_greedy:
         return greedy
     vocab = logits.shape[-1]
