@@ -4,8 +4,9 @@ float32 x bfloat16 matmul (`cpu_matmul.cc`).
 XLA:CPU runs the reference attention's gathers and many tiny batched dots far from memory bandwidth; the
 native body reads each request's K/V straight from its pages (float32 q; float32 or bfloat16 pages), and its
 companion writer puts each step's K/V into the pages in place (`write_kv`: XLA:CPU's scatter into a bfloat16
-pool converts the whole pool around every write). XLA:CPU's bfloat16 dots reach a fraction of the AVX-512 BF16 peak at decode and prefill row counts;
-the native matmul uses that instruction directly (`matmul_available()`: only where the CPU has it). Both
+pool converts the whole pool around every write). XLA:CPU's bfloat16 dots reach a fraction of the AVX-512
+BF16 peak at decode and prefill row counts; the native matmul uses that instruction directly
+(`matmul_available()`: only where the CPU has it). Both
 are compiled from source into one library with the system C++ compiler on first use and cached under
 `~/.cache/jaxengine/kernels` (or `$JAXENGINE_KERNEL_CACHE`), keyed by the sources, jaxlib's FFI headers and
 the CPU's flags. Where no compiler is found, `available()` is False and XLA's own ops take over.

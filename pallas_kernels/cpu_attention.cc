@@ -87,7 +87,8 @@ inline v16 load16(const float* x) {
 // 16 bfloat16 values widened to float32 (a bfloat16 is the top half of a float32).
 inline v16 load16(const uint16_t* x) {
 #ifdef __AVX512F__
-  const __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))), 16);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
   return reinterpret_cast<v16>(_mm512_castsi512_ps(w));
 #else
   u16x16 h;
@@ -110,10 +111,15 @@ inline float to_float(uint16_t x) {
 
 inline void store16(float* x, v16 v) { std::memcpy(x, &v, sizeof(v)); }
 
-inline float sum16(v16 v) {
-  v8 lo, hi;
+// A 16-lane vector's low and high 8 lanes.
+inline void halves(v16 v, v8& lo, v8& hi) {
   std::memcpy(&lo, &v, sizeof(lo));
   std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+}
+
+inline float sum16(v16 v) {
+  v8 lo, hi;
+  halves(v, lo, hi);
   const v8 x = lo + hi;
   return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
 }
@@ -124,8 +130,7 @@ inline v16 splat(float x) { return v16{} + x; }
 
 inline float max16(v16 v) {
   v8 lo, hi;
-  std::memcpy(&lo, &v, sizeof(lo));
-  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+  halves(v, lo, hi);
   const v8 x = lo > hi ? lo : hi;
   return std::max(std::max(std::max(x[0], x[1]), std::max(x[2], x[3])),
                   std::max(std::max(x[4], x[5]), std::max(x[6], x[7])));

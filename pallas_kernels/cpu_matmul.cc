@@ -8,10 +8,9 @@
 // sequential stream (full memory bandwidth for the one-row steps of a single request), and each pair of
 // weight rows is already the (w[2k, n], w[2k+1, n]) pairs the instruction takes. x is rounded to bfloat16
 // once per call into (x[m, 2k], x[m, 2k+1]) pairs, each broadcast as one 32-bit word, interleaved by row
-// block so a block's rows are one sequential stream too. Up to 12 rows
-// x 32 columns of accumulators stay in registers for the whole K loop. Work items are panels (all rows each,
-// so a panel is read from memory once and stays in cache across row blocks), shared between the caller and
-// XLA's intra-op thread pool.
+// block so a block's rows are one sequential stream too. Up to 12 rows x 32 columns of accumulators stay in
+// registers for the whole K loop. Work items are panels (all rows each, so a panel is read from memory once
+// and stays in cache across row blocks), shared between the caller and XLA's intra-op thread pool.
 
 #include <algorithm>
 #include <atomic>

@@ -37,7 +37,7 @@ def write_kv(
     num_tokens, num_kv_heads, head_dim = k.shape
     interleaved = jnp.stack([k, v], axis=2).reshape(num_tokens, 2 * num_kv_heads, head_dim)
     page, offset = slots
-    name, _ = select_body(backend, head_dim, kv_cache.shape[2], (jnp.float32, kv_cache.dtype))
+    name, _ = select_body(backend, head_dim, kv_cache.shape[2], (k.dtype, kv_cache.dtype))
     if name == "cpu":
         from pallas_kernels import cpu
 

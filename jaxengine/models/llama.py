@@ -39,12 +39,16 @@ def _dot(x, w, n: int):
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def _packed_axes(stacked: bool) -> tuple[str, ...]:
+    return ("layers",) * stacked + ("packed",) * 3
+
+
 def _pack(var: nnx.Variable) -> None:
     from pallas_kernels import cpu
 
     stacked = var.get_value().ndim == 3  # [layers, in, out]
     var.set_value(cpu.pack_bf16(var.get_value()))
-    var.set_metadata("logical_axes", ("layers",) * stacked + ("packed",) * 3)
+    var.set_metadata("logical_axes", _packed_axes(stacked))
 
 
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -63,7 +67,7 @@ def _pack_layer(layer) -> None:
             value = jnp.concatenate([cpu.pack_bf16(getattr(layer, part).get_value()) for part in parts], axis=-3)
             for part in parts:
                 delattr(layer, part)
-            setattr(layer, name, nnx.Param(value, logical_axes=("layers",) * stacked + ("packed",) * 3))
+            setattr(layer, name, nnx.Param(value, logical_axes=_packed_axes(stacked)))
             fused.update(parts)
     for name in _LINEAR:
         if name not in fused:
@@ -137,7 +141,8 @@ class DecoderLayers(nnx.Module):
 
 class LlamaForCausalLM(nnx.Module):
     def __init__(self, cfg: ModelConfig, dtype=jnp.float32, attention_backend: str = "auto", param_dtype=None):
-        """`dtype`: activations and the KV cache; `param_dtype` (default: `dtype`): the weights."""
+        """`dtype`: activations (and the KV cache's default, `kv_dtype`); `param_dtype` (default: `dtype`): the
+        weights."""
         self.cfg = cfg
         self.dtype = dtype
         self.kv_dtype = dtype  # the KV cache's; the engine may choose another (LLMEngine._kv_cache_dtype)

@@ -50,11 +50,12 @@ def resolve_dtypes(dtype: str, cfg: ModelConfig, backend: str | None = None, nat
 
     On accelerators both are the setting, and `auto` is the checkpoint's dtype. On CPU activations are
     always float32: XLA:CPU's bfloat16 element-wise and attention paths measured far slower (the paged
-    attention ~45x; the KV cache's own dtype is the engine's choice, `LLMEngine._kv_cache_dtype`). Weights there follow an explicit setting (a bfloat16 matmul casts its input
-    and accumulates in float32). `auto` keeps a bfloat16 checkpoint's weights in bfloat16 where the native
-    bfloat16 matmul runs (`native_bf16`: a CPU with AVX-512 BF16, see pallas_kernels/cpu_matmul.cc; ~1.5-2x
-    XLA's float32 matmuls at decode row counts, half the weight bytes per step), and is float32 otherwise,
-    because XLA:CPU's own bfloat16 matmuls measured 2-4x slower than float32 ones below ~256 rows."""
+    attention ~45x; the KV cache's own dtype is the engine's choice, `LLMEngine._kv_cache_dtype`). Weights
+    there follow an explicit setting (a bfloat16 matmul casts its input and accumulates in float32). `auto`
+    keeps a bfloat16 checkpoint's weights in bfloat16 where the native bfloat16 matmul runs (`native_bf16`: a
+    CPU with AVX-512 BF16, see pallas_kernels/cpu_matmul.cc; ~1.5-2x XLA's float32 matmuls at decode row
+    counts, half the weight bytes per step), and is float32 otherwise, because XLA:CPU's own bfloat16 matmuls
+    measured 2-4x slower than float32 ones below ~256 rows."""
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; use one of auto, {', '.join(DTYPES)}")
     if (backend or jax.default_backend()) == "cpu":
@@ -104,10 +105,8 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     (the returned config says how many KV heads the sharded model holds). `unstacked`: each layer gets its
     own arrays (`LlamaForCausalLM.unstack_layers`), filled straight from the checkpoint's tensors.
     `native_matmul`: where `native_matmul_applies`, bfloat16 weights are packed for the native CPU matmul
-    (and `auto` keeps a bfloat16 checkpoint in bfloat16; `LlamaForCausalLM.pack_for_native_matmul`). The KV
-    cache stays float32 on CPU: a bfloat16 cache measured hundreds of times slower per step here (XLA:CPU
-    copies the whole cache around each layer's K/V scatter). For serving; a model to convert and save keeps
-    the checkpoint's layout."""
+    (and `auto` keeps a bfloat16 checkpoint in bfloat16; `LlamaForCausalLM.pack_for_native_matmul`). For
+    serving; a model to convert and save keeps the checkpoint's layout."""
     start = time.perf_counter()
     model_dir = resolve_model_dir(model)
     model_class, cfg = load_config(model_dir)
@@ -145,7 +144,8 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     if native_matmul:
         loaded_model.pack_for_native_matmul()
     logger.info("loaded %s (weights %s, compute %s%s) from %s (%s) in %.2f s", cfg.architecture,
-                jnp.dtype(param_dtype).name, jnp.dtype(jdtype).name, ", native bfloat16 matmul" if native_matmul else "",
+                jnp.dtype(param_dtype).name, jnp.dtype(jdtype).name,
+                ", native bfloat16 matmul" if native_matmul else "",
                 model_dir, "orbax" if orbax else "safetensors", time.perf_counter() - start)
     return loaded_model, cfg
 
