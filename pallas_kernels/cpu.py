@@ -32,6 +32,7 @@ _SOURCES = (Path(__file__).with_name("cpu_attention.cc"), Path(__file__).with_na
 _TARGET = "jaxengine_cpu_ragged_paged_attention"
 _MATMUL_TARGET = "jaxengine_cpu_matmul_bf16"
 _WRITE_TARGET = "jaxengine_cpu_write_kv"
+_BARRIER_TARGET = "jaxengine_cpu_fusion_barrier"
 
 
 def cpu_flags() -> str:
@@ -77,6 +78,7 @@ def _library() -> ctypes.CDLL:
     jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuAttention), platform="cpu")
     jax.ffi.register_ffi_target(_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulBf16), platform="cpu")
     jax.ffi.register_ffi_target(_WRITE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuWriteKv), platform="cpu")
+    jax.ffi.register_ffi_target(_BARRIER_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuFusionBarrier), platform="cpu")
     return lib
 
 
@@ -110,18 +112,30 @@ def pack_bf16(w):
     return jnp.moveaxis(w, (-2, -1), (-4, -2)).reshape(*lead, P, K2, 2 * PANEL)
 
 
-def matmul_bf16(x, packed, n: int):
+_PROLOGUES = {None: 0, "rms_norm": 1, "silu_mul": 2}
+
+
+def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0):
     """x f32[M, K] @ w -> f32[M, n], `packed` = pack_bf16(w) for w [K, n]: x rounded to bfloat16, products
     accumulated in float32 (what `jnp.dot(x.astype(bfloat16), w, preferred_element_type=float32)` computes,
-    up to summation order)."""
-    if x.ndim != 2 or packed.ndim != 3 or packed.shape != (-(-n // PANEL), -(-x.shape[1] // 2), 2 * PANEL):
-        raise ValueError(f"matmul_bf16 needs x [M, K] and pack_bf16(w) of a [K, {n}] w, got {x.shape} and "
-                         f"{packed.shape}")
+    up to summation order). `prologue`, applied to x's rows (in float32) before they are rounded:
+    - "rms_norm": `norm * (x * rsqrt(mean(x ** 2) + eps))` with `norm` [K] (layers/norms.rms_norm for float32 x);
+    - "silu_mul": x is [M, 2K] = [gate | up], and the rows multiplied are `silu(gate) * up`."""
+    if prologue not in _PROLOGUES:
+        raise ValueError(f"matmul_bf16's prologue must be one of {list(_PROLOGUES)}, got {prologue!r}")
+    K = x.shape[1] // 2 if prologue == "silu_mul" else x.shape[1]
+    if x.ndim != 2 or packed.ndim != 3 or packed.shape != (-(-n // PANEL), -(-K // 2), 2 * PANEL) or (
+            prologue == "silu_mul" and x.shape[1] % 2):
+        raise ValueError(f"matmul_bf16 needs x [M, K] ([M, 2K] for silu_mul) and pack_bf16(w) of a [K, {n}] w, "
+                         f"got {x.shape} and {packed.shape}")
     if x.dtype != jnp.float32 or packed.dtype != jnp.bfloat16:
         raise ValueError(f"matmul_bf16 needs float32 x and a bfloat16 packed w, got {x.dtype} and {packed.dtype}")
+    if (prologue == "rms_norm") != (norm is not None) or (norm is not None and norm.shape != (K,)):
+        raise ValueError(f"matmul_bf16 takes a norm weight [{K}] with the rms_norm prologue and only there")
+    norm = jnp.zeros((0,), jnp.float32) if norm is None else norm.astype(jnp.float32)
     _library()
     call = jax.ffi.ffi_call(_MATMUL_TARGET, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32))
-    return call(x, packed)
+    return call(x, packed, norm, prologue=np.int32(_PROLOGUES[prologue]), eps=np.float32(eps))
 
 
 def supports(q_dtype, kv_dtype) -> bool:
@@ -142,6 +156,15 @@ def write_kv(kv_pages, layer, rows, pages, offsets):
                             input_output_aliases={0: 0})
     return call(kv_pages, jnp.asarray(layer, jnp.int32).reshape(1), rows.astype(jnp.float32),
                 pages.astype(jnp.int32), offsets.astype(jnp.int32))
+
+
+def fusion_barrier(x):
+    """x, held in a buffer: XLA:CPU cannot fuse x's computation into x's consumers (evaluating it again in each
+    of them), which `jax.lax.optimization_barrier` does not prevent there (it is expanded away before fusion).
+    An aliased identity call: nothing is copied."""
+    _library()
+    call = jax.ffi.ffi_call(_BARRIER_TARGET, jax.ShapeDtypeStruct(x.shape, x.dtype), input_output_aliases={0: 0})
+    return call(x)
 
 
 def ragged_paged_attention(q, kv_pages, layer, kv_lens, block_tables, cu_q_lens, num_seqs, *, sm_scale: float,

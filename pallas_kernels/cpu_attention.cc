@@ -525,7 +525,18 @@ ffi::Error WriteKv(ffi::AnyBuffer kv, ffi::Buffer<ffi::S32> layer, ffi::Buffer<f
   return ffi::Error::Success();
 }
 
+// The identity, aliased: XLA must hold x in a buffer here, so it cannot fuse x's computation into each of
+// x's consumers and evaluate it again in each (cpu.fusion_barrier).
+ffi::Error FusionBarrier(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
+  if (out->size_bytes() != x.size_bytes()) return ffi::Error::InvalidArgument("cpu fusion_barrier: sizes differ");
+  if (out->untyped_data() != x.untyped_data()) std::memcpy(out->untyped_data(), x.untyped_data(), x.size_bytes());
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuFusionBarrier, FusionBarrier,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuAttention, Attention,
                               ffi::Ffi::Bind()

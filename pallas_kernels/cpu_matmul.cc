@@ -8,12 +8,17 @@
 // sequential stream (full memory bandwidth for the one-row steps of a single request), and each pair of
 // weight rows is already the (w[2k, n], w[2k+1, n]) pairs the instruction takes. x is rounded to bfloat16
 // once per call into (x[m, 2k], x[m, 2k+1]) pairs, each broadcast as one 32-bit word, interleaved by row
-// block so a block's rows are one sequential stream too. Up to 12 rows x 32 columns of accumulators stay in
-// registers for the whole K loop. Work items are panels (all rows each, so a panel is read from memory once
-// and stays in cache across row blocks), shared between the caller and XLA's intra-op thread pool.
+// block so a block's rows are one sequential stream too; on the way a row can be RMS-normalised or go
+// through the gated MLP's silu(gate) * up (the prologue: XLA would otherwise run each as a fusion of its
+// own, writing and reading the rows again). Up to 12 rows x 32 columns of accumulators stay in registers
+// for the whole K loop. The work, shared between the caller and XLA's intra-op thread pool, comes in two
+// phases: row blocks to round, then panels (all rows each, so a panel is read from memory once and stays
+// in cache across row blocks).
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <thread>
@@ -88,13 +93,113 @@ void panel(const Problem& p, int64_t index) {
     rows<kMaxRows>(p, m0, index, mask, std::min<int64_t>(p.rows, p.M - m0));
 }
 
+// What the kernel does to each row of x before rounding it to bfloat16 (the `prologue` attribute).
+enum Prologue : int32_t {
+  kPlain = 0,    // x [M, K] as it is
+  kRmsNorm = 1,  // x [M, K] -> norm * (x * rsqrt(mean(x^2) + eps)): transformers' RMSNorm, in float32
+  kSiluMul = 2,  // x [M, 2K] = [gate | up] -> silu(gate) * up: the gated MLP's activation
+};
+
+struct Input {
+  const float* x;
+  int64_t K, width;    // the matmul's K; x's row width (2K for kSiluMul)
+  int32_t prologue;
+  const float* norm;   // [K] for kRmsNorm
+  float eps;
+};
+
+inline __m512 fmadd(__m512 a, __m512 b, float c) { return _mm512_fmadd_ps(a, b, _mm512_set1_ps(c)); }
+
+// exp(x) for x <= 0 (Cephes' expf polynomial on x - n ln2, scaled by 2^n; underflows to 0).
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = fmadd(p, r, 1.3981999507e-3f);
+  p = fmadd(p, r, 8.3334519073e-3f);
+  p = fmadd(p, r, 4.1665795894e-2f);
+  p = fmadd(p, r, 1.6666665459e-1f);
+  p = fmadd(p, r, 5.0000001201e-1f);
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// silu(g) * u with sigmoid(g) = 1 / (1 + e^-g) for g >= 0 and e^g / (1 + e^g) below (never overflows).
+inline __m512 silu_mul(__m512 g, __m512 u) {
+  const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+  const __mmask16 positive = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ);
+  const __m512 sigmoid = _mm512_div_ps(_mm512_mask_blend_ps(positive, e, _mm512_set1_ps(1.f)),
+                                       _mm512_add_ps(e, _mm512_set1_ps(1.f)));
+  return _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), u);
+}
+
+inline void store_bf16(uint16_t* out, __m512 lo, __m512 hi) {
+  _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+inline __m512 load_masked(const float* x, int64_t n) {
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1), x);
+}
+
+// Row m of x after the prologue, rounded to bfloat16 (to nearest even) into out[0, K) (out[K] = 0 for an odd K).
+void round_row(const Input& in, int64_t m, uint16_t* out) {
+  const float* src = in.x + m * in.width;
+  const int64_t K = in.K;
+  __m512 scale = _mm512_set1_ps(1.f);
+  if (in.prologue == kRmsNorm) {
+    __m512 squares = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+      const __m512 v = load_masked(src + k, K - k);
+      squares = _mm512_fmadd_ps(v, v, squares);
+    }
+    const float mean = _mm512_reduce_add_ps(squares) / static_cast<float>(K);
+    scale = _mm512_set1_ps(1.f / std::sqrt(mean + in.eps));
+  }
+  auto value = [&](int64_t k) {  // 16 values of the row from column k (zero past K)
+    const __m512 v = load_masked(src + k, K - k);
+    if (in.prologue == kRmsNorm) return _mm512_mul_ps(load_masked(in.norm + k, K - k), _mm512_mul_ps(v, scale));
+    if (in.prologue == kSiluMul) return silu_mul(v, load_masked(src + K + k, K - k));
+    return v;
+  };
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) store_bf16(out + k, value(k), value(k + 16));
+  if (k < K) {
+    alignas(64) uint16_t tail[32];
+    store_bf16(tail, value(k), K - k > 16 ? value(k + 16) : _mm512_setzero_ps());
+    std::memcpy(out + k, tail, sizeof(uint16_t) * (K - k + (K % 2)));  // the zero that pads an odd K too
+  }
+}
+
+// Rounds the rows [m0, m0 + R) of row block `index` into their pairs, laid out [K2, R] at a + m0 * K2, so a
+// register block reads its rows as one sequential stream.
+void round_block(const Input& in, const Problem& p, int64_t index) {
+  thread_local std::vector<uint32_t> row;
+  row.resize(static_cast<size_t>(p.K2));
+  const int64_t m0 = index * p.rows, R = std::min<int64_t>(p.rows, p.M - m0);
+  uint32_t* a = const_cast<uint32_t*>(p.a) + m0 * p.K2;
+  for (int64_t r = 0; r < R; ++r) {
+    round_row(in, m0 + r, reinterpret_cast<uint16_t*>(row.data()));
+    for (int64_t k2 = 0; k2 < p.K2; ++k2) a[k2 * R + r] = row[k2];
+  }
+}
+
+// Two phases shared between the caller and XLA's intra-op pool: row blocks are rounded (with the prologue),
+// then, once every row block is done, panels are computed.
 struct Shared {
   Problem problem;
-  int64_t items = 0;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
+  Input input;
+  int64_t row_blocks = 0, items = 0;
+  std::atomic<int64_t> next_block{0}, blocks_done{0}, next{0}, done{0};
 
   void work() {
+    for (int64_t i; (i = next_block.fetch_add(1)) < row_blocks;) {
+      round_block(input, problem, i);
+      blocks_done.fetch_add(1, std::memory_order_release);
+    }
+    while (blocks_done.load(std::memory_order_acquire) < row_blocks) _mm_pause();  // taken blocks finish
     for (int64_t i; (i = next.fetch_add(1)) < items;) {
       panel(problem, i);
       done.fetch_add(1, std::memory_order_release);
@@ -102,54 +207,35 @@ struct Shared {
   }
 };
 
-// Rounds x to bfloat16 (to nearest even) into pairs, zero-padding an odd K, laid out by row block: the
-// pairs of rows [m0, m0 + R) as [K2, R], so a register block reads its rows as one sequential stream.
-void round_rows(const float* x, int64_t M, int64_t K, int64_t K2, int64_t rows, uint32_t* a) {
-  thread_local std::vector<uint32_t> row;
-  row.resize(static_cast<size_t>(K2));
-  uint16_t* out = reinterpret_cast<uint16_t*>(row.data());
-  for (int64_t m = 0; m < M; ++m) {
-    const float* src = x + m * K;
-    int64_t k = 0;
-    for (; k + 32 <= K; k += 32) {
-      const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + k + 16), _mm512_loadu_ps(src + k));
-      _mm512_storeu_si512(out + k, (__m512i)v);
-    }
-    for (; k < K; ++k) {
-      const __m256bh v = _mm512_cvtneps_pbh(_mm512_set1_ps(src[k]));
-      out[k] = static_cast<uint16_t>(_mm256_extract_epi16((__m256i)v, 0));
-    }
-    if (K % 2) out[K] = 0;
-    const int64_t m0 = m - m % rows, R = std::min<int64_t>(rows, M - m0), r = m - m0;
-    uint32_t* dst = a + m0 * K2 + r;
-    for (int64_t k2 = 0; k2 < K2; ++k2) dst[k2 * R] = row[k2];
-  }
-}
-
 ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::BF16> w,
-                  ffi::ResultBuffer<ffi::F32> y) {
+                  ffi::Buffer<ffi::F32> norm, ffi::ResultBuffer<ffi::F32> y, int32_t prologue, float eps) {
   const auto x_dims = x.dimensions();
   const auto w_dims = w.dimensions();
   const auto y_dims = y->dimensions();
   if (x_dims.size() != 2 || w_dims.size() != 3 || y_dims.size() != 2 || w_dims[2] != 2 * kPanel ||
       y_dims[0] != x_dims[0])
     return ffi::Error::InvalidArgument("cpu matmul: x must be [M, K], w packed [P, K2, 64] and y [M, N]");
-  const int64_t M = x_dims[0], K = x_dims[1], N = y_dims[1], K2 = w_dims[1];
+  if (prologue < kPlain || prologue > kSiluMul || (prologue == kSiluMul && x_dims[1] % 2))
+    return ffi::Error::InvalidArgument("cpu matmul: unknown prologue, or an odd x width for silu_mul");
+  const int64_t M = x_dims[0], K = prologue == kSiluMul ? x_dims[1] / 2 : x_dims[1], N = y_dims[1], K2 = w_dims[1];
   if (K2 != (K + 1) / 2 || w_dims[0] != (N + kPanel - 1) / kPanel)
     return ffi::Error::InvalidArgument("cpu matmul: the packed weight's shape does not match x's K and y's N");
+  if (prologue == kRmsNorm && norm.element_count() != static_cast<size_t>(K))
+    return ffi::Error::InvalidArgument("cpu matmul: the norm weight must have x's K elements");
   if (M == 0 || N == 0) return ffi::Error::Success();
   auto shared = std::make_shared<Shared>();
   thread_local std::vector<uint32_t> pairs;
   pairs.resize(static_cast<size_t>(M * K2));
   const int64_t rows = block_rows(M);
-  round_rows(x.typed_data(), M, K, K2, rows, pairs.data());
   shared->problem = Problem{pairs.data(), w.typed_data(), y->typed_data(), M, N, K2, rows};
+  shared->input = Input{x.typed_data(), K, x_dims[1], prologue, norm.typed_data(), eps};
+  shared->row_blocks = (M + rows - 1) / rows;
   shared->items = w_dims[0];
   const int64_t helpers = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 0), shared->items);
   for (int64_t i = 1; i < helpers; ++i) pool.Schedule([shared] { shared->work(); });
   shared->work();
-  // Helpers that start late find no panels; the caller waits only for panels already taken. The buffer of
-  // pairs is the caller's and outlives every taken panel.
+  // Helpers that start late find no work; the caller waits only for panels already taken. The buffer of
+  // pairs is the caller's and outlives every taken block and panel.
   while (shared->done.load(std::memory_order_acquire) < shared->items) std::this_thread::yield();
   return ffi::Error::Success();
 }
@@ -159,7 +245,8 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
 #else  // no AVX-512 BF16: cpu.py never calls this (matmul_available() is False); kept for a clear error.
 
 namespace {
-ffi::Error Matmul(ffi::ThreadPool, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::BF16>, ffi::ResultBuffer<ffi::F32>) {
+ffi::Error Matmul(ffi::ThreadPool, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::F32>,
+                  ffi::ResultBuffer<ffi::F32>, int32_t, float) {
   return ffi::Error::Unimplemented("cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
 }
 }  // namespace
@@ -171,4 +258,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuMatmulBf16, Matmul,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()    // x [M, K]
                                   .Arg<ffi::Buffer<ffi::BF16>>()   // w packed [P, K2, 64]
-                                  .Ret<ffi::Buffer<ffi::F32>>());  // y [M, N]
+                                  .Arg<ffi::Buffer<ffi::F32>>()    // norm weight [K] (kRmsNorm; else empty)
+                                  .Ret<ffi::Buffer<ffi::F32>>()    // y [M, N]
+                                  .Attr<int32_t>("prologue")
+                                  .Attr<float>("eps"));

@@ -177,7 +177,55 @@ def test_native_bf16_matmul_matches_xla(m, k, n):
 
 
 def test_native_bf16_matmul_refuses_other_shapes_and_dtypes():
-    with pytest.raises(ValueError, match=r"x \[M, K\] and pack_bf16\(w\) of a \[K, 5\] w"):
+    with pytest.raises(ValueError, match=r"x \[M, K\] .* and pack_bf16\(w\) of a \[K, 5\] w"):
         cpu.matmul_bf16(jnp.zeros((2, 7)), cpu.pack_bf16(jnp.zeros((4, 5))), 5)
     with pytest.raises(ValueError, match="float32 x and a bfloat16 packed w"):
         cpu.matmul_bf16(jnp.zeros((2, 3), jnp.bfloat16), cpu.pack_bf16(jnp.zeros((3, 5))), 5)
+    with pytest.raises(ValueError, match="prologue must be one of"):
+        cpu.matmul_bf16(jnp.zeros((2, 3)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, prologue="gelu")
+    with pytest.raises(ValueError, match=r"norm weight \[3\] with the rms_norm prologue and only there"):
+        cpu.matmul_bf16(jnp.zeros((2, 3)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, norm=jnp.ones(3))
+    with pytest.raises(ValueError, match=r"norm weight \[3\]"):
+        cpu.matmul_bf16(jnp.zeros((2, 3)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, prologue="rms_norm", norm=jnp.ones(4))
+    with pytest.raises(ValueError, match=r"\[M, 2K\] for silu_mul"):
+        cpu.matmul_bf16(jnp.zeros((2, 7)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, prologue="silu_mul")
+
+
+@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 33, 47), (64, 576, 96), (40, 1536, 64)])
+def test_native_bf16_matmul_prologues_match_xla(m, k, n):
+    """The row prologues: RMSNorm (odd K, a zero row) and silu(gate) * up (gates far past exp's range, 0, -0)."""
+    import jax
+
+    from jaxengine.layers.norms import rms_norm
+
+    rng = np.random.default_rng(m + k + n)
+    w = jnp.asarray(rng.standard_normal((k, n), np.float32)).astype(jnp.bfloat16)
+    packed = cpu.pack_bf16(w)
+    dot = lambda a: jnp.dot(a.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)  # noqa: E731
+    tol = dict(rtol=1e-3, atol=0.1)  # where an input rounds to the other bfloat16 neighbour (rare)
+
+    x = rng.standard_normal((m, k), np.float32) * 5
+    x[0] = 0  # rsqrt(eps): finite
+    norm = jnp.asarray(rng.standard_normal(k, np.float32)).astype(jnp.bfloat16)
+    got = jax.jit(cpu.matmul_bf16, static_argnums=2, static_argnames=("prologue", "eps"))(
+        jnp.asarray(x), packed, n, prologue="rms_norm", norm=norm, eps=1e-5)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(dot(rms_norm(jnp.asarray(x), norm, 1e-5))), **tol)
+
+    gate_up = rng.standard_normal((m, 2 * k), np.float32) * 4
+    gate_up[0, :4] = [-200.0, 200.0, 0.0, -0.0]
+    gate, up = np.split(gate_up, 2, -1)
+    got = jax.jit(cpu.matmul_bf16, static_argnums=2, static_argnames="prologue")(
+        jnp.asarray(gate_up), packed, n, prologue="silu_mul")
+    assert np.isfinite(np.asarray(got)).all()
+    np.testing.assert_allclose(np.asarray(got), np.asarray(dot(jax.nn.silu(jnp.asarray(gate)) * up)), **tol)
+
+
+@pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")
+def test_fusion_barrier_is_the_identity_and_stays_in_the_program():
+    import jax
+
+    x = jnp.linspace(-3.0, 3.0, 96, dtype=jnp.float32).reshape(2, 48)
+    f = jax.jit(lambda x: cpu.fusion_barrier(jnp.stack([jnp.cos(x), jnp.sin(x)])) * 2.0)
+    np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(jnp.stack([jnp.cos(x), jnp.sin(x)]) * 2.0))
+    assert "jaxengine_cpu_fusion_barrier" in f.lower(x).compile().as_text()

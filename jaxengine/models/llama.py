@@ -14,7 +14,7 @@ from flax import nnx
 
 from jaxengine.layers.attention import attention, select_body, token_slots, write_kv
 from jaxengine.layers.norms import rms_norm
-from jaxengine.layers.rope import apply_rope
+from jaxengine.layers.rope import apply_rope, rope_tables
 from jaxengine.models.config import ModelConfig, rope_inv_freq
 from jaxengine.runner.batch import RaggedBatch
 
@@ -34,6 +34,26 @@ def _dot(x, w, n: int):
 
         return cpu.matmul_bf16(x.astype(jnp.float32), w, n).astype(x.dtype)
     return jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def _normed_dot(h, norm, eps: float, w, n: int):
+    """rms_norm(h, norm, eps) @ w; the native CPU matmul normalises the rows on its way in (no separate pass)."""
+    if w.ndim == 3 and h.dtype == jnp.float32:
+        from pallas_kernels import cpu
+
+        return cpu.matmul_bf16(h, w, n, prologue="rms_norm", norm=norm, eps=eps)
+    return _dot(rms_norm(h, norm, eps), w, n)
+
+
+def _gated_dot(gate_up, w, n: int):
+    """(silu(gate) * up) @ w for gate_up = [gate | up]; the native CPU matmul applies the activation on its way
+    in."""
+    if w.ndim == 3 and gate_up.dtype == jnp.float32:
+        from pallas_kernels import cpu
+
+        return cpu.matmul_bf16(gate_up, w, n, prologue="silu_mul")
+    gate, up = jnp.split(gate_up, 2, -1)
+    return _dot(jax.nn.silu(gate) * up, w, n)
 
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -101,15 +121,15 @@ class DecoderLayers(nnx.Module):
         self.up_proj = _param((L, D, I), dtype, ("layers", "embed", "mlp"))
         self.down_proj = _param((L, I, D), dtype, ("layers", "mlp", "embed"))
 
-    def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, inv_freq, rope_scaling):
+    def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, rope):
         cfg = self.cfg
         T = h.shape[0]
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        x = rms_norm(h, self.attn_norm[...], cfg.rms_norm_eps)
         if hasattr(self, "qkv_proj"):  # fused at packing (pack_for_native_matmul)
-            qkv = _dot(x, self.qkv_proj[...], q_width + 2 * kv_width)
+            qkv = _normed_dot(h, self.attn_norm[...], cfg.rms_norm_eps, self.qkv_proj[...], q_width + 2 * kv_width)
             q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], -1)
         else:
+            x = rms_norm(h, self.attn_norm[...], cfg.rms_norm_eps)
             q, k, v = (_dot(x, self.q_proj[...], q_width), _dot(x, self.k_proj[...], kv_width),
                        _dot(x, self.v_proj[...], kv_width))
         if cfg.qkv_bias:
@@ -120,8 +140,7 @@ class DecoderLayers(nnx.Module):
         if cfg.qk_norm:
             q = rms_norm(q, self.q_norm[...], cfg.rms_norm_eps)
             k = rms_norm(k, self.k_norm[...], cfg.rms_norm_eps)
-        q = apply_rope(q, batch.positions, inv_freq, rope_scaling)
-        k = apply_rope(k, batch.positions, inv_freq, rope_scaling)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=self.attention_backend)
         o = attention(q, kv_cache, layer, batch, sm_scale=cfg.head_dim ** -0.5, sliding_window=window,
                       backend=self.attention_backend)
@@ -129,13 +148,12 @@ class DecoderLayers(nnx.Module):
         if cfg.o_bias:
             o = o + self.o_bias[...]
         h = h + o
-        x = rms_norm(h, self.mlp_norm[...], cfg.rms_norm_eps)
         I = cfg.intermediate_size
         if hasattr(self, "gate_up_proj"):
-            gate, up = jnp.split(_dot(x, self.gate_up_proj[...], 2 * I), [I], -1)
-        else:
-            gate, up = _dot(x, self.gate_proj[...], I), _dot(x, self.up_proj[...], I)
-        gated = jax.nn.silu(gate) * up
+            gate_up = _normed_dot(h, self.mlp_norm[...], cfg.rms_norm_eps, self.gate_up_proj[...], 2 * I)
+            return h + _gated_dot(gate_up, self.down_proj[...], cfg.hidden_size), kv_cache
+        x = rms_norm(h, self.mlp_norm[...], cfg.rms_norm_eps)
+        gated = jax.nn.silu(_dot(x, self.gate_proj[...], I)) * _dot(x, self.up_proj[...], I)
         return h + _dot(gated, self.down_proj[...], cfg.hidden_size), kv_cache
 
 
@@ -170,13 +188,12 @@ class LlamaForCausalLM(nnx.Module):
         cfg = self.cfg
         inv_freq, rope_scaling = rope_inv_freq(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
         slots = token_slots(batch, kv_cache.shape[2], kv_cache.shape[1])
-        inv_freq = jnp.asarray(inv_freq)
+        rope = rope_tables(batch.positions, jnp.asarray(inv_freq), rope_scaling, self.dtype)
         h = self.embed[...][batch.input_ids].astype(self.dtype)  # [T, hidden]
         windows = jnp.asarray(cfg.sliding_windows, jnp.int32)
         if self.layers_unstacked:
             for i, layer_module in enumerate(self.layers):
-                h, kv_cache = layer_module(h, kv_cache, jnp.int32(i), windows[i], batch, slots, inv_freq,
-                                           rope_scaling)
+                h, kv_cache = layer_module(h, kv_cache, jnp.int32(i), windows[i], batch, slots, rope)
         else:
             graphdef, stacked = nnx.split(self.layers)
 
@@ -184,7 +201,7 @@ class LlamaForCausalLM(nnx.Module):
                 h, kv_cache = carry
                 state, layer, window = xs
                 layer_module = nnx.merge(graphdef, state)
-                return layer_module(h, kv_cache, layer, window, batch, slots, inv_freq, rope_scaling), None
+                return layer_module(h, kv_cache, layer, window, batch, slots, rope), None
 
             layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
             (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows))
