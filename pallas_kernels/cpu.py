@@ -115,12 +115,13 @@ def pack_bf16(w):
 _PROLOGUES = {None: 0, "rms_norm": 1, "silu_mul": 2}
 
 
-def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0):
+def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0, residual=None):
     """x f32[M, K] @ w -> f32[M, n], `packed` = pack_bf16(w) for w [K, n]: x rounded to bfloat16, products
     accumulated in float32 (what `jnp.dot(x.astype(bfloat16), w, preferred_element_type=float32)` computes,
     up to summation order). `prologue`, applied to x's rows (in float32) before they are rounded:
     - "rms_norm": `norm * (x * rsqrt(mean(x ** 2) + eps))` with `norm` [K] (layers/norms.rms_norm for float32 x);
-    - "silu_mul": x is [M, 2K] = [gate | up], and the rows multiplied are `silu(gate) * up`."""
+    - "silu_mul": x is [M, 2K] = [gate | up], and the rows multiplied are `silu(gate) * up`.
+    `residual` f32[M, n], where given, is added to the result (in float32, as it is stored)."""
     if prologue not in _PROLOGUES:
         raise ValueError(f"matmul_bf16's prologue must be one of {list(_PROLOGUES)}, got {prologue!r}")
     K = x.shape[1] // 2 if prologue == "silu_mul" else x.shape[1]
@@ -132,10 +133,14 @@ def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, ep
         raise ValueError(f"matmul_bf16 needs float32 x and a bfloat16 packed w, got {x.dtype} and {packed.dtype}")
     if (prologue == "rms_norm") != (norm is not None) or (norm is not None and norm.shape != (K,)):
         raise ValueError(f"matmul_bf16 takes a norm weight [{K}] with the rms_norm prologue and only there")
+    if residual is not None and (residual.shape != (x.shape[0], n) or residual.dtype != jnp.float32):
+        raise ValueError(f"matmul_bf16's residual must be float32 [{x.shape[0]}, {n}], got {residual.dtype} "
+                         f"{residual.shape}")
     norm = jnp.zeros((0,), jnp.float32) if norm is None else norm.astype(jnp.float32)
+    residual = jnp.zeros((0, 0), jnp.float32) if residual is None else residual
     _library()
     call = jax.ffi.ffi_call(_MATMUL_TARGET, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32))
-    return call(x, packed, norm, prologue=np.int32(_PROLOGUES[prologue]), eps=np.float32(eps))
+    return call(x, packed, norm, residual, prologue=np.int32(_PROLOGUES[prologue]), eps=np.float32(eps))
 
 
 def supports(q_dtype, kv_dtype) -> bool:

@@ -13,7 +13,7 @@
 // own, writing and reading the rows again). Up to 12 rows x 32 columns of accumulators stay in registers
 // for the whole K loop. The work, shared between the caller and XLA's intra-op thread pool, comes in two
 // phases: row blocks to round, then panels (all rows each, so a panel is read from memory once and stays
-// in cache across row blocks).
+// in cache across row blocks). A residual can be added to the result as it is stored (the epilogue).
 
 #include <algorithm>
 #include <atomic>
@@ -40,6 +40,7 @@ struct Problem {
   const uint32_t* a;  // bf16 pairs of x by row block: the block of rows [m0, m0 + R) is [K2, R] at a + m0 * K2
   const uint16_t* w;  // [P, K2, 64] packed bf16
   float* y;           // [M, N]
+  const float* residual;  // [M, N] added to y, or null
   int64_t M, N, K2;
   int64_t rows;       // rows per block (the last may have fewer)
 };
@@ -72,7 +73,12 @@ void block(const Problem& p, int64_t m0, int64_t index, __mmask32 mask) {
   const __mmask16 mask_lo = static_cast<__mmask16>(mask), mask_hi = static_cast<__mmask16>(mask >> 16);
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
-    float* y = p.y + (m0 + r) * p.N + index * kPanel;
+    const int64_t at = (m0 + r) * p.N + index * kPanel;
+    float* y = p.y + at;
+    if (p.residual) {
+      lo[r] = _mm512_add_ps(lo[r], _mm512_maskz_loadu_ps(mask_lo, p.residual + at));
+      hi[r] = _mm512_add_ps(hi[r], _mm512_maskz_loadu_ps(mask_hi, p.residual + at + 16));
+    }
     _mm512_mask_storeu_ps(y, mask_lo, lo[r]);
     _mm512_mask_storeu_ps(y + 16, mask_hi, hi[r]);
   }
@@ -208,7 +214,8 @@ struct Shared {
 };
 
 ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::BF16> w,
-                  ffi::Buffer<ffi::F32> norm, ffi::ResultBuffer<ffi::F32> y, int32_t prologue, float eps) {
+                  ffi::Buffer<ffi::F32> norm, ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> y,
+                  int32_t prologue, float eps) {
   const auto x_dims = x.dimensions();
   const auto w_dims = w.dimensions();
   const auto y_dims = y->dimensions();
@@ -222,12 +229,16 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
     return ffi::Error::InvalidArgument("cpu matmul: the packed weight's shape does not match x's K and y's N");
   if (prologue == kRmsNorm && norm.element_count() != static_cast<size_t>(K))
     return ffi::Error::InvalidArgument("cpu matmul: the norm weight must have x's K elements");
+  const bool add = residual.element_count() > 0;
+  if (add && (residual.dimensions().size() != 2 || residual.dimensions()[0] != M || residual.dimensions()[1] != N))
+    return ffi::Error::InvalidArgument("cpu matmul: the residual must be [M, N] (or empty)");
   if (M == 0 || N == 0) return ffi::Error::Success();
   auto shared = std::make_shared<Shared>();
   thread_local std::vector<uint32_t> pairs;
   pairs.resize(static_cast<size_t>(M * K2));
   const int64_t rows = block_rows(M);
-  shared->problem = Problem{pairs.data(), w.typed_data(), y->typed_data(), M, N, K2, rows};
+  shared->problem = Problem{pairs.data(), w.typed_data(), y->typed_data(), add ? residual.typed_data() : nullptr,
+                            M, N, K2, rows};
   shared->input = Input{x.typed_data(), K, x_dims[1], prologue, norm.typed_data(), eps};
   shared->row_blocks = (M + rows - 1) / rows;
   shared->items = w_dims[0];
@@ -246,7 +257,7 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
 
 namespace {
 ffi::Error Matmul(ffi::ThreadPool, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::F32>,
-                  ffi::ResultBuffer<ffi::F32>, int32_t, float) {
+                  ffi::Buffer<ffi::F32>, ffi::ResultBuffer<ffi::F32>, int32_t, float) {
   return ffi::Error::Unimplemented("cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
 }
 }  // namespace
@@ -259,6 +270,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuMatmulBf16, Matmul,
                                   .Arg<ffi::Buffer<ffi::F32>>()    // x [M, K]
                                   .Arg<ffi::Buffer<ffi::BF16>>()   // w packed [P, K2, 64]
                                   .Arg<ffi::Buffer<ffi::F32>>()    // norm weight [K] (kRmsNorm; else empty)
+                                  .Arg<ffi::Buffer<ffi::F32>>()    // residual [M, N] added to y (or empty)
                                   .Ret<ffi::Buffer<ffi::F32>>()    // y [M, N]
                                   .Attr<int32_t>("prologue")
                                   .Attr<float>("eps"));

@@ -187,6 +187,8 @@ def test_native_bf16_matmul_refuses_other_shapes_and_dtypes():
         cpu.matmul_bf16(jnp.zeros((2, 3)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, norm=jnp.ones(3))
     with pytest.raises(ValueError, match=r"norm weight \[3\]"):
         cpu.matmul_bf16(jnp.zeros((2, 3)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, prologue="rms_norm", norm=jnp.ones(4))
+    with pytest.raises(ValueError, match=r"residual must be float32 \[2, 5\]"):
+        cpu.matmul_bf16(jnp.zeros((2, 3)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, residual=jnp.zeros((2, 4)))
     with pytest.raises(ValueError, match=r"\[M, 2K\] for silu_mul"):
         cpu.matmul_bf16(jnp.zeros((2, 7)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, prologue="silu_mul")
 
@@ -194,7 +196,8 @@ def test_native_bf16_matmul_refuses_other_shapes_and_dtypes():
 @pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
 @pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 33, 47), (64, 576, 96), (40, 1536, 64)])
 def test_native_bf16_matmul_prologues_match_xla(m, k, n):
-    """The row prologues: RMSNorm (odd K, a zero row) and silu(gate) * up (gates far past exp's range, 0, -0)."""
+    """The row prologues: RMSNorm (odd K, a zero row) and silu(gate) * up (gates far past exp's range, 0, -0);
+    the residual epilogue (partial column panels included)."""
     import jax
 
     from jaxengine.layers.norms import rms_norm
@@ -219,6 +222,13 @@ def test_native_bf16_matmul_prologues_match_xla(m, k, n):
         jnp.asarray(gate_up), packed, n, prologue="silu_mul")
     assert np.isfinite(np.asarray(got)).all()
     np.testing.assert_allclose(np.asarray(got), np.asarray(dot(jax.nn.silu(jnp.asarray(gate)) * up)), **tol)
+
+    residual = jnp.asarray(rng.standard_normal((m, n), np.float32))  # the epilogue, alone and after a prologue
+    got = jax.jit(cpu.matmul_bf16, static_argnums=2)(jnp.asarray(x), packed, n, residual=residual)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(residual + dot(jnp.asarray(x))), rtol=1e-5, atol=1e-4)
+    got = jax.jit(cpu.matmul_bf16, static_argnums=2, static_argnames="prologue")(
+        jnp.asarray(gate_up), packed, n, prologue="silu_mul", residual=residual)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(residual + dot(jax.nn.silu(jnp.asarray(gate)) * up)), **tol)
 
 
 @pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")

@@ -25,15 +25,20 @@ def _param(shape, dtype, axes: tuple[str, ...]) -> nnx.Param:
     return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
 
 
-def _dot(x, w, n: int):
-    """x @ w -> [.., n] in the weight's dtype, accumulated in float32 (a bf16 x bf16 -> bf16 dot is far slower
-    on CPU), returned in x's dtype. A packed weight (`pack_for_native_matmul`, 3 dimensions) runs the native
-    CPU kernel: same numbers up to summation order (pallas_kernels/cpu_matmul.cc)."""
+def _dot(x, w, n: int, residual=None):
+    """x @ w (+ residual) -> [.., n] in the weight's dtype, accumulated in float32 (a bf16 x bf16 -> bf16 dot is
+    far slower on CPU), returned in x's dtype. A packed weight (`pack_for_native_matmul`, 3 dimensions) runs the
+    native CPU kernel: same numbers up to summation order (pallas_kernels/cpu_matmul.cc), the residual added as
+    the result is stored."""
     if w.ndim == 3:
         from pallas_kernels import cpu
 
-        return cpu.matmul_bf16(x.astype(jnp.float32), w, n).astype(x.dtype)
-    return jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32).astype(x.dtype)
+        if residual is not None and x.dtype == jnp.float32:
+            return cpu.matmul_bf16(x, w, n, residual=residual)
+        out = cpu.matmul_bf16(x.astype(jnp.float32), w, n).astype(x.dtype)
+    else:
+        out = jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32).astype(x.dtype)
+    return out if residual is None else residual + out
 
 
 def _normed_dot(h, norm, eps: float, w, n: int):
@@ -45,15 +50,15 @@ def _normed_dot(h, norm, eps: float, w, n: int):
     return _dot(rms_norm(h, norm, eps), w, n)
 
 
-def _gated_dot(gate_up, w, n: int):
-    """(silu(gate) * up) @ w for gate_up = [gate | up]; the native CPU matmul applies the activation on its way
-    in."""
+def _gated_dot(gate_up, w, n: int, residual):
+    """residual + (silu(gate) * up) @ w for gate_up = [gate | up]; the native CPU matmul applies the activation
+    on its way in and adds the residual on its way out."""
     if w.ndim == 3 and gate_up.dtype == jnp.float32:
         from pallas_kernels import cpu
 
-        return cpu.matmul_bf16(gate_up, w, n, prologue="silu_mul")
+        return cpu.matmul_bf16(gate_up, w, n, prologue="silu_mul", residual=residual)
     gate, up = jnp.split(gate_up, 2, -1)
-    return _dot(jax.nn.silu(gate) * up, w, n)
+    return _dot(jax.nn.silu(gate) * up, w, n, residual)
 
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -144,17 +149,16 @@ class DecoderLayers(nnx.Module):
         kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=self.attention_backend)
         o = attention(q, kv_cache, layer, batch, sm_scale=cfg.head_dim ** -0.5, sliding_window=window,
                       backend=self.attention_backend)
-        o = _dot(o.reshape(T, -1), self.o_proj[...], cfg.hidden_size)
         if cfg.o_bias:
-            o = o + self.o_bias[...]
-        h = h + o
+            h = h + self.o_bias[...]
+        h = _dot(o.reshape(T, -1), self.o_proj[...], cfg.hidden_size, residual=h)
         I = cfg.intermediate_size
         if hasattr(self, "gate_up_proj"):
             gate_up = _normed_dot(h, self.mlp_norm[...], cfg.rms_norm_eps, self.gate_up_proj[...], 2 * I)
-            return h + _gated_dot(gate_up, self.down_proj[...], cfg.hidden_size), kv_cache
+            return _gated_dot(gate_up, self.down_proj[...], cfg.hidden_size, h), kv_cache
         x = rms_norm(h, self.mlp_norm[...], cfg.rms_norm_eps)
         gated = jax.nn.silu(_dot(x, self.gate_proj[...], I)) * _dot(x, self.up_proj[...], I)
-        return h + _dot(gated, self.down_proj[...], cfg.hidden_size), kv_cache
+        return _dot(gated, self.down_proj[...], cfg.hidden_size, residual=h), kv_cache
 
 
 class LlamaForCausalLM(nnx.Module):
