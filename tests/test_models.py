@@ -8,6 +8,7 @@ import transformers
 
 from jaxengine.models import load_model
 from jaxengine.models.loader import native_matmul_applies
+from tests import tiny_models
 from tests.conftest import ARCHS
 from tests.paged import PagedModel
 
@@ -108,3 +109,35 @@ def test_bfloat16_error_is_within_twice_transformers_own_bfloat16_error(arch, ma
         agree += (ours.argmax(-1) == exact.argmax(-1)).sum()
         total += len(seq)
     assert agree >= 0.9 * total
+
+
+@pytest.fixture(scope="module")
+def biased_llama(tmp_path_factory, tokenizer_dir):
+    """Llama with attention biases (q/k/v and o) and an intermediate size of whole 32-column panels, so that the
+    native path packs gate/up together and runs the gated MLP as the down matmul's prologue."""
+    out = tmp_path_factory.mktemp("llama-bias")
+    return tiny_models.make_model("llama", out, tokenizer_dir, attention_bias=True, intermediate_size=128)
+
+
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
+    not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16"))])
+def test_attention_biases_and_the_fused_native_layer_match_transformers(dtype, biased_llama):
+    """float32: XLA's dots with o_proj's bias and the residual. bfloat16 (native): every matmul of the layer
+    fused as on the peer model: the norms as prologues of the packed q/k/v and gate/up matmuls, silu(gate) * up
+    as the down matmul's prologue, the residual (plus o's bias) added by the o and down matmuls."""
+    model, cfg = load_model(biased_llama, dtype, progress=False, native_matmul=dtype == "bfloat16")
+    assert cfg.qkv_bias and cfg.o_bias
+    if dtype == "bfloat16":
+        assert hasattr(model.layers, "qkv_proj") and hasattr(model.layers, "gate_up_proj")
+        model.kv_dtype = jnp.bfloat16
+    seqs = sequences(cfg.vocab_size, extra=DECODE_STEPS, seed=3)
+    prefill, decoded = prefill_and_decode(model, seqs)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(biased_llama, dtype=torch.float32).eval()
+    hf_bf16 = transformers.AutoModelForCausalLM.from_pretrained(biased_llama, dtype=torch.bfloat16).eval()
+    for seq, pre, dec in zip(seqs, prefill, decoded):
+        ours, exact = np.concatenate([pre, dec]), hf_logits(hf, seq)
+        if dtype == "float32":
+            np.testing.assert_allclose(ours, exact, atol=1e-4, rtol=0)
+        else:  # the bfloat16 criterion of the test above
+            hf_error = np.abs(hf_logits(hf_bf16, seq) - exact).max()
+            assert np.abs(ours - exact).max() <= 2 * hf_error + np.abs(exact).max() * 2.0 ** -8

@@ -39,11 +39,12 @@ def make_tokenizer(out_dir: Path) -> None:
     train(out_dir, VOCAB_SIZE - 11)
 
 
-def make_model(name: str, out_dir: Path, tokenizer_dir: Path | None = None, seed: int = 0) -> Path:
+def make_model(name: str, out_dir: Path, tokenizer_dir: Path | None = None, seed: int = 0, **overrides) -> Path:
+    """SPECS[name] (config fields replaced by `overrides`) saved with random weights."""
     import torch
     import transformers
 
-    spec = dict(COMMON) | dict(SPECS[name])
+    spec = dict(COMMON) | dict(SPECS[name]) | overrides
     cls_name, shard = spec.pop("cls"), spec.pop("shard", False)
     config_cls = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))
     config = config_cls(**spec)
