@@ -270,35 +270,46 @@ inline v16 block_scores(const RowState& row, const T* const* key_rows, int64_t k
   return fold8(eight(0), eight(8));
 }
 
-// Online-softmax update of one row with the block's scores; returns the block's weights (0 where masked or
-// outside the row's keys) and scales the row's accumulator by the correction. False: nothing to add.
-inline bool softmax_update(const Problem& p, RowState& row, v16 scores, i32x16 ok, int32_t block, int64_t D,
-                           v16* weights) {
-  if (p.soft_cap > 0.0f)
-    for (int j = 0; j < kKeyBlock; ++j) scores[j] = p.soft_cap * std::tanh(scores[j] / p.soft_cap);
+// Online-softmax updates of a group of rows (row r attends to the block's keys [lo[r], hi[r]]) with their
+// block scores, in phases (every row's block maximum, then every row's weights) so that the rows' chains
+// overlap. attends[r]: some key of the block is live for row r; then weights[r] holds its weights (0 where
+// masked) and corrections[r] the factor its accumulator must be scaled by first (accumulate_values).
+template <int kRows>
+inline void group_softmax(const Problem& p, RowState* const* rows, int group, v16* scores, const int32_t* lo,
+                          const int32_t* hi, i32x16 ok, int32_t block, bool* attends, v16* weights,
+                          float* corrections) {
   const i32x16 keys = i32x16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + block;
-  const i32x16 live = ok & (keys >= row.lo) & (keys <= row.hi);
-  scores = live ? scores : splat(kNegInf);
-  const float block_max = max16(scores);
-  if (block_max == kNegInf) return false;
-  const float m_new = std::max(row.m, block_max);
-  const float correction = row.m == kNegInf ? 0.0f : exp_nonpositive(row.m - m_new);
-  row.m = m_new;
-  *weights = live ? exp16(scores - m_new) : splat(0.0f);
-  row.l = row.l * correction + sum16(*weights);
-  if (correction != 1.0f)
-    for (int64_t d = 0; d < D; d += 16) store16(row.acc + d, load16(row.acc + d) * correction);
-  return true;
+  i32x16 live[kRows];
+  float block_max[kRows];
+  for (int r = 0; r < group; ++r) {
+    block_max[r] = kNegInf;
+    if (lo[r] > hi[r]) continue;
+    if (p.soft_cap > 0.0f)
+      for (int j = 0; j < kKeyBlock; ++j) scores[r][j] = p.soft_cap * std::tanh(scores[r][j] / p.soft_cap);
+    live[r] = ok & (keys >= rows[r]->lo) & (keys <= rows[r]->hi);
+    scores[r] = live[r] ? scores[r] : splat(kNegInf);
+    block_max[r] = max16(scores[r]);
+  }
+  for (int r = 0; r < group; ++r) {
+    attends[r] = block_max[r] != kNegInf;
+    if (!attends[r]) continue;
+    RowState& row = *rows[r];
+    const float m_new = std::max(row.m, block_max[r]);
+    corrections[r] = row.m == kNegInf ? 0.0f : exp_nonpositive(row.m - m_new);
+    row.m = m_new;
+    weights[r] = live[r] ? exp16(scores[r] - m_new) : splat(0.0f);
+    row.l = row.l * corrections[r] + sum16(weights[r]);
+  }
 }
 
-// acc_r += sum_j weights_r[j] * V_j for N rows of one kv head at once, so each key's V is loaded (and
-// widened) once for all of them; the accumulators stay in registers across the keys.
+// acc_r = acc_r * correction_r + sum_j weights_r[j] * V_j for N rows of one kv head at once, so each key's V
+// is loaded (and widened) once for all of them; the accumulators stay in registers across the keys.
 template <int kD, int N, class T>
-inline void accumulate_values(RowState* const* rows, const v16* weights, const T* const* key_rows, int64_t v_offset,
-                              int first, int last) {
+inline void accumulate_values(RowState* const* rows, const v16* weights, const float* corrections,
+                              const T* const* key_rows, int64_t v_offset, int first, int last) {
   v16 a[N][kD / 16];
   for (int r = 0; r < N; ++r)
-    for (int c = 0; c < kD / 16; ++c) a[r][c] = load16(rows[r]->acc + 16 * c);
+    for (int c = 0; c < kD / 16; ++c) a[r][c] = load16(rows[r]->acc + 16 * c) * corrections[r];
   for (int j = first; j <= last; ++j) {
     const T* v = key_rows[j] + v_offset;
     for (int c = 0; c < kD / 16; ++c) {
@@ -315,39 +326,44 @@ template <int kD, class T>
 void head_block_vector(const Problem& p, RowState* const* rows, int count, const T* const* key_rows, i32x16 ok,
                        int32_t block, int h) {
   constexpr int kRows = kD <= 64 ? 4 : kD <= 128 ? 2 : 1;  // rows per pass over V: 16 accumulators at most
-  const int64_t k_offset = 2 * h * kD;
-  RowState* active[kRows];
-  v16 weights[kRows];
-  int n = 0, first = kKeyBlock, last = -1;
-  auto flush = [&] {
-    if (n == kRows) accumulate_values<kD, kRows>(active, weights, key_rows, k_offset + kD, first, last);
-    else if constexpr (kRows > 1) {
-      if (n == 1) accumulate_values<kD, 1>(active, weights, key_rows, k_offset + kD, first, last);
-      if constexpr (kRows > 2) {
-        if (n == 2) accumulate_values<kD, 2>(active, weights, key_rows, k_offset + kD, first, last);
-        if (n == 3) accumulate_values<kD, 3>(active, weights, key_rows, k_offset + kD, first, last);
-      }
-    }
-    n = 0, first = kKeyBlock, last = -1;
-  };
-  // Rows go kRows at a time: their scores first (independent chains the core can overlap; measured in one
-  // process against row after row: 4 x 128-token prefill -11%, 64-request decode -7%), then their softmax
-  // updates, then one pass over V for those that attend to the block.
+  const int64_t v_offset = 2 * h * kD + kD;
+  // Rows go kRows at a time: their scores (independent chains the core can overlap), their softmax updates
+  // in phases, then one pass over V for those that attend to the block, which also applies the corrections.
+  // Measured in one process, 30 layers of 4 x 128-token prefill / 64-request decode: grouping the scores
+  // took 11% / 7% off row after row (40.4 -> 36.0 / 21.7 -> 20.2 ms), the phased updates another 9-11% / 4-7%.
   for (int i = 0; i < count; i += kRows) {
     const int group = std::min(kRows, count - i);
-    v16 scores[kRows];
+    v16 scores[kRows], weights[kRows];
     int32_t lo[kRows], hi[kRows];
+    bool attends[kRows];
+    float corrections[kRows];
     for (int r = 0; r < group; ++r) {
       const RowState& row = *rows[i + r];
       lo[r] = std::max(row.lo, block) - block, hi[r] = std::min(row.hi, block + kKeyBlock - 1) - block;
-      if (lo[r] <= hi[r]) scores[r] = block_scores<kD>(row, key_rows, k_offset);
+      if (lo[r] <= hi[r]) scores[r] = block_scores<kD>(row, key_rows, 2 * h * kD);
     }
+    group_softmax<kRows>(p, rows + i, group, scores, lo, hi, ok, block, attends, weights, corrections);
+    RowState* active[kRows];
+    v16 active_weights[kRows];
+    float active_corrections[kRows];
+    int n = 0, first = kKeyBlock, last = -1;
     for (int r = 0; r < group; ++r) {
-      if (lo[r] > hi[r] || !softmax_update(p, *rows[i + r], scores[r], ok, block, kD, &weights[n])) continue;
-      active[n++] = rows[i + r];
+      if (!attends[r]) continue;
+      active[n] = rows[i + r], active_weights[n] = weights[r], active_corrections[n++] = corrections[r];
       first = std::min(first, lo[r]), last = std::max(last, hi[r]);
     }
-    if (n > 0) flush();
+    auto run = [&](auto rows_in_pass) {
+      accumulate_values<kD, decltype(rows_in_pass)::value>(active, active_weights, active_corrections, key_rows,
+                                                           v_offset, first, last);
+    };
+    if (n == kRows) run(std::integral_constant<int, kRows>{});
+    else if constexpr (kRows > 1) {
+      if (n == 1) run(std::integral_constant<int, 1>{});
+      if constexpr (kRows > 2) {
+        if (n == 2) run(std::integral_constant<int, 2>{});
+        if (n == 3) run(std::integral_constant<int, 3>{});
+      }
+    }
   }
 }
 
