@@ -242,6 +242,18 @@ inline __m512 dot_bf16(__m512 acc, __m512i a, __m512i b) {
 constexpr bool kBf16Dot = false;
 #endif
 
+// Where dimension d of a row's accumulator is kept: in natural order, except for bfloat16 pages on the vector
+// path (accumulate_values), where lane k of the two accumulators for dimensions [32c, 32c + 32) (k < 32
+// across both) holds dimension 32c + 8 (k % 16 / 4) + 4 (k / 16) + k % 4.
+template <int kD, class T>
+inline int64_t paired_index(int64_t d) {
+  if constexpr (kD > 0 && kBf16Dot && std::is_same_v<T, uint16_t>) {
+    const int64_t c = d / 32, rest = d % 32, lane_group = rest / 8, half = (rest % 8) / 4;
+    return 32 * c + 16 * half + 4 * lane_group + rest % 4;
+  }
+  return d;
+}
+
 // The 16 scores of one row against the block's keys (lane j = q . k_j), kD a multiple of 32: float32 pages
 // by FMAs; bfloat16 pages by the AVX-512 BF16 dot product of bfloat16 pairs where the CPU has it (else widened).
 template <int kD, class T>
@@ -307,6 +319,37 @@ inline void group_softmax(const Problem& p, RowState* const* rows, int group, v1
 template <int kD, int N, class T>
 inline void accumulate_values(RowState* const* rows, const v16* weights, const float* corrections,
                               const T* const* key_rows, int64_t v_offset, int first, int last) {
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    // bfloat16 pages: the weights rounded to bfloat16 (as transformers rounds the probabilities before
+    // multiplying them by a bfloat16 V) and the keys taken in pairs: (p_j, p_j+1) . (V_j[d], V_j+1[d]) by
+    // vdpbf16ps. Interleaving two keys' V rows 16 bits at a time leaves the accumulators' lanes in the order
+    // `paired_index` describes. Measured in one process: prefill attention -12-18%, decode -7-9%.
+    __m512 a[N][kD / 16];
+    alignas(64) uint32_t pairs[N][kKeyBlock / 2];  // (p_2i, p_2i+1) as bfloat16 in one word
+    for (int r = 0; r < N; ++r) {
+      for (int c = 0; c < kD / 16; ++c) a[r][c] = _mm512_loadu_ps(rows[r]->acc + 16 * c) * corrections[r];
+      const __m256bh w = _mm512_cvtneps_pbh((__m512)weights[r]);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[r]), (__m256i)w);
+    }
+    for (int j = first & ~1; j <= last; j += 2) {
+      for (int c = 0; c < kD / 32; ++c) {  // keys outside [first, last] are zero, never read from memory
+        const __m512i v0 = j >= first ? _mm512_loadu_si512(key_rows[j] + v_offset + 32 * c) : _mm512_setzero_si512();
+        const __m512i v1 = j + 1 <= last ? _mm512_loadu_si512(key_rows[j + 1] + v_offset + 32 * c)
+                                         : _mm512_setzero_si512();
+        const __m512i lo = _mm512_unpacklo_epi16(v0, v1), hi = _mm512_unpackhi_epi16(v0, v1);
+        for (int r = 0; r < N; ++r) {
+          const __m512i p = _mm512_set1_epi32(static_cast<int>(pairs[r][j / 2]));
+          a[r][2 * c] = dot_bf16(a[r][2 * c], p, lo);
+          a[r][2 * c + 1] = dot_bf16(a[r][2 * c + 1], p, hi);
+        }
+      }
+    }
+    for (int r = 0; r < N; ++r)
+      for (int c = 0; c < kD / 16; ++c) _mm512_storeu_ps(rows[r]->acc + 16 * c, a[r][c]);
+    return;
+  }
+#endif
   v16 a[N][kD / 16];
   for (int r = 0; r < N; ++r)
     for (int c = 0; c < kD / 16; ++c) a[r][c] = load16(rows[r]->acc + 16 * c) * corrections[r];
@@ -481,7 +524,7 @@ void run_item(const Problem& p, const Item& item) {
     const int32_t token = item.first_token + i / Hq;
     float* dst = p.out + (token * Hq + i % Hq) * D;
     const float inv = row.l > 0.0f ? 1.0f / row.l : 0.0f;
-    for (int64_t d = 0; d < D; ++d) dst[d] = row.acc[d] * inv;
+    for (int64_t d = 0; d < D; ++d) dst[d] = row.acc[paired_index<kD, T>(d)] * inv;
   }
 }
 
