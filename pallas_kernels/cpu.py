@@ -1,5 +1,6 @@
-"""Native CPU kernels, XLA FFI custom calls: the ragged paged attention (`cpu_attention.cc`) and a
-float32 x bfloat16 matmul (`cpu_matmul.cc`).
+"""Native CPU kernels, XLA FFI custom calls: the ragged paged attention (`cpu_attention.cc`), a float32 x
+bfloat16 matmul (`cpu_matmul.cc`, with a layer's RMSNorm or gated activation applied to its input rows and a
+residual added to its output) and a fusion barrier.
 
 XLA:CPU runs the reference attention's gathers and many tiny batched dots far from memory bandwidth; the
 native body reads each request's K/V straight from its pages (float32 q; float32 or bfloat16 pages), and its
@@ -124,7 +125,7 @@ def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, ep
     `residual` f32[M, n], where given, is added to the result (in float32, as it is stored)."""
     if prologue not in _PROLOGUES:
         raise ValueError(f"matmul_bf16's prologue must be one of {list(_PROLOGUES)}, got {prologue!r}")
-    K = x.shape[1] // 2 if prologue == "silu_mul" else x.shape[1]
+    K = (x.shape[-1] // 2 if prologue == "silu_mul" else x.shape[-1]) if x.ndim else 0
     if x.ndim != 2 or packed.ndim != 3 or packed.shape != (-(-n // PANEL), -(-K // 2), 2 * PANEL) or (
             prologue == "silu_mul" and x.shape[1] % 2):
         raise ValueError(f"matmul_bf16 needs x [M, K] ([M, 2K] for silu_mul) and pack_bf16(w) of a [K, {n}] w, "

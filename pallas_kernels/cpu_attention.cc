@@ -8,8 +8,10 @@
 // the caller and XLA's intra-op thread pool. WriteKv, the companion, writes a step's K/V rows in place.
 //
 // Compute is float32. With a known head_dim (64, 128, 256) the 16 scores of a row are one vector (a
-// transposing reduction of 16 partial-sum vectors); bfloat16 pages are scored by vdpbf16ps against q
-// rounded to bfloat16 where the CPU has AVX-512 BF16, and widened to float32 otherwise and for values.
+// transposing reduction of 16 partial-sum vectors). Where the CPU has AVX-512 BF16, bfloat16 pages are
+// scored by vdpbf16ps against q rounded to bfloat16, and their values weighted by vdpbf16ps with the
+// softmax weights rounded to bfloat16 (as transformers rounds a bfloat16 model's probabilities); elsewhere
+// (and for other head_dims) bfloat16 pages are widened to float32.
 
 #include <algorithm>
 #include <atomic>
