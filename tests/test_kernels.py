@@ -179,6 +179,8 @@ def test_native_bf16_matmul_matches_xla(m, k, n):
 def test_native_bf16_matmul_refuses_other_shapes_and_dtypes():
     with pytest.raises(ValueError, match=r"x \[M, K\] .* and pack_bf16\(w\) of a \[K, 5\] w"):
         cpu.matmul_bf16(jnp.zeros((2, 7)), cpu.pack_bf16(jnp.zeros((4, 5))), 5)
+    with pytest.raises(ValueError, match=r"x \[M, K\]"):
+        cpu.matmul_bf16(jnp.zeros(3), cpu.pack_bf16(jnp.zeros((3, 5))), 5)
     with pytest.raises(ValueError, match="float32 x and a bfloat16 packed w"):
         cpu.matmul_bf16(jnp.zeros((2, 3), jnp.bfloat16), cpu.pack_bf16(jnp.zeros((3, 5))), 5)
     with pytest.raises(ValueError, match="prologue must be one of"):
