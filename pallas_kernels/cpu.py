@@ -7,10 +7,10 @@ native body reads each request's K/V straight from its pages (float32 q; float32
 companion writer puts each step's K/V into the pages in place (`write_kv`: XLA:CPU's scatter into a bfloat16
 pool converts the whole pool around every write). XLA:CPU's bfloat16 dots reach a fraction of the AVX-512
 BF16 peak at decode and prefill row counts; the native matmul uses that instruction directly
-(`matmul_available()`: only where the CPU has it). Both
-are compiled from source into one library with the system C++ compiler on first use and cached under
-`~/.cache/jaxengine/kernels` (or `$JAXENGINE_KERNEL_CACHE`), keyed by the sources, jaxlib's FFI headers and
-the CPU's flags. Where no compiler is found, `available()` is False and XLA's own ops take over.
+(`matmul_available()`: only where the CPU has it). Both are compiled from source into one library with the
+system C++ compiler on first use and cached under `~/.cache/jaxengine/kernels` (or `$JAXENGINE_KERNEL_CACHE`),
+keyed by the sources (and their shared header), jaxlib's FFI headers and the CPU's flags. Where no compiler is
+found, `available()` is False and XLA's own ops take over.
 """
 
 import ctypes
@@ -30,6 +30,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 _SOURCES = (Path(__file__).with_name("cpu_attention.cc"), Path(__file__).with_name("cpu_matmul.cc"))
+_HEADERS = (Path(__file__).with_name("cpu_vector.h"),)  # included by the sources: part of the build's key
 _TARGET = "jaxengine_cpu_ragged_paged_attention"
 _MATMUL_TARGET = "jaxengine_cpu_matmul_bf16"
 _WRITE_TARGET = "jaxengine_cpu_write_kv"
@@ -58,7 +59,7 @@ def _library() -> ctypes.CDLL:
         raise RuntimeError("no C++ compiler (g++, c++ or clang++; or set CXX)")
     include = jax.ffi.include_dir()
     key = hashlib.sha256()
-    sources = [source.read_bytes() for source in _SOURCES]
+    sources = [source.read_bytes() for source in (*_SOURCES, *_HEADERS)]
     for part in (*sources, (Path(include) / "xla/ffi/api/ffi.h").read_bytes(), cpu_flags().encode(), compiler.encode()):
         key.update(part)
     cache = Path(os.environ.get("JAXENGINE_KERNEL_CACHE", "~/.cache/jaxengine/kernels")).expanduser()

@@ -28,6 +28,7 @@
 #include <immintrin.h>
 #endif
 
+#include "cpu_vector.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -37,25 +38,6 @@ namespace {
 constexpr int kTileTokens = 8;  // query tokens per work item (multi-token requests)
 constexpr int kKeyBlock = 16;   // keys scored before each softmax rescale (one vector of scores)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// exp for x <= 0 (scores minus their running max) by range reduction and a degree-6 polynomial (Cephes);
-// plain arithmetic, so GCC vectorises the loops that call it. Relative error ~1e-7.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
 
 struct Problem {
   const float* q;
@@ -76,7 +58,6 @@ struct Item {
 // 8 floats in one vector register (AVX) or two (SSE); 16 in one (AVX-512) or two. Loads and stores need no
 // alignment.
 typedef float v8 __attribute__((vector_size(32)));
-typedef float v16 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
@@ -126,36 +107,12 @@ inline float sum16(v16 v) {
   return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
 }
 
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-
-inline v16 splat(float x) { return v16{} + x; }
-
 inline float max16(v16 v) {
   v8 lo, hi;
   halves(v, lo, hi);
   const v8 x = lo > hi ? lo : hi;
   return std::max(std::max(std::max(x[0], x[1]), std::max(x[2], x[3])),
                   std::max(std::max(x[4], x[5]), std::max(x[6], x[7])));
-}
-
-// exp_nonpositive on 16 lanes.
-inline v16 exp16(v16 x) {
-  x = x < splat(-87.0f) ? splat(-87.0f) : x;
-  const v16 y = x * 1.44269504088896341f + 0.5f;
-  v16 n = __builtin_convertvector(__builtin_convertvector(y, i32x16), v16);  // truncation, then floor:
-  n = n > y ? n - 1.0f : n;
-  const v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  v16 q = splat(1.9875691500e-4f);
-  q = q * r + 1.3981999507e-3f;
-  q = q * r + 8.3334519073e-3f;
-  q = q * r + 4.1665795894e-2f;
-  q = q * r + 1.6666665459e-1f;
-  q = q * r + 5.0000001201e-1f;
-  q = q * r * r + r + 1.0f;
-  const i32x16 bits = (__builtin_convertvector(n, i32x16) + 127) << 23;
-  v16 scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return q * scale;
 }
 
 // Lane-pair sums of two vectors interleaved, the steps of a transposing reduction: after four levels lane j

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "cpu_vector.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -114,28 +115,9 @@ struct Input {
   float eps;
 };
 
-inline __m512 fmadd(__m512 a, __m512 b, float c) { return _mm512_fmadd_ps(a, b, _mm512_set1_ps(c)); }
-
-// exp(x) for x <= 0 (Cephes' expf polynomial on x - n ln2, scaled by 2^n; underflows to 0).
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = fmadd(p, r, 1.3981999507e-3f);
-  p = fmadd(p, r, 8.3334519073e-3f);
-  p = fmadd(p, r, 4.1665795894e-2f);
-  p = fmadd(p, r, 1.6666665459e-1f);
-  p = fmadd(p, r, 5.0000001201e-1f);
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, n);
-}
-
 // silu(g) * u with sigmoid(g) = 1 / (1 + e^-g) for g >= 0 and e^g / (1 + e^g) below (never overflows).
 inline __m512 silu_mul(__m512 g, __m512 u) {
-  const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+  const __m512 e = (__m512)exp16((v16)_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
   const __mmask16 positive = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ);
   const __m512 sigmoid = _mm512_div_ps(_mm512_mask_blend_ps(positive, e, _mm512_set1_ps(1.f)),
                                        _mm512_add_ps(e, _mm512_set1_ps(1.f)));
