@@ -134,18 +134,29 @@ inline v16 fold8(v16 a, v16 b) {
          __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
 }
 
+// The page holding `key` of the request whose block table is `table`, or -1 where its id is outside [0, P) or
+// the key is past the table.
+inline int32_t key_page(const Problem& p, const int32_t* table, int64_t key) {
+  const int64_t slot = key / p.page_size;
+  const int32_t page = slot < p.pages_per_seq ? table[slot] : -1;
+  return page >= 0 && page < p.num_pages ? page : -1;
+}
+
+// The [2 * Hkv, D] row of `key` in this layer's page `page`.
+template <class T>
+inline const T* key_row(const Problem& p, const T* kv, int32_t page, int64_t key) {
+  return kv + ((p.layer * p.num_pages + page) * p.page_size + key % p.page_size) * 2 * p.num_kv_heads * p.head_dim;
+}
+
 // Pointers to the [2 * Hkv, D] page rows of keys [block, block + n) (past n: the pool's first row, never
 // weighted); usable[j]: the key exists and its page id is valid (a bad one is skipped, never read).
 template <class T>
 void locate_keys(const Problem& p, const T* kv, const int32_t* table, int32_t block, int n, const T** key_rows,
                  bool* usable) {
-  const int64_t row = 2 * p.num_kv_heads * p.head_dim;
   for (int j = 0; j < kKeyBlock; ++j) {
-    const int32_t key = block + j;
-    const int64_t slot = key / p.page_size;
-    const int32_t page = j < n && slot < p.pages_per_seq ? table[slot] : -1;
-    usable[j] = page >= 0 && page < p.num_pages;
-    key_rows[j] = usable[j] ? kv + ((p.layer * p.num_pages + page) * p.page_size + key % p.page_size) * row : kv;
+    const int32_t page = j < n ? key_page(p, table, block + j) : -1;
+    usable[j] = page >= 0;
+    key_rows[j] = usable[j] ? key_row(p, kv, page, block + j) : kv;
   }
 }
 
@@ -163,13 +174,10 @@ void touch_keys(const Problem& p, const T* kv, const int32_t* table, int32_t fir
     int pages = 0;
     int64_t longest = 0;
     for (; key <= last && pages < kMaxPages; ++pages) {
-      const int64_t slot = key / p.page_size, offset = key % p.page_size;
-      const int32_t end = static_cast<int32_t>(std::min<int64_t>(last, (slot + 1) * p.page_size - 1));
-      const int32_t page = slot < p.pages_per_seq ? table[slot] : -1;
-      const bool usable = page >= 0 && page < p.num_pages;
-      const int64_t at = ((p.layer * p.num_pages + page) * p.page_size + offset) * row_bytes;
-      start[pages] = usable ? reinterpret_cast<const char*>(kv) + at : nullptr;
-      length[pages] = usable ? (end - key + 1) * row_bytes : 0;
+      const int32_t end = static_cast<int32_t>(std::min<int64_t>(last, (key / p.page_size + 1) * p.page_size - 1));
+      const int32_t page = key_page(p, table, key);
+      start[pages] = page >= 0 ? reinterpret_cast<const char*>(key_row(p, kv, page, key)) : nullptr;
+      length[pages] = page >= 0 ? (end - key + 1) * row_bytes : 0;
       longest = std::max(longest, length[pages]);
       key = end + 1;
     }

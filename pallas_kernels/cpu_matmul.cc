@@ -38,7 +38,7 @@ constexpr int kPanel = 32;   // output columns per panel (work item)
 constexpr int kMaxRows = 12; // rows per register block: 24 accumulators + 5 working registers of 32
 
 struct Problem {
-  const uint32_t* a;  // bf16 pairs of x by row block: the block of rows [m0, m0 + R) is [K2, R] at a + m0 * K2
+  uint32_t* a;        // bf16 pairs of x by row block: the block of rows [m0, m0 + R) is [K2, R] at a + m0 * K2
   const uint16_t* w;  // [P, K2, 64] packed bf16
   float* y;           // [M, N]
   const float* residual;  // [M, N] added to y, or null
@@ -167,7 +167,7 @@ void round_block(const Input& in, const Problem& p, int64_t index) {
   thread_local std::vector<uint32_t> row;
   row.resize(static_cast<size_t>(p.K2));
   const int64_t m0 = index * p.rows, R = std::min<int64_t>(p.rows, p.M - m0);
-  uint32_t* a = const_cast<uint32_t*>(p.a) + m0 * p.K2;
+  uint32_t* a = p.a + m0 * p.K2;
   for (int64_t r = 0; r < R; ++r) {
     round_row(in, m0 + r, reinterpret_cast<uint16_t*>(row.data()));
     for (int64_t k2 = 0; k2 < p.K2; ++k2) a[k2 * R + r] = row[k2];
