@@ -1,6 +1,6 @@
 """Native CPU kernels, XLA FFI custom calls: the ragged paged attention (`cpu_attention.cc`), a float32 x
 bfloat16 matmul (`cpu_matmul.cc`, with a layer's RMSNorm or gated activation applied to its input rows and a
-residual added to its output) and a fusion barrier.
+residual added to its output), the greedy sampler's argmax (`cpu_sampling.cc`) and a fusion barrier.
 
 XLA:CPU runs the reference attention's gathers and many tiny batched dots far from memory bandwidth; the
 native body reads each request's K/V straight from its pages (float32 q; float32 or bfloat16 pages), and its
@@ -29,12 +29,13 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = (Path(__file__).with_name("cpu_attention.cc"), Path(__file__).with_name("cpu_matmul.cc"))
+_SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_attention.cc", "cpu_matmul.cc", "cpu_sampling.cc"))
 _HEADERS = (Path(__file__).with_name("cpu_vector.h"),)  # included by the sources: part of the build's key
 _TARGET = "jaxengine_cpu_ragged_paged_attention"
 _MATMUL_TARGET = "jaxengine_cpu_matmul_bf16"
 _WRITE_TARGET = "jaxengine_cpu_write_kv"
 _BARRIER_TARGET = "jaxengine_cpu_fusion_barrier"
+_ARGMAX_TARGET = "jaxengine_cpu_first_argmax"
 
 
 def cpu_flags() -> str:
@@ -81,6 +82,7 @@ def _library() -> ctypes.CDLL:
     jax.ffi.register_ffi_target(_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulBf16), platform="cpu")
     jax.ffi.register_ffi_target(_WRITE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuWriteKv), platform="cpu")
     jax.ffi.register_ffi_target(_BARRIER_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuFusionBarrier), platform="cpu")
+    jax.ffi.register_ffi_target(_ARGMAX_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuFirstArgmax), platform="cpu")
     return lib
 
 
@@ -143,6 +145,15 @@ def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, ep
     _library()
     call = jax.ffi.ffi_call(_MATMUL_TARGET, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32))
     return call(x, packed, norm, residual, prologue=np.int32(_PROLOGUES[prologue]), eps=np.float32(eps))
+
+
+def first_argmax(x):
+    """jnp.argmax(x, axis=-1) of float32 x [R, V] as int32 [R]: each row's first maximum, a NaN counting as
+    the maximum (the first NaN wins), in one pass over the rows."""
+    if x.ndim != 2 or x.dtype != jnp.float32:
+        raise ValueError(f"first_argmax needs float32 x [R, V], got {x.dtype} {x.shape}")
+    _library()
+    return jax.ffi.ffi_call(_ARGMAX_TARGET, jax.ShapeDtypeStruct(x.shape[:1], jnp.int32))(x)
 
 
 def supports(q_dtype, kv_dtype) -> bool:

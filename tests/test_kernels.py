@@ -2,6 +2,7 @@
 
 import logging
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -241,3 +242,37 @@ def test_fusion_barrier_is_the_identity_and_stays_in_the_program():
     f = jax.jit(lambda x: cpu.fusion_barrier(jnp.stack([jnp.cos(x), jnp.sin(x)])) * 2.0)
     np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(jnp.stack([jnp.cos(x), jnp.sin(x)]) * 2.0))
     assert "jaxengine_cpu_fusion_barrier" in f.lower(x).compile().as_text()
+
+
+@pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")
+@pytest.mark.parametrize("vocab", [1, 15, 16, 17, 50, 1000])
+def test_native_first_argmax_matches_jnp_argmax(vocab):
+    """Ties (the first wins, across lanes and the tail), rows of -inf, NaNs (the first wins, in the vector
+    part or the tail) and a maximum in the tail, for row lengths around the 16-lane vector."""
+    from jaxengine.layers.sampler import first_argmax
+
+    rng = np.random.default_rng(vocab)
+    x = rng.standard_normal((12, vocab)).astype(np.float32)
+    x[1] = 2.0  # all equal
+    x[2] = -np.inf
+    x[3, -1] = 9.0  # the maximum at the end
+    x[4, vocab // 2:] = 7.0  # ties from the middle on
+    x[5, [vocab // 3, vocab - 1]] = np.nan
+    x[6, -1] = np.nan
+    x[7] = rng.integers(0, 3, vocab)  # many ties
+    x[8, 0] = np.inf
+    x[9, rng.integers(vocab)] = -np.inf
+    got = np.asarray(jax.jit(cpu.first_argmax)(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, np.argmax(x, axis=-1))
+    # The XLA path agrees where the row has no NaN (XLA:CPU's max can skip a NaN: the kernel is the one that
+    # keeps jnp.argmax's rule there).
+    finite = ~np.isnan(x).any(axis=-1)
+    np.testing.assert_array_equal(got[finite], np.asarray(first_argmax(jnp.asarray(x)))[finite])
+
+
+@pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")
+def test_native_first_argmax_refuses_other_shapes_and_dtypes():
+    with pytest.raises(ValueError, match="float32 x"):
+        cpu.first_argmax(jnp.zeros((2, 3), jnp.bfloat16))
+    with pytest.raises(ValueError, match=r"\[R, V\]"):
+        cpu.first_argmax(jnp.zeros((3,), jnp.float32))

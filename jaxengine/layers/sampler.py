@@ -108,13 +108,31 @@ def first_argmax(logits: jax.Array) -> jax.Array:  # i32[R]
     return jnp.min(jnp.where(hit, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
 
 
+def native_argmax(mesh) -> bool:
+    """Whether the greedy argmax runs the native CPU kernel (pallas_kernels/cpu_sampling.cc: 0.17 vs 1.8 ms
+    for a decode step's [64, 32000] logits): the CPU backend, one device (the FFI call is not partitioned over
+    a mesh) and a library that builds."""
+    if jax.default_backend() != "cpu" or mesh.devices.size > 1:
+        return False
+    from pallas_kernels import cpu
+
+    return cpu.available()
+
+
 def sample(
     logits: jax.Array,  # f32[R, vocab], processed
     inputs: SamplingInputs,
     *,
     all_greedy: bool,
+    native: bool = False,
 ) -> jax.Array:  # i32[R]
-    greedy = first_argmax(logits)
+    """`native`: the greedy tokens come from the native CPU argmax (`native_argmax`)."""
+    if native:
+        from pallas_kernels import cpu
+
+        greedy = cpu.first_argmax(logits)
+    else:
+        greedy = first_argmax(logits)
     if all_greedy:
         return greedy
     vocab = logits.shape[-1]
@@ -150,11 +168,11 @@ def token_logprobs(
 
 
 def sampling_step(logits: jax.Array, inputs: SamplingInputs, slot_state: SlotState, *, variant: str,
-                  num_logprobs: int):
+                  num_logprobs: int, native: bool = False):
     """Returns (tokens i32[R], logprobs tuple or None, slot_state with the sampled tokens counted)."""
     full = variant == "full"
     processed = process_logits(logits, inputs, slot_state if full else None)
-    tokens = sample(processed, inputs, all_greedy=variant == "greedy")
+    tokens = sample(processed, inputs, all_greedy=variant == "greedy", native=native)
     if not full:
         return tokens, None, slot_state
     counts = slot_state.output_counts.at[inputs.count_slots, tokens].add(1, mode="drop")

@@ -12,7 +12,8 @@ from tqdm.auto import tqdm
 
 from jaxengine.engine.request import Sequence, Status
 from jaxengine.engine.scheduler import ScheduledChunk
-from jaxengine.layers.sampler import VARIANTS, SamplingInputs, SlotState, reset_slot, sampling_step, token_logprobs
+from jaxengine.layers.sampler import (VARIANTS, SamplingInputs, SlotState, native_argmax, reset_slot, sampling_step,
+                                      token_logprobs)
 from jaxengine.parallel import multihost
 from jaxengine.parallel.sharding import named_sharding, replicated
 from jaxengine.runner.batch import Packing, RaggedBatch
@@ -46,10 +47,10 @@ def _forward(graphdef, state_treedef, replicated, state_leaves, kv_cache, batch_
     return constrain(logits), constrain(hidden), kv_cache
 
 
-def _sample(logits, slot_state, sampling_ints, sampling_floats, *, packing: Packing, variant: str,
+def _sample(native, logits, slot_state, sampling_ints, sampling_floats, *, packing: Packing, variant: str,
             num_logprobs: int):
     sampling = packing.unpack(sampling_ints, sampling_floats)
-    return sampling_step(logits, sampling, slot_state, variant=variant, num_logprobs=num_logprobs)
+    return sampling_step(logits, sampling, slot_state, variant=variant, num_logprobs=num_logprobs, native=native)
 
 
 def _prompt_logprobs(graphdef, state_treedef, state_leaves, hidden, batch_ints, *, packing: Packing,
@@ -73,6 +74,7 @@ class ModelRunner:
         self.hidden_size, self.dtype = model.cfg.hidden_size, model.dtype
         self.attention_body = model.attention_body(block_size)
         self._model_key = f"{graphdef!r}|{self.attention_body}"  # what the model programs close over
+        self._native_argmax = native_argmax(mesh)
         self._cache = ExecutableCache(executable_cache) if executable_cache else None
         self.channel = channel
         self.replicated = replicated(mesh)
@@ -86,7 +88,8 @@ class ModelRunner:
         self._jitted = {
             "forward": jax.jit(functools.partial(_forward, graphdef, state_treedef, self.replicated),
                                donate_argnums=1, static_argnames=("packing",)),
-            "sample": jax.jit(_sample, static_argnames=("packing", "variant", "num_logprobs"), donate_argnums=1),
+            "sample": jax.jit(functools.partial(_sample, self._native_argmax),
+                              static_argnames=("packing", "variant", "num_logprobs"), donate_argnums=1),
             "prompt": jax.jit(functools.partial(_prompt_logprobs, graphdef, state_treedef),
                               static_argnames=("packing", "num_logprobs")),
             "reset": jax.jit(reset_slot, donate_argnums=0),
@@ -152,7 +155,9 @@ class ModelRunner:
             if self._cache is None:
                 self._compiled[key] = lower().compile()
             else:
-                name = f"{kind}{sorted(statics.items())}" + (self._model_key if kind in ("forward", "prompt") else "")
+                closes_over = {"forward": self._model_key, "prompt": self._model_key,
+                               "sample": "|native argmax" * self._native_argmax}
+                name = f"{kind}{sorted(statics.items())}" + closes_over.get(kind, "")
                 self._compiled[key] = self._cache.get(name, signature(args), lower)
         return self._compiled[key]
 
