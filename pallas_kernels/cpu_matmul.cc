@@ -53,9 +53,10 @@ inline int64_t block_rows(int64_t M) {
   return (M + blocks - 1) / blocks;
 }
 
-// Row block [m0, m0 + R) x the 32 columns of panel `index` (masked to the columns below N).
+// Row block [m0, m0 + R) x the 32 columns of panel `index` (masked to the columns below N). `prefetch`, where
+// given, is a panel brought towards L2 on the way, two lines per k (a whole panel over one block's K loop).
 template <int R>
-void block(const Problem& p, int64_t m0, int64_t index, __mmask32 mask) {
+void block(const Problem& p, int64_t m0, int64_t index, __mmask32 mask, const uint16_t* prefetch) {
   __m512 lo[R], hi[R];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
@@ -64,6 +65,10 @@ void block(const Problem& p, int64_t m0, int64_t index, __mmask32 mask) {
   for (int64_t k = 0; k < p.K2; ++k) {
     const __m512bh b_lo = (__m512bh)_mm512_loadu_si512(w + 64 * k);
     const __m512bh b_hi = (__m512bh)_mm512_loadu_si512(w + 64 * k + 32);
+    if (prefetch) {
+      _mm_prefetch(reinterpret_cast<const char*>(prefetch + 64 * k), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(prefetch + 64 * k + 32), _MM_HINT_T1);
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[k * R + r]));
@@ -86,18 +91,21 @@ void block(const Problem& p, int64_t m0, int64_t index, __mmask32 mask) {
 }
 
 template <int R>
-void rows(const Problem& p, int64_t m0, int64_t index, __mmask32 mask, int64_t count) {
+void rows(const Problem& p, int64_t m0, int64_t index, __mmask32 mask, int64_t count, const uint16_t* prefetch) {
   if constexpr (R > 0) {
-    if (count == R) return block<R>(p, m0, index, mask);
-    return rows<R - 1>(p, m0, index, mask, count);
+    if (count == R) return block<R>(p, m0, index, mask, prefetch);
+    return rows<R - 1>(p, m0, index, mask, count, prefetch);
   }
 }
 
-void panel(const Problem& p, int64_t index) {
+// Panel `index` for all rows; the panel `next` (this worker's likely next one, or -1) is prefetched during the
+// first row block, so the first block of the next panel does not wait on memory for its weights.
+void panel(const Problem& p, int64_t index, int64_t next) {
   const int64_t cols = std::min<int64_t>(kPanel, p.N - index * kPanel);
   const __mmask32 mask = cols == kPanel ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << cols) - 1);
+  const uint16_t* prefetch = next >= 0 ? p.w + next * p.K2 * 64 : nullptr;
   for (int64_t m0 = 0; m0 < p.M; m0 += p.rows)
-    rows<kMaxRows>(p, m0, index, mask, std::min<int64_t>(p.rows, p.M - m0));
+    rows<kMaxRows>(p, m0, index, mask, std::min<int64_t>(p.rows, p.M - m0), m0 == 0 ? prefetch : nullptr);
 }
 
 // What the kernel does to each row of x before rounding it to bfloat16 (the `prologue` attribute).
@@ -175,21 +183,39 @@ void round_block(const Input& in, const Problem& p, int64_t index) {
 }
 
 // Two phases shared between the caller and XLA's intra-op pool: row blocks are rounded (with the prologue),
-// then, once every row block is done, panels are computed.
+// then, once every row block is done, panels are computed. Workers take panels from both ends, in turn one
+// from the front and the next from the back, so each walks the weights in address order and knows its
+// likely next panel to prefetch. Measured in one process against taking them in turn from the front: a
+// decode step's matmuls 3-7% faster at 64 rows, 4-7% at one row, within 1% at 128 and 512.
 struct Shared {
   Problem problem;
   Input input;
   int64_t row_blocks = 0, items = 0;
-  std::atomic<int64_t> next_block{0}, blocks_done{0}, next{0}, done{0};
+  std::atomic<int64_t> next_block{0}, blocks_done{0}, done{0};
+  std::atomic<uint64_t> taken{0};  // panels taken from the front | from the back << 32
+  std::atomic<int> workers{0};
+
+  // The next panel from the front (or the back), or -1 once every panel is taken.
+  int64_t take(bool from_back) {
+    uint64_t t = taken.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t front = static_cast<int64_t>(t & 0xffffffffu), back = static_cast<int64_t>(t >> 32);
+      if (front + back >= items) return -1;
+      if (taken.compare_exchange_weak(t, from_back ? t + (uint64_t{1} << 32) : t + 1, std::memory_order_relaxed))
+        return from_back ? items - 1 - back : front;
+    }
+  }
 
   void work() {
+    const bool from_back = workers.fetch_add(1) % 2 == 1;
     for (int64_t i; (i = next_block.fetch_add(1)) < row_blocks;) {
       round_block(input, problem, i);
       blocks_done.fetch_add(1, std::memory_order_release);
     }
     while (blocks_done.load(std::memory_order_acquire) < row_blocks) _mm_pause();  // taken blocks finish
-    for (int64_t i; (i = next.fetch_add(1)) < items;) {
-      panel(problem, i);
+    for (int64_t i; (i = take(from_back)) >= 0;) {
+      const int64_t next = from_back ? i - 1 : i + 1;
+      panel(problem, i, next >= 0 && next < items ? next : -1);
       done.fetch_add(1, std::memory_order_release);
     }
   }
