@@ -1,5 +1,6 @@
 """Seeds, sampling parameters, n > 1, bad input, chat and the offline LLM API."""
 
+import numpy as np
 import pytest
 
 from jaxengine import LLM, SamplingParams
@@ -114,6 +115,31 @@ def test_detokenizer_never_splits_multibyte_characters(engines):
     pieces = [detok.add(t) for t in ids]
     assert all("\ufffd" not in p for p in pieces)
     assert "".join(pieces) == text == detok.text
+
+
+def test_detokenizer_fast_path_is_transformers_decode(engines):
+    """The backend's own decode (taken where transformers' decode is exactly that call) gives the text that
+    transformers' decode gives, with and without special tokens; a tokenizer that cleans up spaces keeps the
+    transformers path."""
+    import copy
+
+    from jaxengine.engine.detokenizer import _backend_decoder
+
+    tokenizer = engines("mistral").tokenizer
+    assert _backend_decoder(tokenizer) is not None
+    rng = np.random.default_rng(0)
+    special = sorted(tokenizer.all_special_ids)
+    for skip in (True, False):
+        ids = [int(t) for t in rng.integers(0, tokenizer.vocab_size, 60)] + special + [int(rng.integers(100))]
+        fast = IncrementalDetokenizer(tokenizer, [5, 6], skip_special_tokens=skip)
+        slow = IncrementalDetokenizer(tokenizer, [5, 6], skip_special_tokens=skip)
+        slow._backend = None
+        assert [fast.add(t) for t in ids] == [slow.add(t) for t in ids]
+        fast.flush(), slow.flush()
+        assert fast.text == slow.text
+    cleaning = copy.copy(tokenizer)
+    cleaning.clean_up_tokenization_spaces = True
+    assert _backend_decoder(cleaning) is None
 
 
 @pytest.fixture(scope="module")

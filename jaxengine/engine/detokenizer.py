@@ -8,6 +8,25 @@ sequence split across tokens).
 _CONTEXT_TOKENS = 5
 
 
+def _backend_decoder(tokenizer):
+    """The Rust tokenizer's own decode, where the transformers tokenizer's `decode` is exactly that call: a
+    `tokenizers`-backed class that overrides neither `decode` nor `_decode`, without clean-up of
+    tokenization spaces (its `_decode` then returns the backend's text as it is). Two decodes a token through
+    transformers' wrapper cost ~12 us of the host's time; the backend's, ~3 us. Else None."""
+    try:
+        from transformers import PreTrainedTokenizerFast
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+    except ImportError:
+        return None
+    cls = type(tokenizer)
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if (not isinstance(tokenizer, PreTrainedTokenizerFast) or backend is None
+            or cls.decode is not PreTrainedTokenizerBase.decode or cls._decode is not PreTrainedTokenizerFast._decode
+            or getattr(tokenizer, "clean_up_tokenization_spaces", True)):
+        return None
+    return backend.decode
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True,
                  spaces_between_special_tokens: bool = True):
@@ -18,8 +37,11 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = len(self.tokens)
         self.text = ""
+        self._backend = _backend_decoder(tokenizer)
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend is not None:
+            return self._backend(ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
                                      spaces_between_special_tokens=self.spaces_between_special_tokens)
 
