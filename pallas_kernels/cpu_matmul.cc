@@ -7,8 +7,10 @@
 // wp[P, K2, 64] with wp[p, k, 2c + j] = w[2k + j, 32p + c] (zero past K and N). A panel is then read as one
 // sequential stream (full memory bandwidth for the one-row steps of a single request), and each pair of
 // weight rows is already the (w[2k, n], w[2k+1, n]) pairs the instruction takes. x is rounded to bfloat16
-// once per call into (x[m, 2k], x[m, 2k+1]) pairs, each broadcast as one 32-bit word, interleaved by row
-// block so a block's rows are one sequential stream too; on the way a row can be RMS-normalised or go
+// once per call into (x[m, 2k], x[m, 2k+1]) pairs, each broadcast as one 32-bit word, laid out by row block
+// in chunks of 16 pairs a row ([K2p / 16][R][16]): a chunk of a row is one vector store, and a block's rows
+// are one sequential stream (a [K2, R] transpose, written pair by pair, had cost up to a fifth of a
+// prefill matmul's time in its rounding phase); on the way a row can be RMS-normalised or go
 // through the gated MLP's silu(gate) * up (the prologue: XLA would otherwise run each as a fusion of its
 // own, writing and reading the rows again). Up to 12 rows x 32 columns of accumulators stay in registers
 // for the whole K loop. The work, shared between the caller and XLA's intra-op thread pool, comes in two
@@ -43,6 +45,7 @@ struct Problem {
   float* y;           // [M, N]
   const float* residual;  // [M, N] added to y, or null
   int64_t M, N, K2;
+  int64_t K2p;        // K2 rounded up to 16: a row's pairs in whole chunks
   int64_t rows;       // rows per block (the last may have fewer)
 };
 
@@ -61,19 +64,23 @@ void block(const Problem& p, int64_t m0, int64_t index, __mmask32 mask, const ui
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
   const uint16_t* w = p.w + index * p.K2 * 64;
-  const uint32_t* a = p.a + m0 * p.K2;  // this block's [K2, R] pairs: one sequential stream
-  for (int64_t k = 0; k < p.K2; ++k) {
-    const __m512bh b_lo = (__m512bh)_mm512_loadu_si512(w + 64 * k);
-    const __m512bh b_hi = (__m512bh)_mm512_loadu_si512(w + 64 * k + 32);
-    if (prefetch) {
-      _mm_prefetch(reinterpret_cast<const char*>(prefetch + 64 * k), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(prefetch + 64 * k + 32), _MM_HINT_T1);
-    }
+  const uint32_t* a = p.a + m0 * p.K2p;  // this block's pairs, [K2p / 16][R][16]: one sequential stream
+  for (int64_t c = 0; c < p.K2; c += 16, a += 16 * R) {
+    const int64_t n = std::min<int64_t>(16, p.K2 - c);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t k = c + j;
+      const __m512bh b_lo = (__m512bh)_mm512_loadu_si512(w + 64 * k);
+      const __m512bh b_hi = (__m512bh)_mm512_loadu_si512(w + 64 * k + 32);
+      if (prefetch) {
+        _mm_prefetch(reinterpret_cast<const char*>(prefetch + 64 * k), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(prefetch + 64 * k + 32), _MM_HINT_T1);
+      }
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[k * R + r]));
-      lo[r] = _mm512_dpbf16_ps(lo[r], x, b_lo);
-      hi[r] = _mm512_dpbf16_ps(hi[r], x, b_hi);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[16 * r + j]));
+        lo[r] = _mm512_dpbf16_ps(lo[r], x, b_lo);
+        hi[r] = _mm512_dpbf16_ps(hi[r], x, b_hi);
+      }
     }
   }
   const __mmask16 mask_lo = static_cast<__mmask16>(mask), mask_hi = static_cast<__mmask16>(mask >> 16);
@@ -140,8 +147,9 @@ inline __m512 load_masked(const float* x, int64_t n) {
   return _mm512_maskz_loadu_ps(static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1), x);
 }
 
-// Row m of x after the prologue, rounded to bfloat16 (to nearest even) into out[0, K) (out[K] = 0 for an odd K).
-void round_row(const Input& in, int64_t m, uint16_t* out) {
+// Row m of x after the prologue, rounded to bfloat16 (to nearest even) as pairs, chunk c of 16 pairs (32
+// values) at out + c * stride (zero past K).
+void round_row(const Input& in, int64_t m, uint32_t* out, int64_t stride) {
   const float* src = in.x + m * in.width;
   const int64_t K = in.K;
   __m512 scale = _mm512_set1_ps(1.f);
@@ -160,26 +168,17 @@ void round_row(const Input& in, int64_t m, uint16_t* out) {
     if (in.prologue == kSiluMul) return silu_mul(v, load_masked(src + K + k, K - k));
     return v;
   };
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) store_bf16(out + k, value(k), value(k + 16));
-  if (k < K) {
-    alignas(64) uint16_t tail[32];
-    store_bf16(tail, value(k), K - k > 16 ? value(k + 16) : _mm512_setzero_ps());
-    std::memcpy(out + k, tail, sizeof(uint16_t) * (K - k + (K % 2)));  // the zero that pads an odd K too
-  }
+  for (int64_t k = 0; k < K; k += 32, out += stride)
+    store_bf16(reinterpret_cast<uint16_t*>(out), value(k), K - k > 16 ? value(k + 16) : _mm512_setzero_ps());
 }
 
-// Rounds the rows [m0, m0 + R) of row block `index` into their pairs, laid out [K2, R] at a + m0 * K2, so a
-// register block reads its rows as one sequential stream.
+// Rounds the rows [m0, m0 + R) of row block `index` into their pairs, laid out [K2p / 16][R][16] at
+// a + m0 * K2p: each chunk of a row is one vector store, and a register block reads its rows as one
+// sequential stream.
 void round_block(const Input& in, const Problem& p, int64_t index) {
-  thread_local std::vector<uint32_t> row;
-  row.resize(static_cast<size_t>(p.K2));
   const int64_t m0 = index * p.rows, R = std::min<int64_t>(p.rows, p.M - m0);
-  uint32_t* a = p.a + m0 * p.K2;
-  for (int64_t r = 0; r < R; ++r) {
-    round_row(in, m0 + r, reinterpret_cast<uint16_t*>(row.data()));
-    for (int64_t k2 = 0; k2 < p.K2; ++k2) a[k2 * R + r] = row[k2];
-  }
+  uint32_t* a = p.a + m0 * p.K2p;
+  for (int64_t r = 0; r < R; ++r) round_row(in, m0 + r, a + 16 * r, 16 * R);
 }
 
 // Two phases shared between the caller and XLA's intra-op pool: row blocks are rounded (with the prologue),
@@ -243,10 +242,11 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   if (M == 0 || N == 0) return ffi::Error::Success();
   auto shared = std::make_shared<Shared>();
   thread_local std::vector<uint32_t> pairs;
-  pairs.resize(static_cast<size_t>(M * K2));
+  const int64_t K2p = (K2 + 15) / 16 * 16;
+  pairs.resize(static_cast<size_t>(M * K2p));
   const int64_t rows = block_rows(M);
   shared->problem = Problem{pairs.data(), w.typed_data(), y->typed_data(), add ? residual.typed_data() : nullptr,
-                            M, N, K2, rows};
+                            M, N, K2, K2p, rows};
   shared->input = Input{x.typed_data(), K, x_dims[1], prologue, norm.typed_data(), eps};
   shared->row_blocks = (M + rows - 1) / rows;
   shared->items = w_dims[0];
