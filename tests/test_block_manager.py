@@ -100,3 +100,11 @@ def test_disabled_prefix_caching_never_hits(caching):
     b = seq(range(9))
     bm.match_prefix(b)
     assert b.num_computed_tokens == (8 if caching else 0)
+
+
+def test_sequence_token_ids_is_a_slice_of_prompt_and_output():
+    s = seq([1, 2, 3, 4])
+    s.output_token_ids += [5, 6, 7]
+    for start in range(8):
+        for end in range(start, 9):
+            assert s.token_ids(start, end) == s.all_token_ids[start:end], (start, end)

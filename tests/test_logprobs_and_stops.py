@@ -130,6 +130,18 @@ def test_logit_bias_shifts_the_logits(engines):
     assert forced.token_ids == [7] * 12
 
 
+def test_a_sampling_row_keeps_nothing_of_its_previous_sequence(engines):
+    """The runner rewrites a row's per-sequence inputs when the row changes hands: an unbiased request that
+    follows a forced one into the same row decodes as it does alone."""
+    engine = engines("qwen2")
+    free = greedy_run(engine, "row-free")
+    assert greedy_run(engine, "row-forced", logit_bias={7: 250}).token_ids == [7] * 12
+    assert greedy_run(engine, "row-after").token_ids == free.token_ids
+    held = greedy_run(engine, "row-held", stop_token_ids=[free.token_ids[1]], min_tokens=6)
+    assert free.token_ids[1] not in held.token_ids[:6]
+    assert greedy_run(engine, "row-after-ban").token_ids == free.token_ids
+
+
 def test_logit_bias_outside_the_vocabulary_is_refused(engines):
     with pytest.raises(ValueError, match=r"logit_bias contains \[999\] outside the vocabulary"):
         engines("qwen2").add_request("lb-bad", PROMPT, SamplingParams(logit_bias={999: 1.0}))

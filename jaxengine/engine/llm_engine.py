@@ -422,12 +422,13 @@ class LLMEngine:
     @staticmethod
     def _update_metrics(request: _Request) -> None:
         m, now = request.metrics, time.monotonic()
-        scheduled = [s.first_scheduled_time for s in request.seqs if s.first_scheduled_time is not None]
-        if m.first_scheduled_time is None and scheduled:
-            m.first_scheduled_time = min(scheduled)
+        if m.first_scheduled_time is None:
+            scheduled = [s.first_scheduled_time for s in request.seqs if s.first_scheduled_time is not None]
+            if scheduled:
+                m.first_scheduled_time = min(scheduled)
         if m.first_token_time is None and any(s.output_token_ids for s in request.seqs):
             m.first_token_time = now
-        if request.finished and m.finished_time is None:
+        if m.finished_time is None and request.finished:
             m.finished_time = now
 
     @staticmethod

@@ -47,6 +47,15 @@ class Sequence:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """all_token_ids[start:end] (start >= 0), without concatenating the prompt and the output."""
+        prompt, n = self.prompt_token_ids, len(self.prompt_token_ids)
+        if end <= n:
+            return prompt[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n:end - n]
+        return prompt[start:] + self.output_token_ids[:end - n]
+
     def banned_tokens(self) -> list[int]:
         """Tokens that may not be sampled next: stop tokens before min_tokens, and the last token of any bad
         word whose other tokens the output has just produced."""

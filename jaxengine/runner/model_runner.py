@@ -110,6 +110,7 @@ class ModelRunner:
         self.block_tables = np.zeros((max_r, self.pages_per_seq), np.int32)
         self.logits_indices = np.zeros(max_r, np.int32)
         self.prompt_targets = np.zeros(max_t, np.int32)
+        self._row_owners: list[Sequence | None] = [None] * max_r  # whose parameters each sampling row holds
         self.sampling = SamplingInputs(
             temperature=np.zeros(max_r, np.float32), top_k=np.zeros(max_r, np.int32),
             top_p=np.ones(max_r, np.float32), min_p=np.zeros(max_r, np.float32), seeds=np.zeros(max_r, np.uint32),
@@ -240,24 +241,33 @@ class ModelRunner:
         return self._packings[key]
 
     def _fill_sampling_row(self, i: int, chunk: ScheduledChunk) -> None:
+        """Row i's sampling inputs. What depends only on the sequence (its parameters, seed, logit bias) is
+        written when the row changes hands: in steady decoding the same sequences hold the same rows."""
         seq, params, s = chunk.seq, chunk.seq.params, self.sampling
-        s.temperature[i], s.top_k[i], s.top_p[i], s.min_p[i] = params.temperature, params.top_k, params.top_p, params.min_p
-        s.seeds[i], s.counters[i] = seq.seed, len(seq.output_token_ids)
-        s.presence_penalty[i] = params.presence_penalty
-        s.frequency_penalty[i] = params.frequency_penalty
-        s.repetition_penalty[i] = params.repetition_penalty
-        s.bias_ids[i], s.bias_values[i], s.banned[i] = self.vocab_size, 0.0, self.vocab_size
-        if params.logit_bias:
-            s.bias_ids[i, : len(params.logit_bias)] = list(params.logit_bias)
-            s.bias_values[i, : len(params.logit_bias)] = list(params.logit_bias.values())
-        banned = seq.banned_tokens()
-        s.banned[i, : len(banned)] = banned
+        new_owner = self._row_owners[i] is not seq
+        if new_owner:
+            self._row_owners[i] = seq
+            s.temperature[i], s.top_k[i], s.top_p[i] = params.temperature, params.top_k, params.top_p
+            s.min_p[i], s.seeds[i] = params.min_p, seq.seed
+            s.presence_penalty[i] = params.presence_penalty
+            s.frequency_penalty[i] = params.frequency_penalty
+            s.repetition_penalty[i] = params.repetition_penalty
+            s.bias_ids[i], s.bias_values[i] = self.vocab_size, 0.0
+            if params.logit_bias:
+                s.bias_ids[i, : len(params.logit_bias)] = list(params.logit_bias)
+                s.bias_values[i, : len(params.logit_bias)] = list(params.logit_bias.values())
+        s.counters[i] = len(seq.output_token_ids)
+        if new_owner or (seq.min_tokens_banned and params.min_tokens) or seq.bad_words:  # else none, as written
+            s.banned[i] = self.vocab_size
+            banned = seq.banned_tokens()
+            s.banned[i, : len(banned)] = banned
         slot = self.num_slots if seq.slot is None else seq.slot
         s.slots[i] = slot
         s.count_slots[i] = slot if chunk.completes_sequence else self.num_slots
 
     def _clear_padding_rows(self, start: int, end: int) -> None:
         s = self.sampling
+        self._row_owners[start:end] = [None] * (end - start)
         s.temperature[start:end] = 0
         s.bias_ids[start:end] = self.vocab_size
         s.banned[start:end] = self.vocab_size
@@ -280,8 +290,8 @@ class ModelRunner:
         start = 0
         for i, chunk in enumerate(chunks):
             seq, n, done = chunk.seq, chunk.num_tokens, chunk.seq.num_computed_tokens
-            self.input_ids[start:start + n] = seq.all_token_ids[done:done + n]
-            following = seq.all_token_ids[done + 1:done + n + 1]
+            self.input_ids[start:start + n] = seq.token_ids(done, done + n)
+            following = seq.token_ids(done + 1, done + n + 1)
             self.prompt_targets[start:start + len(following)] = following
             self.positions[start:start + n] = np.arange(done, done + n)
             self.kv_lens[i] = done + n
