@@ -30,7 +30,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 _SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_attention.cc", "cpu_matmul.cc", "cpu_sampling.cc"))
-_HEADERS = (Path(__file__).with_name("cpu_vector.h"),)  # included by the sources: part of the build's key
+_HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_pool.h", "cpu_vector.h"))  # part of the build's key
 _TARGET = "jaxengine_cpu_ragged_paged_attention"
 _MATMUL_TARGET = "jaxengine_cpu_matmul_bf16"
 _WRITE_TARGET = "jaxengine_cpu_write_kv"

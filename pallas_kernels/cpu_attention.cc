@@ -20,7 +20,6 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -28,6 +27,7 @@
 #include <immintrin.h>
 #endif
 
+#include "cpu_pool.h"
 #include "cpu_vector.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -550,11 +550,7 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuff
     for (int32_t t = first; t < end; t += kTileTokens)
       shared->items.push_back(Item{r, t, std::min(t + kTileTokens, end)});
   }
-  const size_t helpers = std::min<size_t>(std::max<int64_t>(pool.num_threads(), 0), shared->items.size());
-  for (size_t i = 1; i < helpers; ++i) pool.Schedule([shared] { shared->work(); });
-  shared->work();
-  // Helpers that start late find no items; the caller waits only for items already taken.
-  while (shared->done.load(std::memory_order_acquire) < shared->items.size()) std::this_thread::yield();
+  share_work(pool, shared, static_cast<int64_t>(shared->items.size()));
   return ffi::Error::Success();
 }
 

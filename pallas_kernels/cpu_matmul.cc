@@ -23,9 +23,9 @@
 #include <cstring>
 #include <cstdint>
 #include <memory>
-#include <thread>
 #include <vector>
 
+#include "cpu_pool.h"
 #include "cpu_vector.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -250,12 +250,9 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   shared->input = Input{x.typed_data(), K, x_dims[1], prologue, norm.typed_data(), eps};
   shared->row_blocks = (M + rows - 1) / rows;
   shared->items = w_dims[0];
-  const int64_t helpers = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 0), shared->items);
-  for (int64_t i = 1; i < helpers; ++i) pool.Schedule([shared] { shared->work(); });
-  shared->work();
-  // Helpers that start late find no work; the caller waits only for panels already taken. The buffer of
-  // pairs is the caller's and outlives every taken block and panel.
-  while (shared->done.load(std::memory_order_acquire) < shared->items) std::this_thread::yield();
+  // The buffer of pairs is the caller's: it outlives every taken block and panel (a helper that starts late
+  // takes none and never reads it).
+  share_work(pool, shared, shared->items);
   return ffi::Error::Success();
 }
 

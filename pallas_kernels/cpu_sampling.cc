@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
-#include <thread>
 
+#include "cpu_pool.h"
 #include "cpu_vector.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -86,11 +86,7 @@ ffi::Error Argmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::ResultBuff
   shared->rows = dims[0];
   shared->cols = dims[1];
   shared->items = (dims[0] + kRowsPerItem - 1) / kRowsPerItem;
-  const int64_t helpers = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 0), shared->items);
-  for (int64_t i = 1; i < helpers; ++i) pool.Schedule([shared] { shared->work(); });
-  shared->work();
-  // Helpers that start late find no rows; the caller waits only for items already taken.
-  while (shared->done.load(std::memory_order_acquire) < shared->items) std::this_thread::yield();
+  share_work(pool, shared, shared->items);
   return ffi::Error::Success();
 }
 
