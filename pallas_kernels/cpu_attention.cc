@@ -14,6 +14,7 @@
 // (and for other head_dims) bfloat16 pages are widened to float32.
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -257,12 +258,36 @@ constexpr bool kBf16Dot = false;
 // path (accumulate_values), where lane k of the two accumulators for dimensions [32c, 32c + 32) (k < 32
 // across both) holds dimension 32c + 8 (k % 16 / 4) + 4 (k / 16) + k % 4.
 template <int kD, class T>
-inline int64_t paired_index(int64_t d) {
+constexpr int64_t paired_index(int64_t d) {
   if constexpr (kD > 0 && kBf16Dot && std::is_same_v<T, uint16_t>) {
     const int64_t c = d / 32, rest = d % 32, lane_group = rest / 8, half = (rest % 8) / 4;
     return 32 * c + 16 * half + 4 * lane_group + rest % 4;
   }
   return d;
+}
+
+// dst[d] = acc[paired_index(d)] * scale for d < D: a row's output from its accumulator.
+template <int kD, class T>
+inline void store_output(const float* acc, float scale, float* dst, int64_t D) {
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+  if constexpr (kD > 0 && kBf16Dot && std::is_same_v<T, uint16_t>) {
+    // Each 32 dimensions are a permutation of their two accumulator vectors' lanes.
+    alignas(64) static const std::array<int32_t, 32> order = [] {
+      std::array<int32_t, 32> lanes{};
+      for (int d = 0; d < 32; ++d) lanes[d] = static_cast<int32_t>(paired_index<kD, T>(d));
+      return lanes;
+    }();
+    const __m512i order_lo = _mm512_load_si512(order.data()), order_hi = _mm512_load_si512(order.data() + 16);
+    const __m512 factor = _mm512_set1_ps(scale);
+    for (int c = 0; c < kD / 32; ++c) {
+      const __m512 a0 = _mm512_loadu_ps(acc + 32 * c), a1 = _mm512_loadu_ps(acc + 32 * c + 16);
+      _mm512_storeu_ps(dst + 32 * c, _mm512_mul_ps(_mm512_permutex2var_ps(a0, order_lo, a1), factor));
+      _mm512_storeu_ps(dst + 32 * c + 16, _mm512_mul_ps(_mm512_permutex2var_ps(a0, order_hi, a1), factor));
+    }
+    return;
+  }
+#endif
+  for (int64_t d = 0; d < D; ++d) dst[d] = acc[paired_index<kD, T>(d)] * scale;
 }
 
 // The 16 scores of one row against the block's keys (lane j = q . k_j), kD a multiple of 32: float32 pages
@@ -570,7 +595,7 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
     const int32_t token = item.first_token + i / Hq;
     float* dst = p.out + (token * Hq + i % Hq) * D;
     const float inv = row.l > 0.0f ? 1.0f / row.l : 0.0f;
-    for (int64_t d = 0; d < D; ++d) dst[d] = row.acc[paired_index<kD, T>(d)] * inv;
+    store_output<kD, T>(row.acc, inv, dst, D);
   }
 }
 
