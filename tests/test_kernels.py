@@ -87,6 +87,24 @@ def test_native_body_over_bfloat16_pages_matches_reference(case):
     assert np.all(got[real:] == 0)
 
 
+@pytest.mark.parametrize("mode, window", [("decode", None), ("mixed", None), ("decode", 100), ("mixed", 150)])
+def test_native_body_reads_ahead_across_windows_and_items(mode, window):
+    """Long requests over wide rows (8 kv heads x 128 x bfloat16: 4 KB a key, so the native body reads 64 keys a
+    window): each request's keys span several windows, each prefetched while the previous one is computed on,
+    and each worker prefetches its next item's first window. The output must not depend on any of that."""
+    case = ragged_case(11, mode, 16, 2, 128, max_kv_len=400, max_reqs=6, num_kv_heads=8, num_layers=2)
+    q, pool, *rest = case.args
+    pool = pool.astype(jnp.bfloat16)
+    kwargs = dict(sm_scale=128 ** -0.5, sliding_window=window)
+    want = np.asarray(reference(q, pool.astype(jnp.float32), *rest, **kwargs))
+    got = np.asarray(native()(q, pool, *rest, **kwargs))
+    real = case.num_real_tokens
+    assert max(case.kv_lens) > 3 * 64
+    np.testing.assert_allclose(got[:real], want[:real], atol=2 ** -6, rtol=0)
+    assert np.abs(got[:real] - want[:real]).mean() < 2 ** -9
+    assert np.all(got[real:] == 0)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_native_kv_writer_matches_the_scatter_in_place(dtype):
     """The native K/V writer (the CPU body's companion: XLA:CPU's scatter converts a whole bfloat16 pool around
