@@ -163,35 +163,10 @@ void locate_keys(const Problem& p, const T* kv, const int32_t* table, int32_t bl
 
 constexpr int64_t kTouchBytes = int64_t{256} << 10;  // keys touched ahead of their use, at most
 
-// Reads one byte of every line of keys [first, last]'s rows (their pages in this layer), the pages
-// interleaved line by line (see run_item). Pages whose id is outside [0, P) are not read.
-template <class T>
-void touch_keys(const Problem& p, const T* kv, const int32_t* table, int32_t first, int32_t last, int64_t row_bytes) {
-  constexpr int kMaxPages = 64;
-  const char* start[kMaxPages];
-  int64_t length[kMaxPages];
-  uint32_t sink = 0;
-  for (int32_t key = first; key <= last;) {
-    int pages = 0;
-    int64_t longest = 0;
-    for (; key <= last && pages < kMaxPages; ++pages) {
-      const int32_t end = static_cast<int32_t>(std::min<int64_t>(last, (key / p.page_size + 1) * p.page_size - 1));
-      const int32_t page = key_page(p, table, key);
-      start[pages] = page >= 0 ? reinterpret_cast<const char*>(key_row(p, kv, page, key)) : nullptr;
-      length[pages] = page >= 0 ? (end - key + 1) * row_bytes : 0;
-      longest = std::max(longest, length[pages]);
-      key = end + 1;
-    }
-    for (int64_t b = 0; b < longest; b += 64)
-      for (int i = 0; i < pages; ++i)
-        if (b < length[i]) sink += *reinterpret_cast<const volatile uint8_t*>(start[i] + b);
-  }
-  (void)sink;
-}
-
-// Lines of keys to prefetch into L2 while other keys are computed on, a few at each step() so that the loads
-// overlap the compute instead of stalling it (run_item).
-struct PrefetchPlan {
+// The rows of a range of keys in their pages, a run of lines per page, and a prefetcher over them: it brings
+// them into L2 while other keys are computed on, a few lines at each step() so that the loads overlap the
+// compute instead of stalling it (run_item).
+struct KeyPages {
   static constexpr int kMaxPages = 64;
   const char* start[kMaxPages];
   int64_t length[kMaxPages];
@@ -213,15 +188,15 @@ struct PrefetchPlan {
   }
 };
 
-// Plans keys [first, last]'s rows (their pages in this layer) for `plan`; returns the key after the last one
-// planned (pages past kMaxPages are left out, to be touched when they are used). Invalid page ids are skipped.
+// Finds keys [first, last]'s rows (their pages in this layer) for `plan`; returns the key after the last one
+// found (pages past kMaxPages are left out, for a next call). Pages whose id is outside [0, P) are skipped.
 template <class T>
 int32_t plan_keys(const Problem& p, const T* kv, const int32_t* table, int32_t first, int32_t last, int64_t row_bytes,
-                  PrefetchPlan& plan) {
+                  KeyPages& plan) {
   plan.pages = plan.page = 0;
   plan.at = 0;
   int32_t key = first;
-  for (; key <= last && plan.pages < PrefetchPlan::kMaxPages;) {
+  for (; key <= last && plan.pages < KeyPages::kMaxPages;) {
     const int32_t end = static_cast<int32_t>(std::min<int64_t>(last, (key / p.page_size + 1) * p.page_size - 1));
     const int32_t page = key_page(p, table, key);
     if (page >= 0) {
@@ -231,6 +206,23 @@ int32_t plan_keys(const Problem& p, const T* kv, const int32_t* table, int32_t f
     key = end + 1;
   }
   return key;
+}
+
+// Reads one byte of every line of keys [first, last]'s rows (their pages in this layer), the pages
+// interleaved line by line (see run_item). Pages whose id is outside [0, P) are not read.
+template <class T>
+void touch_keys(const Problem& p, const T* kv, const int32_t* table, int32_t first, int32_t last, int64_t row_bytes) {
+  KeyPages runs;
+  uint32_t sink = 0;
+  for (int32_t key = first; key <= last;) {
+    key = plan_keys(p, kv, table, key, last, row_bytes, runs);
+    int64_t longest = 0;
+    for (int i = 0; i < runs.pages; ++i) longest = std::max(longest, runs.length[i]);
+    for (int64_t b = 0; b < longest; b += 64)
+      for (int i = 0; i < runs.pages; ++i)
+        if (b < runs.length[i]) sink += *reinterpret_cast<const volatile uint8_t*>(runs.start[i] + b);
+  }
+  (void)sink;
 }
 
 struct RowState {
@@ -555,7 +547,7 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
   int32_t touched = key_lo;                      // keys below are touched or prefetched
   int32_t prefetched = std::max(ahead, key_lo);  // keys below were prefetched
   ahead = -1;
-  PrefetchPlan plan;
+  KeyPages plan;
   for (int32_t block = key_lo; block <= key_hi; block += kKeyBlock) {
     if (block >= touched) {
       const int32_t end = static_cast<int32_t>(std::min<int64_t>(int64_t{block} + window, int64_t{key_hi} + 1));
