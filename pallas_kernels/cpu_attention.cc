@@ -489,8 +489,9 @@ inline void item_keys(const Problem& p, const Item& item, int32_t& lo, int32_t& 
 }
 
 // One request's tokens [first_token, end_token) over all heads, in blocks of 16 keys with an online softmax.
-// Keys are read a window at a time ahead of their use (see below). next: the worker's next item, whose first keys are prefetched during this one's last window; ahead: in, the
-// key below which this item's keys were so prefetched (-1: none); out, the same for next.
+// Keys are read a window at a time ahead of their use (see below). next: the worker's next item, whose first
+// keys are prefetched during this one's last window; ahead: in, the key below which this item's keys were so
+// prefetched (-1: none); out, the same for next.
 template <int kD, class T>
 void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahead) {
   const T* kv = static_cast<const T*>(p.kv);
@@ -508,7 +509,8 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
   rounded.resize(static_cast<size_t>(rows) * D);
   states.resize(rows);
   by_head.resize(rows);
-  int32_t key_lo = std::numeric_limits<int32_t>::max(), key_hi = -1;
+  int32_t key_lo, key_hi;  // the first token's first key, the last token's last
+  item_keys(p, item, key_lo, key_hi);
   for (int i = 0; i < rows; ++i) {
     RowState& row = states[i];
     row.q = buffer.data() + 2 * i * D;
@@ -525,8 +527,6 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
     row.lo = p.window > 0 ? std::max(pos - p.window + 1, 0) : 0;
     row.m = kNegInf;
     row.l = 0.0f;
-    key_lo = std::min(key_lo, row.lo);
-    key_hi = std::max(key_hi, row.hi);
     const int head = i % Hq, kv_head = head / G;
     by_head[kv_head * tokens * G + (i / Hq) * G + head % G] = &row;
   }
@@ -538,7 +538,7 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
   // next one (the item's own, or the first of the worker's next item) is prefetched into L2, a few lines
   // before each head's block, so that reading memory overlaps computing. Measured in one process, 64 decode
   // requests x 190 keys over 30 layers: 16.2 -> 13.2 ms (contiguous pages), 18.1 -> 14.8 ms (random pages);
-  // through XLA, -6-14%. Prefetching into L1 (prefetcht0) instead was ~2x slower; bursts of prefetches, or
+  // through XLA, -9-10%. Prefetching into L1 (prefetcht0) instead was ~2x slower; bursts of prefetches, or
   // prefetching only the next block, did not help. A window nobody prefetched (a worker's first) is touched
   // first, its pages side by side: a line of each page, then the next line of each. That reads at close to
   // the full memory bandwidth (one stream per page: 25-27 GB/s for 12 KB pages on 2 cores), where touching
