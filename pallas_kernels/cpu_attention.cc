@@ -101,19 +101,28 @@ inline void halves(v16 v, v8& lo, v8& hi) {
   std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
 }
 
+// A vector's sum and maximum, reduced in registers (AVX-512) or through its two halves.
 inline float sum16(v16 v) {
+#ifdef __AVX512F__
+  return _mm512_reduce_add_ps(reinterpret_cast<__m512>(v));
+#else
   v8 lo, hi;
   halves(v, lo, hi);
   const v8 x = lo + hi;
   return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+#endif
 }
 
 inline float max16(v16 v) {
+#ifdef __AVX512F__
+  return _mm512_reduce_max_ps(reinterpret_cast<__m512>(v));
+#else
   v8 lo, hi;
   halves(v, lo, hi);
   const v8 x = lo > hi ? lo : hi;
   return std::max(std::max(std::max(x[0], x[1]), std::max(x[2], x[3])),
                   std::max(std::max(x[4], x[5]), std::max(x[6], x[7])));
+#endif
 }
 
 // Lane-pair sums of two vectors interleaved, the steps of a transposing reduction: after four levels lane j
