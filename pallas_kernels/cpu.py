@@ -119,13 +119,16 @@ def pack_bf16(w):
 _PROLOGUES = {None: 0, "rms_norm": 1, "silu_mul": 2}
 
 
-def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0, residual=None):
+def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0, residual=None,
+                live_rows=None):
     """x f32[M, K] @ w -> f32[M, n], `packed` = pack_bf16(w) for w [K, n]: x rounded to bfloat16, products
     accumulated in float32 (what `jnp.dot(x.astype(bfloat16), w, preferred_element_type=float32)` computes,
     up to summation order). `prologue`, applied to x's rows (in float32) before they are rounded:
     - "rms_norm": `norm * (x * rsqrt(mean(x ** 2) + eps))` with `norm` [K] (layers/norms.rms_norm for float32 x);
     - "silu_mul": x is [M, 2K] = [gate | up], and the rows multiplied are `silu(gate) * up`.
-    `residual` f32[M, n], where given, is added to the result (in float32, as it is stored)."""
+    `residual` f32[M, n], where given, is added to the result (in float32, as it is stored).
+    `live_rows` (an int32 scalar, may be traced), where given: rows from it on are a bucket's padding; they
+    are not computed and come out zero (residual included)."""
     if prologue not in _PROLOGUES:
         raise ValueError(f"matmul_bf16's prologue must be one of {list(_PROLOGUES)}, got {prologue!r}")
     K = (x.shape[-1] // 2 if prologue == "silu_mul" else x.shape[-1]) if x.ndim else 0
@@ -142,9 +145,12 @@ def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, ep
                          f"{residual.shape}")
     norm = jnp.zeros((0,), jnp.float32) if norm is None else norm.astype(jnp.float32)
     residual = jnp.zeros((0, 0), jnp.float32) if residual is None else residual
+    if live_rows is not None and jnp.ndim(live_rows) != 0:
+        raise ValueError(f"matmul_bf16's live_rows must be a scalar row count, got shape {jnp.shape(live_rows)}")
+    live_rows = jnp.asarray(x.shape[0] if live_rows is None else live_rows, jnp.int32).reshape(1)
     _library()
     call = jax.ffi.ffi_call(_MATMUL_TARGET, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32))
-    return call(x, packed, norm, residual, prologue=np.int32(_PROLOGUES[prologue]), eps=np.float32(eps))
+    return call(x, packed, norm, residual, live_rows, prologue=np.int32(_PROLOGUES[prologue]), eps=np.float32(eps))
 
 
 def first_argmax(x):

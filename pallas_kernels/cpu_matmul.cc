@@ -15,7 +15,8 @@
 // own, writing and reading the rows again). Up to 12 rows x 32 columns of accumulators stay in registers
 // for the whole K loop. The work, shared between the caller and XLA's intra-op thread pool, comes in two
 // phases: row blocks to round, then panels (all rows each, so a panel is read from memory once and stays
-// in cache across row blocks). A residual can be added to the result as it is stored (the epilogue).
+// in cache across row blocks). A residual can be added to the result as it is stored (the epilogue). Rows
+// past a given count (a bucket's padding tokens) are neither rounded nor multiplied: their output is zero.
 
 #include <algorithm>
 #include <atomic>
@@ -221,8 +222,8 @@ struct Shared {
 };
 
 ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::BF16> w,
-                  ffi::Buffer<ffi::F32> norm, ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> y,
-                  int32_t prologue, float eps) {
+                  ffi::Buffer<ffi::F32> norm, ffi::Buffer<ffi::F32> residual, ffi::Buffer<ffi::S32> live_rows,
+                  ffi::ResultBuffer<ffi::F32> y, int32_t prologue, float eps) {
   const auto x_dims = x.dimensions();
   const auto w_dims = w.dimensions();
   const auto y_dims = y->dimensions();
@@ -239,16 +240,21 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   const bool add = residual.element_count() > 0;
   if (add && (residual.dimensions().size() != 2 || residual.dimensions()[0] != M || residual.dimensions()[1] != N))
     return ffi::Error::InvalidArgument("cpu matmul: the residual must be [M, N] (or empty)");
-  if (M == 0 || N == 0) return ffi::Error::Success();
+  if (live_rows.element_count() != 1)
+    return ffi::Error::InvalidArgument("cpu matmul: live_rows must hold one count");
+  // Rows from `live` on (a bucket's padding tokens) are zero; only the rows before it are computed.
+  const int64_t live = std::clamp<int64_t>(live_rows.typed_data()[0], 0, M);
+  std::memset(y->typed_data() + live * N, 0, sizeof(float) * (M - live) * N);
+  if (live == 0 || N == 0) return ffi::Error::Success();
   auto shared = std::make_shared<Shared>();
   thread_local std::vector<uint32_t> pairs;
   const int64_t K2p = (K2 + 15) / 16 * 16;
-  pairs.resize(static_cast<size_t>(M * K2p));
-  const int64_t rows = block_rows(M);
+  pairs.resize(static_cast<size_t>(live * K2p));
+  const int64_t rows = block_rows(live);
   shared->problem = Problem{pairs.data(), w.typed_data(), y->typed_data(), add ? residual.typed_data() : nullptr,
-                            M, N, K2, K2p, rows};
+                            live, N, K2, K2p, rows};
   shared->input = Input{x.typed_data(), K, x_dims[1], prologue, norm.typed_data(), eps};
-  shared->row_blocks = (M + rows - 1) / rows;
+  shared->row_blocks = (live + rows - 1) / rows;
   shared->items = w_dims[0];
   // The buffer of pairs is the caller's: it outlives every taken block and panel (a helper that starts late
   // takes none and never reads it).
@@ -262,7 +268,7 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
 
 namespace {
 ffi::Error Matmul(ffi::ThreadPool, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::F32>,
-                  ffi::Buffer<ffi::F32>, ffi::ResultBuffer<ffi::F32>, int32_t, float) {
+                  ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S32>, ffi::ResultBuffer<ffi::F32>, int32_t, float) {
   return ffi::Error::Unimplemented("cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
 }
 }  // namespace
@@ -276,6 +282,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuMatmulBf16, Matmul,
                                   .Arg<ffi::Buffer<ffi::BF16>>()   // w packed [P, K2, 64]
                                   .Arg<ffi::Buffer<ffi::F32>>()    // norm weight [K] (kRmsNorm; else empty)
                                   .Arg<ffi::Buffer<ffi::F32>>()    // residual [M, N] added to y (or empty)
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // live_rows i32[1]: rows past it are zero
                                   .Ret<ffi::Buffer<ffi::F32>>()    // y [M, N]
                                   .Attr<int32_t>("prologue")
                                   .Attr<float>("eps"));

@@ -195,6 +195,29 @@ def test_native_bf16_matmul_matches_xla(m, k, n):
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-5 * np.sqrt(k))
 
 
+@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@pytest.mark.parametrize("prologue", [None, "rms_norm", "silu_mul"])
+def test_native_bf16_matmul_skips_padding_rows(prologue):
+    """Rows from live_rows on (a bucket's padding) come out zero, residual included; the rows before it are
+    exactly what the whole matmul gives them, whatever the count (row blocks are split by the live rows)."""
+    import jax
+
+    rng = np.random.default_rng(7)
+    m, k, n = 30, 96, 72
+    x = jnp.asarray(rng.standard_normal((m, 2 * k if prologue == "silu_mul" else k), np.float32))
+    packed = cpu.pack_bf16(jnp.asarray(rng.standard_normal((k, n), np.float32)))
+    norm = jnp.asarray(rng.standard_normal(k), np.float32) if prologue == "rms_norm" else None
+    residual = jnp.asarray(rng.standard_normal((m, n), np.float32))
+    run = jax.jit(lambda live: cpu.matmul_bf16(x, packed, n, prologue=prologue, norm=norm, eps=1e-6,
+                                               residual=residual, live_rows=live))
+    whole = np.asarray(cpu.matmul_bf16(x, packed, n, prologue=prologue, norm=norm, eps=1e-6, residual=residual))
+    assert np.abs(whole).min() > 0
+    for live in (0, 1, 13, 29, 30, 45):
+        got = np.asarray(run(jnp.int32(live)))
+        np.testing.assert_array_equal(got[:live], whole[:live])
+        np.testing.assert_array_equal(got[live:], 0.0)
+
+
 def test_native_bf16_matmul_refuses_other_shapes_and_dtypes():
     with pytest.raises(ValueError, match=r"x \[M, K\] .* and pack_bf16\(w\) of a \[K, 5\] w"):
         cpu.matmul_bf16(jnp.zeros((2, 7)), cpu.pack_bf16(jnp.zeros((4, 5))), 5)
@@ -212,6 +235,8 @@ def test_native_bf16_matmul_refuses_other_shapes_and_dtypes():
         cpu.matmul_bf16(jnp.zeros((2, 3)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, residual=jnp.zeros((2, 4)))
     with pytest.raises(ValueError, match=r"\[M, 2K\] for silu_mul"):
         cpu.matmul_bf16(jnp.zeros((2, 7)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, prologue="silu_mul")
+    with pytest.raises(ValueError, match="live_rows must be a scalar row count"):
+        cpu.matmul_bf16(jnp.zeros((2, 3)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, live_rows=jnp.array([1, 2]))
 
 
 @pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")

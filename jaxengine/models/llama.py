@@ -25,40 +25,41 @@ def _param(shape, dtype, axes: tuple[str, ...]) -> nnx.Param:
     return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
 
 
-def _dot(x, w, n: int, residual=None):
+def _dot(x, w, n: int, residual=None, live_rows=None):
     """x @ w (+ residual) -> [.., n] in the weight's dtype, accumulated in float32 (a bf16 x bf16 -> bf16 dot is
     far slower on CPU), returned in x's dtype. A packed weight (`pack_for_native_matmul`, 3 dimensions) runs the
     native CPU kernel: same numbers up to summation order (pallas_kernels/cpu_matmul.cc), the residual added as
-    the result is stored."""
+    the result is stored. `live_rows` (i32[]): x's rows from it on are a bucket's padding, which the native
+    kernel skips (they come out zero); XLA's dot computes them like the others."""
     if w.ndim == 3:
         from pallas_kernels import cpu
 
         if residual is not None and x.dtype == jnp.float32:
-            return cpu.matmul_bf16(x, w, n, residual=residual)
-        out = cpu.matmul_bf16(x.astype(jnp.float32), w, n).astype(x.dtype)
+            return cpu.matmul_bf16(x, w, n, residual=residual, live_rows=live_rows)
+        out = cpu.matmul_bf16(x.astype(jnp.float32), w, n, live_rows=live_rows).astype(x.dtype)
     else:
         out = jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32).astype(x.dtype)
     return out if residual is None else residual + out
 
 
-def _normed_dot(h, norm, eps: float, w, n: int):
+def _normed_dot(h, norm, eps: float, w, n: int, live_rows=None):
     """rms_norm(h, norm, eps) @ w; the native CPU matmul normalises the rows on its way in (no separate pass)."""
     if w.ndim == 3 and h.dtype == jnp.float32:
         from pallas_kernels import cpu
 
-        return cpu.matmul_bf16(h, w, n, prologue="rms_norm", norm=norm, eps=eps)
-    return _dot(rms_norm(h, norm, eps), w, n)
+        return cpu.matmul_bf16(h, w, n, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows)
+    return _dot(rms_norm(h, norm, eps), w, n, live_rows=live_rows)
 
 
-def _gated_dot(gate_up, w, n: int, residual):
+def _gated_dot(gate_up, w, n: int, residual, live_rows=None):
     """residual + (silu(gate) * up) @ w for gate_up = [gate | up]; the native CPU matmul applies the activation
     on its way in and adds the residual on its way out."""
     if w.ndim == 3 and gate_up.dtype == jnp.float32:
         from pallas_kernels import cpu
 
-        return cpu.matmul_bf16(gate_up, w, n, prologue="silu_mul", residual=residual)
+        return cpu.matmul_bf16(gate_up, w, n, prologue="silu_mul", residual=residual, live_rows=live_rows)
     gate, up = jnp.split(gate_up, 2, -1)
-    return _dot(jax.nn.silu(gate) * up, w, n, residual)
+    return _dot(jax.nn.silu(gate) * up, w, n, residual, live_rows)
 
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -129,9 +130,11 @@ class DecoderLayers(nnx.Module):
     def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, rope):
         cfg = self.cfg
         T = h.shape[0]
+        live = batch.cu_q_lens[batch.num_seqs]  # tokens from here on are the bucket's padding
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         if hasattr(self, "qkv_proj"):  # fused at packing (pack_for_native_matmul)
-            qkv = _normed_dot(h, self.attn_norm[...], cfg.rms_norm_eps, self.qkv_proj[...], q_width + 2 * kv_width)
+            qkv = _normed_dot(h, self.attn_norm[...], cfg.rms_norm_eps, self.qkv_proj[...], q_width + 2 * kv_width,
+                              live)
             q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], -1)
         else:
             x = rms_norm(h, self.attn_norm[...], cfg.rms_norm_eps)
@@ -151,11 +154,11 @@ class DecoderLayers(nnx.Module):
                       backend=self.attention_backend)
         if cfg.o_bias:
             h = h + self.o_bias[...]
-        h = _dot(o.reshape(T, -1), self.o_proj[...], cfg.hidden_size, residual=h)
+        h = _dot(o.reshape(T, -1), self.o_proj[...], cfg.hidden_size, residual=h, live_rows=live)
         I = cfg.intermediate_size
         if hasattr(self, "gate_up_proj"):
-            gate_up = _normed_dot(h, self.mlp_norm[...], cfg.rms_norm_eps, self.gate_up_proj[...], 2 * I)
-            return _gated_dot(gate_up, self.down_proj[...], cfg.hidden_size, h), kv_cache
+            gate_up = _normed_dot(h, self.mlp_norm[...], cfg.rms_norm_eps, self.gate_up_proj[...], 2 * I, live)
+            return _gated_dot(gate_up, self.down_proj[...], cfg.hidden_size, h, live), kv_cache
         x = rms_norm(h, self.mlp_norm[...], cfg.rms_norm_eps)
         gated = jax.nn.silu(_dot(x, self.gate_proj[...], I)) * _dot(x, self.up_proj[...], I)
         return _dot(gated, self.down_proj[...], cfg.hidden_size, residual=h), kv_cache
@@ -211,10 +214,11 @@ class LlamaForCausalLM(nnx.Module):
             (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows))
         return rms_norm(h, self.final_norm[...], cfg.rms_norm_eps), kv_cache
 
-    def logits(self, hidden: jax.Array) -> jax.Array:  # hidden [N, hidden] -> logits f32[N, vocab]
+    def logits(self, hidden: jax.Array, live_rows=None) -> jax.Array:  # hidden [N, hidden] -> logits f32[N, vocab]
+        """`live_rows` (i32[]): rows from it on are padding; the native CPU matmul leaves their logits zero."""
         head = self.lm_head[...] if hasattr(self, "lm_head") else self.embed[...].T
         if head.ndim == 3:  # packed for the native CPU matmul
-            return _dot(hidden.astype(jnp.float32), head, self.cfg.vocab_size)
+            return _dot(hidden.astype(jnp.float32), head, self.cfg.vocab_size, live_rows=live_rows)
         return jnp.dot(hidden.astype(head.dtype), head, preferred_element_type=jnp.float32)
 
     @property

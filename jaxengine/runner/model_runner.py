@@ -38,11 +38,12 @@ def _forward(graphdef, state_treedef, replicated, state_leaves, kv_cache, batch_
     """The model over one ragged batch: logits f32[R, vocab] at `batch.logits_indices`, every token's final
     hidden state [T, hidden] (what prompt logprobs need; both replicated, as the programs after it expect
     them) and the updated cache. The weights come as their flat list of arrays (no pytree to flatten at each
-    call: ~0.25 ms of host time a step for a 30-layer model), the batch packed (`Packing`)."""
+    call: ~0.25 ms of host time a step for a 30-layer model), the batch packed (`Packing`). Rows of logits past
+    `num_seqs` are padding: the native CPU matmul leaves them zero instead of computing them."""
     batch, _ = packing.unpack(batch_ints)
     model = nnx.merge(graphdef, jax.tree.unflatten(state_treedef, state_leaves))
     hidden, kv_cache = model.hidden_states(kv_cache, batch)
-    logits = model.logits(hidden[batch.logits_indices])
+    logits = model.logits(hidden[batch.logits_indices], batch.num_seqs)
     constrain = functools.partial(jax.lax.with_sharding_constraint, shardings=replicated)
     return constrain(logits), constrain(hidden), kv_cache
 
