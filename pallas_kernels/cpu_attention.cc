@@ -2,9 +2,9 @@
 //
 // Same contract as reference.py: q [T, Hq, D] (float32), the whole paged pool [L, P, S, 2*Hkv, D] (float32 or
 // bfloat16) with K and V interleaved on the head axis (row 2h is head h's K, 2h+1 its V), read in place at
-// `layer`. Work items are (request, tile of up to kTileTokens query tokens); each walks its request's keys in
-// blocks of 16 with an online softmax, so every key's K/V row is read once per item straight from its page,
-// and each kv head's K/V of a block is read once for all of that head's query rows. Items are shared between
+// `layer`. Work items are (request, tile of up to kTileTokens query tokens); each walks its request's keys a
+// window at a time (blocks of 16 keys, the softmax's maximum and sum updated once per window), so every key's
+// K/V row is read from memory once per item straight from its page. Items are shared between
 // the caller and XLA's intra-op thread pool. WriteKv, the companion, writes a step's K/V rows in place.
 //
 // Compute is float32. With a known head_dim (64, 128, 256) the 16 scores of a row are one vector (a
@@ -37,7 +37,7 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int kTileTokens = 8;  // query tokens per work item (multi-token requests)
-constexpr int kKeyBlock = 16;   // keys scored before each softmax rescale (one vector of scores)
+constexpr int kKeyBlock = 16;   // keys per vector of scores
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Problem {
@@ -319,38 +319,6 @@ inline v16 block_scores(const RowState& row, const T* const* key_rows, int64_t k
   return fold8(eight(0), eight(8));
 }
 
-// Online-softmax updates of a group of rows (row r attends to the block's keys [lo[r], hi[r]]) with their
-// block scores, in phases (every row's block maximum, then every row's weights) so that the rows' chains
-// overlap. attends[r]: some key of the block is live for row r; then weights[r] holds its weights (0 where
-// masked) and corrections[r] the factor its accumulator must be scaled by first (accumulate_values).
-template <int kRows>
-inline void group_softmax(const Problem& p, RowState* const* rows, int group, v16* scores, const int32_t* lo,
-                          const int32_t* hi, i32x16 ok, int32_t block, bool* attends, v16* weights,
-                          float* corrections) {
-  const i32x16 keys = i32x16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + block;
-  i32x16 live[kRows];
-  float block_max[kRows];
-  for (int r = 0; r < group; ++r) {
-    block_max[r] = kNegInf;
-    if (lo[r] > hi[r]) continue;
-    if (p.soft_cap > 0.0f)
-      for (int j = 0; j < kKeyBlock; ++j) scores[r][j] = p.soft_cap * std::tanh(scores[r][j] / p.soft_cap);
-    live[r] = ok & (keys >= rows[r]->lo) & (keys <= rows[r]->hi);
-    scores[r] = live[r] ? scores[r] : splat(kNegInf);
-    block_max[r] = max16(scores[r]);
-  }
-  for (int r = 0; r < group; ++r) {
-    attends[r] = block_max[r] != kNegInf;
-    if (!attends[r]) continue;
-    RowState& row = *rows[r];
-    const float m_new = std::max(row.m, block_max[r]);
-    corrections[r] = row.m == kNegInf ? 0.0f : exp_nonpositive(row.m - m_new);
-    row.m = m_new;
-    weights[r] = live[r] ? exp16(scores[r] - m_new) : splat(0.0f);
-    row.l = row.l * corrections[r] + sum16(weights[r]);
-  }
-}
-
 // acc_r = acc_r * correction_r + sum_j weights_r[j] * V_j for N rows of one kv head at once, so each key's V
 // is loaded (and widened) once for all of them; the accumulators stay in registers across the keys.
 template <int kD, int N, class T>
@@ -401,47 +369,89 @@ inline void accumulate_values(RowState* const* rows, const v16* weights, const f
     for (int c = 0; c < kD / 16; ++c) store16(rows[r]->acc + 16 * c, a[r][c]);
 }
 
-// One kv head's rows (all tokens of the item x the head's query heads) against a block of 16 keys.
+// One kv head's rows (all tokens of the item x the head's query heads) against a window of keys, `blocks` blocks
+// of 16 from `start` (key_rows and ok: each block's 16 rows and usable lanes). The softmax works a window at a
+// time: first every block's scores of kRows rows (independent chains the core can overlap), masked, with a
+// running maximum per lane; then each row's window maximum (one reduction), the correction of what it had
+// accumulated before the window (one exp) and its weights with their sum (one reduction); then passes over V,
+// a block at a time. Against updating the maximum, the correction and the sum at every block (a reduction, a
+// scalar exp and another reduction per row and block, each in the chain of the next block), measured in one
+// process, 30 layers, three runs: 64-request decode -10-11%, 4 x 128-token prefill -7-14%. `plan` (the key
+// prefetcher) steps once per block in the scores pass and once in the values pass of the head's first rows:
+// stepping in the scores pass alone issued the prefetches in bursts, and the decode ran 10% slower instead.
 template <int kD, class T>
-void head_block_vector(const Problem& p, RowState* const* rows, int count, const T* const* key_rows, i32x16 ok,
-                       int32_t block, int h) {
+void head_window_vector(const Problem& p, RowState* const* rows, int count, const T* const* key_rows,
+                        const i32x16* ok, int32_t start, int blocks, int h, KeyPages& plan) {
   constexpr int kRows = kD <= 64 ? 4 : kD <= 128 ? 2 : 1;  // rows per pass over V: 16 accumulators at most
   const int64_t v_offset = 2 * h * kD + kD;
-  // Rows go kRows at a time: their scores (independent chains the core can overlap), their softmax updates
-  // in phases, then one pass over V for those that attend to the block, which also applies the corrections.
-  // Measured in one process, 30 layers of 4 x 128-token prefill / 64-request decode: grouping the scores
-  // took 11% / 7% off row after row (40.4 -> 36.0 / 21.7 -> 20.2 ms), the phased updates another 9-11% / 4-7%.
+  const v16 neg_inf = splat(kNegInf);
+  thread_local std::vector<v16> scores;  // [kRows, blocks]: scores, then weights (0 where masked)
+  scores.resize(static_cast<size_t>(kRows) * blocks);
   for (int i = 0; i < count; i += kRows) {
     const int group = std::min(kRows, count - i);
-    v16 scores[kRows], weights[kRows];
-    int32_t lo[kRows], hi[kRows];
+    RowState* const* row = rows + i;
+    v16 top[kRows];
+    for (int r = 0; r < group; ++r) top[r] = neg_inf;
+    for (int b = 0; b < blocks; ++b) {
+      if (i == 0) plan.step();
+      const int32_t block = start + b * kKeyBlock;
+      const i32x16 keys = i32x16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + block;
+      for (int r = 0; r < group; ++r) {
+        v16& s = scores[r * blocks + b];
+        if (std::max(row[r]->lo, block) > std::min(row[r]->hi, block + kKeyBlock - 1)) {
+          s = neg_inf;
+          continue;
+        }
+        s = block_scores<kD>(*row[r], key_rows + b * kKeyBlock, 2 * h * kD);
+        if (p.soft_cap > 0.0f)
+          for (int j = 0; j < kKeyBlock; ++j) s[j] = p.soft_cap * std::tanh(s[j] / p.soft_cap);
+        s = (ok[b] & (keys >= row[r]->lo) & (keys <= row[r]->hi)) ? s : neg_inf;
+        top[r] = top[r] > s ? top[r] : s;
+      }
+    }
+    float corrections[kRows];  // each row's, applied at its first block that it attends to
     bool attends[kRows];
-    float corrections[kRows];
     for (int r = 0; r < group; ++r) {
-      const RowState& row = *rows[i + r];
-      lo[r] = std::max(row.lo, block) - block, hi[r] = std::min(row.hi, block + kKeyBlock - 1) - block;
-      if (lo[r] <= hi[r]) scores[r] = block_scores<kD>(row, key_rows, 2 * h * kD);
-    }
-    group_softmax<kRows>(p, rows + i, group, scores, lo, hi, ok, block, attends, weights, corrections);
-    RowState* active[kRows];
-    v16 active_weights[kRows];
-    float active_corrections[kRows];
-    int n = 0, first = kKeyBlock, last = -1;
-    for (int r = 0; r < group; ++r) {
+      const float window_max = max16(top[r]);
+      attends[r] = window_max != kNegInf;
       if (!attends[r]) continue;
-      active[n] = rows[i + r], active_weights[n] = weights[r], active_corrections[n++] = corrections[r];
-      first = std::min(first, lo[r]), last = std::max(last, hi[r]);
+      RowState& state = *row[r];
+      const float m_new = std::max(state.m, window_max);
+      corrections[r] = state.m == kNegInf ? 0.0f : exp_nonpositive(state.m - m_new);
+      state.m = m_new;
+      v16 sum = splat(0.0f);
+      for (int b = 0; b < blocks; ++b) {
+        v16& s = scores[r * blocks + b];
+        s = s != neg_inf ? exp16(s - m_new) : splat(0.0f);
+        sum += s;
+      }
+      state.l = state.l * corrections[r] + sum16(sum);
     }
-    auto run = [&](auto rows_in_pass) {
-      accumulate_values<kD, decltype(rows_in_pass)::value>(active, active_weights, active_corrections, key_rows,
-                                                           v_offset, first, last);
-    };
-    if (n == kRows) run(std::integral_constant<int, kRows>{});
-    else if constexpr (kRows > 1) {
-      if (n == 1) run(std::integral_constant<int, 1>{});
-      if constexpr (kRows > 2) {
-        if (n == 2) run(std::integral_constant<int, 2>{});
-        if (n == 3) run(std::integral_constant<int, 3>{});
+    for (int b = 0; b < blocks; ++b) {
+      if (i == 0) plan.step();
+      const int32_t block = start + b * kKeyBlock;
+      RowState* active[kRows];
+      v16 active_weights[kRows];
+      float active_corrections[kRows];
+      int n = 0, first = kKeyBlock, last = -1;
+      for (int r = 0; r < group; ++r) {
+        const int32_t lo = std::max(row[r]->lo, block) - block, hi = std::min(row[r]->hi, block + kKeyBlock - 1) - block;
+        if (!attends[r] || lo > hi) continue;
+        active[n] = row[r], active_weights[n] = scores[r * blocks + b], active_corrections[n++] = corrections[r];
+        corrections[r] = 1.0f;
+        first = std::min(first, lo), last = std::max(last, hi);
+      }
+      auto run = [&](auto rows_in_pass) {
+        accumulate_values<kD, decltype(rows_in_pass)::value>(active, active_weights, active_corrections,
+                                                             key_rows + b * kKeyBlock, v_offset, first, last);
+      };
+      if (n == kRows) run(std::integral_constant<int, kRows>{});
+      else if constexpr (kRows > 1) {
+        if (n == 1) run(std::integral_constant<int, 1>{});
+        if constexpr (kRows > 2) {
+          if (n == 2) run(std::integral_constant<int, 2>{});
+          if (n == 3) run(std::integral_constant<int, 3>{});
+        }
       }
     }
   }
@@ -539,8 +549,6 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
     const int head = i % Hq, kv_head = head / G;
     by_head[kv_head * tokens * G + (i / Hq) * G + head % G] = &row;
   }
-  const T* key_rows[kKeyBlock];  // [2 * Hkv, D] of each key
-  bool usable[kKeyBlock];
   const int32_t* table = p.block_tables + item.req * p.pages_per_seq;
   const int64_t row_bytes = 2 * Hkv * D * sizeof(T);
   // Keys are read ahead of their use a window (up to 256 KB) at a time. While a window is computed on, the
@@ -553,41 +561,50 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
   // the full memory bandwidth (one stream per page: 25-27 GB/s for 12 KB pages on 2 cores), where touching
   // pages one after the other ran at ~15 GB/s and the compute's head-by-head reads at half of that.
   const int32_t window = std::max<int32_t>(kKeyBlock, (kTouchBytes / row_bytes) / kKeyBlock * kKeyBlock);
-  int32_t touched = key_lo;                      // keys below are touched or prefetched
+  thread_local std::vector<const T*> key_rows;  // [window]: each key's [2 * Hkv, D] row
+  thread_local std::vector<std::array<bool, kKeyBlock>> usable;  // [window / 16]: the keys found, per block
+  thread_local std::vector<i32x16> ok;                           // the same as lane masks
+  key_rows.resize(window);
+  usable.resize(window / kKeyBlock);
+  ok.resize(window / kKeyBlock);
   int32_t prefetched = std::max(ahead, key_lo);  // keys below were prefetched
   ahead = -1;
   KeyPages plan;
-  for (int32_t block = key_lo; block <= key_hi; block += kKeyBlock) {
-    if (block >= touched) {
-      const int32_t end = static_cast<int32_t>(std::min<int64_t>(int64_t{block} + window, int64_t{key_hi} + 1));
-      if (prefetched < end) touch_keys(p, kv, table, std::max(block, prefetched), end - 1, row_bytes);
-      touched = end;
-      plan.step_all();
-      if (end <= key_hi) {
-        prefetched = plan_keys(p, kv, table, end, std::min<int32_t>(end + window, key_hi + 1) - 1, row_bytes, plan);
-      } else if (next != nullptr) {
-        int32_t lo, hi;
-        item_keys(p, *next, lo, hi);
-        if (lo <= hi)
-          ahead = plan_keys(p, kv, p.block_tables + next->req * p.pages_per_seq, lo,
-                            std::min<int32_t>(lo + window, hi + 1) - 1, row_bytes, plan);
-      }
-      // Spread over this window's steps: a step per kv head and block.
-      const int64_t steps = (end - block + kKeyBlock - 1) / kKeyBlock * (kD > 0 ? Hkv : 1);
-      plan.per_step = (plan.lines() + steps - 1) / steps;
+  for (int32_t start = key_lo, end; start <= key_hi; start = end) {
+    end = static_cast<int32_t>(std::min<int64_t>(int64_t{start} + window, int64_t{key_hi} + 1));
+    if (prefetched < end) touch_keys(p, kv, table, std::max(start, prefetched), end - 1, row_bytes);
+    plan.step_all();
+    if (end <= key_hi) {
+      prefetched = plan_keys(p, kv, table, end, std::min<int32_t>(end + window, key_hi + 1) - 1, row_bytes, plan);
+    } else if (next != nullptr) {
+      int32_t lo, hi;
+      item_keys(p, *next, lo, hi);
+      if (lo <= hi)
+        ahead = plan_keys(p, kv, p.block_tables + next->req * p.pages_per_seq, lo,
+                          std::min<int32_t>(lo + window, hi + 1) - 1, row_bytes, plan);
     }
-    locate_keys(p, kv, table, block, std::min<int32_t>(kKeyBlock, key_hi - block + 1), key_rows, usable);
+    const int blocks = (end - start + kKeyBlock - 1) / kKeyBlock;
+    // Spread over this window's steps: two per kv head and block (its scores, its values), one per block on
+    // the scalar path.
+    const int64_t steps = kD > 0 ? 2 * blocks * Hkv : blocks;
+    plan.per_step = (plan.lines() + steps - 1) / steps;
+    for (int b = 0; b < blocks; ++b) {
+      const int32_t block = start + b * kKeyBlock;
+      locate_keys(p, kv, table, block, std::min<int32_t>(kKeyBlock, end - block), &key_rows[b * kKeyBlock],
+                  usable[b].data());
+      for (int j = 0; j < kKeyBlock; ++j) ok[b][j] = usable[b][j] ? -1 : 0;
+    }
     if constexpr (kD > 0) {
-      i32x16 ok;
-      for (int j = 0; j < kKeyBlock; ++j) ok[j] = usable[j] ? -1 : 0;
-      for (int h = 0; h < Hkv; ++h) {
-        plan.step();
-        head_block_vector<kD>(p, by_head.data() + h * tokens * G, tokens * G, key_rows, ok, block, h);
-      }
+      for (int h = 0; h < Hkv; ++h)
+        head_window_vector<kD>(p, by_head.data() + h * tokens * G, tokens * G, key_rows.data(), ok.data(), start,
+                               blocks, h, plan);
     } else {
-      plan.step();
-      for (int i = 0; i < rows; ++i)
-        row_block_scalar(p, states[i], key_rows, usable, block, 2 * ((i % Hq) / G) * D);
+      for (int b = 0; b < blocks; ++b) {
+        plan.step();
+        for (int i = 0; i < rows; ++i)
+          row_block_scalar(p, states[i], &key_rows[b * kKeyBlock], usable[b].data(), start + b * kKeyBlock,
+                           2 * ((i % Hq) / G) * D);
+      }
     }
   }
   plan.step_all();
