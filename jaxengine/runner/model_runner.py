@@ -313,9 +313,9 @@ class ModelRunner:
     def _run_step(self, num_tokens: int, num_reqs: int, variant: str, host_inputs):
         """`variant`: one of STEP_VARIANTS; "prompt" samples as "full" does and adds prompt logprobs."""
         batch, sampling, prompt_targets = host_inputs
+        # Host arrays straight into the calls, which transfer them (~0.45 ms less a step than device_put first)
         batch_buffers = self._batch_packing(num_tokens, num_reqs).pack((batch, prompt_targets))
         sampling_buffers = self._sampling_packing(num_reqs).pack(sampling)
-        batch_buffers, sampling_buffers = jax.device_put((batch_buffers, sampling_buffers), self.replicated)
         logits, hidden, self.kv_cache = self._executable("forward", num_tokens, num_reqs)(
             self._state_leaves, self.kv_cache, *batch_buffers)
         prompt_logprobs = None
