@@ -242,6 +242,13 @@ struct RowState {
   int32_t lo, hi;  // the row's first and last key
 };
 
+// The keys of the block from `block` that `row` attends to, [first, last] counted from the block's start;
+// false where none.
+inline bool block_keys(const RowState& row, int32_t block, int32_t& first, int32_t& last) {
+  first = std::max(row.lo, block) - block, last = std::min(row.hi, block + kKeyBlock - 1) - block;
+  return first <= last;
+}
+
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 constexpr bool kBf16Dot = true;  // bfloat16 pages are scored with vdpbf16ps, q rounded to bfloat16
 
@@ -398,7 +405,8 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
       const i32x16 keys = i32x16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + block;
       for (int r = 0; r < group; ++r) {
         v16& s = scores[r * blocks + b];
-        if (std::max(row[r]->lo, block) > std::min(row[r]->hi, block + kKeyBlock - 1)) {
+        int32_t first, last;
+        if (!block_keys(*row[r], block, first, last)) {
           s = neg_inf;
           continue;
         }
@@ -435,8 +443,8 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
       float active_corrections[kRows];
       int n = 0, first = kKeyBlock, last = -1;
       for (int r = 0; r < group; ++r) {
-        const int32_t lo = std::max(row[r]->lo, block) - block, hi = std::min(row[r]->hi, block + kKeyBlock - 1) - block;
-        if (!attends[r] || lo > hi) continue;
+        int32_t lo, hi;
+        if (!attends[r] || !block_keys(*row[r], block, lo, hi)) continue;
         active[n] = row[r], active_weights[n] = scores[r * blocks + b], active_corrections[n++] = corrections[r];
         corrections[r] = 1.0f;
         first = std::min(first, lo), last = std::max(last, hi);
@@ -461,8 +469,8 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
 template <class T>
 void row_block_scalar(const Problem& p, RowState& row, const T* const* key_rows, const bool* usable,
                       int32_t block, int64_t k_offset) {
-  const int32_t first = std::max(row.lo, block) - block, last = std::min(row.hi, block + kKeyBlock - 1) - block;
-  if (first > last) return;
+  int32_t first, last;
+  if (!block_keys(row, block, first, last)) return;
   const int64_t D = p.head_dim;
   float s[kKeyBlock];
   float block_max = kNegInf;
