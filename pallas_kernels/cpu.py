@@ -34,6 +34,7 @@ _HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_pool.h", "cpu_
 _TARGET = "jaxengine_cpu_ragged_paged_attention"
 _MATMUL_TARGET = "jaxengine_cpu_matmul_bf16"
 _WRITE_TARGET = "jaxengine_cpu_write_kv"
+_ROPE_WRITE_TARGET = "jaxengine_cpu_rope_write_kv"
 _BARRIER_TARGET = "jaxengine_cpu_fusion_barrier"
 _ARGMAX_TARGET = "jaxengine_cpu_first_argmax"
 
@@ -81,6 +82,7 @@ def _library() -> ctypes.CDLL:
     jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuAttention), platform="cpu")
     jax.ffi.register_ffi_target(_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulBf16), platform="cpu")
     jax.ffi.register_ffi_target(_WRITE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuWriteKv), platform="cpu")
+    jax.ffi.register_ffi_target(_ROPE_WRITE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuRopeWriteKv), platform="cpu")
     jax.ffi.register_ffi_target(_BARRIER_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuFusionBarrier), platform="cpu")
     jax.ffi.register_ffi_target(_ARGMAX_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuFirstArgmax), platform="cpu")
     return lib
@@ -180,6 +182,30 @@ def write_kv(kv_pages, layer, rows, pages, offsets):
                             input_output_aliases={0: 0})
     return call(kv_pages, jnp.asarray(layer, jnp.int32).reshape(1), rows.astype(jnp.float32),
                 pages.astype(jnp.int32), offsets.astype(jnp.int32))
+
+
+def rope_write_kv(qkv, cos, sin, kv_pages, layer, pages, offsets, num_heads: int):
+    """The rotary embedding of q and k (`layers/rope.apply_rope`) and `write_kv` of k and v in one pass, from
+    the fused projection qkv float32 [T, (num_heads + 2 * Hkv) * D] ([q heads | k heads | v heads] per token)
+    with cos, sin float32 [T, 1, D] (`rope_tables`). Returns q [T, num_heads, D] rotated, and the pool with
+    this step's K/V written in place (aliased: donate it)."""
+    T = qkv.shape[0] if qkv.ndim == 2 else -1
+    D, Hkv = kv_pages.shape[-1], kv_pages.shape[-2] // 2
+    if qkv.ndim != 2 or kv_pages.ndim != 5 or qkv.shape[1] != (num_heads + 2 * Hkv) * D or D % 2:
+        raise ValueError(f"rope_write_kv needs qkv [T, {(num_heads + 2 * Hkv) * D}] (num_heads={num_heads}, Hkv={Hkv}, "
+                         f"an even D={D}) for a pool {kv_pages.shape}, got {qkv.shape}")
+    if cos.shape != (T, 1, D) or sin.shape != (T, 1, D) or pages.shape != (T,) or offsets.shape != (T,):
+        raise ValueError(f"rope_write_kv needs cos and sin [{T}, 1, {D}] and pages and offsets [{T}], got "
+                         f"{cos.shape}, {sin.shape}, {pages.shape}, {offsets.shape}")
+    if qkv.dtype != jnp.float32 or not supports(jnp.float32, kv_pages.dtype):
+        raise ValueError(f"rope_write_kv needs float32 qkv and a float32 or bfloat16 pool, got {qkv.dtype} and "
+                         f"{kv_pages.dtype}")
+    _library()
+    call = jax.ffi.ffi_call(_ROPE_WRITE_TARGET, (jax.ShapeDtypeStruct((T, num_heads, D), jnp.float32),
+                                                 jax.ShapeDtypeStruct(kv_pages.shape, kv_pages.dtype)),
+                            input_output_aliases={3: 1})
+    return call(qkv, cos.reshape(T, D).astype(jnp.float32), sin.reshape(T, D).astype(jnp.float32), kv_pages,
+                jnp.asarray(layer, jnp.int32).reshape(1), pages.astype(jnp.int32), offsets.astype(jnp.int32))
 
 
 def fusion_barrier(x):

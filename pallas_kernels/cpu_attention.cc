@@ -689,6 +689,17 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuff
   return ffi::Error::Success();
 }
 
+// Row `row` (2 * Hkv * D float32 values) into the pool at element `at`, rounded to nearest even where the
+// pool is bfloat16.
+inline void store_kv_row(void* pool, bool bf16, int64_t at, const float* row, int64_t width) {
+  if (bf16) {
+    uint16_t* dst = static_cast<uint16_t*>(pool) + at;
+    for (int64_t i = 0; i < width; ++i) dst[i] = round_bf16(row[i]);
+  } else {
+    std::memcpy(static_cast<float*>(pool) + at, row, sizeof(float) * width);
+  }
+}
+
 // Writes this step's K/V rows into their pages in place: kv[layer, pages[t], offsets[t]] = rows[t] (float32
 // rows rounded to nearest even where the pool is bfloat16). A page id outside [0, P) (padding tokens) or an
 // offset outside [0, S) is skipped. The pool is aliased to the result (cpu.py), so XLA neither copies it
@@ -706,20 +717,63 @@ ffi::Error WriteKv(ffi::AnyBuffer kv, ffi::Buffer<ffi::S32> layer, ffi::Buffer<f
                                        "offsets [T] disagree");
   const int64_t L = kv_dims[0], P = kv_dims[1], S = kv_dims[2], width = kv_dims[3] * kv_dims[4];
   const int64_t l = std::clamp<int64_t>(layer.typed_data()[0], 0, L - 1);
-  const float* src = rows.typed_data();
   if (out->untyped_data() != kv.untyped_data())  // not aliased after all: start from the input pool
     std::memcpy(out->untyped_data(), kv.untyped_data(), kv.size_bytes());
   for (int64_t t = 0; t < row_dims[0]; ++t) {
     const int32_t page = pages.typed_data()[t], offset = offsets.typed_data()[t];
     if (page < 0 || page >= P || offset < 0 || offset >= S) continue;
-    const int64_t at = ((l * P + page) * S + offset) * width;
-    const float* row = src + t * width;
-    if (bf16) {
-      uint16_t* dst = static_cast<uint16_t*>(out->untyped_data()) + at;
-      for (int64_t i = 0; i < width; ++i) dst[i] = round_bf16(row[i]);
-    } else {
-      std::memcpy(static_cast<float*>(out->untyped_data()) + at, row, sizeof(float) * width);
+    store_kv_row(out->untyped_data(), bf16, ((l * P + page) * S + offset) * width, rows.typed_data() + t * width,
+                 width);
+  }
+  return ffi::Error::Success();
+}
+
+// y = x * cos + rotate_half(x) * sin over one head's D values (transformers' half-split rotary layout).
+inline void rotate(const float* x, const float* cos, const float* sin, float* y, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t d = 0; d < half; ++d) y[d] = x[d] * cos[d] + -x[d + half] * sin[d];
+  for (int64_t d = half; d < D; ++d) y[d] = x[d] * cos[d] + x[d - half] * sin[d];
+}
+
+// The rotary embedding of this step's q and k straight from the fused projection, with K/V written into
+// their pages as WriteKv writes them: qkv [T, (Hq + 2 Hkv) D] holds each token's q heads, k heads and v heads;
+// cos, sin [T, D] are the rotary tables (scaling included). Returns q [T, Hq, D] rotated, and the pool
+// (aliased). One pass where XLA ran a split, two rotations, the K/V interleave and then the writer.
+ffi::Error RopeWriteKv(ffi::Buffer<ffi::F32> qkv, ffi::Buffer<ffi::F32> cos, ffi::Buffer<ffi::F32> sin,
+                       ffi::AnyBuffer kv, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> pages,
+                       ffi::Buffer<ffi::S32> offsets, ffi::ResultBuffer<ffi::F32> q, ffi::Result<ffi::AnyBuffer> out) {
+  const auto kv_dims = kv.dimensions();
+  const auto q_dims = q->dimensions();
+  const bool bf16 = kv.element_type() == ffi::DataType::BF16;
+  if ((!bf16 && kv.element_type() != ffi::DataType::F32) || out->element_type() != kv.element_type())
+    return ffi::Error::InvalidArgument("cpu rope_write_kv: the pool must be float32 or bfloat16");
+  if (kv_dims.size() != 5 || q_dims.size() != 3 || qkv.dimensions().size() != 2 || q_dims[2] != kv_dims[4] ||
+      q_dims[2] % 2 || qkv.dimensions()[0] != q_dims[0])
+    return ffi::Error::InvalidArgument("cpu rope_write_kv: qkv [T, W], pool [L, P, S, 2*Hkv, D] and q [T, Hq, D] "
+                                       "(D even) disagree");
+  const int64_t T = q_dims[0], Hq = q_dims[1], D = q_dims[2], Hkv = kv_dims[3] / 2;
+  const int64_t L = kv_dims[0], P = kv_dims[1], S = kv_dims[2], width = kv_dims[3] * kv_dims[4];
+  const size_t tokens = static_cast<size_t>(T);
+  if (qkv.dimensions()[1] != (Hq + 2 * Hkv) * D || cos.element_count() != tokens * D ||
+      sin.element_count() != tokens * D || pages.element_count() != tokens || offsets.element_count() != tokens)
+    return ffi::Error::InvalidArgument("cpu rope_write_kv: qkv must be [T, (Hq + 2*Hkv) * D], cos and sin [T, D], "
+                                       "pages and offsets [T]");
+  const int64_t l = std::clamp<int64_t>(layer.typed_data()[0], 0, L - 1);
+  if (out->untyped_data() != kv.untyped_data())  // not aliased after all: start from the input pool
+    std::memcpy(out->untyped_data(), kv.untyped_data(), kv.size_bytes());
+  thread_local std::vector<float> row;  // [2 * Hkv, D]: one token's rotated k and its v, interleaved by head
+  row.resize(width);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* src = qkv.typed_data() + t * (Hq + 2 * Hkv) * D;
+    const float *c = cos.typed_data() + t * D, *s = sin.typed_data() + t * D;
+    for (int64_t h = 0; h < Hq; ++h) rotate(src + h * D, c, s, q->typed_data() + (t * Hq + h) * D, D);
+    const int32_t page = pages.typed_data()[t], offset = offsets.typed_data()[t];
+    if (page < 0 || page >= P || offset < 0 || offset >= S) continue;
+    for (int64_t h = 0; h < Hkv; ++h) {
+      rotate(src + (Hq + h) * D, c, s, row.data() + 2 * h * D, D);
+      std::memcpy(row.data() + (2 * h + 1) * D, src + (Hq + Hkv + h) * D, sizeof(float) * D);
     }
+    store_kv_row(out->untyped_data(), bf16, ((l * P + page) * S + offset) * width, row.data(), width);
   }
   return ffi::Error::Success();
 }
@@ -733,6 +787,18 @@ ffi::Error FusionBarrier(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
 }
 
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuRopeWriteKv, RopeWriteKv,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // qkv [T, (Hq + 2*Hkv) * D]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // cos [T, D]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // sin [T, D]
+                                  .Arg<ffi::AnyBuffer>()          // kv pool (aliased to the second result)
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // layer
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // pages [T]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // offsets [T]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // q [T, Hq, D], rotated
+                                  .Ret<ffi::AnyBuffer>());        // the pool
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuFusionBarrier, FusionBarrier,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());

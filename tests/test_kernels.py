@@ -125,6 +125,38 @@ def test_native_kv_writer_matches_the_scatter_in_place(dtype):
         cpu.write_kv(got, 0, rows[:, :2], pages, offsets)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_native_rope_writer_matches_xla_rotation_and_scatter(dtype):
+    """q and k rotated and K/V written in one native pass from the fused projection [q heads | k heads | v heads]
+    against XLA's split, apply_rope and `.at[].set`; a padding token's q is rotated, its K/V not written."""
+    import jax
+
+    from jaxengine.layers.rope import apply_rope, rope_tables
+
+    native()
+    rng = np.random.default_rng(11)
+    T, Hq, Hkv, D = 5, 6, 2, 64
+    pool = jnp.asarray(rng.standard_normal((2, 6, 16, 2 * Hkv, D)), dtype)
+    qkv = jnp.asarray(rng.standard_normal((T, (Hq + 2 * Hkv) * D)), jnp.float32)
+    inv_freq = jnp.asarray(1e4 ** -(np.arange(D // 2) / (D // 2)), jnp.float32)
+    cos, sin = rope_tables(jnp.array([3, 17, 0, 250, 9]), inv_freq, 1.0, jnp.float32)
+    pages, offsets = jnp.array([4, 4, 0, 6, 2]), jnp.array([0, 15, 7, 3, 9])  # token 3: padding
+    q, k, v = jnp.split(qkv, [Hq * D, (Hq + Hkv) * D], -1)
+    want_q = apply_rope(q.reshape(T, Hq, D), cos, sin)
+    rows = jnp.stack([apply_rope(k.reshape(T, Hkv, D), cos, sin), v.reshape(T, Hkv, D)], axis=2).reshape(T, 2 * Hkv, D)
+    want_pool = np.asarray(pool.at[1, pages, offsets].set(rows.astype(dtype), mode="drop").astype(jnp.float32))
+    got_q, got_pool = jax.jit(cpu.rope_write_kv, donate_argnums=3, static_argnums=7)(qkv, cos, sin, pool, 1, pages,
+                                                                                      offsets, Hq)
+    np.testing.assert_allclose(np.asarray(got_q), np.asarray(want_q), rtol=1e-6, atol=1e-6)
+    assert got_pool.dtype == dtype
+    np.testing.assert_allclose(np.asarray(got_pool.astype(jnp.float32)), want_pool, rtol=2 ** -8 if dtype ==
+                               jnp.bfloat16 else 1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=r"qkv \[T, 640\]"):
+        cpu.rope_write_kv(qkv[:, :-1], cos, sin, got_pool, 0, pages, offsets, Hq)
+    with pytest.raises(ValueError, match="cos and sin"):
+        cpu.rope_write_kv(qkv, cos[:2], sin, got_pool, 0, pages, offsets, Hq)
+
+
 def test_unsupported_shape_falls_back_to_the_reference_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING):
         name, _ = select_body("pallas", head_dim=80, page_size=16)

@@ -127,6 +127,13 @@ class DecoderLayers(nnx.Module):
         self.up_proj = _param((L, D, I), dtype, ("layers", "embed", "mlp"))
         self.down_proj = _param((L, I, D), dtype, ("layers", "mlp", "embed"))
 
+    def _native_kv_writer(self, qkv, kv_cache) -> bool:
+        """Whether this step's K/V go to the native CPU writer (which can also rotate q and k on the way: one
+        pass from the fused projection instead of XLA's split, rotations and interleave)."""
+        name, _ = select_body(self.attention_backend, self.cfg.head_dim, kv_cache.shape[2],
+                              (qkv.dtype, kv_cache.dtype))
+        return name == "cpu"
+
     def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, rope):
         cfg = self.cfg
         T = h.shape[0]
@@ -138,18 +145,23 @@ class DecoderLayers(nnx.Module):
             q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], -1)
         else:
             x = rms_norm(h, self.attn_norm[...], cfg.rms_norm_eps)
-            q, k, v = (_dot(x, self.q_proj[...], q_width), _dot(x, self.k_proj[...], kv_width),
-                       _dot(x, self.v_proj[...], kv_width))
-        if cfg.qkv_bias:
-            q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
-        q = q.reshape(T, cfg.num_heads, cfg.head_dim)
-        k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
-        v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q = rms_norm(q, self.q_norm[...], cfg.rms_norm_eps)
-            k = rms_norm(k, self.k_norm[...], cfg.rms_norm_eps)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=self.attention_backend)
+            qkv, (q, k, v) = None, (_dot(x, self.q_proj[...], q_width), _dot(x, self.k_proj[...], kv_width),
+                                    _dot(x, self.v_proj[...], kv_width))
+        if qkv is not None and not (cfg.qkv_bias or cfg.qk_norm) and self._native_kv_writer(qkv, kv_cache):
+            from pallas_kernels import cpu
+
+            q, kv_cache = cpu.rope_write_kv(qkv, *rope, kv_cache, layer, *slots, cfg.num_heads)
+        else:
+            if cfg.qkv_bias:
+                q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+            q = q.reshape(T, cfg.num_heads, cfg.head_dim)
+            k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
+            v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
+            if cfg.qk_norm:
+                q = rms_norm(q, self.q_norm[...], cfg.rms_norm_eps)
+                k = rms_norm(k, self.k_norm[...], cfg.rms_norm_eps)
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=self.attention_backend)
         o = attention(q, kv_cache, layer, batch, sm_scale=cfg.head_dim ** -0.5, sliding_window=window,
                       backend=self.attention_backend)
         if cfg.o_bias:
