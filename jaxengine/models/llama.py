@@ -139,19 +139,21 @@ class DecoderLayers(nnx.Module):
         T = h.shape[0]
         live = batch.cu_q_lens[batch.num_seqs]  # tokens from here on are the bucket's padding
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        qkv = None
         if hasattr(self, "qkv_proj"):  # fused at packing (pack_for_native_matmul)
             qkv = _normed_dot(h, self.attn_norm[...], cfg.rms_norm_eps, self.qkv_proj[...], q_width + 2 * kv_width,
                               live)
-            q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], -1)
-        else:
-            x = rms_norm(h, self.attn_norm[...], cfg.rms_norm_eps)
-            qkv, (q, k, v) = None, (_dot(x, self.q_proj[...], q_width), _dot(x, self.k_proj[...], kv_width),
-                                    _dot(x, self.v_proj[...], kv_width))
         if qkv is not None and not (cfg.qkv_bias or cfg.qk_norm) and self._native_kv_writer(qkv, kv_cache):
             from pallas_kernels import cpu
 
             q, kv_cache = cpu.rope_write_kv(qkv, *rope, kv_cache, layer, *slots, cfg.num_heads)
         else:
+            if qkv is not None:
+                q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], -1)
+            else:
+                x = rms_norm(h, self.attn_norm[...], cfg.rms_norm_eps)
+                q, k, v = (_dot(x, self.q_proj[...], q_width), _dot(x, self.k_proj[...], kv_width),
+                           _dot(x, self.v_proj[...], kv_width))
             if cfg.qkv_bias:
                 q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
             q = q.reshape(T, cfg.num_heads, cfg.head_dim)
