@@ -23,6 +23,12 @@ def token_slots(batch: RaggedBatch, page_size: int, num_pages: int) -> tuple[jax
     return jnp.where(valid, page, num_pages), batch.positions % page_size  # i32[T], i32[T]
 
 
+def kv_writer(kv_cache: jax.Array, dtype, backend: str = "auto") -> str:
+    """Which body writes K/V of `dtype` into this cache: that of the attention body that reads it ("cpu",
+    "tpu"), or an XLA scatter (any other name)."""
+    return select_body(backend, kv_cache.shape[-1], kv_cache.shape[2], (dtype, kv_cache.dtype))[0]
+
+
 def write_kv(
     kv_cache: jax.Array,  # [num_layers, num_pages, page_size, 2 * num_kv_heads, head_dim]
     layer: jax.Array,  # i32[]
@@ -37,7 +43,7 @@ def write_kv(
     num_tokens, num_kv_heads, head_dim = k.shape
     interleaved = jnp.stack([k, v], axis=2).reshape(num_tokens, 2 * num_kv_heads, head_dim)
     page, offset = slots
-    name, _ = select_body(backend, head_dim, kv_cache.shape[2], (k.dtype, kv_cache.dtype))
+    name = kv_writer(kv_cache, k.dtype, backend)
     if name == "cpu":
         from pallas_kernels import cpu
 

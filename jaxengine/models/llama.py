@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxengine.layers.attention import attention, select_body, token_slots, write_kv
+from jaxengine.layers.attention import attention, kv_writer, select_body, token_slots, write_kv
 from jaxengine.layers.norms import rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
 from jaxengine.models.config import ModelConfig, rope_inv_freq
@@ -127,13 +127,6 @@ class DecoderLayers(nnx.Module):
         self.up_proj = _param((L, D, I), dtype, ("layers", "embed", "mlp"))
         self.down_proj = _param((L, I, D), dtype, ("layers", "mlp", "embed"))
 
-    def _native_kv_writer(self, qkv, kv_cache) -> bool:
-        """Whether this step's K/V go to the native CPU writer (which can also rotate q and k on the way: one
-        pass from the fused projection instead of XLA's split, rotations and interleave)."""
-        name, _ = select_body(self.attention_backend, self.cfg.head_dim, kv_cache.shape[2],
-                              (qkv.dtype, kv_cache.dtype))
-        return name == "cpu"
-
     def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, rope):
         cfg = self.cfg
         T = h.shape[0]
@@ -143,7 +136,10 @@ class DecoderLayers(nnx.Module):
         if hasattr(self, "qkv_proj"):  # fused at packing (pack_for_native_matmul)
             qkv = _normed_dot(h, self.attn_norm[...], cfg.rms_norm_eps, self.qkv_proj[...], q_width + 2 * kv_width,
                               live)
-        if qkv is not None and not (cfg.qkv_bias or cfg.qk_norm) and self._native_kv_writer(qkv, kv_cache):
+        if (qkv is not None and not (cfg.qkv_bias or cfg.qk_norm)
+                and kv_writer(kv_cache, qkv.dtype, self.attention_backend) == "cpu"):
+            # The native writer rotates q and k on the way: one pass from the fused projection instead of
+            # XLA's split, rotations and K/V interleave.
             from pallas_kernels import cpu
 
             q, kv_cache = cpu.rope_write_kv(qkv, *rope, kv_cache, layer, *slots, cfg.num_heads)
