@@ -36,8 +36,9 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kTileTokens = 8;  // query tokens per work item (multi-token requests)
+constexpr int kTileTokens = 16; // query tokens per work item (multi-token requests)
 constexpr int kKeyBlock = 16;   // keys per vector of scores
+constexpr int kTransposeRows = 8;  // rows of a kv head from which a window's K is transposed (head_window_vector)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Problem {
@@ -326,11 +327,86 @@ inline v16 block_scores(const RowState& row, const T* const* key_rows, int64_t k
   return fold8(eight(0), eight(8));
 }
 
-// acc_r = acc_r * correction_r + sum_j weights_r[j] * V_j for N rows of one kv head at once, so each key's V
-// is loaded (and widened) once for all of them; the accumulators stay in registers across the keys.
-template <int kD, int N, class T>
-inline void accumulate_values(RowState* const* rows, const v16* weights, const float* corrections,
-                              const T* const* key_rows, int64_t v_offset, int first, int last) {
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+// A 16 x 16 matrix of 32-bit words transposed in registers: out[j] lane i = in[i] lane j (64 shuffles).
+inline void transpose16(const __m512i* in, __m512i* out) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: rows 2i, 2i+1 interleaved word by word
+    t[2 * i] = _mm512_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + c], 128-bit lane L: word 4L + c of rows 4i .. 4i + 3
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // out[4L + c], 128-bit lane i = u[4i + c]'s lane L
+    const __m512i ab_lo = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+    const __m512i ab_hi = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+    const __m512i cd_lo = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512i cd_hi = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+    out[c] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0x88);
+    out[4 + c] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0xdd);
+    out[8 + c] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0x88);
+    out[12 + c] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0xdd);
+  }
+}
+
+// A block's 16 K rows (bfloat16 pages) transposed into kt[kD / 2]: kt[i] lane j = key j's dimensions
+// (2i, 2i + 1), the pair vdpbf16ps takes.
+template <int kD>
+inline void transpose_keys(const uint16_t* const* key_rows, int64_t k_offset, __m512i* kt) {
+  for (int c = 0; c < kD / 32; ++c) {
+    __m512i in[kKeyBlock];
+    for (int j = 0; j < kKeyBlock; ++j) in[j] = _mm512_loadu_si512(key_rows[j] + k_offset + 32 * c);
+    transpose16(in, kt + 16 * c);
+  }
+}
+
+// The 16 scores of each of N rows against a block whose K is transposed (transpose_keys): lane j = q . k_j, a
+// vdpbf16ps per pair of q's dimensions (broadcast) with no reduction after it. The sums run in `kChains`
+// chains a row, so that N * kChains products are in flight.
+template <int kD, int N>
+inline void block_scores_transposed(RowState* const* rows, const __m512i* kt, v16* scores) {
+  constexpr int kChains = N >= 4 ? 2 : N >= 2 ? 4 : 8;
+  __m512 acc[N][kChains];
+  for (int r = 0; r < N; ++r)
+    for (int c = 0; c < kChains; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int i = 0; i < kD / 2; i += kChains) {
+    for (int c = 0; c < kChains; ++c) {
+      const __m512i k = _mm512_load_si512(kt + i + c);
+      for (int r = 0; r < N; ++r) {
+        uint32_t pair;
+        std::memcpy(&pair, rows[r]->qb + 2 * (i + c), sizeof(pair));
+        acc[r][c] = dot_bf16(acc[r][c], _mm512_set1_epi32(static_cast<int>(pair)), k);
+      }
+    }
+  }
+  for (int r = 0; r < N; ++r) {
+    __m512 sum = acc[r][0];
+    for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[r][c]);
+    scores[r] = reinterpret_cast<v16>(sum);
+  }
+}
+#endif
+
+// acc_r = acc_r * correction_r + sum over a window's blocks and keys of weights_r[b][j] * V_j, for N rows of one
+// kv head at once: each key's V is loaded (and widened) once for all of them, and the accumulators stay in
+// registers across the window's blocks. A block's V rows are read only for the keys some row attends to
+// ([first, last] of the union); a row's weights are zero for keys it does not attend. `step` runs once a
+// block (the key prefetcher, see head_window_vector).
+template <int kD, int N, class T, class Step>
+inline void accumulate_window(RowState* const* rows, const v16* const* weights, const float* corrections,
+                              const T* const* key_rows, int64_t v_offset, int32_t start, int blocks, Step step) {
+  auto block_range = [&](int b, int& first, int& last) {
+    first = kKeyBlock, last = -1;
+    for (int r = 0; r < N; ++r) {
+      int32_t lo, hi;
+      if (block_keys(*rows[r], start + b * kKeyBlock, lo, hi)) first = std::min(first, lo), last = std::max(last, hi);
+    }
+    return first <= last;
+  };
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
   if constexpr (std::is_same_v<T, uint16_t>) {
     // bfloat16 pages: the weights rounded to bfloat16 (as transformers rounds the probabilities before
@@ -338,22 +414,30 @@ inline void accumulate_values(RowState* const* rows, const v16* weights, const f
     // vdpbf16ps. Interleaving two keys' V rows 16 bits at a time leaves the accumulators' lanes in the order
     // `paired_index` describes. Measured in one process: prefill attention -12-18%, decode -7-9%.
     __m512 a[N][kD / 16];
-    alignas(64) uint32_t pairs[N][kKeyBlock / 2];  // (p_2i, p_2i+1) as bfloat16 in one word
-    for (int r = 0; r < N; ++r) {
+    for (int r = 0; r < N; ++r)
       for (int c = 0; c < kD / 16; ++c) a[r][c] = _mm512_loadu_ps(rows[r]->acc + 16 * c) * corrections[r];
-      const __m256bh w = _mm512_cvtneps_pbh((__m512)weights[r]);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[r]), (__m256i)w);
-    }
-    for (int j = first & ~1; j <= last; j += 2) {
-      for (int c = 0; c < kD / 32; ++c) {  // keys outside [first, last] are zero, never read from memory
-        const __m512i v0 = j >= first ? _mm512_loadu_si512(key_rows[j] + v_offset + 32 * c) : _mm512_setzero_si512();
-        const __m512i v1 = j + 1 <= last ? _mm512_loadu_si512(key_rows[j + 1] + v_offset + 32 * c)
-                                         : _mm512_setzero_si512();
-        const __m512i lo = _mm512_unpacklo_epi16(v0, v1), hi = _mm512_unpackhi_epi16(v0, v1);
-        for (int r = 0; r < N; ++r) {
-          const __m512i p = _mm512_set1_epi32(static_cast<int>(pairs[r][j / 2]));
-          a[r][2 * c] = dot_bf16(a[r][2 * c], p, lo);
-          a[r][2 * c + 1] = dot_bf16(a[r][2 * c + 1], p, hi);
+    for (int b = 0; b < blocks; ++b) {
+      step();
+      int first, last;
+      if (!block_range(b, first, last)) continue;
+      const T* const* block_rows = key_rows + b * kKeyBlock;
+      alignas(64) uint32_t pairs[N][kKeyBlock / 2];  // (p_2i, p_2i+1) as bfloat16 in one word
+      for (int r = 0; r < N; ++r) {
+        const __m256bh w = _mm512_cvtneps_pbh((__m512)weights[r][b]);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[r]), (__m256i)w);
+      }
+      for (int j = first & ~1; j <= last; j += 2) {
+        for (int c = 0; c < kD / 32; ++c) {  // keys outside [first, last] are zero, never read from memory
+          const __m512i v0 = j >= first ? _mm512_loadu_si512(block_rows[j] + v_offset + 32 * c)
+                                        : _mm512_setzero_si512();
+          const __m512i v1 = j + 1 <= last ? _mm512_loadu_si512(block_rows[j + 1] + v_offset + 32 * c)
+                                           : _mm512_setzero_si512();
+          const __m512i lo = _mm512_unpacklo_epi16(v0, v1), hi = _mm512_unpackhi_epi16(v0, v1);
+          for (int r = 0; r < N; ++r) {
+            const __m512i p = _mm512_set1_epi32(static_cast<int>(pairs[r][j / 2]));
+            a[r][2 * c] = dot_bf16(a[r][2 * c], p, lo);
+            a[r][2 * c + 1] = dot_bf16(a[r][2 * c + 1], p, hi);
+          }
         }
       }
     }
@@ -365,11 +449,16 @@ inline void accumulate_values(RowState* const* rows, const v16* weights, const f
   v16 a[N][kD / 16];
   for (int r = 0; r < N; ++r)
     for (int c = 0; c < kD / 16; ++c) a[r][c] = load16(rows[r]->acc + 16 * c) * corrections[r];
-  for (int j = first; j <= last; ++j) {
-    const T* v = key_rows[j] + v_offset;
-    for (int c = 0; c < kD / 16; ++c) {
-      const v16 x = load16(v + 16 * c);
-      for (int r = 0; r < N; ++r) a[r][c] += weights[r][j] * x;
+  for (int b = 0; b < blocks; ++b) {
+    step();
+    int first, last;
+    if (!block_range(b, first, last)) continue;
+    for (int j = first; j <= last; ++j) {
+      const T* v = key_rows[b * kKeyBlock + j] + v_offset;
+      for (int c = 0; c < kD / 16; ++c) {
+        const v16 x = load16(v + 16 * c);
+        for (int r = 0; r < N; ++r) a[r][c] += weights[r][b][j] * x;
+      }
     }
   }
   for (int r = 0; r < N; ++r)
@@ -380,12 +469,16 @@ inline void accumulate_values(RowState* const* rows, const v16* weights, const f
 // of 16 from `start` (key_rows and ok: each block's 16 rows and usable lanes). The softmax works a window at a
 // time: first every block's scores of kRows rows (independent chains the core can overlap), masked, with a
 // running maximum per lane; then each row's window maximum (one reduction), the correction of what it had
-// accumulated before the window (one exp) and its weights with their sum (one reduction); then passes over V,
-// a block at a time. Against updating the maximum, the correction and the sum at every block (a reduction, a
-// scalar exp and another reduction per row and block, each in the chain of the next block), measured in one
-// process, 30 layers, three runs: 64-request decode -10-11%, 4 x 128-token prefill -7-14%. `plan` (the key
-// prefetcher) steps once per block in the scores pass and once in the values pass of the head's first rows:
-// stepping in the scores pass alone issued the prefetches in bursts, and the decode ran 10% slower instead.
+// accumulated before the window (one exp) and its weights with their sum (one reduction); then one pass over
+// V for the window's blocks, kRows rows' accumulators in registers throughout (accumulate_window). Against
+// updating the maximum, the correction and the sum at every block (a reduction, a scalar exp and another
+// reduction per row and block, each in the chain of the next block), measured in one process, 30 layers,
+// three runs: 64-request decode -10-11%, 4 x 128-token prefill -7-14%. Keeping the accumulators in registers
+// across blocks (they were loaded, corrected and stored at each block) and scoring a prefill tile's rows
+// against transposed keys (block_scores_transposed), with 16-token tiles instead of 8: 4 x 128-token prefill
+// -12-14%, one 2048-token prompt -27-28%, decode unchanged. `plan` (the key prefetcher) steps once per block in
+// the scores pass and once in the values pass of the head's first rows: stepping in the scores pass alone
+// issued the prefetches in bursts, and the decode ran 10% slower instead.
 template <int kD, class T>
 void head_window_vector(const Problem& p, RowState* const* rows, int count, const T* const* key_rows,
                         const i32x16* ok, int32_t start, int blocks, int h, KeyPages& plan) {
@@ -394,15 +487,37 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
   const v16 neg_inf = splat(kNegInf);
   thread_local std::vector<v16> scores;  // [kRows, blocks]: scores, then weights (0 where masked)
   scores.resize(static_cast<size_t>(kRows) * blocks);
+  // Many rows (a prefill tile's tokens x the group's query heads) score against K transposed once per block
+  // (transpose_keys) instead of reducing 16 partial-sum vectors per row and block (block_scores); a few rows
+  // (a decode token's) would not repay the transposes.
+  bool transposed = false;
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+  thread_local std::vector<__m512i> kt;  // [blocks, kD / 2]
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    if (count >= kTransposeRows) {
+      transposed = true;
+      kt.resize(static_cast<size_t>(blocks) * kD / 2);
+      for (int b = 0; b < blocks; ++b)
+        transpose_keys<kD>(key_rows + b * kKeyBlock, 2 * h * kD, kt.data() + static_cast<size_t>(b) * kD / 2);
+    }
+  }
+#endif
   for (int i = 0; i < count; i += kRows) {
     const int group = std::min(kRows, count - i);
     RowState* const* row = rows + i;
+    RowState* padded[kRows];  // the group's rows, the last repeated past it (their scores unused)
+    for (int r = 0; r < kRows; ++r) padded[r] = row[std::min(r, group - 1)];
     v16 top[kRows];
     for (int r = 0; r < group; ++r) top[r] = neg_inf;
     for (int b = 0; b < blocks; ++b) {
       if (i == 0) plan.step();
       const int32_t block = start + b * kKeyBlock;
       const i32x16 keys = i32x16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + block;
+      v16 group_scores[kRows];
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+      if (transposed)
+        block_scores_transposed<kD, kRows>(padded, kt.data() + static_cast<size_t>(b) * kD / 2, group_scores);
+#endif
       for (int r = 0; r < group; ++r) {
         v16& s = scores[r * blocks + b];
         int32_t first, last;
@@ -410,14 +525,14 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
           s = neg_inf;
           continue;
         }
-        s = block_scores<kD>(*row[r], key_rows + b * kKeyBlock, 2 * h * kD);
+        s = transposed ? group_scores[r] : block_scores<kD>(*row[r], key_rows + b * kKeyBlock, 2 * h * kD);
         if (p.soft_cap > 0.0f)
           for (int j = 0; j < kKeyBlock; ++j) s[j] = p.soft_cap * std::tanh(s[j] / p.soft_cap);
         s = (ok[b] & (keys >= row[r]->lo) & (keys <= row[r]->hi)) ? s : neg_inf;
         top[r] = top[r] > s ? top[r] : s;
       }
     }
-    float corrections[kRows];  // each row's, applied at its first block that it attends to
+    float corrections[kRows];  // each row's, applied to its accumulator before the window's values
     bool attends[kRows];
     for (int r = 0; r < group; ++r) {
       const float window_max = max16(top[r]);
@@ -435,33 +550,30 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
       }
       state.l = state.l * corrections[r] + sum16(sum);
     }
-    for (int b = 0; b < blocks; ++b) {
+    RowState* active[kRows];  // the rows that attend to some key of the window
+    const v16* active_weights[kRows];
+    float active_corrections[kRows];
+    int n = 0;
+    for (int r = 0; r < group; ++r)
+      if (attends[r])
+        active[n] = row[r], active_weights[n] = &scores[r * blocks], active_corrections[n++] = corrections[r];
+    auto step = [&] {
       if (i == 0) plan.step();
-      const int32_t block = start + b * kKeyBlock;
-      RowState* active[kRows];
-      v16 active_weights[kRows];
-      float active_corrections[kRows];
-      int n = 0, first = kKeyBlock, last = -1;
-      for (int r = 0; r < group; ++r) {
-        int32_t lo, hi;
-        if (!attends[r] || !block_keys(*row[r], block, lo, hi)) continue;
-        active[n] = row[r], active_weights[n] = scores[r * blocks + b], active_corrections[n++] = corrections[r];
-        corrections[r] = 1.0f;
-        first = std::min(first, lo), last = std::max(last, hi);
-      }
-      auto run = [&](auto rows_in_pass) {
-        accumulate_values<kD, decltype(rows_in_pass)::value>(active, active_weights, active_corrections,
-                                                             key_rows + b * kKeyBlock, v_offset, first, last);
-      };
-      if (n == kRows) run(std::integral_constant<int, kRows>{});
-      else if constexpr (kRows > 1) {
-        if (n == 1) run(std::integral_constant<int, 1>{});
-        if constexpr (kRows > 2) {
-          if (n == 2) run(std::integral_constant<int, 2>{});
-          if (n == 3) run(std::integral_constant<int, 3>{});
-        }
+    };
+    auto run = [&](auto rows_in_pass) {
+      accumulate_window<kD, decltype(rows_in_pass)::value>(active, active_weights, active_corrections, key_rows,
+                                                           v_offset, start, blocks, step);
+    };
+    if (n == kRows) run(std::integral_constant<int, kRows>{});
+    else if constexpr (kRows > 1) {
+      if (n == 1) run(std::integral_constant<int, 1>{});
+      if constexpr (kRows > 2) {
+        if (n == 2) run(std::integral_constant<int, 2>{});
+        if (n == 3) run(std::integral_constant<int, 3>{});
       }
     }
+    if (n == 0 && i == 0)
+      for (int b = 0; b < blocks; ++b) plan.step();
   }
 }
 

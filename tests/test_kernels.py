@@ -87,6 +87,26 @@ def test_native_body_over_bfloat16_pages_matches_reference(case):
     assert np.all(got[real:] == 0)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("mode, group", [("prefill", 1), ("mixed", 3), ("decode", 8)])
+def test_native_body_scores_many_rows_against_transposed_keys(mode, group, head_dim):
+    """A kv head with 8 rows or more (a prefill tile's tokens x its query heads; a decode token of a GQA group
+    of 8) is scored against its keys transposed once per block, with 1 (head_dim 256), 2 or 4 rows at a time;
+    fewer rows (the mixed case's decode tokens of a group of 3) go the other way. Several windows a request
+    (head_dim 256: 128 keys a window), over bfloat16 pages."""
+    case = ragged_case(head_dim + group, mode, 16, group, head_dim, max_kv_len=300, max_reqs=4,
+                       num_kv_heads=NUM_KV_HEADS, num_layers=NUM_LAYERS)
+    q, pool, *rest = case.args
+    pool = pool.astype(jnp.bfloat16)
+    kwargs = dict(sm_scale=head_dim ** -0.5)
+    want = np.asarray(reference(q, pool.astype(jnp.float32), *rest, **kwargs))
+    got = np.asarray(native()(q, pool, *rest, **kwargs))
+    real = case.num_real_tokens
+    np.testing.assert_allclose(got[:real], want[:real], atol=2 ** -6, rtol=0)
+    assert np.abs(got[:real] - want[:real]).mean() < 2 ** -9
+    assert np.all(got[real:] == 0)
+
+
 @pytest.mark.parametrize("mode, window", [("decode", None), ("mixed", None), ("decode", 100), ("mixed", 150)])
 def test_native_body_reads_ahead_across_windows_and_items(mode, window):
     """Long requests over wide rows (8 kv heads x 128 x bfloat16: 4 KB a key, so the native body reads 64 keys a
