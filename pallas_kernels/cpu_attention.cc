@@ -2,16 +2,17 @@
 //
 // Same contract as reference.py: q [T, Hq, D] (float32), the whole paged pool [L, P, S, 2*Hkv, D] (float32 or
 // bfloat16) with K and V interleaved on the head axis (row 2h is head h's K, 2h+1 its V), read in place at
-// `layer`. Work items are (request, tile of up to kTileTokens query tokens); each walks its request's keys a
-// window at a time (blocks of 16 keys, the softmax's maximum and sum updated once per window), so every key's
-// K/V row is read from memory once per item straight from its page. Items are shared between
-// the caller and XLA's intra-op thread pool. WriteKv, the companion, writes a step's K/V rows in place.
+// `layer`. Work items are (request, tile of up to kTileTokens query tokens), a long range of keys split among
+// several where a call has few items (split_items); each walks its request's keys a window at a time (blocks
+// of 16 keys, the softmax's maximum and sum updated once per window), so every key's K/V row is read from
+// memory once per item straight from its page. Items are shared between the caller and XLA's intra-op thread
+// pool. WriteKv, the companion, writes a step's K/V rows in place.
 //
 // Compute is float32. With a known head_dim (64, 128, 256) the 16 scores of a row are one vector (a
-// transposing reduction of 16 partial-sum vectors). Where the CPU has AVX-512 BF16, bfloat16 pages are
-// scored by vdpbf16ps against q rounded to bfloat16, and their values weighted by vdpbf16ps with the
-// softmax weights rounded to bfloat16 (as transformers rounds a bfloat16 model's probabilities); elsewhere
-// (and for other head_dims) bfloat16 pages are widened to float32.
+// transposing reduction of 16 partial-sum vectors; for many rows, K transposed once per block). Where the CPU
+// has AVX-512 BF16, bfloat16 pages are scored by vdpbf16ps against q rounded to bfloat16, and their values
+// weighted by vdpbf16ps with the softmax weights rounded to bfloat16 (as transformers rounds a bfloat16
+// model's probabilities); elsewhere (and for other head_dims) bfloat16 pages are widened to float32.
 
 #include <algorithm>
 #include <array>
@@ -53,8 +54,13 @@ struct Problem {
   float sm_scale, soft_cap;
 };
 
+// Work item: a request's tokens [first_token, end_token) against its keys from key_begin to key_end (all of
+// them unless a long range is split among items, see split_items). `partial`, for a split item: where its rows'
+// running maximum, sum and unnormalised output go ([rows, 2 + D]), merged once every part is done.
 struct Item {
   int32_t req, first_token, end_token;
+  int32_t key_begin = 0, key_end = std::numeric_limits<int32_t>::max();
+  float* partial = nullptr;
 };
 
 // 8 floats in one vector register (AVX) or two (SSE); 16 in one (AVX-512) or two. Loads and stores need no
@@ -623,8 +629,8 @@ inline void item_keys(const Problem& p, const Item& item, int32_t& lo, int32_t& 
   const int32_t q_start = p.cu_q_lens[item.req], q_len = p.cu_q_lens[item.req + 1] - q_start;
   const int32_t ctx = p.kv_lens[item.req];
   const int32_t first = ctx - q_len + (item.first_token - q_start), last = ctx - q_len + (item.end_token - 1 - q_start);
-  hi = std::min(last, ctx - 1);
-  lo = p.window > 0 ? std::max(first - p.window + 1, 0) : 0;
+  hi = std::min({last, ctx - 1, item.key_end});
+  lo = std::max(p.window > 0 ? std::max(first - p.window + 1, 0) : 0, item.key_begin);
 }
 
 // One request's tokens [first_token, end_token) over all heads, in blocks of 16 keys with an online softmax.
@@ -662,8 +668,8 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
       for (int64_t d = 0; d < D; ++d) row.qb[d] = round_bf16(row.q[d]);
     std::fill(row.acc, row.acc + D, 0.0f);
     const int32_t pos = ctx - q_len + (token - q_start);
-    row.hi = std::min(pos, ctx - 1);
-    row.lo = p.window > 0 ? std::max(pos - p.window + 1, 0) : 0;
+    row.hi = std::min({pos, ctx - 1, item.key_end});
+    row.lo = std::max(p.window > 0 ? std::max(pos - p.window + 1, 0) : 0, item.key_begin);
     row.m = kNegInf;
     row.l = 0.0f;
     const int head = i % Hq, kv_head = head / G;
@@ -730,6 +736,12 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
   plan.step_all();
   for (int i = 0; i < rows; ++i) {
     const RowState& row = states[i];
+    if (item.partial != nullptr) {  // one part of a split item: merged by merge_parts
+      float* dst = item.partial + i * (2 + D);
+      dst[0] = row.m, dst[1] = row.l;
+      std::copy(row.acc, row.acc + D, dst + 2);
+      continue;
+    }
     const int32_t token = item.first_token + i / Hq;
     float* dst = p.out + (token * Hq + i % Hq) * D;
     const float inv = row.l > 0.0f ? 1.0f / row.l : 0.0f;
@@ -737,10 +749,36 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
   }
 }
 
+// The output of `parts` items that split one item's keys between them (their partial rows, see run_item):
+// each row's maximum over the parts, and the parts' sums and outputs rescaled to it.
+template <int kD, class T>
+void merge_parts(const Problem& p, const Item* parts, int count) {
+  const int64_t D = kD > 0 ? kD : p.head_dim, Hq = p.num_kv_heads * p.group;
+  const int rows = (parts[0].end_token - parts[0].first_token) * static_cast<int>(Hq);
+  thread_local std::vector<float> acc;
+  acc.resize(D);
+  for (int i = 0; i < rows; ++i) {
+    float m = kNegInf, l = 0.0f;
+    for (int k = 0; k < count; ++k) m = std::max(m, parts[k].partial[i * (2 + D)]);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int k = 0; m != kNegInf && k < count; ++k) {
+      const float* part = parts[k].partial + i * (2 + D);
+      if (part[0] == kNegInf) continue;  // a part with none of this row's keys
+      const float scale = exp_nonpositive(part[0] - m);
+      l += part[1] * scale;
+      for (int64_t d = 0; d < D; ++d) acc[d] += part[2 + d] * scale;
+    }
+    const int32_t token = parts[0].first_token + i / static_cast<int>(Hq);
+    store_output<kD, T>(acc.data(), l > 0.0f ? 1.0f / l : 0.0f, p.out + (token * Hq + i % Hq) * D, D);
+  }
+}
+
 struct Shared {
   Problem problem;
   void (*run)(const Problem&, const Item&, const Item*, int32_t&);
+  void (*merge)(const Problem&, const Item*, int);
   std::vector<Item> items;
+  std::vector<float> partials;  // split items' partial rows
   std::atomic<size_t> next{0};
   std::atomic<size_t> done{0};
 
@@ -760,6 +798,53 @@ struct Shared {
 template <class T>
 auto pick(int64_t D) -> void (*)(const Problem&, const Item&, const Item*, int32_t&) {
   return D == 64 ? run_item<64, T> : D == 128 ? run_item<128, T> : D == 256 ? run_item<256, T> : run_item<0, T>;
+}
+
+template <class T>
+auto pick_merge(int64_t D) -> void (*)(const Problem&, const Item*, int) {
+  return D == 64 ? merge_parts<64, T> : D == 128 ? merge_parts<128, T> : D == 256 ? merge_parts<256, T>
+                                                                                 : merge_parts<0, T>;
+}
+
+constexpr int32_t kMinPartKeys = 256;  // keys a part of a split item has at least
+
+// Where a call has fewer than two items a worker (a decode step of a few long requests, a short chunk after a
+// long prefix), each item's keys are split among up to that many parts (of kMinPartKeys keys or more, whole
+// blocks), so that every worker has keys to read; the parts are merged at the end (merge_parts).
+void split_items(Shared& shared, int64_t workers) {
+  const Problem& p = shared.problem;
+  const int64_t target = 2 * workers, count = static_cast<int64_t>(shared.items.size());
+  if (count == 0 || count >= target) return;
+  const int64_t want = (target + count - 1) / count;
+  std::vector<Item> items;
+  std::vector<std::pair<size_t, int64_t>> split;  // (first part's index, parts)
+  int64_t partial_floats = 0;
+  const int64_t row_floats = (2 + p.head_dim) * p.num_kv_heads * p.group;
+  for (const Item& item : shared.items) {
+    int32_t lo, hi;
+    item_keys(p, item, lo, hi);
+    const int64_t parts = std::min<int64_t>(want, (int64_t{hi} - lo + 1) / kMinPartKeys);
+    if (parts < 2) {
+      items.push_back(item);
+      continue;
+    }
+    split.emplace_back(items.size(), parts);
+    const int64_t blocks = (int64_t{hi} - lo + kKeyBlock) / kKeyBlock;
+    for (int64_t k = 0; k < parts; ++k) {
+      Item part = item;
+      part.key_begin = static_cast<int32_t>(lo + blocks * k / parts * kKeyBlock);
+      part.key_end = k + 1 < parts ? static_cast<int32_t>(lo + blocks * (k + 1) / parts * kKeyBlock - 1) : hi;
+      items.push_back(part);
+      partial_floats += row_floats * (item.end_token - item.first_token);
+    }
+  }
+  if (split.empty()) return;
+  shared.partials.resize(static_cast<size_t>(partial_floats));
+  float* next = shared.partials.data();
+  for (const auto& [first, parts] : split)
+    for (int64_t k = 0; k < parts; ++k, next += row_floats * (items[first].end_token - items[first].first_token))
+      items[first + k].partial = next;
+  shared.items = std::move(items);
 }
 
 ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer kv,
@@ -789,6 +874,7 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuff
               block_tables.dimensions()[1], std::clamp<int64_t>(layer.typed_data()[0], 0, L - 1),
               window.typed_data()[0], sm_scale, soft_cap};
   shared->run = bf16 ? pick<uint16_t>(D) : pick<float>(D);
+  shared->merge = bf16 ? pick_merge<uint16_t>(D) : pick_merge<float>(D);
   std::memset(p.out, 0, sizeof(float) * T * Hq * D);  // padding tokens get zeros
   const int32_t live = std::clamp<int32_t>(num_seqs.typed_data()[0], 0, static_cast<int32_t>(R));
   for (int32_t r = 0; r < live; ++r) {
@@ -797,7 +883,21 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuff
     for (int32_t t = first; t < end; t += kTileTokens)
       shared->items.push_back(Item{r, t, std::min(t + kTileTokens, end)});
   }
+  split_items(*shared, std::max<int64_t>(pool.num_threads(), 1));
   share_work(pool, shared, static_cast<int64_t>(shared->items.size()));
+  for (size_t i = 0; i < shared->items.size();) {  // split items' parts, one after the other
+    size_t end = i + 1;
+    const Item& item = shared->items[i];
+    if (item.partial == nullptr) {
+      i = end;
+      continue;
+    }
+    while (end < shared->items.size() && shared->items[end].partial != nullptr &&
+           shared->items[end].req == item.req && shared->items[end].first_token == item.first_token)
+      ++end;
+    shared->merge(p, &shared->items[i], static_cast<int>(end - i));
+    i = end;
+  }
   return ffi::Error::Success();
 }
 

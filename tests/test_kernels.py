@@ -107,6 +107,33 @@ def test_native_body_scores_many_rows_against_transposed_keys(mode, group, head_
     assert np.all(got[real:] == 0)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("q_lens, kv_lens, window", [
+    ([1], [1500], None), ([1, 1], [900, 40], None), ([5], [1300], None), ([1], [1500], 700), ([1], [600], None)])
+def test_native_body_splits_long_key_ranges_among_workers(q_lens, kv_lens, window, dtype):
+    """A call with fewer items than two a worker (a decode step of one or two long requests, a short chunk after
+    a long prefix) splits each item's keys into parts of 256 keys or more that workers run side by side, and
+    merges the parts' softmax states at the end. The output must be the reference's."""
+    rng = np.random.default_rng(sum(kv_lens) + len(q_lens))
+    page_size, group, head_dim, n = 16, 4, 64, len(q_lens)
+    pages_per_seq = -(-max(kv_lens) // page_size)
+    num_pages = pages_per_seq * n + 1
+    pool = rng.standard_normal((NUM_LAYERS, num_pages, page_size, 2 * NUM_KV_HEADS, head_dim)).astype(np.float32)
+    q = rng.standard_normal((sum(q_lens) + 2, NUM_KV_HEADS * group, head_dim)).astype(np.float32)
+    pages = rng.permutation(num_pages)
+    tables = np.stack([pages[i * pages_per_seq:(i + 1) * pages_per_seq] for i in range(n)]).astype(np.int32)
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    args = (jnp.asarray(q), jnp.asarray(pool, dtype), jnp.int32(1), jnp.asarray(kv_lens, jnp.int32),
+            jnp.asarray(tables), jnp.asarray(cu), jnp.int32(n))
+    kwargs = dict(sm_scale=head_dim ** -0.5, sliding_window=window)
+    want = np.asarray(reference(args[0], args[1].astype(jnp.float32), *args[2:], **kwargs))
+    got = np.asarray(native()(*args, **kwargs))
+    real = sum(q_lens)
+    tol = 2 ** -6 if dtype == jnp.bfloat16 else 1e-5
+    np.testing.assert_allclose(got[:real], want[:real], atol=tol, rtol=0)
+    assert np.all(got[real:] == 0)
+
+
 @pytest.mark.parametrize("mode, window", [("decode", None), ("mixed", None), ("decode", 100), ("mixed", 150)])
 def test_native_body_reads_ahead_across_windows_and_items(mode, window):
     """Long requests over wide rows (8 kv heads x 128 x bfloat16: 4 KB a key, so the native body reads 64 keys a
