@@ -67,6 +67,19 @@ def test_bfloat16_body_matches_reference(body, case):
     np.testing.assert_allclose(got[:real], want[:real], atol=2 ** -7, rtol=2 ** -7)
 
 
+def check_native_over_bfloat16_pages(case, **kwargs):
+    """The native body over `case`'s pool rounded to bfloat16 against the reference over the same pages widened
+    to float32: within a few 2^-9 (see below), and zeros for the padding tokens."""
+    q, pool, *rest = case.args
+    pool = pool.astype(jnp.bfloat16)
+    want = np.asarray(reference(q, pool.astype(jnp.float32), *rest, **kwargs))
+    got = np.asarray(native()(q, pool, *rest, **kwargs))
+    real = case.num_real_tokens
+    np.testing.assert_allclose(got[:real], want[:real], atol=2 ** -6, rtol=0)
+    assert np.abs(got[:real] - want[:real]).mean() < 2 ** -9
+    assert np.all(got[real:] == 0)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_native_body_over_bfloat16_pages_matches_reference(case):
     """float32 queries over a bfloat16 pool (the engine's CPU cache for bfloat16 checkpoints), against the
@@ -76,15 +89,7 @@ def test_native_body_over_bfloat16_pages_matches_reference(case):
     mode, page_size, group, head_dim, window, cap = case
     case = ragged_case(3 * page_size + group, mode, page_size, group, head_dim, max_kv_len=90, max_reqs=4,
                        num_kv_heads=NUM_KV_HEADS, num_layers=NUM_LAYERS)
-    q, pool, *rest = case.args
-    pool = pool.astype(jnp.bfloat16)
-    kwargs = dict(sm_scale=head_dim ** -0.5, sliding_window=window, soft_cap=cap)
-    want = np.asarray(reference(q, pool.astype(jnp.float32), *rest, **kwargs))
-    got = np.asarray(native()(q, pool, *rest, **kwargs))
-    real = case.num_real_tokens
-    np.testing.assert_allclose(got[:real], want[:real], atol=2 ** -6, rtol=0)
-    assert np.abs(got[:real] - want[:real]).mean() < 2 ** -9
-    assert np.all(got[real:] == 0)
+    check_native_over_bfloat16_pages(case, sm_scale=head_dim ** -0.5, sliding_window=window, soft_cap=cap)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -96,15 +101,7 @@ def test_native_body_scores_many_rows_against_transposed_keys(mode, group, head_
     (head_dim 256: 128 keys a window), over bfloat16 pages."""
     case = ragged_case(head_dim + group, mode, 16, group, head_dim, max_kv_len=300, max_reqs=4,
                        num_kv_heads=NUM_KV_HEADS, num_layers=NUM_LAYERS)
-    q, pool, *rest = case.args
-    pool = pool.astype(jnp.bfloat16)
-    kwargs = dict(sm_scale=head_dim ** -0.5)
-    want = np.asarray(reference(q, pool.astype(jnp.float32), *rest, **kwargs))
-    got = np.asarray(native()(q, pool, *rest, **kwargs))
-    real = case.num_real_tokens
-    np.testing.assert_allclose(got[:real], want[:real], atol=2 ** -6, rtol=0)
-    assert np.abs(got[:real] - want[:real]).mean() < 2 ** -9
-    assert np.all(got[real:] == 0)
+    check_native_over_bfloat16_pages(case, sm_scale=head_dim ** -0.5)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -140,16 +137,8 @@ def test_native_body_reads_ahead_across_windows_and_items(mode, window):
     window): each request's keys span several windows, each prefetched while the previous one is computed on,
     and each worker prefetches its next item's first window. The output must not depend on any of that."""
     case = ragged_case(11, mode, 16, 2, 128, max_kv_len=400, max_reqs=6, num_kv_heads=8, num_layers=2)
-    q, pool, *rest = case.args
-    pool = pool.astype(jnp.bfloat16)
-    kwargs = dict(sm_scale=128 ** -0.5, sliding_window=window)
-    want = np.asarray(reference(q, pool.astype(jnp.float32), *rest, **kwargs))
-    got = np.asarray(native()(q, pool, *rest, **kwargs))
-    real = case.num_real_tokens
     assert max(case.kv_lens) > 3 * 64
-    np.testing.assert_allclose(got[:real], want[:real], atol=2 ** -6, rtol=0)
-    assert np.abs(got[:real] - want[:real]).mean() < 2 ** -9
-    assert np.all(got[real:] == 0)
+    check_native_over_bfloat16_pages(case, sm_scale=128 ** -0.5, sliding_window=window)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
