@@ -148,8 +148,9 @@ class DecoderLayers(nnx.Module):
                 q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], -1)
             else:
                 x = rms_norm(h, self.attn_norm[...], cfg.rms_norm_eps)
-                q, k, v = (_dot(x, self.q_proj[...], q_width), _dot(x, self.k_proj[...], kv_width),
-                           _dot(x, self.v_proj[...], kv_width))
+                q, k, v = (_dot(x, self.q_proj[...], q_width, live_rows=live),
+                           _dot(x, self.k_proj[...], kv_width, live_rows=live),
+                           _dot(x, self.v_proj[...], kv_width, live_rows=live))
             if cfg.qkv_bias:
                 q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
             q = q.reshape(T, cfg.num_heads, cfg.head_dim)
@@ -170,8 +171,8 @@ class DecoderLayers(nnx.Module):
             gate_up = _normed_dot(h, self.mlp_norm[...], cfg.rms_norm_eps, self.gate_up_proj[...], 2 * I, live)
             return _gated_dot(gate_up, self.down_proj[...], cfg.hidden_size, h, live), kv_cache
         x = rms_norm(h, self.mlp_norm[...], cfg.rms_norm_eps)
-        gated = jax.nn.silu(_dot(x, self.gate_proj[...], I)) * _dot(x, self.up_proj[...], I)
-        return _dot(gated, self.down_proj[...], cfg.hidden_size, residual=h), kv_cache
+        gate, up = _dot(x, self.gate_proj[...], I, live_rows=live), _dot(x, self.up_proj[...], I, live_rows=live)
+        return _dot(jax.nn.silu(gate) * up, self.down_proj[...], cfg.hidden_size, residual=h, live_rows=live), kv_cache
 
 
 class LlamaForCausalLM(nnx.Module):
