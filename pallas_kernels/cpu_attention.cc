@@ -23,6 +23,7 @@
 #include <limits>
 #include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #ifdef __AVX512F__
@@ -778,7 +779,8 @@ struct Shared {
   void (*run)(const Problem&, const Item&, const Item*, int32_t&);
   void (*merge)(const Problem&, const Item*, int);
   std::vector<Item> items;
-  std::vector<float> partials;  // split items' partial rows
+  std::vector<float> partials;                 // split items' partial rows
+  std::vector<std::pair<size_t, int>> splits;  // each split item's parts: (first index in items, count)
   std::atomic<size_t> next{0};
   std::atomic<size_t> done{0};
 
@@ -817,7 +819,7 @@ void split_items(Shared& shared, int64_t workers) {
   if (count == 0 || count >= target) return;
   const int64_t want = (target + count - 1) / count;
   std::vector<Item> items;
-  std::vector<std::pair<size_t, int64_t>> split;  // (first part's index, parts)
+  std::vector<std::pair<size_t, int>> splits;
   int64_t partial_floats = 0;
   const int64_t row_floats = (2 + p.head_dim) * p.num_kv_heads * p.group;
   for (const Item& item : shared.items) {
@@ -828,7 +830,7 @@ void split_items(Shared& shared, int64_t workers) {
       items.push_back(item);
       continue;
     }
-    split.emplace_back(items.size(), parts);
+    splits.emplace_back(items.size(), static_cast<int>(parts));
     const int64_t blocks = (int64_t{hi} - lo + kKeyBlock) / kKeyBlock;
     for (int64_t k = 0; k < parts; ++k) {
       Item part = item;
@@ -838,13 +840,14 @@ void split_items(Shared& shared, int64_t workers) {
       partial_floats += row_floats * (item.end_token - item.first_token);
     }
   }
-  if (split.empty()) return;
+  if (splits.empty()) return;
   shared.partials.resize(static_cast<size_t>(partial_floats));
   float* next = shared.partials.data();
-  for (const auto& [first, parts] : split)
-    for (int64_t k = 0; k < parts; ++k, next += row_floats * (items[first].end_token - items[first].first_token))
+  for (const auto& [first, parts] : splits)
+    for (int k = 0; k < parts; ++k, next += row_floats * (items[first].end_token - items[first].first_token))
       items[first + k].partial = next;
   shared.items = std::move(items);
+  shared.splits = std::move(splits);
 }
 
 ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer kv,
@@ -885,19 +888,7 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuff
   }
   split_items(*shared, std::max<int64_t>(pool.num_threads(), 1));
   share_work(pool, shared, static_cast<int64_t>(shared->items.size()));
-  for (size_t i = 0; i < shared->items.size();) {  // split items' parts, one after the other
-    size_t end = i + 1;
-    const Item& item = shared->items[i];
-    if (item.partial == nullptr) {
-      i = end;
-      continue;
-    }
-    while (end < shared->items.size() && shared->items[end].partial != nullptr &&
-           shared->items[end].req == item.req && shared->items[end].first_token == item.first_token)
-      ++end;
-    shared->merge(p, &shared->items[i], static_cast<int>(end - i));
-    i = end;
-  }
+  for (const auto& [first, parts] : shared->splits) shared->merge(p, &shared->items[first], parts);
   return ffi::Error::Success();
 }
 
