@@ -1,6 +1,6 @@
 """Native CPU kernels, XLA FFI custom calls: the ragged paged attention (`cpu_attention.cc`), a float32 x
-bfloat16 matmul (`cpu_matmul.cc`, with a layer's RMSNorm or gated activation applied to its input rows and a
-residual added to its output), the greedy sampler's argmax (`cpu_sampling.cc`) and a fusion barrier.
+bfloat16 matmul (`cpu_matmul.cc`, with a layer's RMSNorm applied to its input rows, and a residual added to its
+output or the gated MLP's activation applied to it), the greedy sampler's argmax (`cpu_sampling.cc`) and a fusion barrier.
 
 XLA:CPU runs the reference attention's gathers and many tiny batched dots far from memory bandwidth; the
 native body reads each request's K/V straight from its pages (float32 q; float32 or bfloat16 pages), and its
@@ -118,7 +118,52 @@ def pack_bf16(w):
     return jnp.moveaxis(w, (-2, -1), (-4, -2)).reshape(*lead, P, K2, 2 * PANEL)
 
 
-_PROLOGUES = {None: 0, "rms_norm": 1, "silu_mul": 2}
+def pack_gated(gate, up):
+    """gate, up [..., K, I] (I a multiple of 16) -> the packed weight of `gated_pairs`: `pack_bf16` of their
+    columns taken 16 at a time in turn, so that each 32-column panel holds 16 gate columns and the same 16 up
+    columns (the kernel applies the activation to a panel's products while they are in registers)."""
+    *lead, K, I = gate.shape
+    if up.shape != gate.shape or I % 16:
+        raise ValueError(f"pack_gated needs gate and up of one shape [..., K, I], I a multiple of 16, got "
+                         f"{gate.shape} and {up.shape}")
+    w = jnp.stack([jnp.asarray(gate).reshape(*lead, K, I // 16, 16), jnp.asarray(up).reshape(*lead, K, I // 16, 16)],
+                  axis=-2)
+    return pack_bf16(w.reshape(*lead, K, 2 * I))
+
+
+def unpack_gated(y):
+    """The [..., 2I] float32 products of a `pack_gated` weight (columns in its order) -> (gate, up) [..., I]."""
+    y = y.reshape(*y.shape[:-1], -1, 2, 16)
+    return y[..., 0, :].reshape(*y.shape[:-3], -1), y[..., 1, :].reshape(*y.shape[:-3], -1)
+
+
+def rounded_width(k: int) -> int:
+    """The row width (uint32 words) of x rounded to bfloat16 pairs for a matmul over K = k: k / 2 pairs in
+    whole chunks of 16 (`gated_pairs`' result, `matmul_bf16(..., prologue="rounded")`'s x)."""
+    return -(-k // 32) * 16
+
+
+_PROLOGUES = {None: 0, "rms_norm": 1, "rounded": 2}
+_EPILOGUES = {"store": 0, "gated_pairs": 1}
+
+
+def _native_matmul(x, packed, out, K: int, *, prologue, epilogue, norm, eps, residual, live_rows):
+    """The shared checks and the FFI call of `matmul_bf16` and `gated_pairs` (out: the result's shape and
+    dtype)."""
+    if (prologue == "rms_norm") != (norm is not None) or (norm is not None and norm.shape != (K,)):
+        raise ValueError(f"the native matmul takes a norm weight [{K}] with the rms_norm prologue and only there")
+    if residual is not None and (residual.shape != out.shape or residual.dtype != jnp.float32):
+        raise ValueError(f"the native matmul's residual must be float32 {list(out.shape)}, got {residual.dtype} "
+                         f"{residual.shape}")
+    if live_rows is not None and jnp.ndim(live_rows) != 0:
+        raise ValueError(f"the native matmul's live_rows must be a scalar row count, got shape {jnp.shape(live_rows)}")
+    norm = jnp.zeros((0,), jnp.float32) if norm is None else norm.astype(jnp.float32)
+    residual = jnp.zeros((0, 0), jnp.float32) if residual is None else residual
+    live_rows = jnp.asarray(x.shape[0] if live_rows is None else live_rows, jnp.int32).reshape(1)
+    _library()
+    call = jax.ffi.ffi_call(_MATMUL_TARGET, out)
+    return call(x, packed, norm, residual, live_rows, prologue=np.int32(_PROLOGUES[prologue]),
+                epilogue=np.int32(_EPILOGUES[epilogue]), eps=np.float32(eps))
 
 
 def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0, residual=None,
@@ -127,32 +172,44 @@ def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, ep
     accumulated in float32 (what `jnp.dot(x.astype(bfloat16), w, preferred_element_type=float32)` computes,
     up to summation order). `prologue`, applied to x's rows (in float32) before they are rounded:
     - "rms_norm": `norm * (x * rsqrt(mean(x ** 2) + eps))` with `norm` [K] (layers/norms.rms_norm for float32 x);
-    - "silu_mul": x is [M, 2K] = [gate | up], and the rows multiplied are `silu(gate) * up`.
+    - "rounded": x is already rounded, uint32 [M, rounded_width(K)]: `gated_pairs`' result for the same M and
+      live_rows (K from the packed weight).
     `residual` f32[M, n], where given, is added to the result (in float32, as it is stored).
     `live_rows` (an int32 scalar, may be traced), where given: rows from it on are a bucket's padding; they
     are not computed and come out zero (residual included)."""
     if prologue not in _PROLOGUES:
         raise ValueError(f"matmul_bf16's prologue must be one of {list(_PROLOGUES)}, got {prologue!r}")
-    K = (x.shape[-1] // 2 if prologue == "silu_mul" else x.shape[-1]) if x.ndim else 0
+    rounded = prologue == "rounded"
+    K = (2 * packed.shape[1] if packed.ndim == 3 else 0) if rounded else x.shape[-1] if x.ndim else 0
     if x.ndim != 2 or packed.ndim != 3 or packed.shape != (-(-n // PANEL), -(-K // 2), 2 * PANEL) or (
-            prologue == "silu_mul" and x.shape[1] % 2):
-        raise ValueError(f"matmul_bf16 needs x [M, K] ([M, 2K] for silu_mul) and pack_bf16(w) of a [K, {n}] w, "
-                         f"got {x.shape} and {packed.shape}")
-    if x.dtype != jnp.float32 or packed.dtype != jnp.bfloat16:
-        raise ValueError(f"matmul_bf16 needs float32 x and a bfloat16 packed w, got {x.dtype} and {packed.dtype}")
-    if (prologue == "rms_norm") != (norm is not None) or (norm is not None and norm.shape != (K,)):
-        raise ValueError(f"matmul_bf16 takes a norm weight [{K}] with the rms_norm prologue and only there")
-    if residual is not None and (residual.shape != (x.shape[0], n) or residual.dtype != jnp.float32):
-        raise ValueError(f"matmul_bf16's residual must be float32 [{x.shape[0]}, {n}], got {residual.dtype} "
-                         f"{residual.shape}")
-    norm = jnp.zeros((0,), jnp.float32) if norm is None else norm.astype(jnp.float32)
-    residual = jnp.zeros((0, 0), jnp.float32) if residual is None else residual
-    if live_rows is not None and jnp.ndim(live_rows) != 0:
-        raise ValueError(f"matmul_bf16's live_rows must be a scalar row count, got shape {jnp.shape(live_rows)}")
-    live_rows = jnp.asarray(x.shape[0] if live_rows is None else live_rows, jnp.int32).reshape(1)
-    _library()
-    call = jax.ffi.ffi_call(_MATMUL_TARGET, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32))
-    return call(x, packed, norm, residual, live_rows, prologue=np.int32(_PROLOGUES[prologue]), eps=np.float32(eps))
+            x.shape[1] != (rounded_width(K) if rounded else K)):
+        raise ValueError(f"matmul_bf16 needs x [M, K] ([M, rounded_width(K)] when rounded) and pack_bf16(w) of a "
+                         f"[K, {n}] w, got {x.shape} and {packed.shape}")
+    if x.dtype != (jnp.uint32 if rounded else jnp.float32) or packed.dtype != jnp.bfloat16:
+        raise ValueError(f"matmul_bf16 needs float32 x (uint32 when rounded) and a bfloat16 packed w, got "
+                         f"{x.dtype} and {packed.dtype}")
+    return _native_matmul(x, packed, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32), K, prologue=prologue,
+                          epilogue="store", norm=norm, eps=eps, residual=residual, live_rows=live_rows)
+
+
+def gated_pairs(x, packed, *, prologue: str | None = None, norm=None, eps: float = 0.0, live_rows=None):
+    """silu(x' @ gate) * (x' @ up) for `packed` = pack_gated(gate, up) (x' = x after the prologue, as in
+    `matmul_bf16`), rounded to bfloat16 as the x of `matmul_bf16(..., prologue="rounded")` over the same rows
+    and live_rows: uint32 [M, rounded_width(I)], laid out by the kernel's row blocks (an operand, not a matrix
+    to read). The activation is applied to the float32 products as they leave the registers, then rounded: the
+    numbers that rounding `silu(gate) * up` of the float32 products gives, without their [M, 2I] round trip
+    through memory or the next matmul's rounding pass."""
+    if prologue not in (None, "rms_norm"):
+        raise ValueError(f"gated_pairs' prologue must be None or 'rms_norm', got {prologue!r}")
+    K = x.shape[-1] if x.ndim else 0
+    if x.ndim != 2 or x.dtype != jnp.float32 or packed.dtype != jnp.bfloat16 or packed.ndim != 3 or (
+            packed.shape[1:] != (-(-K // 2), 2 * PANEL)):
+        raise ValueError(f"gated_pairs needs float32 x [M, K] and pack_gated(gate, up) of [K, I] weights, got "
+                         f"{x.dtype} {x.shape} and {packed.dtype} {packed.shape}")
+    I = packed.shape[0] * PANEL // 2
+    out = jax.ShapeDtypeStruct((x.shape[0], rounded_width(I)), jnp.uint32)
+    return _native_matmul(x, packed, out, K, prologue=prologue, epilogue="gated_pairs", norm=norm, eps=eps,
+                          residual=None, live_rows=live_rows)
 
 
 def first_argmax(x):

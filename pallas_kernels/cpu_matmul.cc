@@ -10,13 +10,16 @@
 // once per call into (x[m, 2k], x[m, 2k+1]) pairs, each broadcast as one 32-bit word, laid out by row block
 // in chunks of 16 pairs a row ([K2p / 16][R][16]): a chunk of a row is one vector store, and a block's rows
 // are one sequential stream (a [K2, R] transpose, written pair by pair, had cost up to a fifth of a
-// prefill matmul's time in its rounding phase); on the way a row can be RMS-normalised or go
-// through the gated MLP's silu(gate) * up (the prologue: XLA would otherwise run each as a fusion of its
-// own, writing and reading the rows again). Up to 12 rows x 32 columns of accumulators stay in registers
-// for the whole K loop. The work, shared between the caller and XLA's intra-op thread pool, comes in two
-// phases: row blocks to round, then panels (all rows each, so a panel is read from memory once and stays
-// in cache across row blocks). A residual can be added to the result as it is stored (the epilogue). Rows
-// past a given count (a bucket's padding tokens) are neither rounded nor multiplied: their output is zero.
+// prefill matmul's time in its rounding phase); on the way a row can be RMS-normalised (the prologue: XLA
+// would otherwise run it as a fusion of its own, writing and reading the rows again). Up to 12 rows x 32
+// columns of accumulators stay in registers for the whole K loop. The work, shared between the caller and
+// XLA's intra-op thread pool, comes in two phases: row blocks to round, then panels (all rows each, so a
+// panel is read from memory once and stays in cache across row blocks). The epilogue either adds a residual
+// to the result as it is stored, or, for the gated MLP's gate/up projection (its panels 16 gate and 16 up
+// columns), applies silu(gate) * up to the accumulators and writes the down projection's x already rounded
+// in its row-block layout: no [M, 2I] float32 result goes through memory, and the down projection skips its
+// rounding phase. Rows past a given count (a bucket's padding tokens) are neither rounded nor multiplied:
+// their output is zero.
 
 #include <algorithm>
 #include <atomic>
@@ -40,14 +43,25 @@ namespace {
 constexpr int kPanel = 32;   // output columns per panel (work item)
 constexpr int kMaxRows = 12; // rows per register block: 24 accumulators + 5 working registers of 32
 
+// silu(g) * u with sigmoid(g) = 1 / (1 + e^-g) for g >= 0 and e^g / (1 + e^g) below (never overflows).
+inline __m512 silu_mul(__m512 g, __m512 u) {
+  const __m512 e = (__m512)exp16((v16)_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+  const __mmask16 positive = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ);
+  const __m512 sigmoid = _mm512_div_ps(_mm512_mask_blend_ps(positive, e, _mm512_set1_ps(1.f)),
+                                       _mm512_add_ps(e, _mm512_set1_ps(1.f)));
+  return _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), u);
+}
+
 struct Problem {
-  uint32_t* a;        // bf16 pairs of x by row block: the block of rows [m0, m0 + R) is [K2, R] at a + m0 * K2
+  const uint32_t* a;  // bf16 pairs of x by row block: the block of rows [m0, m0 + R) is [K2p / 16][R][16] at a + m0 * K2p
   const uint16_t* w;  // [P, K2, 64] packed bf16
-  float* y;           // [M, N]
+  float* y;           // [M, N], or null where the result goes to `gated` instead
   const float* residual;  // [M, N] added to y, or null
+  uint32_t* gated;    // kGatedPairs: silu(gate) * up as the pairs of a next matmul's x, [M, gated_K2p] by row block
   int64_t M, N, K2;
   int64_t K2p;        // K2 rounded up to 16: a row's pairs in whole chunks
   int64_t rows;       // rows per block (the last may have fewer)
+  int64_t gated_K2p;  // the next matmul's K2p: N / 4 rounded up to 16
 };
 
 // Rows per register block: M split into ceil(M / 12) blocks as even as can be (64 rows: 11 x 5 + 9, not
@@ -83,6 +97,16 @@ void block(const Problem& p, int64_t m0, int64_t index, __mmask32 mask, const ui
         hi[r] = _mm512_dpbf16_ps(hi[r], x, b_hi);
       }
     }
+  }
+  if (p.gated) {
+    // A panel is 16 gate columns and the same 16 up columns (pack_gated): silu(gate) * up is 16 columns of
+    // the next matmul's x, 8 of its pairs, half a chunk of this row block there (its rows are the same
+    // block of the same rows: the next matmul has the same live rows, so the same block_rows).
+    uint32_t* out = p.gated + m0 * p.gated_K2p + (index / 2) * 16 * R + (index % 2) * 8;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * r), (__m256i)_mm512_cvtneps_pbh(silu_mul(lo[r], hi[r])));
+    return;
   }
   const __mmask16 mask_lo = static_cast<__mmask16>(mask), mask_hi = static_cast<__mmask16>(mask >> 16);
 #pragma GCC unroll 16
@@ -120,25 +144,24 @@ void panel(const Problem& p, int64_t index, int64_t next) {
 enum Prologue : int32_t {
   kPlain = 0,    // x [M, K] as it is
   kRmsNorm = 1,  // x [M, K] -> norm * (x * rsqrt(mean(x^2) + eps)): transformers' RMSNorm, in float32
-  kSiluMul = 2,  // x [M, 2K] = [gate | up] -> silu(gate) * up: the gated MLP's activation
+  kRounded = 2,  // x is already bfloat16 pairs laid out by row block (a kGatedPairs matmul's result): no phase 1
+};
+
+// What becomes of the products (the `epilogue` attribute).
+enum Epilogue : int32_t {
+  kStore = 0,        // y [M, N] float32, plus the residual where given
+  kGatedPairs = 1,   // panels of 16 gate and 16 up columns (pack_gated): silu(gate) * up [M, N / 2] rounded to
+                     // bfloat16 pairs, laid out as the x of a kRounded matmul over the same live rows
 };
 
 struct Input {
   const float* x;
-  int64_t K, width;    // the matmul's K; x's row width (2K for kSiluMul)
+  int64_t K;           // the matmul's K, x's row width
   int32_t prologue;
   const float* norm;   // [K] for kRmsNorm
   float eps;
+  uint32_t* pairs;     // where the rounded rows go (Problem::a)
 };
-
-// silu(g) * u with sigmoid(g) = 1 / (1 + e^-g) for g >= 0 and e^g / (1 + e^g) below (never overflows).
-inline __m512 silu_mul(__m512 g, __m512 u) {
-  const __m512 e = (__m512)exp16((v16)_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-  const __mmask16 positive = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ);
-  const __m512 sigmoid = _mm512_div_ps(_mm512_mask_blend_ps(positive, e, _mm512_set1_ps(1.f)),
-                                       _mm512_add_ps(e, _mm512_set1_ps(1.f)));
-  return _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), u);
-}
 
 inline void store_bf16(uint16_t* out, __m512 lo, __m512 hi) {
   _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
@@ -151,7 +174,7 @@ inline __m512 load_masked(const float* x, int64_t n) {
 // Row m of x after the prologue, rounded to bfloat16 (to nearest even) as pairs, chunk c of 16 pairs (32
 // values) at out + c * stride (zero past K).
 void round_row(const Input& in, int64_t m, uint32_t* out, int64_t stride) {
-  const float* src = in.x + m * in.width;
+  const float* src = in.x + m * in.K;
   const int64_t K = in.K;
   __m512 scale = _mm512_set1_ps(1.f);
   if (in.prologue == kRmsNorm) {
@@ -166,7 +189,6 @@ void round_row(const Input& in, int64_t m, uint32_t* out, int64_t stride) {
   auto value = [&](int64_t k) {  // 16 values of the row from column k (zero past K)
     const __m512 v = load_masked(src + k, K - k);
     if (in.prologue == kRmsNorm) return _mm512_mul_ps(load_masked(in.norm + k, K - k), _mm512_mul_ps(v, scale));
-    if (in.prologue == kSiluMul) return silu_mul(v, load_masked(src + K + k, K - k));
     return v;
   };
   for (int64_t k = 0; k < K; k += 32, out += stride)
@@ -178,7 +200,7 @@ void round_row(const Input& in, int64_t m, uint32_t* out, int64_t stride) {
 // sequential stream.
 void round_block(const Input& in, const Problem& p, int64_t index) {
   const int64_t m0 = index * p.rows, R = std::min<int64_t>(p.rows, p.M - m0);
-  uint32_t* a = p.a + m0 * p.K2p;
+  uint32_t* a = in.pairs + m0 * p.K2p;
   for (int64_t r = 0; r < R; ++r) round_row(in, m0 + r, a + 16 * r, 16 * R);
 }
 
@@ -221,40 +243,53 @@ struct Shared {
   }
 };
 
-ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::BF16> w,
-                  ffi::Buffer<ffi::F32> norm, ffi::Buffer<ffi::F32> residual, ffi::Buffer<ffi::S32> live_rows,
-                  ffi::ResultBuffer<ffi::F32> y, int32_t prologue, float eps) {
+ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16> w, ffi::Buffer<ffi::F32> norm,
+                  ffi::Buffer<ffi::F32> residual, ffi::Buffer<ffi::S32> live_rows, ffi::Result<ffi::AnyBuffer> y,
+                  int32_t prologue, int32_t epilogue, float eps) {
   const auto x_dims = x.dimensions();
   const auto w_dims = w.dimensions();
   const auto y_dims = y->dimensions();
   if (x_dims.size() != 2 || w_dims.size() != 3 || y_dims.size() != 2 || w_dims[2] != 2 * kPanel ||
       y_dims[0] != x_dims[0])
     return ffi::Error::InvalidArgument("cpu matmul: x must be [M, K], w packed [P, K2, 64] and y [M, N]");
-  if (prologue < kPlain || prologue > kSiluMul || (prologue == kSiluMul && x_dims[1] % 2))
-    return ffi::Error::InvalidArgument("cpu matmul: unknown prologue, or an odd x width for silu_mul");
-  const int64_t M = x_dims[0], K = prologue == kSiluMul ? x_dims[1] / 2 : x_dims[1], N = y_dims[1], K2 = w_dims[1];
-  if (K2 != (K + 1) / 2 || w_dims[0] != (N + kPanel - 1) / kPanel)
+  if (prologue < kPlain || prologue > kRounded) return ffi::Error::InvalidArgument("cpu matmul: unknown prologue");
+  if (epilogue != kStore && epilogue != kGatedPairs)
+    return ffi::Error::InvalidArgument("cpu matmul: unknown epilogue");
+  const bool rounded = prologue == kRounded, gated = epilogue == kGatedPairs;
+  if (x.element_type() != (rounded ? ffi::U32 : ffi::F32) || y->element_type() != (gated ? ffi::U32 : ffi::F32))
+    return ffi::Error::InvalidArgument("cpu matmul: x (y) must be float32, or uint32 pairs for rounded (gated_pairs)");
+  const int64_t M = x_dims[0], K2 = w_dims[1], K2p = (K2 + 15) / 16 * 16;
+  const int64_t K = rounded ? 2 * K2 : x_dims[1];
+  const int64_t N = gated ? w_dims[0] * kPanel : y_dims[1], gated_K2p = (N / 4 + 15) / 16 * 16;
+  if ((rounded ? x_dims[1] != K2p : K2 != (K + 1) / 2) || (!gated && w_dims[0] != (N + kPanel - 1) / kPanel))
     return ffi::Error::InvalidArgument("cpu matmul: the packed weight's shape does not match x's K and y's N");
+  if (gated && y_dims[1] != gated_K2p)
+    return ffi::Error::InvalidArgument("cpu matmul: gated pairs must be [M, N / 4 rounded up to 16]");
   if (prologue == kRmsNorm && norm.element_count() != static_cast<size_t>(K))
     return ffi::Error::InvalidArgument("cpu matmul: the norm weight must have x's K elements");
   const bool add = residual.element_count() > 0;
-  if (add && (residual.dimensions().size() != 2 || residual.dimensions()[0] != M || residual.dimensions()[1] != N))
-    return ffi::Error::InvalidArgument("cpu matmul: the residual must be [M, N] (or empty)");
+  if (add && (gated || residual.dimensions().size() != 2 || residual.dimensions()[0] != M ||
+              residual.dimensions()[1] != N))
+    return ffi::Error::InvalidArgument("cpu matmul: the residual must be [M, N] (or empty), and none with gated pairs");
   if (live_rows.element_count() != 1)
     return ffi::Error::InvalidArgument("cpu matmul: live_rows must hold one count");
   // Rows from `live` on (a bucket's padding tokens) are zero; only the rows before it are computed.
   const int64_t live = std::clamp<int64_t>(live_rows.typed_data()[0], 0, M);
-  std::memset(y->typed_data() + live * N, 0, sizeof(float) * (M - live) * N);
+  const int64_t width = y_dims[1];
+  std::memset(static_cast<char*>(y->untyped_data()) + 4 * live * width, 0, 4 * (M - live) * width);
   if (live == 0 || N == 0) return ffi::Error::Success();
   auto shared = std::make_shared<Shared>();
   thread_local std::vector<uint32_t> pairs;
-  const int64_t K2p = (K2 + 15) / 16 * 16;
-  pairs.resize(static_cast<size_t>(live * K2p));
+  if (!rounded) pairs.resize(static_cast<size_t>(live * K2p));
+  const uint32_t* a = rounded ? static_cast<const uint32_t*>(x.untyped_data()) : pairs.data();
   const int64_t rows = block_rows(live);
-  shared->problem = Problem{pairs.data(), w.typed_data(), y->typed_data(), add ? residual.typed_data() : nullptr,
-                            live, N, K2, K2p, rows};
-  shared->input = Input{x.typed_data(), K, x_dims[1], prologue, norm.typed_data(), eps};
-  shared->row_blocks = (live + rows - 1) / rows;
+  shared->problem = Problem{a, w.typed_data(), gated ? nullptr : static_cast<float*>(y->untyped_data()),
+                            add ? residual.typed_data() : nullptr,
+                            gated ? static_cast<uint32_t*>(y->untyped_data()) : nullptr,
+                            live, N, K2, K2p, rows, gated_K2p};
+  shared->input = Input{rounded ? nullptr : static_cast<const float*>(x.untyped_data()), K, prologue,
+                        norm.typed_data(), eps, pairs.data()};
+  shared->row_blocks = rounded ? 0 : (live + rows - 1) / rows;
   shared->items = w_dims[0];
   // The buffer of pairs is the caller's: it outlives every taken block and panel (a helper that starts late
   // takes none and never reads it).
@@ -267,8 +302,8 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
 #else  // no AVX-512 BF16: cpu.py never calls this (matmul_available() is False); kept for a clear error.
 
 namespace {
-ffi::Error Matmul(ffi::ThreadPool, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::F32>,
-                  ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S32>, ffi::ResultBuffer<ffi::F32>, int32_t, float) {
+ffi::Error Matmul(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::F32>,
+                  ffi::Buffer<ffi::S32>, ffi::Result<ffi::AnyBuffer>, int32_t, int32_t, float) {
   return ffi::Error::Unimplemented("cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
 }
 }  // namespace
@@ -278,11 +313,12 @@ ffi::Error Matmul(ffi::ThreadPool, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::BF16>
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuMatmulBf16, Matmul,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()    // x [M, K]
+                                  .Arg<ffi::AnyBuffer>()           // x f32 [M, K] (u32 [M, K2p] pairs: rounded)
                                   .Arg<ffi::Buffer<ffi::BF16>>()   // w packed [P, K2, 64]
                                   .Arg<ffi::Buffer<ffi::F32>>()    // norm weight [K] (kRmsNorm; else empty)
                                   .Arg<ffi::Buffer<ffi::F32>>()    // residual [M, N] added to y (or empty)
                                   .Arg<ffi::Buffer<ffi::S32>>()    // live_rows i32[1]: rows past it are zero
-                                  .Ret<ffi::Buffer<ffi::F32>>()    // y [M, N]
+                                  .Ret<ffi::AnyBuffer>()           // y f32 [M, N] (u32 pairs: gated_pairs)
                                   .Attr<int32_t>("prologue")
+                                  .Attr<int32_t>("epilogue")
                                   .Attr<float>("eps"));

@@ -1,5 +1,6 @@
 """The Pallas bodies (TPU in TPU interpret mode, GPU with interpret=True) against the reference."""
 
+import functools
 import logging
 
 import jax
@@ -264,21 +265,30 @@ def test_native_bf16_matmul_matches_xla(m, k, n):
 
 
 @pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
-@pytest.mark.parametrize("prologue", [None, "rms_norm", "silu_mul"])
+@pytest.mark.parametrize("prologue", [None, "rms_norm", "gated"])
 def test_native_bf16_matmul_skips_padding_rows(prologue):
     """Rows from live_rows on (a bucket's padding) come out zero, residual included; the rows before it are
-    exactly what the whole matmul gives them, whatever the count (row blocks are split by the live rows)."""
+    exactly what the whole matmul gives them, whatever the count (row blocks are split by the live rows).
+    "gated": a gated_pairs product feeding a rounded matmul, both given the live rows."""
     import jax
 
     rng = np.random.default_rng(7)
-    m, k, n = 30, 96, 72
-    x = jnp.asarray(rng.standard_normal((m, 2 * k if prologue == "silu_mul" else k), np.float32))
-    packed = cpu.pack_bf16(jnp.asarray(rng.standard_normal((k, n), np.float32)))
-    norm = jnp.asarray(rng.standard_normal(k), np.float32) if prologue == "rms_norm" else None
+    m, k, n, i = 30, 96, 72, 48
+    x = jnp.asarray(rng.standard_normal((m, k), np.float32))
+    packed = cpu.pack_bf16(jnp.asarray(rng.standard_normal((i if prologue == "gated" else k, n), np.float32)))
+    gate_up = cpu.pack_gated(*(jnp.asarray(rng.standard_normal((k, i), np.float32)) for _ in range(2)))
+    norm = jnp.asarray(rng.standard_normal(k), np.float32) if prologue else None
     residual = jnp.asarray(rng.standard_normal((m, n), np.float32))
-    run = jax.jit(lambda live: cpu.matmul_bf16(x, packed, n, prologue=prologue, norm=norm, eps=1e-6,
-                                               residual=residual, live_rows=live))
-    whole = np.asarray(cpu.matmul_bf16(x, packed, n, prologue=prologue, norm=norm, eps=1e-6, residual=residual))
+
+    @jax.jit
+    def run(live):
+        if prologue != "gated":
+            return cpu.matmul_bf16(x, packed, n, prologue=prologue, norm=norm, eps=1e-6, residual=residual,
+                                   live_rows=live)
+        pairs = cpu.gated_pairs(x, gate_up, prologue="rms_norm", norm=norm, eps=1e-6, live_rows=live)
+        return cpu.matmul_bf16(pairs, packed, n, prologue="rounded", residual=residual, live_rows=live)
+
+    whole = np.asarray(run(jnp.int32(m)))
     assert np.abs(whole).min() > 0
     for live in (0, 1, 13, 29, 30, 45):
         got = np.asarray(run(jnp.int32(live)))
@@ -291,7 +301,7 @@ def test_native_bf16_matmul_refuses_other_shapes_and_dtypes():
         cpu.matmul_bf16(jnp.zeros((2, 7)), cpu.pack_bf16(jnp.zeros((4, 5))), 5)
     with pytest.raises(ValueError, match=r"x \[M, K\]"):
         cpu.matmul_bf16(jnp.zeros(3), cpu.pack_bf16(jnp.zeros((3, 5))), 5)
-    with pytest.raises(ValueError, match="float32 x and a bfloat16 packed w"):
+    with pytest.raises(ValueError, match=r"float32 x \(uint32 when rounded\) and a bfloat16 packed w"):
         cpu.matmul_bf16(jnp.zeros((2, 3), jnp.bfloat16), cpu.pack_bf16(jnp.zeros((3, 5))), 5)
     with pytest.raises(ValueError, match="prologue must be one of"):
         cpu.matmul_bf16(jnp.zeros((2, 3)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, prologue="gelu")
@@ -301,8 +311,17 @@ def test_native_bf16_matmul_refuses_other_shapes_and_dtypes():
         cpu.matmul_bf16(jnp.zeros((2, 3)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, prologue="rms_norm", norm=jnp.ones(4))
     with pytest.raises(ValueError, match=r"residual must be float32 \[2, 5\]"):
         cpu.matmul_bf16(jnp.zeros((2, 3)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, residual=jnp.zeros((2, 4)))
-    with pytest.raises(ValueError, match=r"\[M, 2K\] for silu_mul"):
-        cpu.matmul_bf16(jnp.zeros((2, 7)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, prologue="silu_mul")
+    with pytest.raises(ValueError, match=r"\[M, rounded_width\(K\)\] when rounded"):
+        cpu.matmul_bf16(jnp.zeros((2, 3), jnp.uint32), cpu.pack_bf16(jnp.zeros((3, 5))), 5, prologue="rounded")
+    with pytest.raises(ValueError, match=r"float32 x \(uint32 when rounded\)"):
+        cpu.matmul_bf16(jnp.zeros((2, 16)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, prologue="rounded")
+    gate_up = cpu.pack_gated(jnp.zeros((3, 16)), jnp.zeros((3, 16)))
+    with pytest.raises(ValueError, match=r"pack_gated\(gate, up\) of \[K, I\] weights"):
+        cpu.gated_pairs(jnp.zeros((2, 5)), gate_up)
+    with pytest.raises(ValueError, match="prologue must be None or 'rms_norm'"):
+        cpu.gated_pairs(jnp.zeros((2, 3)), gate_up, prologue="rounded")
+    with pytest.raises(ValueError, match="I a multiple of 16"):
+        cpu.pack_gated(jnp.zeros((3, 24)), jnp.zeros((3, 24)))
     with pytest.raises(ValueError, match="live_rows must be a scalar row count"):
         cpu.matmul_bf16(jnp.zeros((2, 3)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, live_rows=jnp.array([1, 2]))
 
@@ -310,8 +329,8 @@ def test_native_bf16_matmul_refuses_other_shapes_and_dtypes():
 @pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
 @pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 33, 47), (64, 576, 96), (40, 1536, 64)])
 def test_native_bf16_matmul_prologues_match_xla(m, k, n):
-    """The row prologues: RMSNorm (odd K, a zero row) and silu(gate) * up (gates far past exp's range, 0, -0);
-    the residual epilogue (partial column panels included)."""
+    """The RMSNorm prologue (odd K, a zero row) and the residual epilogue (partial column panels included),
+    alone and together."""
     import jax
 
     from jaxengine.layers.norms import rms_norm
@@ -329,20 +348,56 @@ def test_native_bf16_matmul_prologues_match_xla(m, k, n):
         jnp.asarray(x), packed, n, prologue="rms_norm", norm=norm, eps=1e-5)
     np.testing.assert_allclose(np.asarray(got), np.asarray(dot(rms_norm(jnp.asarray(x), norm, 1e-5))), **tol)
 
-    gate_up = rng.standard_normal((m, 2 * k), np.float32) * 4
-    gate_up[0, :4] = [-200.0, 200.0, 0.0, -0.0]
-    gate, up = np.split(gate_up, 2, -1)
-    got = jax.jit(cpu.matmul_bf16, static_argnums=2, static_argnames="prologue")(
-        jnp.asarray(gate_up), packed, n, prologue="silu_mul")
-    assert np.isfinite(np.asarray(got)).all()
-    np.testing.assert_allclose(np.asarray(got), np.asarray(dot(jax.nn.silu(jnp.asarray(gate)) * up)), **tol)
-
     residual = jnp.asarray(rng.standard_normal((m, n), np.float32))  # the epilogue, alone and after a prologue
     got = jax.jit(cpu.matmul_bf16, static_argnums=2)(jnp.asarray(x), packed, n, residual=residual)
     np.testing.assert_allclose(np.asarray(got), np.asarray(residual + dot(jnp.asarray(x))), rtol=1e-5, atol=1e-4)
-    got = jax.jit(cpu.matmul_bf16, static_argnums=2, static_argnames="prologue")(
-        jnp.asarray(gate_up), packed, n, prologue="silu_mul", residual=residual)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(residual + dot(jax.nn.silu(jnp.asarray(gate)) * up)), **tol)
+    got = jax.jit(cpu.matmul_bf16, static_argnums=2, static_argnames=("prologue", "eps"))(
+        jnp.asarray(x), packed, n, prologue="rms_norm", norm=norm, eps=1e-5, residual=residual)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(residual + dot(rms_norm(jnp.asarray(x), norm, 1e-5))),
+                               **tol)
+
+
+@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@pytest.mark.parametrize("m,k,i,n", [(1, 7, 16, 5), (13, 33, 48, 47), (64, 576, 1536, 576), (40, 96, 80, 64)])
+def test_native_gated_pairs_feed_a_rounded_matmul(m, k, i, n):
+    """The gated MLP: gated_pairs (silu(gate) * up applied to a pack_gated weight's products in registers, with
+    and without the RMSNorm prologue; gates far past exp's range) feeding matmul_bf16's rounded prologue, against
+    XLA's float32 products, activation and bfloat16 down projection. Widths of half a chunk of pairs (48, 80)
+    and row blocks of several sizes. unpack_gated splits the products of the packed weight back."""
+    import jax
+
+    from jaxengine.layers.norms import rms_norm
+
+    rng = np.random.default_rng(m + k + i + n)
+    gate, up = (jnp.asarray(rng.standard_normal((k, i), np.float32) / np.sqrt(k)).astype(jnp.bfloat16)
+                for _ in range(2))
+    down = jnp.asarray(rng.standard_normal((i, n), np.float32)).astype(jnp.bfloat16)
+    gate_up, packed = cpu.pack_gated(gate, up), cpu.pack_bf16(down)
+    assert gate_up.shape == (i // 16, -(-k // 2), 64)
+    norm = jnp.asarray(rng.standard_normal(k, np.float32)).astype(jnp.bfloat16)
+    residual = jnp.asarray(rng.standard_normal((m, n), np.float32))
+    x = rng.standard_normal((m, k), np.float32) * 4
+    x[0] *= 300  # gates of hundreds, both signs: silu's exp saturates either way
+    x = jnp.asarray(x)
+    dot = lambda a, w: jnp.dot(a.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)  # noqa: E731
+    tol = dict(rtol=1e-3, atol=0.1)  # where a value rounds to the other bfloat16 neighbour (rare)
+
+    @functools.partial(jax.jit, static_argnames="prologue")
+    def native(x, prologue):
+        pairs = cpu.gated_pairs(x, gate_up, prologue=prologue, norm=norm if prologue else None, eps=1e-5)
+        assert pairs.shape == (m, cpu.rounded_width(i)) and pairs.dtype == jnp.uint32
+        return cpu.matmul_bf16(pairs, packed, n, prologue="rounded", residual=residual)
+
+    for prologue, rows in ((None, x), ("rms_norm", rms_norm(x, norm, 1e-5))):
+        g, u = dot(rows, gate), dot(rows, up)
+        assert prologue or float(jnp.abs(g[0]).max()) > 100
+        expected = residual + dot(jax.nn.silu(g) * u, down)
+        got = np.asarray(native(x, prologue))
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, np.asarray(expected), **tol)
+    g, u = cpu.unpack_gated(cpu.matmul_bf16(x, gate_up, 2 * i))
+    np.testing.assert_allclose(np.asarray(g), np.asarray(dot(x, gate)), rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(np.asarray(u), np.asarray(dot(x, up)), rtol=1e-5, atol=1e-3)
 
 
 @pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")

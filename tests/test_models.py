@@ -141,3 +141,31 @@ def test_attention_biases_and_the_fused_native_layer_match_transformers(dtype, b
         else:  # the bfloat16 criterion of the test above
             hf_error = np.abs(hf_logits(hf_bf16, seq) - exact).max()
             assert np.abs(ours - exact).max() <= 2 * hf_error + np.abs(exact).max() * 2.0 ** -8
+
+
+@pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gated_mlp_over_a_pack_gated_weight(dtype):
+    """The layer's MLP over packed gate/up weights: float32 rows take the native gated products (activation in
+    registers, the down projection's input handed over rounded); bfloat16 rows split the packed products back
+    into gate and up for XLA's activation. Both against the formula over the unpacked weights."""
+    import jax
+
+    from jaxengine.layers.norms import rms_norm
+    from jaxengine.models.llama import _gated_mlp
+    from pallas_kernels import cpu
+
+    rng = np.random.default_rng(5)
+    T, D, I = 9, 64, 48
+    gate, up, down = (jnp.asarray(rng.standard_normal(s, np.float32) / np.sqrt(s[0])).astype(jnp.bfloat16)
+                      for s in ((D, I), (D, I), (I, D)))
+    norm = jnp.asarray(rng.standard_normal(D, np.float32)).astype(jnp.bfloat16)
+    h = jnp.asarray(rng.standard_normal((T, D), np.float32)).astype(dtype)
+    dot = lambda a, w: jnp.dot(a.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)  # noqa: E731
+    x = rms_norm(h, norm, 1e-6)
+    expected = h.astype(jnp.float32) + dot(jax.nn.silu(dot(x, gate)) * dot(x, up), down)
+    got = jax.jit(_gated_mlp, static_argnames=("eps", "n"))(h, norm, 1e-6, cpu.pack_gated(gate, up),
+                                                            cpu.pack_bf16(down), n=D, live_rows=jnp.int32(T))
+    assert got.dtype == dtype
+    tol = 1e-3 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected), rtol=tol, atol=tol)

@@ -51,15 +51,18 @@ def _normed_dot(h, norm, eps: float, w, n: int, live_rows=None):
     return _dot(rms_norm(h, norm, eps), w, n, live_rows=live_rows)
 
 
-def _gated_dot(gate_up, w, n: int, residual, live_rows=None):
-    """residual + (silu(gate) * up) @ w for gate_up = [gate | up]; the native CPU matmul applies the activation
-    on its way in and adds the residual on its way out."""
-    if w.ndim == 3 and gate_up.dtype == jnp.float32:
-        from pallas_kernels import cpu
+def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None):
+    """h + (silu(gate) * up) @ down over rms_norm(h) for a gate/up projection packed by `pallas_kernels.cpu.
+    pack_gated`. With float32 rows the native CPU matmul applies the activation to the gate/up products in
+    registers and hands the down projection its input already rounded (no [T, 2I] float32 intermediate);
+    otherwise the products are split back into gate and up for XLA's activation."""
+    from pallas_kernels import cpu
 
-        return cpu.matmul_bf16(gate_up, w, n, prologue="silu_mul", residual=residual, live_rows=live_rows)
-    gate, up = jnp.split(gate_up, 2, -1)
-    return _dot(jax.nn.silu(gate) * up, w, n, residual, live_rows)
+    if h.dtype == jnp.float32:
+        pairs = cpu.gated_pairs(h, gate_up, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows)
+        return cpu.matmul_bf16(pairs, down, n, prologue="rounded", residual=h, live_rows=live_rows)
+    gate, up = cpu.unpack_gated(_normed_dot(h, norm, eps, gate_up, gate_up.shape[-3] * cpu.PANEL, live_rows))
+    return _dot(jax.nn.silu(gate) * up, down, n, h, live_rows)
 
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -77,26 +80,28 @@ def _pack(var: nnx.Variable) -> None:
     var.set_metadata("logical_axes", _packed_axes(stacked))
 
 
-_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-
-
 def _pack_layer(layer) -> None:
-    """Packs a layer's matmul weights; projections of the same input whose widths are whole panels (32
-    columns) become one packed weight (their panels side by side): one native call instead of three (two),
-    with enough panels to share between threads (k/v of a small model have 6 each)."""
+    """Packs a layer's matmul weights. q/k/v, where their widths are whole panels (32 columns), become one
+    packed weight (their panels side by side): one native call instead of three, with enough panels to share
+    between threads (k/v of a small model have 6 each). gate/up, where the width is a multiple of 16, become
+    one `pack_gated` weight (16 columns of each to a panel) for `_gated_mlp`."""
     from pallas_kernels import cpu
 
-    fused = set()
-    for name, parts in _FUSED.items():
-        if all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
-            stacked = getattr(layer, parts[0]).get_value().ndim == 3
-            value = jnp.concatenate([cpu.pack_bf16(getattr(layer, part).get_value()) for part in parts], axis=-3)
-            for part in parts:
-                delattr(layer, part)
-            setattr(layer, name, nnx.Param(value, logical_axes=_packed_axes(stacked)))
-            fused.update(parts)
+    def take(name):
+        value = getattr(layer, name).get_value()
+        delattr(layer, name)
+        return value
+
+    stacked = layer.q_proj.get_value().ndim == 3  # [layers, in, out]
+    parts = ("q_proj", "k_proj", "v_proj")
+    if all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
+        value = jnp.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
+        layer.qkv_proj = nnx.Param(value, logical_axes=_packed_axes(stacked))
+    if layer.gate_proj.get_value().shape[-1] % 16 == 0:
+        layer.gate_up_proj = nnx.Param(cpu.pack_gated(take("gate_proj"), take("up_proj")),
+                                       logical_axes=_packed_axes(stacked))
     for name in _LINEAR:
-        if name not in fused:
+        if hasattr(layer, name):
             _pack(getattr(layer, name))
 
 
@@ -167,9 +172,9 @@ class DecoderLayers(nnx.Module):
             h = h + self.o_bias[...]
         h = _dot(o.reshape(T, -1), self.o_proj[...], cfg.hidden_size, residual=h, live_rows=live)
         I = cfg.intermediate_size
-        if hasattr(self, "gate_up_proj"):
-            gate_up = _normed_dot(h, self.mlp_norm[...], cfg.rms_norm_eps, self.gate_up_proj[...], 2 * I, live)
-            return _gated_dot(gate_up, self.down_proj[...], cfg.hidden_size, h, live), kv_cache
+        if hasattr(self, "gate_up_proj"):  # fused at packing (pack_for_native_matmul)
+            return _gated_mlp(h, self.mlp_norm[...], cfg.rms_norm_eps, self.gate_up_proj[...], self.down_proj[...],
+                              cfg.hidden_size, live), kv_cache
         x = rms_norm(h, self.mlp_norm[...], cfg.rms_norm_eps)
         gate, up = _dot(x, self.gate_proj[...], I, live_rows=live), _dot(x, self.up_proj[...], I, live_rows=live)
         return _dot(jax.nn.silu(gate) * up, self.down_proj[...], cfg.hidden_size, residual=h, live_rows=live), kv_cache
