@@ -1,6 +1,7 @@
 """Native CPU kernels, XLA FFI custom calls: the ragged paged attention (`cpu_attention.cc`), a float32 x
 bfloat16 matmul (`cpu_matmul.cc`, with a layer's RMSNorm applied to its input rows, and a residual added to its
-output or the gated MLP's activation applied to it), the greedy sampler's argmax (`cpu_sampling.cc`) and a fusion barrier.
+output or the gated MLP's activation applied to it), the greedy sampler's argmax (`cpu_sampling.cc`) and a
+fusion barrier.
 
 XLA:CPU runs the reference attention's gathers and many tiny batched dots far from memory bandwidth; the
 native body reads each request's K/V straight from its pages (float32 q; float32 or bfloat16 pages), and its

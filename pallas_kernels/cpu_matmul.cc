@@ -53,11 +53,11 @@ inline __m512 silu_mul(__m512 g, __m512 u) {
 }
 
 struct Problem {
-  const uint32_t* a;  // bf16 pairs of x by row block: the block of rows [m0, m0 + R) is [K2p / 16][R][16] at a + m0 * K2p
+  const uint32_t* a;  // x's bf16 pairs by row block: rows [m0, m0 + R) are [K2p / 16][R][16] at a + m0 * K2p
   const uint16_t* w;  // [P, K2, 64] packed bf16
   float* y;           // [M, N], or null where the result goes to `gated` instead
   const float* residual;  // [M, N] added to y, or null
-  uint32_t* gated;    // kGatedPairs: silu(gate) * up as the pairs of a next matmul's x, [M, gated_K2p] by row block
+  uint32_t* gated;    // kGatedPairs: silu(gate) * up as a next matmul's x pairs ([M, gated_K2p] by row block)
   int64_t M, N, K2;
   int64_t K2p;        // K2 rounded up to 16: a row's pairs in whole chunks
   int64_t rows;       // rows per block (the last may have fewer)
@@ -104,8 +104,10 @@ void block(const Problem& p, int64_t m0, int64_t index, __mmask32 mask, const ui
     // block of the same rows: the next matmul has the same live rows, so the same block_rows).
     uint32_t* out = p.gated + m0 * p.gated_K2p + (index / 2) * 16 * R + (index % 2) * 8;
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * r), (__m256i)_mm512_cvtneps_pbh(silu_mul(lo[r], hi[r])));
+    for (int r = 0; r < R; ++r) {
+      const __m256bh pairs = _mm512_cvtneps_pbh(silu_mul(lo[r], hi[r]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * r), (__m256i)pairs);
+    }
     return;
   }
   const __mmask16 mask_lo = static_cast<__mmask16>(mask), mask_hi = static_cast<__mmask16>(mask >> 16);
