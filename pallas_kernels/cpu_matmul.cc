@@ -281,16 +281,20 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16>
   std::memset(static_cast<char*>(y->untyped_data()) + 4 * live * width, 0, 4 * (M - live) * width);
   if (live == 0 || N == 0) return ffi::Error::Success();
   auto shared = std::make_shared<Shared>();
-  thread_local std::vector<uint32_t> pairs;
-  if (!rounded) pairs.resize(static_cast<size_t>(live * K2p));
-  const uint32_t* a = rounded ? static_cast<const uint32_t*>(x.untyped_data()) : pairs.data();
+  // The rounded rows, on whole cache lines: each chunk of a row is one 64-byte store, and none splits
+  // across two lines (a vector's data is only 16-byte aligned). Measured: a 64-row o projection's rounding
+  // phase 7.3-8.3 -> 5.3-5.4 us; in one process, chains of 64-row calls 0.98-0.985x.
+  thread_local std::vector<uint32_t> buffer;
+  if (!rounded) buffer.resize(static_cast<size_t>(live * K2p) + 16);
+  uint32_t* pairs = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+  const uint32_t* a = rounded ? static_cast<const uint32_t*>(x.untyped_data()) : pairs;
   const int64_t rows = block_rows(live);
   shared->problem = Problem{a, w.typed_data(), gated ? nullptr : static_cast<float*>(y->untyped_data()),
                             add ? residual.typed_data() : nullptr,
                             gated ? static_cast<uint32_t*>(y->untyped_data()) : nullptr,
                             live, N, K2, K2p, rows, gated_K2p};
   shared->input = Input{rounded ? nullptr : static_cast<const float*>(x.untyped_data()), K, prologue,
-                        norm.typed_data(), eps, pairs.data()};
+                        norm.typed_data(), eps, pairs};
   shared->row_blocks = rounded ? 0 : (live + rows - 1) / rows;
   shared->items = w_dims[0];
   // The buffer of pairs is the caller's: it outlives every taken block and panel (a helper that starts late
