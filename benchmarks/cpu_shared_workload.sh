@@ -29,9 +29,12 @@ if [ -n "${PEER_VENV:-}" ]; then
 fi
 jaxengine bench latency "${engine[@]}" --batch-size 1 --num-iters 5
 
-# Serving at request rate inf: vLLM's own `bench serve` client against our server, then against vLLM.
+# Serving at request rate inf: vLLM's own `bench serve` client against our server, then against vLLM. Prefix
+# caching off, as serve_bench.sh starts vLLM: every run sends the same prompts, and with the cache on all runs
+# after the first would skip their prefill.
 port=8765
-jaxengine serve "${engine[@]}" --port "$port" --served-model-name llama-135m >/dev/null 2>&1 &
+jaxengine serve "${engine[@]}" --no-enable-prefix-caching --port "$port" --served-model-name llama-135m \
+    >/dev/null 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do sleep 1; done

@@ -18,13 +18,19 @@ def _bool(value: str) -> bool:
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per `EngineConfig` field. A boolean one is written as vLLM writes it (`--enable-prefix-caching`,
+    `--no-enable-prefix-caching`) or with a value (`--enable-prefix-caching false`)."""
     parser.add_argument("--config", help="YAML file of engine settings (see configs/); flags override it")
     for field in dataclasses.fields(EngineConfig):
         flag = "--" + field.name.replace("_", "-")
         kind = next(t for t in typing.get_args(field.type) or (field.type,) if t is not type(None))
-        convert = _bool if kind is bool else kind
-        parser.add_argument(flag, dest=field.name, type=convert, default=None,
-                            help=f"(default: {field.default})")
+        if kind is bool:
+            parser.add_argument(flag, dest=field.name, type=_bool, nargs="?", const=True, default=None,
+                                help=f"(default: {field.default})")
+            parser.add_argument("--no-" + flag[2:], dest=field.name, action="store_const", const=False,
+                                help=f"the same as {flag} false")
+        else:
+            parser.add_argument(flag, dest=field.name, type=kind, default=None, help=f"(default: {field.default})")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

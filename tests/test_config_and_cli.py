@@ -51,3 +51,24 @@ def test_generate_command_reports_bad_input_without_a_traceback(model_dirs):
     with pytest.raises(SystemExit, match="error: prompt is empty"):
         main(["generate", "--model", str(model_dirs["llama"]), "--prompt", "", "--max-num-seqs", "8",
               "--max-num-batched-tokens", "32", "--max-model-len", "512", "--kv-cache-gib", "0.01"])
+
+
+@pytest.mark.parametrize("flags,expected", [
+    ([], None),
+    (["--enable-prefix-caching"], True),
+    (["--no-enable-prefix-caching"], False),
+    (["--enable-prefix-caching", "false"], False),
+    (["--enable-prefix-caching", "on"], True),
+])
+def test_boolean_engine_flags_take_vllm_spellings(flags, expected):
+    import argparse
+
+    from jaxengine.cli import add_engine_flags, engine_config
+
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    args = parser.parse_args(["--max-num-seqs", "8", *flags])
+    assert args.enable_prefix_caching is expected
+    assert engine_config(args).enable_prefix_caching == (True if expected is None else expected)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--enable-prefix-caching", "maybe"])
