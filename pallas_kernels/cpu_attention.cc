@@ -625,13 +625,20 @@ inline uint16_t round_bf16(float x) {  // to nearest even; NaN stays NaN
   return static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
 }
 
+// The keys [lo, hi] that queries at positions [first, last] of a request with `ctx` keys attend to, together,
+// within the item's key range (lo > hi: none).
+inline void attended_keys(const Problem& p, const Item& item, int32_t ctx, int32_t first, int32_t last, int32_t& lo,
+                          int32_t& hi) {
+  hi = std::min({last, ctx - 1, item.key_end});
+  lo = std::max(p.window > 0 ? std::max(first - p.window + 1, 0) : 0, item.key_begin);
+}
+
 // The keys [lo, hi] an item's rows attend to, together (lo > hi: none).
 inline void item_keys(const Problem& p, const Item& item, int32_t& lo, int32_t& hi) {
   const int32_t q_start = p.cu_q_lens[item.req], q_len = p.cu_q_lens[item.req + 1] - q_start;
   const int32_t ctx = p.kv_lens[item.req];
   const int32_t first = ctx - q_len + (item.first_token - q_start), last = ctx - q_len + (item.end_token - 1 - q_start);
-  hi = std::min({last, ctx - 1, item.key_end});
-  lo = std::max(p.window > 0 ? std::max(first - p.window + 1, 0) : 0, item.key_begin);
+  attended_keys(p, item, ctx, first, last, lo, hi);
 }
 
 // One request's tokens [first_token, end_token) over all heads, in blocks of 16 keys with an online softmax.
@@ -669,8 +676,7 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
       for (int64_t d = 0; d < D; ++d) row.qb[d] = round_bf16(row.q[d]);
     std::fill(row.acc, row.acc + D, 0.0f);
     const int32_t pos = ctx - q_len + (token - q_start);
-    row.hi = std::min({pos, ctx - 1, item.key_end});
-    row.lo = std::max(p.window > 0 ? std::max(pos - p.window + 1, 0) : 0, item.key_begin);
+    attended_keys(p, item, ctx, pos, pos, row.lo, row.hi);
     row.m = kNegInf;
     row.l = 0.0f;
     const int head = i % Hq, kv_head = head / G;
