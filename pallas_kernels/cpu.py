@@ -119,22 +119,24 @@ def pack_bf16(w):
     return jnp.moveaxis(w, (-2, -1), (-4, -2)).reshape(*lead, P, K2, 2 * PANEL)
 
 
+GATED = PANEL // 2  # gate (and up) columns per panel of a pack_gated weight
+
+
 def pack_gated(gate, up):
     """gate, up [..., K, I] (I a multiple of 16) -> the packed weight of `gated_pairs`: `pack_bf16` of their
     columns taken 16 at a time in turn, so that each 32-column panel holds 16 gate columns and the same 16 up
     columns (the kernel applies the activation to a panel's products while they are in registers)."""
     *lead, K, I = gate.shape
-    if up.shape != gate.shape or I % 16:
-        raise ValueError(f"pack_gated needs gate and up of one shape [..., K, I], I a multiple of 16, got "
+    if up.shape != gate.shape or I % GATED:
+        raise ValueError(f"pack_gated needs gate and up of one shape [..., K, I], I a multiple of {GATED}, got "
                          f"{gate.shape} and {up.shape}")
-    w = jnp.stack([jnp.asarray(gate).reshape(*lead, K, I // 16, 16), jnp.asarray(up).reshape(*lead, K, I // 16, 16)],
-                  axis=-2)
+    w = jnp.stack([jnp.asarray(x).reshape(*lead, K, I // GATED, GATED) for x in (gate, up)], axis=-2)
     return pack_bf16(w.reshape(*lead, K, 2 * I))
 
 
 def unpack_gated(y):
     """The [..., 2I] float32 products of a `pack_gated` weight (columns in its order) -> (gate, up) [..., I]."""
-    y = y.reshape(*y.shape[:-1], -1, 2, 16)
+    y = y.reshape(*y.shape[:-1], -1, 2, GATED)
     return y[..., 0, :].reshape(*y.shape[:-3], -1), y[..., 1, :].reshape(*y.shape[:-3], -1)
 
 

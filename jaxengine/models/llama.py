@@ -97,7 +97,7 @@ def _pack_layer(layer) -> None:
     if all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
         value = jnp.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
         layer.qkv_proj = nnx.Param(value, logical_axes=_packed_axes(stacked))
-    if layer.gate_proj.get_value().shape[-1] % 16 == 0:
+    if layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0:
         layer.gate_up_proj = nnx.Param(cpu.pack_gated(take("gate_proj"), take("up_proj")),
                                        logical_axes=_packed_axes(stacked))
     for name in _LINEAR:
