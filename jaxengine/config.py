@@ -26,6 +26,7 @@ class EngineConfig:
     kv_cache_gib: float = 1.0  # KV pool size per device on CPU, where free memory is not measurable
     num_kv_blocks: int | None = None  # explicit pool size; overrides both of the above
     enable_prefix_caching: bool = True
+    async_scheduling: bool = True  # launch step N + 1 before reading step N back (see LLMEngine.step)
     scheduling_policy: str = "fcfs"
     seed: int = 0
     attention_backend: str = "auto"  # auto | reference | pallas | native (see jaxengine/layers/attention.py)

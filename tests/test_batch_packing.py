@@ -48,14 +48,14 @@ def test_an_unsupported_dtype_is_refused_by_name():
 
 
 def test_the_runner_round_trips_a_real_steps_inputs(engines):
-    """What the runner packs for each bucket (its batch with prompt targets, its sampling inputs) comes back
-    field for field, seeds' top bit included."""
+    """What the runner packs for each bucket (its batch with prompt targets and token sources, its sampling
+    inputs) comes back field for field, seeds' top bit included."""
     runner = engines("llama").runner
     for tokens in runner.token_buckets:
         reqs = runner.requests_for(tokens)
-        batch, sampling, targets = runner._host_inputs(tokens, reqs)
+        batch, sampling, targets, sources = runner._host_inputs(tokens, reqs)
         saved, sampling.seeds[0] = sampling.seeds[0], 2**32 - 1  # a view of the runner's buffer: restored below
-        for packing, tree in ((runner._batch_packing(tokens, reqs), (batch, targets)),
+        for packing, tree in ((runner._batch_packing(tokens, reqs), (batch, targets, sources)),
                               (runner._sampling_packing(reqs), sampling)):
             out = jax.jit(packing.unpack)(*packing.pack(tree))
             for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(tree), strict=True):

@@ -72,3 +72,14 @@ def test_boolean_engine_flags_take_vllm_spellings(flags, expected):
     assert engine_config(args).enable_prefix_caching == (True if expected is None else expected)
     with pytest.raises(SystemExit):
         parser.parse_args(["--enable-prefix-caching", "maybe"])
+
+
+def test_async_scheduling_is_on_unless_turned_off():
+    import argparse
+
+    from jaxengine.cli import add_engine_flags, engine_config
+
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    assert engine_config(parser.parse_args([])).async_scheduling
+    assert not engine_config(parser.parse_args(["--no-async-scheduling"])).async_scheduling

@@ -45,14 +45,16 @@ def test_batched_greedy_matches_transformers(arch, engines, hf_expected):
     check_greedy(engines(arch), prompts, expected, "batched")
 
 
-def test_one_token_bucket_serves_a_lone_request(engines, hf_expected):
+def test_one_token_bucket_serves_a_lone_request(engines, hf_expected, monkeypatch):
     """The default buckets start at one token and one request row, so a lone decoding request runs
     vector-matrix products instead of paying for padding rows."""
     prompts, expected = hf_expected("llama")
     engine = engines("llama", min_token_bucket=1)
     assert engine.runner.token_buckets[0] == 1 and engine.runner.requests_for(1) == 1
+    buckets, run_step = [], engine.runner._run_step
+    monkeypatch.setattr(engine.runner, "_run_step", lambda t, r, *a: buckets.append((t, r)) or run_step(t, r, *a))
     check_greedy(engine, prompts[2:3], expected[2:3], "lone")
-    assert engine.last_step_size == (1, 1)  # (requests, tokens) of the last decode step
+    assert buckets[0][0] > 1 and set(buckets[1:]) == {(1, 1)}  # the prompt, then (tokens, rows) of each decode
 
 
 @pytest.mark.parametrize("arch", ARCHS)

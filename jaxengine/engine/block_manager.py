@@ -109,10 +109,11 @@ class BlockManager:
         return True
 
     def cache_full_blocks(self, seq: Sequence) -> None:
-        """Publishes the sequence's newly computed full blocks to the prefix cache."""
+        """Publishes the sequence's newly computed full blocks to the prefix cache: those whose tokens the host
+        knows (a launched step may be writing the last ones; later steps that read them run after it)."""
         if not self.enable_prefix_caching:
             return
-        num_full = seq.num_computed_tokens // self.block_size
+        num_full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
         tokens, bs = seq.all_token_ids, self.block_size
         for i, h in enumerate(self._hashes(seq, num_full)):
             block = self.blocks[seq.block_ids[i]]

@@ -55,8 +55,9 @@ class DataParallelEngine:
 
     def step(self) -> list[RequestOutput]:
         busy = [r for r in self.replicas if r.has_unfinished_requests()]
-        started = [(r, r.start_step()) for r in busy]
-        outputs = [out for r, s in started for out in r.finish_step(s)]
+        for replica in busy:
+            replica.launch()
+        outputs = [out for replica in busy for out in replica.land()]
         for out in outputs:
             if out.finished:
                 self._owner.pop(out.request_id, None)

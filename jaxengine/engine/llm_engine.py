@@ -1,5 +1,6 @@
 """`LLMEngine`: requests in, `RequestOutput`s out, one scheduler step at a time."""
 
+import collections
 import dataclasses
 import json
 import logging
@@ -100,7 +101,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
-                                   policy=config.scheduling_policy)
+                                   policy=config.scheduling_policy, max_model_len=self.max_model_len)
         self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=config.block_size,
                                   max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
                                   max_num_batched_tokens=config.max_num_batched_tokens, mesh=self.mesh,
@@ -117,6 +118,11 @@ class LLMEngine:
         self._abort_lock = threading.Lock()
         self._rng = np.random.default_rng(config.seed)
         self.last_step_size: tuple[int, int] | None = None  # (requests, tokens) of the latest step
+        # Async scheduling (see step) in one process: across processes a launched step's collectives would run
+        # beside the next command's broadcast, which gloo on CPU cannot order (ModelRunner.follow).
+        self.async_scheduling = config.async_scheduling and jax.process_count() == 1
+        self._in_flight: collections.deque = collections.deque()  # launched steps not finished yet, oldest first
+        self._landed: list[RequestOutput] = []  # outputs of steps finished early (see launch)
 
     @staticmethod
     def _attention_backend(config: EngineConfig, tp: int) -> str:
@@ -279,32 +285,69 @@ class LLMEngine:
             self._aborts.update([request_ids] if isinstance(request_ids, str) else request_ids)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests) or bool(self._aborts)
+        return bool(self.requests) or bool(self._aborts) or bool(self._in_flight)
 
     # --- the step --------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        return self.finish_step(self.start_step())
+        """Launches a step and returns the outputs of the steps that finished. With async scheduling (the
+        default) that is the step before: each call launches step N + 1, whose decode tokens the device takes
+        from step N's samples, and then waits for step N and reads it back, so the host's work for a step
+        (scheduling, packing, detokenizing, stop checks) runs while the device computes the next one."""
+        self.launch()
+        return self.land()
+
+    def launch(self) -> None:
+        """Launches the next step (`step`'s first half; a data-parallel engine launches on every replica
+        before it lands any). A step waits for the one in flight when it cannot be scheduled without that
+        step's tokens on the host: a sequence with bad_words needs its last tokens to know what to ban."""
+        if self._in_flight and not self._can_schedule_ahead(self._in_flight[-1]):
+            self._landed += self.finish_step(self._in_flight.popleft())
+        self._in_flight.append(self.start_step())
+
+    def land(self) -> list[RequestOutput]:
+        """Finishes the launched steps but (with async scheduling) the newest, and returns their outputs."""
+        newest_has_work = self._in_flight and self._in_flight[-1][1]
+        keep = 1 if self.async_scheduling and newest_has_work else 0
+        outputs, self._landed = self._landed, []
+        while len(self._in_flight) > keep:
+            outputs += self.finish_step(self._in_flight.popleft())
+        return outputs
+
+    @staticmethod
+    def _can_schedule_ahead(started) -> bool:
+        _, chunks, _ = started
+        return not any(c.completes_sequence and c.seq.bad_words for c in chunks)
 
     def start_step(self):
-        """Schedules and launches a step on the device without waiting (see `finish_step`)."""
+        """Schedules and launches a step on the device without waiting (see `finish_step`). The scheduled
+        tokens count as computed from here on, and each completed sequence as one token longer (pending until
+        `finish_step` reads it back)."""
         touched = self._process_aborts()
         chunks = self.scheduler.schedule()
         self.last_step_size = (len(chunks), sum(c.num_tokens for c in chunks)) if chunks else None
-        return touched, chunks, self.runner.dispatch(chunks) if chunks else None
+        launched = self.runner.dispatch(chunks) if chunks else None
+        for row, chunk in enumerate(chunks):
+            chunk.seq.num_computed_tokens += chunk.num_tokens
+            if chunk.completes_sequence:
+                chunk.seq.num_pending_tokens += 1
+                chunk.seq.pending_source = (self.runner.num_steps - 1, row)
+        return touched, chunks, launched
 
     def finish_step(self, started) -> list[RequestOutput]:
         touched, chunks, launched = started
         if chunks:
             tokens, logprobs, prompt_logprobs = self.runner.collect(launched, len(chunks))
-            start = 0
+            starts = np.cumsum([0] + [c.num_tokens for c in chunks])  # each chunk's first flat position
             for row, (chunk, token) in enumerate(zip(chunks, tokens)):
                 seq = chunk.seq
                 completes = chunk.completes_sequence
+                if completes:
+                    seq.num_pending_tokens -= 1
+                if seq.is_finished:  # stopped or aborted while this step ran: its row is dropped
+                    continue
                 if prompt_logprobs is not None and seq.prompt_logprobs is not None:
-                    self._record_prompt_logprobs(seq, chunk.num_tokens, start, prompt_logprobs)
-                start += chunk.num_tokens
-                seq.num_computed_tokens += chunk.num_tokens
+                    self._record_prompt_logprobs(seq, chunk, starts[row], prompt_logprobs)
                 self.block_manager.cache_full_blocks(seq)
                 if completes:
                     if seq.logprobs is not None:
@@ -345,10 +388,10 @@ class LLMEngine:
         seq.logprobs.append(entry)
         seq.cumulative_logprob += entry[token].logprob
 
-    def _record_prompt_logprobs(self, seq: Sequence, num_tokens: int, start: int, flat) -> None:
+    def _record_prompt_logprobs(self, seq: Sequence, chunk, start: int, flat) -> None:
         """The chunk's position p predicts prompt token p + 1."""
-        first = seq.num_computed_tokens
-        for p in range(first, min(first + num_tokens, len(seq.prompt_token_ids) - 1)):
+        first = chunk.start
+        for p in range(first, min(first + chunk.num_tokens, len(seq.prompt_token_ids) - 1)):
             row = [x[start + p - first] for x in flat]
             seq.prompt_logprobs[p + 1] = self._logprob_entry(seq.params.prompt_logprobs, seq.prompt_token_ids[p + 1],
                                                               row)

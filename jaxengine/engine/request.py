@@ -27,7 +27,11 @@ class Sequence:
         self.status = Status.WAITING
         self.block_ids: list[int] = []
         self.block_hashes: list[bytes] = []  # prefix-cache hashes of the full blocks, grown as they fill
-        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache, or written by a step already launched
+        # Async scheduling: tokens sampled by launched steps that the host has not read back yet (at most one
+        # per step in flight), and where the newest is, (step, row), for the next step to take on the device.
+        self.num_pending_tokens = 0
+        self.pending_source: tuple[int, int] | None = None
         self.num_cached_tokens = -1  # prompt tokens served by the prefix cache at first scheduling
         self.num_preemptions = 0
         self.first_scheduled_time: float | None = None
@@ -40,8 +44,8 @@ class Sequence:
         self.cumulative_logprob = 0.0
         self.min_tokens_banned: list[int] = []  # EOS and stop ids, banned until min_tokens are generated
         self.bad_words: list[list[int]] = []  # token sequences that must never be completed
-        self.fork_parent: "Sequence | None" = None
-        self.slot: int | None = None  # the runner's device-state row, for penalties / allowed_token_ids  # n > 1: waits for this sequence's prompt, then shares it
+        self.fork_parent: "Sequence | None" = None  # n > 1: waits for this sequence's prompt, then shares it
+        self.slot: int | None = None  # the runner's device-state row, for penalties / allowed_token_ids
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -60,7 +64,7 @@ class Sequence:
         """Tokens that may not be sampled next: stop tokens before min_tokens, and the last token of any bad
         word whose other tokens the output has just produced."""
         out = self.output_token_ids
-        banned = list(self.min_tokens_banned) if len(out) < self.params.min_tokens else []
+        banned = list(self.min_tokens_banned) if self.num_output_tokens_with_pending < self.params.min_tokens else []
         for word in self.bad_words:
             prefix = word[:-1]
             if not prefix or out[len(out) - len(prefix):] == prefix and len(out) >= len(prefix):
@@ -69,7 +73,26 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens the host knows: the prompt and the output read back so far."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens_with_pending(self) -> int:
+        """What the scheduler computes towards: the known tokens and those still on the device."""
+        return self.num_tokens + self.num_pending_tokens
+
+    @property
+    def num_output_tokens_with_pending(self) -> int:
+        return len(self.output_token_ids) + self.num_pending_tokens
+
+    def reaches_length_limit(self, max_model_len: int) -> bool:
+        """The tokens on the device will finish the sequence by length (max_tokens or max_model_len): a
+        step launched before they are read back has nothing to compute for it."""
+        if not self.num_pending_tokens:
+            return False
+        max_tokens = self.params.max_tokens
+        by_max_tokens = max_tokens is not None and self.num_output_tokens_with_pending >= max_tokens
+        return by_max_tokens or self.num_tokens_with_pending >= max_model_len
 
     @property
     def is_finished(self) -> bool:

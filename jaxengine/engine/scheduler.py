@@ -15,18 +15,22 @@ from jaxengine.engine.request import Sequence, Status
 @dataclasses.dataclass
 class ScheduledChunk:
     seq: Sequence
-    num_tokens: int  # new tokens computed this step, starting at seq.num_computed_tokens
+    num_tokens: int  # new tokens computed this step
+    start: int = dataclasses.field(init=False)  # the first one's position: seq.num_computed_tokens when scheduled
+    # The chunk reaches the sequence's last token (known or pending), so its logits give the next token.
+    completes_sequence: bool = dataclasses.field(init=False)
 
-    @property
-    def completes_sequence(self) -> bool:
-        """The chunk reaches the last known token, so its logits give the next token."""
-        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+    def __post_init__(self):
+        self.start = self.seq.num_computed_tokens
+        self.completes_sequence = self.start + self.num_tokens == self.seq.num_tokens_with_pending
 
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 policy: str = "fcfs"):
+                 policy: str = "fcfs", max_model_len: int | None = None):
+        """`max_model_len`: where a sequence stops by length (None: no limit but max_tokens)."""
         self.block_manager = block_manager
+        self.max_model_len = max_model_len if max_model_len is not None else float("inf")
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = policy
@@ -49,7 +53,9 @@ class Scheduler:
                 break
             if seq.status != Status.RUNNING:  # preempted earlier in this loop
                 continue
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if seq.reaches_length_limit(self.max_model_len):  # finishes when the step in flight is read back
+                continue
+            num_new = min(seq.num_tokens_with_pending - seq.num_computed_tokens, budget)
             while not self.block_manager.allocate(seq, num_new):
                 victim = self._pick_victim()
                 self._preempt(victim)
@@ -72,6 +78,8 @@ class Scheduler:
             if budget == 0 or len(self.running) >= self.max_num_seqs:
                 break
             if seq.fork_parent is not None and not self._fork_ready(seq):
+                continue
+            if seq.num_pending_tokens:  # preempted with a token in flight: resumes once it is read back
                 continue
             if not seq.block_ids:
                 if seq.fork_parent is not None:

@@ -1,5 +1,6 @@
 """Packs scheduled chunks into bucketed ragged batches and runs the jitted step (forward + sampling)."""
 
+import dataclasses
 import functools
 import logging
 import time
@@ -34,13 +35,18 @@ def power_of_two_buckets(low: int, high: int) -> list[int]:
     return buckets + [high]
 
 
-def _forward(graphdef, state_treedef, replicated, state_leaves, kv_cache, batch_ints, *, packing: Packing):
+def _forward(graphdef, state_treedef, replicated, state_leaves, kv_cache, last_tokens, batch_ints, *,
+             packing: Packing):
     """The model over one ragged batch: logits f32[R, vocab] at `batch.logits_indices`, every token's final
     hidden state [T, hidden] (what prompt logprobs need; both replicated, as the programs after it expect
     them) and the updated cache. The weights come as their flat list of arrays (no pytree to flatten at each
     call: ~0.25 ms of host time a step for a 30-layer model), the batch packed (`Packing`). Rows of logits past
-    `num_seqs` are padding: the native CPU matmul leaves them zero instead of computing them."""
-    batch, _ = packing.unpack(batch_ints)
+    `num_seqs` are padding: the native CPU matmul leaves them zero instead of computing them.
+    `last_tokens`: i32[max_num_seqs], what the previous step sampled; a token whose `token_sources` entry is
+    a row r >= 0 is last_tokens[r] (async scheduling: the host launched this step before reading them)."""
+    batch, _, token_sources = packing.unpack(batch_ints)
+    from_device = last_tokens[jnp.maximum(token_sources, 0)]
+    batch = dataclasses.replace(batch, input_ids=jnp.where(token_sources >= 0, from_device, batch.input_ids))
     model = nnx.merge(graphdef, jax.tree.unflatten(state_treedef, state_leaves))
     hidden, kv_cache = model.hidden_states(kv_cache, batch)
     logits = model.logits(hidden[batch.logits_indices], batch.num_seqs)
@@ -48,17 +54,21 @@ def _forward(graphdef, state_treedef, replicated, state_leaves, kv_cache, batch_
     return constrain(logits), constrain(hidden), kv_cache
 
 
-def _sample(native, logits, slot_state, sampling_ints, sampling_floats, *, packing: Packing, variant: str,
+def _sample(native, max_rows, logits, slot_state, sampling_ints, sampling_floats, *, packing: Packing, variant: str,
             num_logprobs: int):
+    """The sampled tokens come padded to `max_rows` (i32[max_num_seqs]): one shape for every request bucket,
+    as the next step's forward takes them (`last_tokens`)."""
     sampling = packing.unpack(sampling_ints, sampling_floats)
-    return sampling_step(logits, sampling, slot_state, variant=variant, num_logprobs=num_logprobs, native=native)
+    tokens, logprobs, slot_state = sampling_step(logits, sampling, slot_state, variant=variant,
+                                                 num_logprobs=num_logprobs, native=native)
+    return jnp.pad(tokens, (0, max_rows - tokens.shape[0])), logprobs, slot_state
 
 
 def _prompt_logprobs(graphdef, state_treedef, state_leaves, hidden, batch_ints, *, packing: Packing,
                      num_logprobs: int):
     """`prompt_logprobs` of every flat position. hidden: [T, hidden] from the forward program; the packed
     batch's prompt_targets: i32[T], the token that follows each position."""
-    _, prompt_targets = packing.unpack(batch_ints)
+    _, prompt_targets, _ = packing.unpack(batch_ints)
     model = nnx.merge(graphdef, jax.tree.unflatten(state_treedef, state_leaves))
     return token_logprobs(model.logits(hidden), prompt_targets, num_logprobs)
 
@@ -89,7 +99,7 @@ class ModelRunner:
         self._jitted = {
             "forward": jax.jit(functools.partial(_forward, graphdef, state_treedef, self.replicated),
                                donate_argnums=1, static_argnames=("packing",)),
-            "sample": jax.jit(functools.partial(_sample, self._native_argmax),
+            "sample": jax.jit(functools.partial(_sample, self._native_argmax, max_num_seqs),
                               static_argnames=("packing", "variant", "num_logprobs"), donate_argnums=1),
             "prompt": jax.jit(functools.partial(_prompt_logprobs, graphdef, state_treedef),
                               static_argnames=("packing", "num_logprobs")),
@@ -111,6 +121,9 @@ class ModelRunner:
         self.block_tables = np.zeros((max_r, self.pages_per_seq), np.int32)
         self.logits_indices = np.zeros(max_r, np.int32)
         self.prompt_targets = np.zeros(max_t, np.int32)
+        self.token_sources = np.full(max_t, -1, np.int32)  # see _forward
+        self.last_tokens = jax.device_put(np.zeros(max_r, np.int32), self.replicated)  # the latest step's samples
+        self.num_steps = 0  # steps launched: a pending token's source is (step, row)
         self._row_owners: list[Sequence | None] = [None] * max_r  # whose parameters each sampling row holds
         self.sampling = SamplingInputs(
             temperature=np.zeros(max_r, np.float32), top_k=np.zeros(max_r, np.int32),
@@ -167,7 +180,8 @@ class ModelRunner:
         """Arguments with the shapes, dtypes and shardings a program is called with, and its static ones."""
         if kind == "forward":
             packing = self._batch_packing(size, extra)
-            return (self._state_leaves, self.kv_cache, *packing.like(self.replicated)), {"packing": packing}
+            return ((self._state_leaves, self.kv_cache, self.last_tokens, *packing.like(self.replicated)),
+                    {"packing": packing})
         if kind == "prompt":
             packing = self._batch_packing(size, self.requests_for(size))
             hidden = jax.ShapeDtypeStruct((size, self.hidden_size), self.dtype, sharding=self.replicated)
@@ -225,14 +239,15 @@ class ModelRunner:
         batch = RaggedBatch(self.input_ids[:t], self.positions[:t], self.cu_q_lens[: r + 1], self.kv_lens[:r],
                             self.block_tables[:r], np.int32(num_seqs), self.logits_indices[:r])
         sampling = jax.tree.map(lambda a: a[:r], self.sampling)
-        return batch, sampling, self.prompt_targets[:t]
+        return batch, sampling, self.prompt_targets[:t], self.token_sources[:t]
 
     def _batch_packing(self, num_tokens: int, num_reqs: int) -> Packing:
-        """The forward's (and prompt logprobs') inputs: the batch and prompt_targets, in one int32 buffer."""
+        """The forward's (and prompt logprobs') inputs: the batch, prompt_targets and token_sources, in one int32
+        buffer."""
         key = ("batch", num_tokens, num_reqs)
         if key not in self._packings:
-            batch, _, prompt_targets = self._host_inputs(num_tokens, num_reqs)
-            self._packings[key] = Packing.of((batch, prompt_targets))
+            batch, _, prompt_targets, token_sources = self._host_inputs(num_tokens, num_reqs)
+            self._packings[key] = Packing.of((batch, prompt_targets, token_sources))
         return self._packings[key]
 
     def _sampling_packing(self, num_reqs: int) -> Packing:
@@ -257,7 +272,7 @@ class ModelRunner:
             if params.logit_bias:
                 s.bias_ids[i, : len(params.logit_bias)] = list(params.logit_bias)
                 s.bias_values[i, : len(params.logit_bias)] = list(params.logit_bias.values())
-        s.counters[i] = len(seq.output_token_ids)
+        s.counters[i] = seq.num_output_tokens_with_pending
         if new_owner or (seq.min_tokens_banned and params.min_tokens) or seq.bad_words:  # else none, as written
             s.banned[i] = self.vocab_size
             banned = seq.banned_tokens()
@@ -290,8 +305,16 @@ class ModelRunner:
         num_reqs = self.requests_for(num_tokens)  # >= len(chunks): each chunk has a token
         start = 0
         for i, chunk in enumerate(chunks):
-            seq, n, done = chunk.seq, chunk.num_tokens, chunk.seq.num_computed_tokens
-            self.input_ids[start:start + n] = seq.token_ids(done, done + n)
+            seq, n, done = chunk.seq, chunk.num_tokens, chunk.start
+            known = seq.token_ids(done, done + n)
+            self.input_ids[start:start + len(known)] = known
+            self.token_sources[start:start + n] = -1
+            if len(known) < n:  # the last token is the step in flight's sample, taken on the device
+                step, row = seq.pending_source
+                if len(known) != n - 1 or step != self.num_steps - 1:
+                    raise AssertionError(f"a chunk of {n} tokens with {n - len(known)} pending from step {step} "
+                                         f"(step {self.num_steps - 1} is in flight)")
+                self.token_sources[start + n - 1] = row
             following = seq.token_ids(done + 1, done + n + 1)
             self.prompt_targets[start:start + len(following)] = following
             self.positions[start:start + n] = np.arange(done, done + n)
@@ -301,6 +324,7 @@ class ModelRunner:
             self.cu_q_lens[i + 1] = start
             self.logits_indices[i] = start - 1
             self._fill_sampling_row(i, chunk)
+        self.token_sources[start:num_tokens] = -1
         self.cu_q_lens[len(chunks) + 1: num_reqs + 1] = start
         self.kv_lens[len(chunks):num_reqs] = 0
         self._clear_padding_rows(len(chunks), num_reqs)
@@ -312,18 +336,20 @@ class ModelRunner:
 
     def _run_step(self, num_tokens: int, num_reqs: int, variant: str, host_inputs):
         """`variant`: one of STEP_VARIANTS; "prompt" samples as "full" does and adds prompt logprobs."""
-        batch, sampling, prompt_targets = host_inputs
+        batch, sampling, prompt_targets, token_sources = host_inputs
         # Host arrays straight into the calls, which transfer them (~0.45 ms less a step than device_put first)
-        batch_buffers = self._batch_packing(num_tokens, num_reqs).pack((batch, prompt_targets))
+        batch_buffers = self._batch_packing(num_tokens, num_reqs).pack((batch, prompt_targets, token_sources))
         sampling_buffers = self._sampling_packing(num_reqs).pack(sampling)
         logits, hidden, self.kv_cache = self._executable("forward", num_tokens, num_reqs)(
-            self._state_leaves, self.kv_cache, *batch_buffers)
+            self._state_leaves, self.kv_cache, self.last_tokens, *batch_buffers)
         prompt_logprobs = None
         if variant == "prompt":
             prompt_logprobs = self._executable("prompt", num_tokens, None)(self._state_leaves, hidden, *batch_buffers)
             variant = "full"
         tokens, logprobs, self.slot_state = self._executable("sample", num_reqs, variant)(
             logits, self.slot_state, *sampling_buffers)
+        self.last_tokens = tokens
+        self.num_steps += 1
         return tokens, logprobs, prompt_logprobs
 
     def follow(self) -> None:
