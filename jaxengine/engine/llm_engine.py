@@ -76,7 +76,10 @@ class _Request:
 
     @property
     def finished(self) -> bool:
-        return all(s.is_finished for s in self.seqs)
+        for seq in self.seqs:  # a loop, not all(): this runs for every request at every step
+            if not seq.is_finished:
+                return False
+        return True
 
 
 class LLMEngine:
@@ -354,9 +357,15 @@ class LLMEngine:
                         self._record_logprobs(seq, int(token), [x[row] for x in logprobs])
                     self._append_token(seq, int(token))
                 touched.setdefault(seq.request_id, None)
-        outputs = [out for rid in touched if (out := self._output(rid)) is not None]
+        outputs = []
         for rid in touched:
-            if rid in self.requests and self.requests[rid].finished:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            finished = request.finished
+            if (out := self._output(request, finished)) is not None:
+                outputs.append(out)
+            if finished:
                 del self.requests[rid]
         return outputs
 
@@ -434,13 +443,10 @@ class LLMEngine:
         seq.finish_reason, seq.stop_reason = "stop", stop
         return True
 
-    def _output(self, request_id: str) -> RequestOutput | None:
-        request = self.requests.get(request_id)
-        if request is None:
-            return None
-        self._update_metrics(request)
+    def _output(self, request: _Request, finished: bool) -> RequestOutput | None:
+        self._update_metrics(request, finished)
         kind = request.params.output_kind
-        if kind == RequestOutputKind.FINAL_ONLY and not request.finished:
+        if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
         completions = []
         for i, (seq, detok) in enumerate(zip(request.seqs, request.detokenizers)):
@@ -457,21 +463,24 @@ class LLMEngine:
                 logprobs=list(logprobs) if logprobs is not None else None, finish_reason=seq.finish_reason,
                 stop_reason=seq.stop_reason))
         cached = max(request.seqs[0].num_cached_tokens, 0)
-        return RequestOutput(request_id, request.prompt, request.prompt_token_ids, completions,
-                             request.finished, num_cached_tokens=cached,
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, completions,
+                             finished, num_cached_tokens=cached,
                              prompt_logprobs=self._prompt_logprobs_output(request),
                              metrics=dataclasses.replace(request.metrics))
 
     @staticmethod
-    def _update_metrics(request: _Request) -> None:
-        m, now = request.metrics, time.monotonic()
+    def _update_metrics(request: _Request, finished: bool) -> None:
+        m = request.metrics
+        if m.first_token_time is not None and not finished:  # nothing to stamp (most steps)
+            return
+        now = time.monotonic()
         if m.first_scheduled_time is None:
             scheduled = [s.first_scheduled_time for s in request.seqs if s.first_scheduled_time is not None]
             if scheduled:
                 m.first_scheduled_time = min(scheduled)
         if m.first_token_time is None and any(s.output_token_ids for s in request.seqs):
             m.first_token_time = now
-        if m.finished_time is None and request.finished:
+        if m.finished_time is None and finished:
             m.finished_time = now
 
     @staticmethod
