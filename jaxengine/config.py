@@ -35,6 +35,9 @@ class EngineConfig:
     data_parallel_size: int = 1
     max_logprobs: int = 20  # the most `logprobs` a request may ask for
     compilation_cache_dir: str | None = "~/.cache/jaxengine/xla"  # None or "" turns the persistent cache off
+    # The stored programs' size cap: past it the least recently used go (0: no cap; single-process engines,
+    # whose executable cache this is: see enable_compilation_cache).
+    compilation_cache_max_gib: float = 4.0
     warmup: bool = True
 
     def __post_init__(self):
@@ -57,6 +60,8 @@ class EngineConfig:
             raise ValueError(f"max_logprobs must be >= 1, got {self.max_logprobs}")
         if not 0 < self.kv_cache_memory_fraction <= 1:
             raise ValueError(f"kv_cache_memory_fraction must be in (0, 1], got {self.kv_cache_memory_fraction}")
+        if self.compilation_cache_max_gib < 0:
+            raise ValueError(f"compilation_cache_max_gib must be >= 0 (0: no cap), got {self.compilation_cache_max_gib}")
         if self.kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:

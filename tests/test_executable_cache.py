@@ -51,3 +51,33 @@ def test_a_damaged_entry_is_compiled_again(cold_and_warm, model_dirs):
     assert again["loaded"] == again["programs"] - 1 and again["compiles_in_warmup"] == 1
     assert again["tokens"] == cold["tokens"]
     assert entries[0].read_bytes() != b"not an executable"
+
+
+def test_past_its_size_cap_the_least_recently_used_programs_go(tmp_path):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxengine.runner.executables import ExecutableCache
+
+    x = jax.ShapeDtypeStruct((8,), jnp.float32)
+
+    def get(cache, k):  # program k computes v * k + 1
+        return cache.get(f"scale{k}", "f32[8]", lambda: jax.jit(lambda v: v * k + 1).lower(x))
+
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)  # only programs XLA compiles here are stored
+    try:
+        cache = ExecutableCache(tmp_path)
+        paths = {k: cache._path(f"scale{k}", "f32[8]") for k in (1, 2, 3, 4)}
+        for k in (1, 2, 3):
+            get(cache, k)
+            os.utime(paths[k], (100 * k, 100 * k))  # last used in the order 1, 2, 3
+        cache.max_bytes = int(2.5 * max(paths[k].stat().st_size for k in (1, 2, 3)))
+        hit = get(cache, 1)  # a hit: now the most recently used
+        assert cache.hits == 1 and paths[1].stat().st_mtime > 300
+        get(cache, 4)  # stored: over the cap, so 2 and then 3 go
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+    assert sorted(p.name for p in tmp_path.glob("*.jaxexec")) == sorted(paths[k].name for k in (1, 4))
+    np.testing.assert_array_equal(np.asarray(hit(jnp.arange(8.0))), np.arange(8.0) + 1)

@@ -110,7 +110,8 @@ class LLMEngine:
                                   max_num_batched_tokens=config.max_num_batched_tokens, mesh=self.mesh,
                                   min_token_bucket=config.min_token_bucket, max_logprobs=config.max_logprobs,
                                   channel=CommandChannel() if jax.process_count() > 1 and is_leader() else None,
-                                  executable_cache=executables)
+                                  executable_cache=executables,
+                                  executable_cache_max_bytes=int(config.compilation_cache_max_gib * (1 << 30)) or None)
         logger.info("KV cache: %d blocks of %d tokens (%d tokens); at most %.1f requests of max_model_len=%d at once",
                     num_blocks, config.block_size, num_blocks * config.block_size,
                     num_blocks * config.block_size / self.max_model_len, self.max_model_len)

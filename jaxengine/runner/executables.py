@@ -12,6 +12,10 @@ An executable that JAX's persistent cache loaded cannot be serialized again (XLA
 its kernels: "Function ... not found" when it runs), so only a program that XLA compiled in this call is
 stored; one that came from a JAX cache (persistent, or in memory after such a load) is not. The engine
 turns JAX's persistent cache on only where this one is off; a process may still turn it on itself.
+
+Entries of old versions (of jax, of this code, of a model's settings) are never hit again. With a size cap,
+storing a program removes the least recently used entries past it: a hit refreshes an entry's modification
+time, so that is the order of last use. A process that finds an entry gone compiles the program again.
 """
 
 import functools
@@ -30,6 +34,8 @@ from jaxengine.compile_counter import compile_count, persistent_cache_hit_count
 from pallas_kernels.cpu import cpu_flags
 
 logger = logging.getLogger(__name__)
+
+_SUFFIX = ".jaxexec"
 
 _PROGRAM_SOURCES = ("jaxengine/models", "jaxengine/layers", "jaxengine/runner", "jaxengine/parallel",
                     "pallas_kernels")  # the code that traces into the step's programs
@@ -59,8 +65,10 @@ def signature(tree) -> str:
 
 
 class ExecutableCache:
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, max_bytes: int | None = None):
+        """`max_bytes`: the entries' total size cap (None: no cap)."""
         self.directory = Path(directory).expanduser()
+        self.max_bytes = max_bytes
         backend = jax.devices()[0].client
         key = hashlib.sha256()
         for part in (jax.__version__, jax.lib.__version__, backend.platform, backend.platform_version,
@@ -73,7 +81,7 @@ class ExecutableCache:
     def _path(self, name: str, args_signature: str) -> Path:
         key = self._base.copy()
         key.update(name.encode() + b"\0" + args_signature.encode())
-        return self.directory / f"{key.hexdigest()[:32]}.jaxexec"
+        return self.directory / f"{key.hexdigest()[:32]}{_SUFFIX}"
 
     def get(self, name: str, args_signature: str, lower) -> jax.stages.Compiled:
         """The program stored under (name, args_signature), else `lower().compile()`, stored for next time.
@@ -83,6 +91,7 @@ class ExecutableCache:
             try:
                 compiled = self._load(path)
                 self.hits += 1
+                _touch(path)
                 return compiled
             except Exception as e:  # a damaged or incompatible entry: compile afresh and replace it
                 logger.warning("could not load the cached program %s (%s): %s; compiling it", name, path.name, e)
@@ -113,3 +122,31 @@ class ExecutableCache:
         with tempfile.NamedTemporaryFile(dir=self.directory, delete=False) as f:
             f.write(blob)
         os.replace(f.name, path)  # atomic: a concurrent reader sees a whole entry or none
+        if self.max_bytes is not None:
+            self._prune(keep=path)
+
+    def _prune(self, keep: Path) -> None:
+        """Removes the least recently used entries until the rest fit in max_bytes (`keep`, just stored, stays)."""
+        entries = []
+        for entry in self.directory.glob(f"*{_SUFFIX}"):
+            try:
+                stat = entry.stat()
+            except FileNotFoundError:  # another process removed it meanwhile
+                continue
+            entries.append((stat.st_mtime, stat.st_size, entry))
+        total = sum(size for _, size, _ in entries)
+        for _, size, entry in sorted(entries, key=lambda e: e[0]):
+            if total <= self.max_bytes:
+                break
+            if entry != keep:
+                entry.unlink(missing_ok=True)
+                total -= size
+                logger.info("removed the least recently used cached program %s (cache over %d bytes)", entry.name,
+                            self.max_bytes)
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:  # gone meanwhile, or a read-only cache: the order of use is only a hint
+        pass
