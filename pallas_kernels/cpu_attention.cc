@@ -907,6 +907,20 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuff
   return ffi::Error::Success();
 }
 
+// The pool a K/V writer writes into: its result, aliased to the input pool (cpu.py); where XLA did not alias
+// them after all, the result starts as a copy of the input.
+inline void* writable_pool(ffi::AnyBuffer kv, ffi::Result<ffi::AnyBuffer>& out) {
+  if (out->untyped_data() != kv.untyped_data()) std::memcpy(out->untyped_data(), kv.untyped_data(), kv.size_bytes());
+  return out->untyped_data();
+}
+
+// The element where a token's K/V row (`width` values) starts in layer l of a pool [L, P, S, 2*Hkv, D], or -1
+// where the token has no slot: a page id outside [0, P) (padding tokens) or an offset outside [0, S).
+inline int64_t kv_row_at(int64_t l, int64_t P, int64_t S, int64_t width, int32_t page, int32_t offset) {
+  if (page < 0 || page >= P || offset < 0 || offset >= S) return -1;
+  return ((l * P + page) * S + offset) * width;
+}
+
 // Row `row` (2 * Hkv * D float32 values) into the pool at element `at`, rounded to nearest even where the
 // pool is bfloat16.
 inline void store_kv_row(void* pool, bool bf16, int64_t at, const float* row, int64_t width) {
@@ -935,13 +949,10 @@ ffi::Error WriteKv(ffi::AnyBuffer kv, ffi::Buffer<ffi::S32> layer, ffi::Buffer<f
                                        "offsets [T] disagree");
   const int64_t L = kv_dims[0], P = kv_dims[1], S = kv_dims[2], width = kv_dims[3] * kv_dims[4];
   const int64_t l = std::clamp<int64_t>(layer.typed_data()[0], 0, L - 1);
-  if (out->untyped_data() != kv.untyped_data())  // not aliased after all: start from the input pool
-    std::memcpy(out->untyped_data(), kv.untyped_data(), kv.size_bytes());
+  void* pool = writable_pool(kv, out);
   for (int64_t t = 0; t < row_dims[0]; ++t) {
-    const int32_t page = pages.typed_data()[t], offset = offsets.typed_data()[t];
-    if (page < 0 || page >= P || offset < 0 || offset >= S) continue;
-    store_kv_row(out->untyped_data(), bf16, ((l * P + page) * S + offset) * width, rows.typed_data() + t * width,
-                 width);
+    const int64_t at = kv_row_at(l, P, S, width, pages.typed_data()[t], offsets.typed_data()[t]);
+    if (at >= 0) store_kv_row(pool, bf16, at, rows.typed_data() + t * width, width);
   }
   return ffi::Error::Success();
 }
@@ -977,21 +988,20 @@ ffi::Error RopeWriteKv(ffi::Buffer<ffi::F32> qkv, ffi::Buffer<ffi::F32> cos, ffi
     return ffi::Error::InvalidArgument("cpu rope_write_kv: qkv must be [T, (Hq + 2*Hkv) * D], cos and sin [T, D], "
                                        "pages and offsets [T]");
   const int64_t l = std::clamp<int64_t>(layer.typed_data()[0], 0, L - 1);
-  if (out->untyped_data() != kv.untyped_data())  // not aliased after all: start from the input pool
-    std::memcpy(out->untyped_data(), kv.untyped_data(), kv.size_bytes());
+  void* pool = writable_pool(kv, out);
   thread_local std::vector<float> row;  // [2 * Hkv, D]: one token's rotated k and its v, interleaved by head
   row.resize(width);
   for (int64_t t = 0; t < T; ++t) {
     const float* src = qkv.typed_data() + t * (Hq + 2 * Hkv) * D;
     const float *c = cos.typed_data() + t * D, *s = sin.typed_data() + t * D;
     for (int64_t h = 0; h < Hq; ++h) rotate(src + h * D, c, s, q->typed_data() + (t * Hq + h) * D, D);
-    const int32_t page = pages.typed_data()[t], offset = offsets.typed_data()[t];
-    if (page < 0 || page >= P || offset < 0 || offset >= S) continue;
+    const int64_t at = kv_row_at(l, P, S, width, pages.typed_data()[t], offsets.typed_data()[t]);
+    if (at < 0) continue;
     for (int64_t h = 0; h < Hkv; ++h) {
       rotate(src + (Hq + h) * D, c, s, row.data() + 2 * h * D, D);
       std::memcpy(row.data() + (2 * h + 1) * D, src + (Hq + Hkv + h) * D, sizeof(float) * D);
     }
-    store_kv_row(out->untyped_data(), bf16, ((l * P + page) * S + offset) * width, row.data(), width);
+    store_kv_row(pool, bf16, at, row.data(), width);
   }
   return ffi::Error::Success();
 }
