@@ -342,16 +342,17 @@ class LLMEngine:
         touched, chunks, launched = started
         if chunks:
             tokens, logprobs, prompt_logprobs = self.runner.collect(launched, len(chunks))
-            starts = np.cumsum([0] + [c.num_tokens for c in chunks])  # each chunk's first flat position
+            start = 0  # the chunk's first flat position
             for row, (chunk, token) in enumerate(zip(chunks, tokens)):
-                seq = chunk.seq
+                seq, offset = chunk.seq, start
+                start += chunk.num_tokens
                 completes = chunk.completes_sequence
                 if completes:
                     seq.num_pending_tokens -= 1
                 if seq.is_finished:  # stopped or aborted while this step ran: its row is dropped
                     continue
                 if prompt_logprobs is not None and seq.prompt_logprobs is not None:
-                    self._record_prompt_logprobs(seq, chunk, starts[row], prompt_logprobs)
+                    self._record_prompt_logprobs(seq, chunk, offset, prompt_logprobs)
                 self.block_manager.cache_full_blocks(seq)
                 if completes:
                     if seq.logprobs is not None:
@@ -425,9 +426,7 @@ class LLMEngine:
             return "stop", None
         if token in params.stop_token_ids:
             return "stop", token
-        if params.max_tokens is not None and len(seq.output_token_ids) >= params.max_tokens:
-            return "length", None
-        if seq.num_tokens >= self.max_model_len:
+        if seq.reaches_length_limit(self.max_model_len):
             return "length", None
         return None, None
 

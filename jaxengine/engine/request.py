@@ -85,14 +85,14 @@ class Sequence:
     def num_output_tokens_with_pending(self) -> int:
         return len(self.output_token_ids) + self.num_pending_tokens
 
-    def reaches_length_limit(self, max_model_len: int) -> bool:
-        """The tokens on the device will finish the sequence by length (max_tokens or max_model_len): a
-        step launched before they are read back has nothing to compute for it."""
-        if not self.num_pending_tokens:
-            return False
+    def reaches_length_limit(self, max_model_len: int, *, with_pending: bool = False) -> bool:
+        """The sequence is finished by length (max_tokens or max_model_len): with its known tokens, or
+        `with_pending`, once the tokens on the device are read back too (a step launched before then has
+        nothing to compute for it)."""
+        pending = self.num_pending_tokens if with_pending else 0
         max_tokens = self.params.max_tokens
-        by_max_tokens = max_tokens is not None and self.num_output_tokens_with_pending >= max_tokens
-        return by_max_tokens or self.num_tokens_with_pending >= max_model_len
+        by_max_tokens = max_tokens is not None and len(self.output_token_ids) + pending >= max_tokens
+        return by_max_tokens or self.num_tokens + pending >= max_model_len
 
     @property
     def is_finished(self) -> bool:

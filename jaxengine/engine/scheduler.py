@@ -53,8 +53,8 @@ class Scheduler:
                 break
             if seq.status != Status.RUNNING:  # preempted earlier in this loop
                 continue
-            if seq.reaches_length_limit(self.max_model_len):  # finishes when the step in flight is read back
-                continue
+            if seq.num_pending_tokens and seq.reaches_length_limit(self.max_model_len, with_pending=True):
+                continue  # finishes when the step in flight is read back
             num_new = min(seq.num_tokens_with_pending - seq.num_computed_tokens, budget)
             while not self.block_manager.allocate(seq, num_new):
                 victim = self._pick_victim()

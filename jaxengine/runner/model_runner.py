@@ -306,11 +306,11 @@ class ModelRunner:
         num_tokens = self._bucket(self.token_buckets, sum(c.num_tokens for c in chunks))
         num_reqs = self.requests_for(num_tokens)  # >= len(chunks): each chunk has a token
         start = 0
+        self.token_sources[:num_tokens] = -1  # every token from the host but those pending below
         for i, chunk in enumerate(chunks):
             seq, n, done = chunk.seq, chunk.num_tokens, chunk.start
             known = seq.token_ids(done, done + n)
             self.input_ids[start:start + len(known)] = known
-            self.token_sources[start:start + n] = -1
             if len(known) < n:  # the last token is the step in flight's sample, taken on the device
                 step, row = seq.pending_source
                 if len(known) != n - 1 or step != self.num_steps - 1:
@@ -326,7 +326,6 @@ class ModelRunner:
             self.cu_q_lens[i + 1] = start
             self.logits_indices[i] = start - 1
             self._fill_sampling_row(i, chunk)
-        self.token_sources[start:num_tokens] = -1
         self.cu_q_lens[len(chunks) + 1: num_reqs + 1] = start
         self.kv_lens[len(chunks):num_reqs] = 0
         self._clear_padding_rows(len(chunks), num_reqs)
