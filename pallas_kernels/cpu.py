@@ -67,19 +67,17 @@ def _library() -> ctypes.CDLL:
         key.update(part)
     cache = Path(os.environ.get("JAXENGINE_KERNEL_CACHE", "~/.cache/jaxengine/kernels")).expanduser()
     library = cache / f"cpu_kernels-{key.hexdigest()[:16]}.so"
-    if not library.is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            built = Path(tmp) / library.name
-            command = [compiler, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
-                       "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math", f"-I{include}",
-                       *map(str, _SOURCES), "-o", str(built)]
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise RuntimeError(f"building the CPU kernels failed:\n{result.stderr[-2000:]}")
-            os.replace(built, library)  # atomic: concurrent builders each install a complete file
-        logger.info("built the native CPU kernels: %s", library)
-    lib = ctypes.cdll.LoadLibrary(str(library))
+    if library.is_file():
+        touch(library)  # now the most recently used: other processes' pruning keeps it
+    else:
+        _build(compiler, include, library)
+    try:
+        lib = ctypes.cdll.LoadLibrary(str(library))
+    except OSError:
+        if library.is_file():
+            raise
+        _build(compiler, include, library)  # pruned by another process between the check and the load
+        lib = ctypes.cdll.LoadLibrary(str(library))
     jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuAttention), platform="cpu")
     jax.ffi.register_ffi_target(_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulBf16), platform="cpu")
     jax.ffi.register_ffi_target(_WRITE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuWriteKv), platform="cpu")
@@ -87,6 +85,50 @@ def _library() -> ctypes.CDLL:
     jax.ffi.register_ffi_target(_BARRIER_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuFusionBarrier), platform="cpu")
     jax.ffi.register_ffi_target(_ARGMAX_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuFirstArgmax), platform="cpu")
     return lib
+
+
+def _build(compiler: str, include: str, library: Path) -> None:
+    """Compiles the sources into `library` (atomically), then prunes the cache it is in."""
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
+        built = Path(tmp) / library.name
+        command = [compiler, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
+                   "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math", f"-I{include}",
+                   *map(str, _SOURCES), "-o", str(built)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"building the CPU kernels failed:\n{result.stderr[-2000:]}")
+        os.replace(built, library)  # atomic: concurrent builders each install a complete file
+    logger.info("built the native CPU kernels: %s", library)
+    prune_libraries(library.parent, keep=library)
+
+
+KEPT_LIBRARIES = 8  # built libraries the cache keeps, the most recently used (~0.4 MB each)
+
+
+def prune_libraries(cache: Path, keep: Path, limit: int = KEPT_LIBRARIES) -> None:
+    """Removes all but the `limit` most recently used libraries from the kernel cache (`keep`, just built,
+    stays). Each version of the sources builds its own library, and without this they pile up. A library that
+    another process has loaded stays usable (it is mapped), and one that a process loads afterwards is
+    rebuilt."""
+    libraries = []
+    for entry in cache.glob("cpu_kernels-*.so"):
+        try:
+            libraries.append((entry.stat().st_mtime, entry))
+        except FileNotFoundError:  # another process removed it meanwhile
+            continue
+    others = [entry for _, entry in sorted(libraries, key=lambda e: e[0], reverse=True) if entry != keep]
+    for entry in others[max(limit - 1, 0):]:
+        entry.unlink(missing_ok=True)
+        logger.info("removed the least recently used kernel library %s", entry.name)
+
+
+def touch(path: Path) -> None:
+    """Marks a cache entry as just used (its mtime), for least-recently-used pruning."""
+    try:
+        os.utime(path)
+    except OSError:  # gone meanwhile, or a read-only cache: the order of use is only a hint
+        pass
 
 
 @functools.cache

@@ -1,5 +1,6 @@
 """The executable cache: a second process loads every compiled program instead of tracing and compiling
-it, and runs them to the same results; a damaged entry is compiled again."""
+it, and runs them to the same results; a damaged entry is compiled again; past its size cap the least recently
+used entries go. The native kernels' cache keeps its most recently used libraries."""
 
 import json
 import os
@@ -81,3 +82,49 @@ def test_past_its_size_cap_the_least_recently_used_programs_go(tmp_path):
         jax.config.update("jax_enable_compilation_cache", enabled)
     assert sorted(p.name for p in tmp_path.glob("*.jaxexec")) == sorted(paths[k].name for k in (1, 4))
     np.testing.assert_array_equal(np.asarray(hit(jnp.arange(8.0))), np.arange(8.0) + 1)
+
+
+def _load_kernels(cache, **env) -> subprocess.CompletedProcess:
+    """`pallas_kernels.cpu.available()` in a fresh process whose kernel cache is `cache`."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAXENGINE_KERNEL_CACHE=str(cache), **env)
+    code = "from pallas_kernels import cpu; print(cpu.available())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_kernel_build_keeps_the_most_recently_used_libraries(tmp_path):
+    """Each version of the native kernels' sources builds its own library; a build prunes the cache to the
+    KEPT_LIBRARIES most recently used. Built here by a stand-in compiler (an empty file, which then fails to
+    load: the kernels are unavailable, as with any broken build)."""
+    from pallas_kernels import cpu
+
+    cache = tmp_path / "kernels"
+    cache.mkdir()
+    old = [f"cpu_kernels-{k:016x}.so" for k in range(cpu.KEPT_LIBRARIES + 3)]
+    for k, name in enumerate(old):
+        (cache / name).write_bytes(b"")
+        os.utime(cache / name, (1000 + k, 1000 + k))  # used in the order of k
+    (cache / "notes.txt").write_text("not a library")
+    compiler = tmp_path / "fake-c++"
+    compiler.write_text('#!/bin/sh\nwhile [ "$1" != "-o" ]; do shift; done\n: > "$2"\n')
+    compiler.chmod(0o755)
+    result = _load_kernels(cache, CXX=str(compiler))
+    assert result.returncode == 0 and result.stdout.split()[-1] == "False", result.stderr[-3000:]
+    libraries = {p.name for p in cache.glob("cpu_kernels-*.so")}
+    built = libraries - set(old)
+    assert len(built) == 1 and libraries == built | set(old[-(cpu.KEPT_LIBRARIES - 1):])
+    assert (cache / "notes.txt").exists()
+
+
+def test_loading_a_kernel_library_marks_it_used(tmp_path):
+    from pallas_kernels import cpu
+
+    if not cpu.available():
+        pytest.skip("no native kernels here")
+    library = Path(cpu._library()._name)
+    (tmp_path / library.name).write_bytes(library.read_bytes())
+    os.utime(tmp_path / library.name, (1000, 1000))
+    inode = (tmp_path / library.name).stat().st_ino
+    result = _load_kernels(tmp_path)
+    assert result.returncode == 0 and result.stdout.split()[-1] == "True", result.stderr[-3000:]
+    stat = (tmp_path / library.name).stat()
+    assert stat.st_ino == inode and stat.st_mtime > 1000  # loaded from the cache, not rebuilt, and marked used

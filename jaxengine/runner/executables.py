@@ -31,7 +31,7 @@ from jax.experimental import serialize_executable
 from jax.sharding import NamedSharding
 
 from jaxengine.compile_counter import compile_count, persistent_cache_hit_count
-from pallas_kernels.cpu import cpu_flags
+from pallas_kernels.cpu import cpu_flags, touch
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class ExecutableCache:
             try:
                 compiled = self._load(path)
                 self.hits += 1
-                _touch(path)
+                touch(path)
                 return compiled
             except Exception as e:  # a damaged or incompatible entry: compile afresh and replace it
                 logger.warning("could not load the cached program %s (%s): %s; compiling it", name, path.name, e)
@@ -144,9 +144,3 @@ class ExecutableCache:
                 logger.info("removed the least recently used cached program %s (cache over %d bytes)", entry.name,
                             self.max_bytes)
 
-
-def _touch(path: Path) -> None:
-    try:
-        os.utime(path)
-    except OSError:  # gone meanwhile, or a read-only cache: the order of use is only a hint
-        pass
