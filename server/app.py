@@ -2,7 +2,7 @@
 
 import hmac
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -15,20 +15,32 @@ from server.protocol import ChatCompletionRequest, CompletionRequest, Detokenize
 from server.serving import Serving
 
 
+class RequireKey:
+    """Every /v1 route needs `Authorization: Bearer <key>`. A plain ASGI middleware: Starlette's
+    `@app.middleware("http")` passes each streamed chunk through a memory stream and a task switch of its own."""
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = error_response(APIError("missing or invalid API key: send 'Authorization: Bearer <key>'",
+                                                   status=401, code="invalid_api_key"))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="jaxengine", version=jaxengine.__version__)
     serving = Serving(engine, model_name)
     app.state.engine, app.state.serving = engine, serving
 
-    @app.middleware("http")
-    async def require_key(request: Request, call_next):
-        """Every /v1 route needs `Authorization: Bearer <key>` when the server has a key."""
-        if api_key is not None and request.url.path.startswith("/v1"):
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return error_response(APIError("missing or invalid API key: send 'Authorization: Bearer <key>'",
-                                               status=401, code="invalid_api_key"))
-        return await call_next(request)
+    if api_key is not None:
+        app.add_middleware(RequireKey, api_key=api_key)
 
     @app.exception_handler(APIError)
     async def api_error(_, err: APIError):
