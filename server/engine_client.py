@@ -74,11 +74,19 @@ class AsyncEngine:
     # --- engine side ------------------------------------------------------------------------------------
 
     def _deliver(self, request_id: str, item) -> None:
+        self._deliver_all([(request_id, item)])
+
+    def _deliver_all(self, items) -> None:
+        """Hands each (request_id, output or error) to its handler's stream: one wake-up per event loop, not
+        one per item (a step's outputs all go at once)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         with self._lock:
-            target = self._streams.get(request_id)
-        if target is not None:
-            loop, stream = target
-            loop.call_soon_threadsafe(stream.put_nowait, item)
+            for request_id, item in items:
+                target = self._streams.get(request_id)
+                if target is not None:
+                    by_loop.setdefault(target[0], []).append((target[1], item))
+        for loop, batch in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, batch)
 
     def _admit_submissions(self) -> None:
         while True:
@@ -100,8 +108,7 @@ class AsyncEngine:
                     self._wakeup.clear()
                     continue
                 outputs = self.engine.step()
-                for out in outputs:
-                    self._deliver(out.request_id, out)
+                self._deliver_all([(out.request_id, out) for out in outputs])
                 if self.metrics is not None:
                     self.metrics.after_step(self.engine, outputs)
         except BaseException as e:  # noqa: BLE001 - any fault kills the loop; handlers must hear of it
@@ -109,5 +116,9 @@ class AsyncEngine:
             self.error = e
             with self._lock:
                 streams = list(self._streams)
-            for request_id in streams:
-                self._deliver(request_id, EngineDeadError(f"the engine loop died: {e!r}"))
+            self._deliver_all([(request_id, EngineDeadError(f"the engine loop died: {e!r}")) for request_id in streams])
+
+
+def _put_all(batch) -> None:
+    for stream, item in batch:
+        stream.put_nowait(item)

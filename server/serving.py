@@ -79,6 +79,12 @@ class Serving:
     async def _run_all(self, request_id: str, prompts: list[tuple[str | None, list[int]]], params: SamplingParams,
                        req: SamplingFields) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Submits every prompt and yields (prompt index, cumulative output) as they arrive."""
+        if len(prompts) == 1:  # nothing to merge: no task and queue in between
+            text, ids = prompts[0]
+            async for out in self.engine.generate(f"{request_id}-0", {"prompt": text, "prompt_token_ids": ids},
+                                                  params, priority=req.priority, cache_salt=req.cache_salt):
+                yield 0, out
+            return
         merged: asyncio.Queue = asyncio.Queue()
 
         async def pump(i, text, ids):
