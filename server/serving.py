@@ -1,6 +1,7 @@
 """Turns OpenAI requests into engine requests and engine outputs into OpenAI responses and SSE chunks."""
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -79,18 +80,21 @@ class Serving:
     async def _run_all(self, request_id: str, prompts: list[tuple[str | None, list[int]]], params: SamplingParams,
                        req: SamplingFields) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Submits every prompt and yields (prompt index, cumulative output) as they arrive."""
+
+        def generate(i, text, ids):
+            return self.engine.generate(f"{request_id}-{i}", {"prompt": text, "prompt_token_ids": ids}, params,
+                                        priority=req.priority, cache_salt=req.cache_salt)
+
         if len(prompts) == 1:  # nothing to merge: no task and queue in between
-            text, ids = prompts[0]
-            async for out in self.engine.generate(f"{request_id}-0", {"prompt": text, "prompt_token_ids": ids},
-                                                  params, priority=req.priority, cache_salt=req.cache_salt):
-                yield 0, out
+            async with contextlib.aclosing(generate(0, *prompts[0])) as outputs:  # closed (aborted) on leaving
+                async for out in outputs:
+                    yield 0, out
             return
         merged: asyncio.Queue = asyncio.Queue()
 
         async def pump(i, text, ids):
             try:
-                async for out in self.engine.generate(f"{request_id}-{i}", {"prompt": text, "prompt_token_ids": ids},
-                                                      params, priority=req.priority, cache_salt=req.cache_salt):
+                async for out in generate(i, text, ids):
                     await merged.put((i, out))
             except BaseException as e:  # noqa: BLE001 - handed to the consumer
                 await merged.put((i, e))

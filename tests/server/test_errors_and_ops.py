@@ -91,9 +91,10 @@ def test_no_api_key_needed_when_none_is_configured(http):
     assert http.get("/v1/models").status_code == 200
 
 
-def test_disconnect_mid_stream_frees_the_blocks(live, async_engine):
+def test_disconnect_mid_stream_aborts_and_frees_the_blocks(live, http, async_engine):
     engine = async_engine.engine
     wait_until_idle(engine)
+    aborted = metric_values(http).get(("vllm:request_success_total", "abort"), 0.0)
     with httpx.Client(base_url=live.url, timeout=30) as c:
         with c.stream("POST", "/v1/completions", json={"prompt": "long", "max_tokens": 400, "stream": True,
                                                        "ignore_eos": True}) as response:
@@ -102,6 +103,7 @@ def test_disconnect_mid_stream_frees_the_blocks(live, async_engine):
             assert any(line.startswith("data: {") for line in got)
             assert engine.block_manager.num_free_blocks < engine.block_manager.num_blocks
     wait_until_idle(engine)
+    assert metric_values(http)[("vllm:request_success_total", "abort")] == aborted + 1  # not run to its end
 
 
 def test_health_version_tokenize_detokenize(http):
