@@ -247,10 +247,11 @@ def test_tpu_companion_kernel_writes_kv_rows_into_their_pages():
 
 @pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
 @pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 33, 47), (12, 64, 32), (25, 576, 200), (3, 1536, 96),
-                                   (64, 96, 40)])
+                                   (64, 96, 40), (64, 64, 32784)])
 def test_native_bf16_matmul_matches_xla(m, k, n):
     """Odd K (an unpaired last weight row, zero-padded), partial column panels, row blocks of several sizes
-    (M split evenly into blocks of at most 12: 13 -> 7 + 6, 64 -> 11 x 5 + 9)."""
+    (M split evenly into blocks of at most 12: 13 -> 7 + 6, 64 -> 11 x 5 + 9), and a result over 8 MB (stream
+    stores for its full panels, a masked store for its last half panel)."""
     import jax
 
     rng = np.random.default_rng(m * k * n)
