@@ -257,13 +257,27 @@ def gated_pairs(x, packed, *, prologue: str | None = None, norm=None, eps: float
                           residual=None, live_rows=live_rows)
 
 
-def first_argmax(x):
+def first_argmax(x, bias_ids=None, bias_values=None, banned=None):
     """jnp.argmax(x, axis=-1) of float32 x [R, V] as int32 [R]: each row's first maximum, a NaN counting as
-    the maximum (the first NaN wins), in one pass over the rows."""
+    the maximum (the first NaN wins), in one pass over the rows. Where given, each row is taken after the
+    greedy sampler's logit processing (`layers.sampler.process_logits` without slot state): bias_values
+    f32[R, B] added at bias_ids i32[R, B], then -inf at banned i32[R, N]; ids outside [0, V) are unused
+    entries. No copy of x is made for rows with nothing to apply."""
     if x.ndim != 2 or x.dtype != jnp.float32:
         raise ValueError(f"first_argmax needs float32 x [R, V], got {x.dtype} {x.shape}")
+    rows = x.shape[0]
+    if (bias_ids is None) != (bias_values is None):
+        raise ValueError("first_argmax takes bias_ids and bias_values together")
+    bias_ids = jnp.zeros((rows, 0), jnp.int32) if bias_ids is None else jnp.asarray(bias_ids)
+    bias_values = jnp.zeros((rows, 0), jnp.float32) if bias_values is None else jnp.asarray(bias_values)
+    banned = jnp.zeros((rows, 0), jnp.int32) if banned is None else jnp.asarray(banned)
+    if (bias_ids.ndim != 2 or bias_ids.shape[0] != rows or bias_values.shape != bias_ids.shape or banned.ndim != 2
+            or banned.shape[0] != rows):
+        raise ValueError(f"first_argmax needs bias_ids and bias_values [{rows}, B] and banned [{rows}, N], got "
+                         f"{bias_ids.shape}, {bias_values.shape} and {banned.shape}")
     _library()
-    return jax.ffi.ffi_call(_ARGMAX_TARGET, jax.ShapeDtypeStruct(x.shape[:1], jnp.int32))(x)
+    return jax.ffi.ffi_call(_ARGMAX_TARGET, jax.ShapeDtypeStruct(x.shape[:1], jnp.int32))(
+        x, bias_ids.astype(jnp.int32), bias_values.astype(jnp.float32), banned.astype(jnp.int32))
 
 
 def supports(q_dtype, kv_dtype) -> bool:

@@ -438,8 +438,43 @@ def test_native_first_argmax_matches_jnp_argmax(vocab):
 
 
 @pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")
+def test_native_first_argmax_applies_the_bias_and_bans_as_the_greedy_sampler_does():
+    """The greedy sampler's processing (bias added, then bans to -inf; `vocab` marks an unused entry) applied
+    by the kernel to the rows that have any, against XLA's scatters and argmax: a bias that makes a new
+    maximum, a ban on the maximum, a ban on a biased token, a bias onto a tie, a row with nothing to apply, a
+    row whose every token is banned or -inf, the first and last ids."""
+    from jaxengine.layers.sampler import SamplingInputs, process_logits
+
+    rng = np.random.default_rng(0)
+    rows, vocab, B, N = 8, 70, 3, 4
+    x = rng.standard_normal((rows, vocab)).astype(np.float32)
+    x[4] = 1.0
+    x[6] = -np.inf
+    bias_ids = np.full((rows, B), vocab, np.int32)
+    bias_values = np.zeros((rows, B), np.float32)
+    banned = np.full((rows, N), vocab, np.int32)
+    bias_ids[0, :2], bias_values[0, :2] = [5, vocab - 1], [9.0, -2.0]  # 5 becomes the maximum
+    banned[1, 0] = int(np.argmax(x[1]))  # the maximum banned: the runner-up wins
+    bias_ids[2, 0], bias_values[2, 0], banned[2, :2] = 0, 50.0, [0, 3]  # banned after its bias
+    bias_ids[4, 0], bias_values[4, 0] = 40, 0.0  # a tie stays a tie: the first wins
+    banned[6, :2] = [0, vocab - 1]  # nothing above -inf: the first token
+    banned[7] = [10, 11, 12, 13]
+    got = np.asarray(jax.jit(cpu.first_argmax)(jnp.asarray(x), bias_ids, bias_values, banned))
+    inputs = SamplingInputs(*(jnp.zeros(rows) for _ in range(6)), jnp.asarray(bias_ids), jnp.asarray(bias_values),
+                            jnp.asarray(banned), *(jnp.zeros(rows) for _ in range(5)))
+    want = np.argmax(np.asarray(process_logits(jnp.asarray(x), inputs, None)), axis=-1)
+    np.testing.assert_array_equal(got, want)
+    assert got[0] == 5 and got[1] != np.argmax(x[1]) and got[2] != 0 and got[4] == 0 and got[6] == 0
+    np.testing.assert_array_equal(got[[3, 5]], np.argmax(x[[3, 5]], axis=-1))  # nothing to apply
+
+
+@pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")
 def test_native_first_argmax_refuses_other_shapes_and_dtypes():
     with pytest.raises(ValueError, match="float32 x"):
         cpu.first_argmax(jnp.zeros((2, 3), jnp.bfloat16))
     with pytest.raises(ValueError, match=r"\[R, V\]"):
         cpu.first_argmax(jnp.zeros((3,), jnp.float32))
+    with pytest.raises(ValueError, match="together"):
+        cpu.first_argmax(jnp.zeros((2, 3)), bias_ids=jnp.zeros((2, 1), jnp.int32))
+    with pytest.raises(ValueError, match="banned"):
+        cpu.first_argmax(jnp.zeros((2, 3)), banned=jnp.zeros((3, 1), jnp.int32))

@@ -175,6 +175,10 @@ def sampling_step(logits: jax.Array, inputs: SamplingInputs, slot_state: SlotSta
                   num_logprobs: int, native: bool = False):
     """Returns (tokens i32[R], logprobs tuple or None, slot_state with the sampled tokens counted)."""
     full = variant == "full"
+    if variant == "greedy" and native:  # the native argmax applies the bias and bans itself (no logits copy)
+        from pallas_kernels import cpu
+
+        return cpu.first_argmax(logits, inputs.bias_ids, inputs.bias_values, inputs.banned), None, slot_state
     processed = process_logits(logits, inputs, slot_state if full else None)
     tokens = sample(processed, inputs, all_greedy=variant == "greedy", native=native)
     if not full:
