@@ -144,15 +144,21 @@ def sample(
     scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
     probs = jax.nn.softmax(scaled, axis=-1)
     scaled = jnp.where(probs >= inputs.min_p[:, None] * jnp.max(probs, axis=-1, keepdims=True), scaled, -jnp.inf)
-    ordered = -jnp.sort(-scaled, axis=-1)  # descending
-    rank = jnp.arange(vocab)[None, :]
-    k = jnp.where(inputs.top_k > 0, jnp.minimum(inputs.top_k, vocab), vocab)[:, None]
-    in_top_k = rank < k
-    probs = jax.nn.softmax(jnp.where(in_top_k, ordered, -jnp.inf), axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs  # the most likely token is always kept
-    kept = in_top_k & (mass_before < inputs.top_p[:, None]) & jnp.isfinite(ordered)
-    threshold = jnp.take_along_axis(ordered, jnp.sum(kept, axis=-1, keepdims=True) - 1, axis=-1)
-    truncated = jnp.where(scaled >= threshold, scaled, -jnp.inf)
+
+    def top_k_top_p(scaled):
+        ordered = -jnp.sort(-scaled, axis=-1)  # descending
+        rank = jnp.arange(vocab)[None, :]
+        k = jnp.where(inputs.top_k > 0, jnp.minimum(inputs.top_k, vocab), vocab)[:, None]
+        in_top_k = rank < k
+        probs = jax.nn.softmax(jnp.where(in_top_k, ordered, -jnp.inf), axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs  # the most likely token is always kept
+        kept = in_top_k & (mass_before < inputs.top_p[:, None]) & jnp.isfinite(ordered)
+        threshold = jnp.take_along_axis(ordered, jnp.sum(kept, axis=-1, keepdims=True) - 1, axis=-1)
+        return jnp.where(scaled >= threshold, scaled, -jnp.inf)
+
+    # The sort runs only in steps where some row truncates: XLA:CPU sorts [64, 49152] logits in ~0.6 s.
+    truncates = jnp.any((temperature > 0) & (((inputs.top_k > 0) & (inputs.top_k < vocab)) | (inputs.top_p < 1.0)))
+    truncated = jax.lax.cond(truncates, top_k_top_p, lambda scaled: scaled, scaled)
     keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(inputs.seeds, inputs.counters)
     sampled = jax.vmap(jax.random.categorical)(keys, truncated).astype(jnp.int32)
     return jnp.where(temperature > 0, sampled, greedy)
