@@ -111,16 +111,23 @@ def prune_libraries(cache: Path, keep: Path, limit: int = KEPT_LIBRARIES) -> Non
     stays). Each version of the sources builds its own library, and without this they pile up. A library that
     another process has loaded stays usable (it is mapped), and one that a process loads afterwards is
     rebuilt."""
-    libraries = []
-    for entry in cache.glob("cpu_kernels-*.so"):
-        try:
-            libraries.append((entry.stat().st_mtime, entry))
-        except FileNotFoundError:  # another process removed it meanwhile
-            continue
-    others = [entry for _, entry in sorted(libraries, key=lambda e: e[0], reverse=True) if entry != keep]
+    others = [path for path, _ in reversed(cache_entries(cache, "cpu_kernels-*.so")) if path != keep]
     for entry in others[max(limit - 1, 0):]:
         entry.unlink(missing_ok=True)
         logger.info("removed the least recently used kernel library %s", entry.name)
+
+
+def cache_entries(directory: Path, pattern: str) -> list[tuple[Path, int]]:
+    """The files matching `pattern` in a cache directory with their sizes, the least recently used (`touch`)
+    first; one that another process removes meanwhile is left out."""
+    entries = []
+    for entry in directory.glob(pattern):
+        try:
+            stat = entry.stat()
+        except FileNotFoundError:
+            continue
+        entries.append((stat.st_mtime, entry, stat.st_size))
+    return [(entry, size) for _, entry, size in sorted(entries, key=lambda e: e[0])]
 
 
 def touch(path: Path) -> None:

@@ -31,7 +31,7 @@ from jax.experimental import serialize_executable
 from jax.sharding import NamedSharding
 
 from jaxengine.compile_counter import compile_count, persistent_cache_hit_count
-from pallas_kernels.cpu import cpu_flags, touch
+from pallas_kernels.cpu import cache_entries, cpu_flags, touch
 
 logger = logging.getLogger(__name__)
 
@@ -127,15 +127,9 @@ class ExecutableCache:
 
     def _prune(self, keep: Path) -> None:
         """Removes the least recently used entries until the rest fit in max_bytes (`keep`, just stored, stays)."""
-        entries = []
-        for entry in self.directory.glob(f"*{_SUFFIX}"):
-            try:
-                stat = entry.stat()
-            except FileNotFoundError:  # another process removed it meanwhile
-                continue
-            entries.append((stat.st_mtime, stat.st_size, entry))
-        total = sum(size for _, size, _ in entries)
-        for _, size, entry in sorted(entries, key=lambda e: e[0]):
+        entries = cache_entries(self.directory, f"*{_SUFFIX}")
+        total = sum(size for _, size in entries)
+        for entry, size in entries:
             if total <= self.max_bytes:
                 break
             if entry != keep:
