@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 from jax.experimental.pallas import tpu as pltpu
 
 from jaxengine import SamplingParams
@@ -478,3 +479,101 @@ def test_native_first_argmax_refuses_other_shapes_and_dtypes():
         cpu.first_argmax(jnp.zeros((2, 3)), bias_ids=jnp.zeros((2, 1), jnp.int32))
     with pytest.raises(ValueError, match="banned"):
         cpu.first_argmax(jnp.zeros((2, 3)), banned=jnp.zeros((3, 1), jnp.int32))
+
+
+def sorted_cutoff(x, temperature, top_k, top_p, min_p):
+    """Each row's smallest kept scaled logit by the textbook procedure (numpy, float64 masses): scale, drop
+    below min_p times the largest probability, sort, keep ranks below top_k and ranks whose mass before them
+    (normalised over the top k) is below top_p; values equal to the last kept one stay."""
+    out = np.empty(len(x), np.float32)
+    for r, row in enumerate(x):
+        s = row / temperature[r]
+        e = np.exp(s.astype(np.float64) - s.max())
+        ordered = -np.sort(-np.where(e >= min_p[r], s, -np.inf))
+        k = min(top_k[r] if 0 < top_k[r] < len(row) else len(row), int(np.isfinite(ordered).sum()))
+        if top_p[r] < 1:
+            w = np.exp(ordered[:k].astype(np.float64) - ordered[0])
+            w /= w.sum()
+            k = int((np.cumsum(w) - w < top_p[r]).sum())
+        out[r] = ordered[k - 1]
+    return out
+
+
+@pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")
+@pytest.mark.parametrize("ties", [False, True])
+def test_native_sampler_cuts_where_a_sort_would(ties):
+    """The kernel finds top-k's and top-p's cutoff without sorting the row (a histogram of the values, then a
+    sort of the buckets where the cut falls): against a sort, exactly, over rows of 5000 to 5013 tokens with
+    min-p, top-k (beyond the kept count too), top-p and both, with many tied values or none; every drawn
+    token is at or above its row's cutoff."""
+    rng = np.random.default_rng(int(ties))
+    rows, vocab = 48, 5013
+    x = (rng.standard_normal((rows, vocab)) * rng.uniform(0.5, 8, (rows, 1))).astype(np.float32)
+    if ties:
+        x = np.round(x * 2) / 2
+    temperature = rng.uniform(0.3, 1.5, rows).astype(np.float32)
+    top_k = rng.choice([0, 1, 7, 300, 4000, vocab + 5], rows).astype(np.int32)
+    top_p = rng.choice([1.0, 0.3, 0.9, 0.999], rows).astype(np.float32)
+    min_p = rng.choice([0.0, 0.0, 0.02, 0.4], rows).astype(np.float32)
+    seeds, counters = np.arange(rows, dtype=np.uint32), np.zeros(rows, np.int32)
+    tokens, cutoff = map(np.asarray, jax.jit(cpu.sample)(x, temperature, top_k, top_p, min_p, seeds, counters))
+    np.testing.assert_array_equal(cutoff, sorted_cutoff(x, temperature, top_k, top_p, min_p))
+    assert np.all(x[np.arange(rows), tokens] / temperature >= cutoff)
+    assert len(set(cutoff.tolist())) > rows // 2, "the settings cut in many places"
+
+
+@pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")
+def test_native_sampler_rows_greedy_patched_and_seeded():
+    """Temperature 0 rows take the greedy argmax; the bias and bans apply before sampling; a row with a NaN
+    or nothing finite takes the greedy rule's token; a draw depends on its row's seed and counter only."""
+    rng = np.random.default_rng(3)
+    rows, vocab = 8, 300
+    x = rng.standard_normal((rows, vocab)).astype(np.float32)
+    x[5, 17] = np.nan
+    x[6] = -np.inf
+    temperature = np.array([0, 0, 1, 1, 1, 1, 1, 0.5], np.float32)
+    top_k = np.array([0, 0, 1, 0, 0, 0, 0, 0], np.int32)
+    bias_ids = np.full((rows, 2), vocab, np.int32)
+    bias_values = np.zeros((rows, 2), np.float32)
+    banned = np.full((rows, 2), vocab, np.int32)
+    bias_ids[1, 0], bias_values[1, 0] = 9, 50.0  # greedy after the bias: 9
+    bias_ids[2], bias_values[2] = [3, 4], [40.0, 41.0]  # top-1 after the bias: 4 ...
+    banned[2, 0] = 4  # ... then 4 banned: 3
+    bias_ids[3, 0], bias_values[3, 0] = 100, 60.0  # all but certain: 100
+    args = (np.ones(rows, np.float32), np.zeros(rows, np.float32), np.arange(rows, dtype=np.uint32),
+            np.zeros(rows, np.int32), bias_ids, bias_values, banned)
+    tokens, cutoff = map(np.asarray, jax.jit(cpu.sample)(x, temperature, top_k, args[0], *args[1:]))
+    assert tokens[0] == np.argmax(x[0]) and tokens[1] == 9 and tokens[2] == 3 and tokens[3] == 100
+    assert tokens[5] == 17 and tokens[6] == 0  # the first NaN; nothing finite: the first token
+    assert np.isnan(cutoff[[0, 1, 5, 6]]).all() and cutoff[2] == 40.0 + x[2, 3]
+
+    # Row 7 drawn with one seed and many counters, then many seeds at one counter: both spread over tokens
+    # as its distribution says, and the same (seed, counter) gives the same token.
+    draws = 4000
+    flat = np.broadcast_to(x[7], (draws, vocab))
+    one = np.ones(draws, np.float32)
+    sample = jax.jit(cpu.sample)
+    by_counter = np.asarray(sample(flat, one * 0.5, np.zeros(draws, np.int32), one, one * 0, np.full(draws, 7, np.uint32),
+                                   np.arange(draws, dtype=np.int32))[0])
+    by_seed = np.asarray(sample(flat, one * 0.5, np.zeros(draws, np.int32), one, one * 0,
+                                np.arange(draws, dtype=np.uint32), np.full(draws, 3, np.int32))[0])
+    again = np.asarray(sample(flat, one * 0.5, np.zeros(draws, np.int32), one, one * 0,
+                              np.arange(draws, dtype=np.uint32), np.full(draws, 3, np.int32))[0])
+    np.testing.assert_array_equal(by_seed, again)
+    p = np.exp((x[7].astype(np.float64) - x[7].max()) / 0.5)
+    p /= p.sum()
+    top = np.argsort(-p)[:20]  # the likeliest tokens, and the rest as one class
+    for drawn in (by_counter, by_seed):
+        observed = np.append(np.bincount(drawn, minlength=vocab)[top], draws - np.isin(drawn, top).sum())
+        expected = np.append(p[top], max(1 - p[top].sum(), 0.0)) * draws
+        assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+@pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")
+def test_native_sampler_refuses_other_shapes():
+    x = jnp.zeros((2, 5))
+    ones, zeros = jnp.ones(2), jnp.zeros(2)
+    with pytest.raises(ValueError, match="top_k must be"):
+        cpu.sample(x, ones, jnp.zeros(3, jnp.int32), ones, zeros, zeros, zeros)
+    with pytest.raises(ValueError, match="float32 x"):
+        cpu.sample(x.astype(jnp.bfloat16), ones, zeros, ones, zeros, zeros, zeros)

@@ -104,7 +104,7 @@ def first_argmax(logits: jax.Array) -> jax.Array:  # i32[R]
     [64, 32000], a greedy decode step's whole sampling). XLA:CPU's vectorised max skips NaNs in rows of a
     thousand or more (a third to a half of such rows came out as their largest number's index), so a row with
     a NaN takes its first NaN without asking max (+0.3 ms on that shape). Single-device CPU engines use the
-    native kernel instead (`native_argmax`), which keeps the same rule."""
+    native kernel instead (`native_sampler`), which keeps the same rule."""
     nan = jnp.isnan(logits)
     top = jnp.max(logits, axis=-1, keepdims=True)
     hit = jnp.where(jnp.any(nan, axis=-1, keepdims=True), nan, logits == top)
@@ -112,10 +112,11 @@ def first_argmax(logits: jax.Array) -> jax.Array:  # i32[R]
     return jnp.min(jnp.where(hit, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
 
 
-def native_argmax(mesh) -> bool:
-    """Whether the greedy argmax runs the native CPU kernel (pallas_kernels/cpu_sampling.cc: 0.17 vs 1.8 ms
-    for a decode step's [64, 32000] logits): the CPU backend, one device (the FFI call is not partitioned over
-    a mesh) and a library that builds."""
+def native_sampler(mesh) -> bool:
+    """Whether the sampler runs the native CPU kernels (pallas_kernels/cpu_sampling.cc): the greedy argmax
+    (0.17 vs 1.8 ms for a decode step's [64, 32000] logits) and the random draw with min-p, top-k and top-p
+    (a top-p step over [64, 49152] logits ~6 ms against XLA:CPU's sort's ~0.7 s). The CPU backend, one device
+    (the FFI calls are not partitioned over a mesh) and a library that builds."""
     if jax.default_backend() != "cpu" or mesh.devices.size > 1:
         return False
     from pallas_kernels import cpu
@@ -130,13 +131,16 @@ def sample(
     all_greedy: bool,
     native: bool = False,
 ) -> jax.Array:  # i32[R]
-    """`native`: the greedy tokens come from the native CPU argmax (`native_argmax`)."""
+    """`native`: the tokens come from the native CPU kernels (`native_sampler`): the same distribution, drawn
+    from another random stream than `jax.random`'s (a seed gives other tokens there than here)."""
     if native:
         from pallas_kernels import cpu
 
-        greedy = cpu.first_argmax(logits)
-    else:
-        greedy = first_argmax(logits)
+        if all_greedy:
+            return cpu.first_argmax(logits)
+        return cpu.sample(logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.min_p, inputs.seeds,
+                          inputs.counters)[0]
+    greedy = first_argmax(logits)
     if all_greedy:
         return greedy
     vocab = logits.shape[-1]
@@ -156,7 +160,7 @@ def sample(
         threshold = jnp.take_along_axis(ordered, jnp.sum(kept, axis=-1, keepdims=True) - 1, axis=-1)
         return jnp.where(scaled >= threshold, scaled, -jnp.inf)
 
-    # The sort runs only in steps where some row truncates: XLA:CPU sorts [64, 49152] logits in ~0.6 s.
+    # The sort runs only in steps where some row truncates (the native CPU sampler does not sort).
     truncates = jnp.any((temperature > 0) & (((inputs.top_k > 0) & (inputs.top_k < vocab)) | (inputs.top_p < 1.0)))
     truncated = jax.lax.cond(truncates, top_k_top_p, lambda scaled: scaled, scaled)
     keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(inputs.seeds, inputs.counters)
@@ -181,10 +185,14 @@ def sampling_step(logits: jax.Array, inputs: SamplingInputs, slot_state: SlotSta
                   num_logprobs: int, native: bool = False):
     """Returns (tokens i32[R], logprobs tuple or None, slot_state with the sampled tokens counted)."""
     full = variant == "full"
-    if variant == "greedy" and native:  # the native argmax applies the bias and bans itself (no logits copy)
+    if native and not full:  # the native kernels apply the bias and bans themselves (no copy of the logits)
         from pallas_kernels import cpu
 
-        return cpu.first_argmax(logits, inputs.bias_ids, inputs.bias_values, inputs.banned), None, slot_state
+        patches = (inputs.bias_ids, inputs.bias_values, inputs.banned)
+        if variant == "greedy":
+            return cpu.first_argmax(logits, *patches), None, slot_state
+        return cpu.sample(logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.min_p, inputs.seeds,
+                          inputs.counters, *patches)[0], None, slot_state
     processed = process_logits(logits, inputs, slot_state if full else None)
     tokens = sample(processed, inputs, all_greedy=variant == "greedy", native=native)
     if not full:

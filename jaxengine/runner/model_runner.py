@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from jaxengine.engine.request import Sequence, Status
 from jaxengine.engine.scheduler import ScheduledChunk
-from jaxengine.layers.sampler import (VARIANTS, SamplingInputs, SlotState, native_argmax, reset_slot, sampling_step,
+from jaxengine.layers.sampler import (VARIANTS, SamplingInputs, SlotState, native_sampler, reset_slot, sampling_step,
                                       token_logprobs)
 from jaxengine.parallel import multihost
 from jaxengine.parallel.sharding import named_sharding, replicated
@@ -87,7 +87,7 @@ class ModelRunner:
         self.hidden_size, self.dtype = model.cfg.hidden_size, model.dtype
         self.attention_body = model.attention_body(block_size)
         self._model_key = f"{graphdef!r}|{self.attention_body}"  # what the model programs close over
-        self._native_argmax = native_argmax(mesh)
+        self._native_sampler = native_sampler(mesh)
         self._cache = ExecutableCache(executable_cache, executable_cache_max_bytes) if executable_cache else None
         self.channel = channel
         self.replicated = replicated(mesh)
@@ -101,7 +101,7 @@ class ModelRunner:
         self._jitted = {
             "forward": jax.jit(functools.partial(_forward, graphdef, state_treedef, self.replicated),
                                donate_argnums=1, static_argnames=("packing",)),
-            "sample": jax.jit(functools.partial(_sample, self._native_argmax, max_num_seqs),
+            "sample": jax.jit(functools.partial(_sample, self._native_sampler, max_num_seqs),
                               static_argnames=("packing", "variant", "num_logprobs"), donate_argnums=1),
             "prompt": jax.jit(functools.partial(_prompt_logprobs, graphdef, state_treedef),
                               static_argnames=("packing", "num_logprobs")),
@@ -173,7 +173,7 @@ class ModelRunner:
                 self._compiled[key] = lower().compile()
             else:
                 closes_over = {"forward": self._model_key, "prompt": self._model_key,
-                               "sample": "|native argmax" * self._native_argmax}
+                               "sample": "|native sampler" * self._native_sampler}
                 name = f"{kind}{sorted(statics.items())}" + closes_over.get(kind, "")
                 self._compiled[key] = self._cache.get(name, signature(args), lower)
         return self._compiled[key]
