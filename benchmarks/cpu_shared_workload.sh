@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The shared CPU workload (see ../shared/peers/README.md): our engine, then vLLM's CPU build when
 # PEER_VENV is set, one after the other in the same run. One JSON line per measurement on stdout.
-#   MODELS=/tmp/peer-models PEER_VENV=/path/.venv-vllm RUNS=3 bash benchmarks/cpu_shared_workload.sh
+#   MODELS=/tmp/peer-models PEER_VENV=/path/.venv-vllm RUNS=3 [SAMPLED=1] bash benchmarks/cpu_shared_workload.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 peers="${PEERS:-$here/../../shared/peers}"
@@ -28,6 +28,17 @@ if [ -n "${PEER_VENV:-}" ]; then
     env "${peer_env[@]}" "$PEER_VENV/bin/python" "$peers/bench_vllm_offline.py" "$models/llama-135m" --runs "$runs"
 fi
 jaxengine bench latency "${engine[@]}" --batch-size 1 --num-iters 5
+
+# SAMPLED=1: offline throughput again with a chat-style draw (temperature 0.8, top-p 0.95, top-k 50), ours then
+# vLLM's (vllm_offline_sampled.py; the peers' script is greedy only).
+if [ -n "${SAMPLED:-}" ]; then
+    sampling=(--temperature 0.8 --top-p 0.95 --top-k 50)
+    jaxengine bench throughput "${engine[@]}" --runs "$runs" "${sampling[@]}"
+    if [ -n "${PEER_VENV:-}" ]; then
+        env "${peer_env[@]}" "$PEER_VENV/bin/python" "$here/vllm_offline_sampled.py" "$models/llama-135m" \
+            --peers "$peers" --runs "$runs" "${sampling[@]}"
+    fi
+fi
 
 # Serving at request rate inf: vLLM's own `bench serve` client against our server, then against vLLM. Prefix
 # caching off, as serve_bench.sh starts vLLM: every run sends the same prompts, and with the cache on all runs

@@ -61,6 +61,17 @@ def _dataset(args, vocab_size: int) -> list:
         return json.load(f)[: args.num_prompts]
 
 
+def _sampling(args) -> dict:
+    """The sampling flags (spelled as `vllm bench serve` spells them) that were given, as SamplingParams fields;
+    greedy (temperature 0) by default, as the shared workload. A bad value raises ValueError naming it."""
+    from jaxengine.sampling_params import SamplingParams
+
+    fields = {"temperature": args.temperature} | {name: getattr(args, name) for name in ("top_p", "top_k", "min_p")
+                                                  if getattr(args, name) is not None}
+    SamplingParams(**fields)
+    return fields
+
+
 def _offline_config(args):
     if args.enable_prefix_caching is None:
         args.enable_prefix_caching = False  # as the peer scripts: repeated runs must not skip prefill
@@ -75,8 +86,9 @@ def throughput(args) -> None:
     llm = LLM(config=config, progress=False)
     init_s = time.perf_counter() - start
     prompts = _dataset(args, llm.engine.model_config.vocab_size)
-    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
-    llm.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    sampling = _sampling(args)
+    params = SamplingParams(**sampling, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate(prompts[:4], SamplingParams(**sampling, max_tokens=8, ignore_eos=True), use_tqdm=False)
     compiles = compile_count()
     runs = []
     for _ in range(args.runs):
@@ -88,7 +100,8 @@ def throughput(args) -> None:
         runs.append((wall, generated, prompt_tokens))
     wall, generated, prompt_tokens = sorted(runs)[len(runs) // 2]
     _emit({"benchmark": "throughput", "num_prompts": len(prompts), "input_len": args.input_len,
-           "output_len": args.output_len, "init_s": round(init_s, 2), "wall_s": round(wall, 3),
+           "output_len": args.output_len, "sampling": sampling, "init_s": round(init_s, 2),
+           "wall_s": round(wall, 3),
            "requests_per_s": round(len(prompts) / wall, 3), "output_tok_s": round(generated / wall, 2),
            "total_tok_s": round((generated + prompt_tokens) / wall, 2),
            "runs_output_tok_s": [round(g / w, 2) for w, g, _ in runs],
@@ -101,23 +114,25 @@ def latency(args) -> None:
     config = _offline_config(args)
     llm = LLM(config=config, progress=False)
     prompts = random_prompts(llm.engine.model_config.vocab_size, args.batch_size, args.input_len, _dataset_seed(args))
+    sampling = _sampling(args)
 
     def timed(max_tokens):
         start = time.perf_counter()
-        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
+        llm.generate(prompts, SamplingParams(**sampling, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
         return time.perf_counter() - start
 
     timed(2)
     ttft = float(np.median([timed(1) for _ in range(args.num_iters)]))
     e2e = float(np.median([timed(args.output_len) for _ in range(max(2, args.num_iters // 2))]))
     _emit({"benchmark": "latency", "batch_size": args.batch_size, "input_len": args.input_len,
-           "output_len": args.output_len, "ttft_ms": round(ttft * 1e3, 2), "e2e_ms": round(e2e * 1e3, 2),
+           "output_len": args.output_len, "sampling": sampling, "ttft_ms": round(ttft * 1e3, 2),
+           "e2e_ms": round(e2e * 1e3, 2),
            "tpot_ms": round((e2e - ttft) / (args.output_len - 1) * 1e3, 3)} | _context(config), args.output_json)
 
 
-async def _one_request(client, url, model, prompt, output_len):
-    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+async def _one_request(client, url, model, prompt, output_len, sampling):
+    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}} | sampling
     start = time.perf_counter()
     stamps, tokens = [], 0
     async with client.stream("POST", url + "/v1/completions", json=body) as response:
@@ -135,7 +150,7 @@ async def _one_request(client, url, model, prompt, output_len):
             "itl": [b - a for a, b in zip(stamps, stamps[1:])]}
 
 
-async def _serve_load(args, prompts, model):
+async def _serve_load(args, prompts, model, sampling):
     import httpx
 
     limit = asyncio.Semaphore(args.max_concurrency or len(prompts))
@@ -144,7 +159,7 @@ async def _serve_load(args, prompts, model):
     async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None)) as client:
         async def guarded(prompt):
             async with limit:
-                return await _one_request(client, args.base_url, model, prompt, args.output_len)
+                return await _one_request(client, args.base_url, model, prompt, args.output_len, sampling)
 
         tasks = []
         start = time.perf_counter()
@@ -165,15 +180,17 @@ def _stats(name: str, values_s: list[float]) -> dict:
 def serve(args) -> None:
     import httpx
 
+    sampling = _sampling(args)
     models = httpx.get(args.base_url + "/v1/models", timeout=30).json()["data"]
     model = args.model or models[0]["id"]
     vocab = args.vocab_size or _vocab_from_tokenize(args.base_url)
     prompts = random_prompts(vocab, args.num_prompts, args.input_len, args.seed)
-    results, wall = asyncio.run(_serve_load(args, prompts, model))
+    results, wall = asyncio.run(_serve_load(args, prompts, model, sampling))
     out_tokens = sum(r["tokens"] for r in results)
     tpots = [(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for r in results if r["tokens"] > 1]
     result = {"benchmark": "serve", "base_url": args.base_url, "model": model, "num_prompts": len(prompts),
-              "input_len": args.input_len, "output_len": args.output_len, "request_rate": args.request_rate,
+              "input_len": args.input_len, "output_len": args.output_len, "sampling": sampling,
+              "request_rate": args.request_rate,
               "max_concurrency": args.max_concurrency, "duration_s": round(wall, 3),
               "request_throughput": round(len(prompts) / wall, 3), "output_throughput": round(out_tokens / wall, 2),
               "total_output_tokens": out_tokens}
@@ -235,6 +252,13 @@ def startup(args, engine_argv: list[str]) -> None:
            "warm_runs_s": [round(w, 2) for w in warm], "engine_args": engine_argv} | _context(), args.output_json)
 
 
+def _add_sampling_flags(p) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the shared workload)")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+
+
 def add_bench_parser(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks (throughput, latency, serve, startup); one JSON line each")
     kinds = bench.add_subparsers(dest="bench", required=True)
@@ -250,6 +274,7 @@ def add_bench_parser(sub) -> None:
         p.add_argument("--num-iters", type=int, default=5)
         p.add_argument("--runs", type=int, default=3)
         p.add_argument("--output-json", default=None)
+        _add_sampling_flags(p)
         p.set_defaults(run=run)
     p = kinds.add_parser("serve", help="a client for any OpenAI-compatible server")
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
@@ -263,6 +288,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--vocab-size", type=int, default=None, help="for random ids (default: asked from the server)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-json", default=None)
+    _add_sampling_flags(p)
     p.set_defaults(run=serve)
     p = kinds.add_parser("startup", help="process start to ready, cold and warm compilation cache; "
                                           "other arguments go to `jaxengine serve`")

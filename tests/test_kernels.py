@@ -553,8 +553,8 @@ def test_native_sampler_rows_greedy_patched_and_seeded():
     flat = np.broadcast_to(x[7], (draws, vocab))
     one = np.ones(draws, np.float32)
     sample = jax.jit(cpu.sample)
-    by_counter = np.asarray(sample(flat, one * 0.5, np.zeros(draws, np.int32), one, one * 0, np.full(draws, 7, np.uint32),
-                                   np.arange(draws, dtype=np.int32))[0])
+    by_counter = np.asarray(sample(flat, one * 0.5, np.zeros(draws, np.int32), one, one * 0,
+                                   np.full(draws, 7, np.uint32), np.arange(draws, dtype=np.int32))[0])
     by_seed = np.asarray(sample(flat, one * 0.5, np.zeros(draws, np.int32), one, one * 0,
                                 np.arange(draws, dtype=np.uint32), np.full(draws, 3, np.int32))[0])
     again = np.asarray(sample(flat, one * 0.5, np.zeros(draws, np.int32), one, one * 0,
