@@ -1,6 +1,6 @@
 """Native CPU kernels, XLA FFI custom calls: the ragged paged attention (`cpu_attention.cc`), a float32 x
 bfloat16 matmul (`cpu_matmul.cc`, with a layer's RMSNorm applied to its input rows, and a residual added to its
-output or the gated MLP's activation applied to it), the sampler's argmax and random draw (`cpu_sampling.cc`) and a
+output or the gated MLP's activation applied to it), the sampler's argmax, random draw and logprobs (`cpu_sampling.cc`) and a
 fusion barrier.
 
 XLA:CPU runs the reference attention's gathers and many tiny batched dots far from memory bandwidth; the
@@ -39,6 +39,7 @@ _ROPE_WRITE_TARGET = "jaxengine_cpu_rope_write_kv"
 _BARRIER_TARGET = "jaxengine_cpu_fusion_barrier"
 _ARGMAX_TARGET = "jaxengine_cpu_first_argmax"
 _SAMPLE_TARGET = "jaxengine_cpu_sample"
+_LOGPROBS_TARGET = "jaxengine_cpu_token_logprobs"
 
 
 def cpu_flags() -> str:
@@ -86,6 +87,7 @@ def _library() -> ctypes.CDLL:
     jax.ffi.register_ffi_target(_BARRIER_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuFusionBarrier), platform="cpu")
     jax.ffi.register_ffi_target(_ARGMAX_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuFirstArgmax), platform="cpu")
     jax.ffi.register_ffi_target(_SAMPLE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuSample), platform="cpu")
+    jax.ffi.register_ffi_target(_LOGPROBS_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuTokenLogprobs), platform="cpu")
     return lib
 
 
@@ -320,6 +322,24 @@ def sample(x, temperature, top_k, top_p, min_p, seeds, counters, bias_ids=None, 
     _library()
     out = (jax.ShapeDtypeStruct((rows,), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.float32))
     return jax.ffi.ffi_call(_SAMPLE_TARGET, out)(x, *params, *patches)
+
+
+def token_logprobs(x, tokens, num_top: int):
+    """`layers.sampler.token_logprobs` of float32 x [R, V] and tokens i32[R]: (top ids i32[R, num_top], top
+    logprobs f32[R, num_top], the token's logprob f32[R], its rank i32[R]), log_softmax computed as
+    jax.nn.log_softmax does, the top ones in lax.top_k's order (ties: the lower id first). A token outside
+    [0, V) has a NaN logprob and rank 1."""
+    if x.ndim != 2 or x.dtype != jnp.float32:
+        raise ValueError(f"token_logprobs needs float32 x [R, V], got {x.dtype} {x.shape}")
+    rows, vocab = x.shape
+    if not 0 <= num_top <= vocab:
+        raise ValueError(f"token_logprobs' num_top must be in [0, {vocab}], got {num_top}")
+    if jnp.shape(tokens) != (rows,):
+        raise ValueError(f"token_logprobs' tokens must be [{rows}], got {jnp.shape(tokens)}")
+    _library()
+    out = (jax.ShapeDtypeStruct((rows, num_top), jnp.int32), jax.ShapeDtypeStruct((rows, num_top), jnp.float32),
+           jax.ShapeDtypeStruct((rows,), jnp.float32), jax.ShapeDtypeStruct((rows,), jnp.int32))
+    return jax.ffi.ffi_call(_LOGPROBS_TARGET, out)(x, jnp.asarray(tokens, jnp.int32))
 
 
 def supports(q_dtype, kv_dtype) -> bool:

@@ -570,6 +570,34 @@ def test_native_sampler_rows_greedy_patched_and_seeded():
 
 
 @pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")
+@pytest.mark.parametrize("vocab,num_top", [(37, 37), (1000, 5), (4099, 20), (300, 0)])
+def test_native_token_logprobs_match_xla(vocab, num_top):
+    """Against the sampler's XLA token_logprobs: the same top ids in lax.top_k's order (ties: the lower id
+    first, rows of many ties), logprobs within float32 rounding, the rank as an exact count of larger logits
+    (float64); a row with -inf logits, a token that is its row's maximum, a token outside the vocabulary."""
+    from jaxengine.layers.sampler import token_logprobs
+
+    rng = np.random.default_rng(vocab)
+    rows = 24
+    x = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
+    x[0] = np.round(x[0])  # many ties
+    x[1, 3:] = -np.inf
+    x[2, : vocab // 2] = 1.5
+    tokens = rng.integers(0, vocab, rows).astype(np.int32)
+    tokens[3] = int(np.argmax(x[3]))
+    tokens[4] = vocab
+    want = [np.asarray(a) for a in jax.jit(lambda x, t: token_logprobs(x, t, num_top))(x, tokens)]
+    ids, top, chosen, rank = map(np.asarray, jax.jit(lambda x, t: cpu.token_logprobs(x, t, num_top))(x, tokens))
+    np.testing.assert_array_equal(ids, want[0])
+    np.testing.assert_allclose(top, want[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(chosen[np.arange(rows) != 4], want[2][np.arange(rows) != 4], rtol=1e-5, atol=1e-5)
+    own = x[np.arange(rows), np.minimum(tokens, vocab - 1)]
+    exact = (x.astype(np.float64) > own[:, None].astype(np.float64)).sum(axis=1) + 1
+    np.testing.assert_array_equal(rank[np.arange(rows) != 4], exact[np.arange(rows) != 4])
+    assert rank[3] == 1 and np.isnan(chosen[4]) and rank[4] == 1
+
+
+@pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")
 def test_native_sampler_refuses_other_shapes():
     x = jnp.zeros((2, 5))
     ones, zeros = jnp.ones(2), jnp.zeros(2)
@@ -577,3 +605,7 @@ def test_native_sampler_refuses_other_shapes():
         cpu.sample(x, ones, jnp.zeros(3, jnp.int32), ones, zeros, zeros, zeros)
     with pytest.raises(ValueError, match="float32 x"):
         cpu.sample(x.astype(jnp.bfloat16), ones, zeros, ones, zeros, zeros, zeros)
+    with pytest.raises(ValueError, match="num_top"):
+        cpu.token_logprobs(x, jnp.zeros(2, jnp.int32), 6)  # more than the vocabulary
+    with pytest.raises(ValueError, match="tokens"):
+        cpu.token_logprobs(x, jnp.zeros(3, jnp.int32), 2)

@@ -64,13 +64,13 @@ def _sample(native, max_rows, logits, slot_state, sampling_ints, sampling_floats
     return jnp.pad(tokens, (0, max_rows - tokens.shape[0])), logprobs, slot_state
 
 
-def _prompt_logprobs(graphdef, state_treedef, state_leaves, hidden, batch_ints, *, packing: Packing,
+def _prompt_logprobs(graphdef, state_treedef, native, state_leaves, hidden, batch_ints, *, packing: Packing,
                      num_logprobs: int):
     """`prompt_logprobs` of every flat position. hidden: [T, hidden] from the forward program; the packed
     batch's prompt_targets: i32[T], the token that follows each position."""
     _, prompt_targets, _ = packing.unpack(batch_ints)
     model = nnx.merge(graphdef, jax.tree.unflatten(state_treedef, state_leaves))
-    return token_logprobs(model.logits(hidden), prompt_targets, num_logprobs)
+    return token_logprobs(model.logits(hidden), prompt_targets, num_logprobs, native=native)
 
 
 class ModelRunner:
@@ -103,7 +103,7 @@ class ModelRunner:
                                donate_argnums=1, static_argnames=("packing",)),
             "sample": jax.jit(functools.partial(_sample, self._native_sampler, max_num_seqs),
                               static_argnames=("packing", "variant", "num_logprobs"), donate_argnums=1),
-            "prompt": jax.jit(functools.partial(_prompt_logprobs, graphdef, state_treedef),
+            "prompt": jax.jit(functools.partial(_prompt_logprobs, graphdef, state_treedef, self._native_sampler),
                               static_argnames=("packing", "num_logprobs")),
             "reset": jax.jit(reset_slot, donate_argnums=0),
         }
@@ -172,8 +172,8 @@ class ModelRunner:
             if self._cache is None:
                 self._compiled[key] = lower().compile()
             else:
-                closes_over = {"forward": self._model_key, "prompt": self._model_key,
-                               "sample": "|native sampler" * self._native_sampler}
+                native = "|native sampler" * self._native_sampler
+                closes_over = {"forward": self._model_key, "prompt": self._model_key + native, "sample": native}
                 name = f"{kind}{sorted(statics.items())}" + closes_over.get(kind, "")
                 self._compiled[key] = self._cache.get(name, signature(args), lower)
         return self._compiled[key]
