@@ -14,14 +14,16 @@
 // sample: the random draw of sampler.sample (temperature, min-p, top-k, top-p) on the same patched rows. XLA:CPU
 // sorted [64, 49152] logits in ~0.6 s to find top-k's and top-p's cutoff and drew with jax.random's Gumbel
 // noise in ~60 ms; here a histogram of each row's values finds the cutoff (a sort of the one or two buckets
-// where it falls settles it exactly), and one uniform number per row, from its seed and counter, picks the
-// token by inverse transform: ~1.5 ms for a temperature-only step, ~4 ms with top-p.
+// where it falls settles it exactly; a top-k of at most 1024 takes its k largest during the scaling pass
+// instead), and one uniform number per row, from its seed and counter, picks the token by inverse transform:
+// ~1.5 ms for a temperature-only 64-row step, ~2.6 ms with top-k 50 (and top-p), ~4.5 ms with top-p alone.
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -188,6 +190,9 @@ inline double uniform(uint32_t seed, int32_t counter) {
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
+// exp16 of one value: the weights the draw computes 16 at a time, where a decision must agree with the draw's.
+inline float exp1(float x) { return exp16(splat(x))[0]; }
+
 struct Candidate {
   float value, weight;
 };
@@ -201,8 +206,9 @@ struct SampleShared : Rows {
   std::atomic<int64_t> next{0}, done{0};
 
   // Bucket b's (value, weight) pairs, the largest value first (`into` sized for them, branch-free).
-  static void gather(const float* s, const float* e, const uint16_t* bucket, int64_t n, int64_t b, int64_t size,
-                     std::vector<Candidate>& into) {
+  // Out of line, as truncation_cutoff: inlined into sample_row, their loops ran short of registers.
+  __attribute__((noinline)) static void gather(const float* s, const float* e, const uint16_t* bucket, int64_t n,
+                                               int64_t b, int64_t size, std::vector<Candidate>& into) {
     into.resize(size + 1);
     Candidate* c = into.data();
     int64_t m = 0;
@@ -219,8 +225,8 @@ struct SampleShared : Rows {
   // k, and ranks whose top-k-normalised mass before them is below p (the first always); every value equal to
   // the cutoff is kept too. -inf where nothing is cut. The ranks are found through a histogram of the values
   // (count and mass per bucket) and a sort of the one or two buckets where the cut falls.
-  static float truncation_cutoff(const float* s, const float* e, const uint16_t* bucket, int64_t n, int64_t k,
-                                 int64_t finite, float p) {
+  __attribute__((noinline)) static float truncation_cutoff(const float* s, const float* e, const uint16_t* bucket,
+                                                          int64_t n, int64_t k, int64_t finite, float p) {
     // Four interleaved histograms: consecutive tokens often share a bucket, and one histogram's increments
     // would wait on each other. Their strides are not multiples of 4 KiB: a load whose address matches an
     // earlier store's low 12 bits waits on it (4K aliasing), which tokens of one bucket hit in every way
@@ -301,131 +307,231 @@ struct SampleShared : Rows {
     return kNegInf;  // the mass before every rank stayed below p: nothing is cut
   }
 
+  // Top-k (then min-p and top-p) from the k largest values alone, for rows with a top_k of at most
+  // kSelectMax: `picked` holds the k largest of s (the multiset; found during the scaling pass), and the cutoff
+  // comes from them sorted, with no pass over the row's weights. The same cutoff as truncation_cutoff's.
+  static float top_k_cutoff(std::vector<float>& picked, int64_t k, float smax, float mp, float p) {
+    if (static_cast<int64_t>(picked.size()) > k) {
+      std::nth_element(picked.begin(), picked.begin() + (k - 1), picked.end(), std::greater<float>());
+      picked.resize(k);
+    }
+    std::sort(picked.begin(), picked.end(), std::greater<float>());
+    thread_local std::vector<float> weights;
+    weights.clear();
+    for (const float v : picked) {  // min-p drops the smallest: a suffix
+      const float w = exp1(v - smax);
+      if (w < mp) break;
+      weights.push_back(w);
+    }
+    const int64_t kept = static_cast<int64_t>(weights.size());  // >= 1: the maximum's weight is 1
+    if (!(p < 1.0f)) return picked[kept - 1];
+    double total = 0.0;
+    for (const float w : weights) total += w;
+    const double target = static_cast<double>(p) * total;
+    double before = 0.0;
+    int64_t j = 0;
+    for (; j < kept && before < target; ++j) before += weights[j];
+    return picked[j - 1];
+  }
+
+  static constexpr int64_t kSelectMax = 1024;
+
+  // s = x / t, its maximum and whether it holds a NaN; with Select, the k largest of s as well in `picked`
+  // (values above the k-th largest so far are kept, cut down to the k largest whenever 2k are held).
+  template <bool Select>
+  static void scale(const float* x, float t, float* s, int64_t n, int64_t k, std::vector<float>& picked,
+                    float& smax, bool& any_nan) {
+    picked.clear();
+    float floor = kNegInf;
+    auto pick = [&](float v) {
+      if (!(v > floor)) return;
+      picked.push_back(v);
+      if (static_cast<int64_t>(picked.size()) >= 2 * k) {
+        std::nth_element(picked.begin(), picked.begin() + (k - 1), picked.end(), std::greater<float>());
+        picked.resize(k);
+        floor = picked[k - 1];  // the k-th largest so far: ranks below k stay among the held
+      }
+    };
+    v16 top = splat(kNegInf);
+    i32x16 nan = {};
+    const v16 tv = splat(t);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      v16 v;
+      __builtin_memcpy(&v, x + i, sizeof(v));
+      v /= tv;
+      nan |= v != v;
+      top = v > top ? v : top;
+      __builtin_memcpy(s + i, &v, sizeof(v));
+      if constexpr (Select) {
+        const i32x16 above = v > splat(floor);
+        bool any = false;
+        for (int j = 0; j < 16; ++j) any |= above[j] != 0;
+        if (any)
+          for (int j = 0; j < 16; ++j) pick(v[j]);
+      }
+    }
+    smax = kNegInf;
+    any_nan = false;
+    for (int j = 0; j < 16; ++j) smax = std::max(smax, top[j]), any_nan |= nan[j] != 0;
+    for (; i < n; ++i) {
+      s[i] = x[i] / t;
+      any_nan |= std::isnan(s[i]);
+      smax = std::max(smax, s[i]);
+      if constexpr (Select) pick(s[i]);
+    }
+  }
+
+
   int32_t sample_row(int64_t r, float* row_cutoff) const {
     const float* x_r = row(r);
     const float t = temperature[r];
     *row_cutoff = std::numeric_limits<float>::quiet_NaN();
     if (!(t > 0.0f)) return first_argmax(x_r, cols);
-    thread_local std::vector<float> scaled, weight;
-    thread_local std::vector<uint16_t> buckets;
-    scaled.resize(cols);
-    weight.resize(cols);
-    buckets.resize(cols);
-    uint16_t* bucket = buckets.data();
-    float* s = scaled.data();
-    float* e = weight.data();
-    // s = x / t, its maximum, and whether it holds a NaN.
-    v16 top = splat(kNegInf);
-    i32x16 nan = {};
-    const v16 tv = splat(t);
-    int64_t i = 0;
-    for (; i + 16 <= cols; i += 16) {
-      v16 v;
-      __builtin_memcpy(&v, x_r + i, sizeof(v));
-      v /= tv;
-      nan |= v != v;
-      top = v > top ? v : top;
-      __builtin_memcpy(s + i, &v, sizeof(v));
-    }
-    float smax = kNegInf;
-    bool any_nan = false;
-    for (int j = 0; j < 16; ++j) smax = std::max(smax, top[j]), any_nan |= nan[j] != 0;
-    for (; i < cols; ++i) {
-      s[i] = x_r[i] / t;
-      any_nan |= std::isnan(s[i]);
-      smax = std::max(smax, s[i]);
-    }
-    // No distribution to draw from (a NaN, nothing finite, an infinite logit): the greedy rule's token.
-    if (any_nan || !std::isfinite(smax)) return first_argmax(x_r, cols);
-    // e = exp(s - max); min-p drops the tokens whose probability is below min_p times the largest.
     const float mp = min_p[r];
     const int64_t k = top_k[r] > 0 && top_k[r] < cols ? top_k[r] : cols;
     const float p = top_p[r];
-    const bool truncates = k < cols || p < 1.0f;
-    const v16 mv = splat(mp), sm = splat(smax), inf = splat(kNegInf);
-    i32x16 kept_lanes = {};
-    for (i = 0; i + 16 <= cols; i += 16) {
-      v16 v;
-      __builtin_memcpy(&v, s + i, sizeof(v));
-      const v16 w = exp16(v - sm);
-      const i32x16 drop = (v == inf) | (w < mv);
-      const v16 wv = drop ? v16{} : w, sv = drop ? inf : v;
-      kept_lanes += drop + 1;
-      __builtin_memcpy(e + i, &wv, sizeof(wv));
-      __builtin_memcpy(s + i, &sv, sizeof(sv));
-      if (truncates) {
-        u32x16 bits;
-        __builtin_memcpy(&bits, &sv, sizeof(bits));
-        bits = bits == 0x80000000u ? u32x16{} : bits;  // -0 as +0
-        bits = (bits & 0x80000000u) != 0 ? ~bits : (bits | 0x80000000u);
-        const u16x16 b16 = __builtin_convertvector(bits >> kBucketShift, u16x16);
-        __builtin_memcpy(bucket + i, &b16, sizeof(b16));
-      }
-    }
-    int64_t finite = 0;
-    for (int j = 0; j < 16; ++j) finite += kept_lanes[j];
-    for (; i < cols; ++i) {
-      const float w = exp_nonpositive(s[i] - smax);
-      if (s[i] == kNegInf || w < mp) {
-        s[i] = kNegInf;
-        e[i] = 0.0f;
-      } else {
-        e[i] = w;
-        ++finite;
-      }
-      bucket[i] = static_cast<uint16_t>(order_key(s[i]) >> kBucketShift);
-    }
+    const bool select = k <= kSelectMax;  // top-k from the k largest (top_k_cutoff)
+    thread_local std::vector<float> scaled, weight, picked;
+    thread_local std::vector<uint16_t> buckets;
+    scaled.resize(cols);
+    float* s = scaled.data();
+    float smax;
+    bool any_nan;
+    if (select) scale<true>(x_r, t, s, cols, k, picked, smax, any_nan);
+    else scale<false>(x_r, t, s, cols, k, picked, smax, any_nan);
+    // No distribution to draw from (a NaN, nothing finite, an infinite logit): the greedy rule's token.
+    if (any_nan || !std::isfinite(smax)) return first_argmax(x_r, cols);
     float cut = kNegInf;
-    if (k < finite || p < 1.0f) cut = truncation_cutoff(s, e, bucket, cols, std::min(k, finite), finite, p);
-    // The draw: inverse transform over the kept weights in token order, through sums of 16 tokens.
+    if (select) {
+      cut = top_k_cutoff(picked, k, smax, mp, p);
+    } else {
+      // e = exp(s - max); min-p drops the tokens whose probability is below min_p times the largest (s = -inf);
+      // with top-p (or a top-k above kSelectMax), each kept value's histogram bucket.
+      const bool truncates = k < cols || p < 1.0f;
+      weight.resize(cols);
+      buckets.resize(cols);
+      float* e = weight.data();
+      uint16_t* bucket = buckets.data();
+      const v16 mv = splat(mp), sm = splat(smax), inf = splat(kNegInf);
+      i32x16 kept_lanes = {};
+      int64_t i = 0;
+      for (; i + 16 <= cols; i += 16) {
+        v16 v;
+        __builtin_memcpy(&v, s + i, sizeof(v));
+        const v16 w = exp16(v - sm);
+        const i32x16 drop = (v == inf) | (w < mv);
+        const v16 wv = drop ? v16{} : w, sv = drop ? inf : v;
+        kept_lanes += drop + 1;
+        __builtin_memcpy(e + i, &wv, sizeof(wv));
+        __builtin_memcpy(s + i, &sv, sizeof(sv));
+        if (truncates) {
+          u32x16 bits;
+          __builtin_memcpy(&bits, &sv, sizeof(bits));
+          bits = bits == 0x80000000u ? u32x16{} : bits;  // -0 as +0
+          bits = (bits & 0x80000000u) != 0 ? ~bits : (bits | 0x80000000u);
+          const u16x16 b16 = __builtin_convertvector(bits >> kBucketShift, u16x16);
+          __builtin_memcpy(bucket + i, &b16, sizeof(b16));
+        }
+      }
+      int64_t finite = 0;
+      for (int j = 0; j < 16; ++j) finite += kept_lanes[j];
+      for (; i < cols; ++i) {
+        const float w = exp1(s[i] - smax);
+        if (s[i] == kNegInf || w < mp) {
+          s[i] = kNegInf;
+          e[i] = 0.0f;
+        } else {
+          e[i] = w;
+          ++finite;
+        }
+        bucket[i] = static_cast<uint16_t>(order_key(s[i]) >> kBucketShift);
+      }
+      if (k < finite || p < 1.0f) cut = truncation_cutoff(s, e, bucket, cols, std::min(k, finite), finite, p);
+    }
+    return draw(s, select ? nullptr : weight.data(), smax, cut, mp, uniform(seeds[r], counters[r]), row_cutoff);
+  }
+
+  // Block b (tokens 16b..16b+15) of the draw: the weights w (0 where dropped) and kept values v (+inf
+  // elsewhere); false where it keeps nothing (no exp then). A partial last block is padded with -inf.
+  __attribute__((always_inline)) static inline bool block_weights(const float* s, const float* e, int64_t n,
+                                                                  int64_t b, float smax, float cut, float mp, v16& w,
+                                                                  v16& v) {
+    const v16 inf = splat(kNegInf);
+    const int64_t first = b * 16;
+    if (first + 16 <= n) {
+      __builtin_memcpy(&v, s + first, sizeof(v));
+    } else {
+      v = inf;
+      for (int64_t j = first; j < n; ++j) v[j - first] = s[j];
+    }
+    i32x16 keep = (v >= splat(cut)) & (v != inf);
+    v16 x = {};
+    if (e != nullptr) {
+      if (first + 16 <= n) __builtin_memcpy(&x, e + first, sizeof(x));
+      else for (int64_t j = first; j < n; ++j) x[j - first] = e[j];
+    } else {
+      bool any = false;
+      for (int j = 0; j < 16; ++j) any |= keep[j] != 0;
+      if (!any) return false;
+      x = exp16(v - splat(smax));
+      keep &= x >= splat(mp);
+    }
+    w = keep ? x : v16{};
+    v = keep ? v : splat(std::numeric_limits<float>::infinity());
+    return true;
+  }
+
+  // The token drawn by inverse transform at u in [0, 1) over the weights w = exp(s - smax) of the tokens with
+  // s >= cut, s > -inf and w >= mp (min-p), in token order, through sums of 16 tokens; `e`, where given, holds
+  // the weights already (min-p applied as s = -inf), and where not, a block with no kept token costs no exp.
+  // *row_cutoff = the smallest kept value.
+  int32_t draw(const float* s, const float* e, float smax, float cut, float mp, double u, float* row_cutoff) const {
     thread_local std::vector<float> block;
     const int64_t blocks = (cols + 15) / 16;
     block.resize(blocks);
-    const v16 cv = splat(cut);
-    float smallest = std::numeric_limits<float>::infinity();
-    v16 low = splat(smallest);
+    const v16 none = splat(std::numeric_limits<float>::infinity());
+    auto weights = [&](int64_t b, v16& w, v16& v) { return block_weights(s, e, cols, b, smax, cut, mp, w, v); };
+    v16 low = none;
     double sum = 0.0;
-    for (i = 0; i + 16 <= cols; i += 16) {
-      v16 v, w;
-      __builtin_memcpy(&v, s + i, sizeof(v));
-      __builtin_memcpy(&w, e + i, sizeof(w));
-      const i32x16 keep = (v >= cv) & (w > v16{});
-      w = keep ? w : v16{};
-      low = keep ? (v < low ? v : low) : low;
-      float b = 0.0f;
-      for (int j = 0; j < 16; ++j) b += w[j];
-      block[i / 16] = b;
-      sum += b;
-    }
-    for (int j = 0; j < 16; ++j) smallest = std::min(smallest, low[j]);
-    if (i < cols) {
-      float b = 0.0f;
-      for (int64_t j = i; j < cols; ++j)
-        if (s[j] >= cut && e[j] > 0.0f) b += e[j], smallest = std::min(smallest, s[j]);
-      block[i / 16] = b;
-      sum += b;
-    }
-    *row_cutoff = smallest;
-    const double target = uniform(seeds[r], counters[r]) * sum;
-    double before = 0.0;
+    int64_t last_block = -1;
     for (int64_t b = 0; b < blocks; ++b) {
-      if (block[b] == 0.0f) continue;
-      if (before + block[b] <= target) {
-        before += block[b];
-        continue;
+      v16 w, v;
+      float total = 0.0f;
+      if (weights(b, w, v)) {
+        for (int j = 0; j < 16; ++j) total += w[j];
+        low = v < low ? v : low;
       }
-      int64_t last = -1;
-      for (int64_t j = b * 16; j < std::min(cols, b * 16 + 16); ++j) {
-        if (!(s[j] >= cut && e[j] > 0.0f)) continue;
-        last = j;
-        before += e[j];
-        if (before > target) return static_cast<int32_t>(j);
-      }
-      return static_cast<int32_t>(last);  // the block's own sum rounded differently: its last kept token
+      block[b] = total;
+      sum += total;
+      if (total > 0.0f) last_block = b;
     }
-    for (int64_t j = cols - 1; j >= 0; --j)  // u * sum rounded up to the sum: the last kept token
-      if (s[j] >= cut && e[j] > 0.0f) return static_cast<int32_t>(j);
-    return first_argmax(x_r, cols);  // unreachable: the maximum is always kept
+    float smallest = none[0];
+    for (int j = 0; j < 16; ++j) smallest = std::min(smallest, low[j]);
+    *row_cutoff = smallest;
+    const double target = u * sum;
+    double before = 0.0;
+    int64_t b = 0;
+    for (; b < blocks; ++b) {
+      if (block[b] == 0.0f) continue;
+      if (before + block[b] > target) break;
+      before += block[b];
+    }
+    v16 w, v;
+    if (b < blocks) {  // the block's tokens one at a time
+      weights(b, w, v);
+      for (int j = 0; j < 16; ++j) {
+        if (!(w[j] > 0.0f)) continue;
+        before += w[j];
+        if (before > target) return static_cast<int32_t>(b * 16 + j);
+      }
+    } else {
+      b = last_block;  // u * sum rounded up to the sum
+      weights(b, w, v);
+    }
+    for (int j = 15; j >= 0; --j)  // rounding: the block's last kept token
+      if (w[j] > 0.0f) return static_cast<int32_t>(b * 16 + j);
+    return 0;  // unreachable: the maximum is always kept
   }
 
   void work() {
@@ -465,9 +571,10 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
 // sampler.token_logprobs per row of x [R, V]: log_softmax as jax.nn.log_softmax computes it ((x - max) - log of
 // the sum of exp(x - max)), its `k` largest (ties: the lower id first, as lax.top_k), the logprob of the row's
 // token and that token's rank (1 + how many tokens have a larger logit: rounding can make two logprobs equal
-// whose logits are not, and XLA's count then depends on how it fused the subtraction). XLA:CPU took ~11 ms for [64, 49152] and
-// ~175 ms for a 512-token prefill's prompt logprobs; here one pass finds the maximum, one the sum, and one the
-// top k (a vector compare against the k-th so far, the rare larger ones inserted one at a time) and the rank.
+// whose logits are not, and XLA's count then depends on how it fused the subtraction). XLA:CPU took ~11 ms for
+// [64, 49152] and ~175 ms for a 512-token prefill's prompt logprobs; here one pass finds the maximum, one the
+// sum, and one the top k (a vector compare against the k-th so far, the rare larger ones inserted one at a time)
+// and the rank.
 struct LogprobsShared {
   const float* x;
   const int32_t* tokens;

@@ -43,8 +43,8 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
-// exp_nonpositive on 16 lanes.
-inline v16 exp16(v16 x) {
+// exp_nonpositive on 16 lanes; always inlined (a call would pass the lanes through memory).
+__attribute__((always_inline)) inline v16 exp16(v16 x) {
   x = x < splat(-87.0f) ? splat(-87.0f) : x;
   const v16 y = x * 1.44269504088896341f + 0.5f;
   v16 n = __builtin_convertvector(__builtin_convertvector(y, i32x16), v16);  // truncation, then floor:
