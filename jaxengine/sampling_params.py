@@ -2,6 +2,10 @@
 
 import dataclasses
 import enum
+import math
+
+FLOAT32_MAX = 3.4028234663852886e38  # the device holds temperature and repetition_penalty as float32
+INT32_MAX = 2**31 - 1
 
 
 class RequestOutputKind(enum.Enum):
@@ -40,8 +44,8 @@ class SamplingParams:
     def __post_init__(self):
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature <= FLOAT32_MAX:  # NaN fails too
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p <= 1:
@@ -60,13 +64,15 @@ class SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         if self.logit_bias:  # clamped to [-100, 100] as in vLLM and the OpenAI API
+            if any(math.isnan(float(b)) for b in self.logit_bias.values()):
+                raise ValueError("logit_bias values must be numbers, got NaN")
             self.logit_bias = {int(t): max(-100.0, min(100.0, float(b))) for t, b in self.logit_bias.items()}
         self.bad_words = list(self.bad_words or [])
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0 < self.repetition_penalty <= FLOAT32_MAX:
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]
             if not self.allowed_token_ids:
@@ -75,6 +81,7 @@ class SamplingParams:
             self.top_k = 0
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be -1, 0 (off) or a positive integer, got {self.top_k!r}")
+        self.top_k = min(self.top_k, INT32_MAX)  # the device's int32; a top_k of the vocabulary or more keeps all
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.seed is not None and not isinstance(self.seed, int):

@@ -73,11 +73,23 @@ def test_stop_token_ids_and_eos(engines):
     (dict(repetition_penalty=0), "repetition_penalty"), (dict(presence_penalty=2.5), "presence_penalty"),
     (dict(frequency_penalty=-3), "frequency_penalty"), (dict(allowed_token_ids=[]), "allowed_token_ids"),
     (dict(min_tokens=-1), "min_tokens"), (dict(min_tokens=5, max_tokens=2), "min_tokens"),
-    (dict(prompt_logprobs=-1), "prompt_logprobs"),
+    (dict(prompt_logprobs=-1), "prompt_logprobs"), (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=float("inf")), "temperature"), (dict(temperature=1e300), "temperature"),
+    (dict(repetition_penalty=float("nan")), "repetition_penalty"), (dict(logit_bias={5: float("nan")}), "logit_bias"),
 ])
 def test_bad_or_unsupported_sampling_params_are_refused(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_a_top_k_beyond_the_device_int32_keeps_every_token(engines):
+    """A top_k past int32 (the device's type) is a top_k of the whole vocabulary, not an error at step time."""
+    engine = engines("mistral")
+    huge = sample_tokens(engine, "huge-k", SamplingParams(temperature=1.0, top_k=2**40, seed=5, max_tokens=6,
+                                                          ignore_eos=True))[0]
+    free = sample_tokens(engine, "no-k", SamplingParams(temperature=1.0, seed=5, max_tokens=6, ignore_eos=True))[0]
+    assert huge.token_ids == free.token_ids
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
 @pytest.mark.parametrize("prompt,params,match", [
