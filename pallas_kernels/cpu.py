@@ -1,7 +1,7 @@
 """Native CPU kernels, XLA FFI custom calls: the ragged paged attention (`cpu_attention.cc`), a float32 x
 bfloat16 matmul (`cpu_matmul.cc`, with a layer's RMSNorm applied to its input rows, and a residual added to its
-output or the gated MLP's activation applied to it), the sampler's argmax, random draw and logprobs (`cpu_sampling.cc`) and a
-fusion barrier.
+output or the gated MLP's activation applied to it), the sampler's argmax, random draw and logprobs
+(`cpu_sampling.cc`) and a fusion barrier.
 
 XLA:CPU runs the reference attention's gathers and many tiny batched dots far from memory bandwidth; the
 native body reads each request's K/V straight from its pages (float32 q; float32 or bfloat16 pages), and its
@@ -307,8 +307,8 @@ def sample(x, temperature, top_k, top_p, min_p, seeds, counters, bias_ids=None, 
     sequence has generated): the same seed, counter and logits give the same token. It is not
     `jax.random`'s stream, so a seed gives different tokens here than on other backends. A sampled row with a
     NaN or no finite logit takes the greedy rule's token. Top-k and top-p find their cutoff without sorting
-    the row (a histogram of the values, then a sort of the one or two buckets where the cut falls): XLA:CPU
-    sorts [64, 49152] logits in ~0.6 s."""
+    the row (a histogram of the values, then a sort of the one or two buckets where the cut falls; a top-k of
+    at most 1024 from its k largest, kept during one pass): XLA:CPU sorts [64, 49152] logits in ~0.6 s."""
     patches = _logit_patches(x, bias_ids, bias_values, banned, "sample")
     rows = x.shape[0]
     params = []
