@@ -296,12 +296,17 @@ def first_argmax(x, bias_ids=None, bias_values=None, banned=None):
     return jax.ffi.ffi_call(_ARGMAX_TARGET, jax.ShapeDtypeStruct(x.shape[:1], jnp.int32))(x, *patches)
 
 
-def sample(x, temperature, top_k, top_p, min_p, seeds, counters, bias_ids=None, bias_values=None, banned=None):
+def sample(x, temperature, top_k, top_p, min_p, seeds, counters, bias_ids=None, bias_values=None, banned=None,
+           penalties=None):
     """One token per row of float32 logits x [R, V], drawn as `layers.sampler.sample` defines the distribution
     (the logit bias and bans first, as in `first_argmax`): rows with temperature 0 take `first_argmax`; the
     others sample softmax(x / temperature) restricted by min-p, top-k and top-p (i32/f32 [R] each; 0, 0 and 1
     are off). Returns (tokens i32[R], cutoff f32[R]): a sampled row's cutoff is the smallest scaled logit
     (x / temperature) among the tokens it could draw (NaN for rows taken greedily).
+
+    `penalties`, where given, is the full sampler's slot state, applied first as `layers.sampler.
+    process_logits` applies it: (output_counts i32[S, V], prompt_mask bool[S, V], allowed bool[S, V], slots
+    i32[R] (outside [0, S): none), presence_penalty, frequency_penalty, repetition_penalty f32[R]).
 
     The draw is one uniform number per row, from its seed (u32[R]) and counter (i32[R], the tokens its
     sequence has generated): the same seed, counter and logits give the same token. It is not
@@ -319,9 +324,20 @@ def sample(x, temperature, top_k, top_p, min_p, seeds, counters, bias_ids=None, 
         if value.shape != (rows,):
             raise ValueError(f"sample's {name} must be [{rows}], got {value.shape}")
         params.append(value.astype(dtype))
+    vocab = x.shape[1]
+    if penalties is None:
+        penalties = (jnp.zeros((0, vocab), jnp.int32), jnp.zeros((0, vocab), bool), jnp.zeros((0, vocab), bool),
+                     jnp.zeros(rows, jnp.int32), jnp.zeros(rows), jnp.zeros(rows), jnp.ones(rows))
+    counts, prompt_mask, allowed, *per_row = penalties
+    if counts.ndim != 2 or counts.shape[1] != vocab or prompt_mask.shape != counts.shape or (
+            allowed.shape != counts.shape) or any(jnp.shape(v) != (rows,) for v in per_row):
+        raise ValueError(f"sample's penalties need output_counts, prompt_mask and allowed [S, {vocab}] and slots and "
+                         f"the three penalties [{rows}]")
+    slot_state = (counts.astype(jnp.int32), prompt_mask.astype(bool), allowed.astype(bool),
+                  jnp.asarray(per_row[0], jnp.int32), *(jnp.asarray(v, jnp.float32) for v in per_row[1:]))
     _library()
     out = (jax.ShapeDtypeStruct((rows,), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.float32))
-    return jax.ffi.ffi_call(_SAMPLE_TARGET, out)(x, *params, *patches)
+    return jax.ffi.ffi_call(_SAMPLE_TARGET, out)(x, *params, *patches, *slot_state)
 
 
 def token_logprobs(x, tokens, num_top: int):

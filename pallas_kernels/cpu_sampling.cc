@@ -39,6 +39,8 @@ namespace {
 
 constexpr int kRowsPerItem = 4;
 
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+
 // The first maximum of x[0, n) (a NaN wins, the first one); 0 for n == 0.
 int32_t first_argmax(const float* x, int64_t n) {
   const v16 lanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -89,19 +91,65 @@ struct Rows {
   const float* bias_values;
   const int32_t* banned;    // [rows, num_banned]
   int64_t num_bias = 0, num_banned = 0;
+  // The full sampler's slot state (sampler.process_logits with slot state), where given: row r takes slot
+  // slots[r] of output_counts, prompt_mask and allowed [num_slots, cols] (slots outside [0, num_slots): none).
+  const int32_t* output_counts = nullptr;
+  const bool *prompt_mask = nullptr, *allowed = nullptr;
+  const int32_t* slots = nullptr;
+  const float *presence = nullptr, *frequency = nullptr, *repetition = nullptr;
+  int64_t num_slots = 0;
 
   bool used(int32_t id) const { return id >= 0 && id < cols; }
+
+  int64_t slot(int64_t r) const {
+    return slots != nullptr && slots[r] >= 0 && slots[r] < num_slots ? slots[r] : -1;
+  }
 
   const float* row(int64_t r) const {
     const float* x_r = x + r * cols;
     const int32_t* ids = bias_ids + r * num_bias;
     const int32_t* bans = banned + r * num_banned;
-    bool patched = false;
+    const int64_t s = slot(r);
+    bool patched = s >= 0;
     for (int64_t j = 0; j < num_bias && !patched; ++j) patched = used(ids[j]);
     for (int64_t j = 0; j < num_banned && !patched; ++j) patched = used(bans[j]);
     if (!patched) return x_r;
     thread_local std::vector<float> copy;
-    copy.assign(x_r, x_r + cols);
+    if (s < 0) {
+      copy.assign(x_r, x_r + cols);
+    } else {  // sampler.apply_penalties, then the allowed tokens, 16 tokens at a time
+      copy.resize(cols);
+      const int32_t* counts = output_counts + s * cols;
+      const bool* prompt = prompt_mask + s * cols;
+      const bool* allow = allowed + s * cols;
+      const float rep = repetition[r], freq = frequency[r], pres = presence[r];
+      const v16 inf = splat(-std::numeric_limits<float>::infinity());
+      int64_t j = 0;
+      for (; j + 16 <= cols; j += 16) {
+        v16 v;
+        i32x16 c;
+        u8x16 in_prompt, ok;
+        __builtin_memcpy(&v, x_r + j, sizeof(v));
+        __builtin_memcpy(&c, counts + j, sizeof(c));
+        __builtin_memcpy(&in_prompt, prompt + j, sizeof(in_prompt));
+        __builtin_memcpy(&ok, allow + j, sizeof(ok));
+        const i32x16 seen = (__builtin_convertvector(in_prompt, i32x16) != 0) | (c > 0);
+        const v16 repeated = v > v16{} ? v / rep : v * rep;
+        v = seen ? repeated : v;
+        v -= freq * __builtin_convertvector(c, v16);
+        v -= c > 0 ? splat(pres) : v16{};
+        v = __builtin_convertvector(ok, i32x16) != 0 ? v : inf;
+        __builtin_memcpy(copy.data() + j, &v, sizeof(v));
+      }
+      for (; j < cols; ++j) {
+        float v = x_r[j];
+        const int32_t c = counts[j];
+        if (prompt[j] || c > 0) v = v > 0.0f ? v / rep : v * rep;
+        v -= freq * static_cast<float>(c);
+        v -= c > 0 ? pres : 0.0f;
+        copy[j] = allow[j] ? v : -std::numeric_limits<float>::infinity();
+      }
+    }
     for (int64_t j = 0; j < num_bias; ++j)
       if (used(ids[j])) copy[ids[j]] += bias_values[r * num_bias + j];
     for (int64_t j = 0; j < num_banned; ++j)
@@ -382,7 +430,6 @@ struct SampleShared : Rows {
     }
   }
 
-
   int32_t sample_row(int64_t r, float* row_cutoff) const {
     const float* x_r = row(r);
     const float t = temperature[r];
@@ -545,15 +592,34 @@ struct SampleShared : Rows {
 ffi::Error Sample(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> temperature,
                   ffi::Buffer<ffi::S32> top_k, ffi::Buffer<ffi::F32> top_p, ffi::Buffer<ffi::F32> min_p,
                   ffi::Buffer<ffi::U32> seeds, ffi::Buffer<ffi::S32> counters, ffi::Buffer<ffi::S32> bias_ids,
-                  ffi::Buffer<ffi::F32> bias_values, ffi::Buffer<ffi::S32> banned, ffi::ResultBuffer<ffi::S32> out,
+                  ffi::Buffer<ffi::F32> bias_values, ffi::Buffer<ffi::S32> banned,
+                  ffi::Buffer<ffi::S32> output_counts, ffi::Buffer<ffi::PRED> prompt_mask,
+                  ffi::Buffer<ffi::PRED> allowed, ffi::Buffer<ffi::S32> slots, ffi::Buffer<ffi::F32> presence,
+                  ffi::Buffer<ffi::F32> frequency, ffi::Buffer<ffi::F32> repetition, ffi::ResultBuffer<ffi::S32> out,
                   ffi::ResultBuffer<ffi::F32> cutoff) {
   auto shared = std::make_shared<SampleShared>();
   if (auto error = bind_rows("cpu sample", x, bias_ids, bias_values, banned, *shared); !error.success()) return error;
   const size_t rows = static_cast<size_t>(shared->rows);
   if (temperature.element_count() != rows || top_k.element_count() != rows || top_p.element_count() != rows ||
       min_p.element_count() != rows || seeds.element_count() != rows || counters.element_count() != rows ||
-      out->element_count() != rows || cutoff->element_count() != rows)
+      slots.element_count() != rows || presence.element_count() != rows || frequency.element_count() != rows ||
+      repetition.element_count() != rows || out->element_count() != rows || cutoff->element_count() != rows)
     return ffi::Error::InvalidArgument("cpu sample: the per-row parameters and the results must be [R]");
+  const auto state_dims = output_counts.dimensions();
+  auto like_counts = [&](auto dims) {
+    return dims.size() == 2 && dims[0] == state_dims[0] && dims[1] == state_dims[1];
+  };
+  if (state_dims.size() != 2 || state_dims[1] != shared->cols || !like_counts(prompt_mask.dimensions()) ||
+      !like_counts(allowed.dimensions()))
+    return ffi::Error::InvalidArgument("cpu sample: output_counts, prompt_mask and allowed must be [S, V]");
+  shared->output_counts = output_counts.typed_data();
+  shared->prompt_mask = prompt_mask.typed_data();
+  shared->allowed = allowed.typed_data();
+  shared->slots = slots.typed_data();
+  shared->presence = presence.typed_data();
+  shared->frequency = frequency.typed_data();
+  shared->repetition = repetition.typed_data();
+  shared->num_slots = state_dims[0];
   shared->temperature = temperature.typed_data();
   shared->top_k = top_k.typed_data();
   shared->top_p = top_p.typed_data();
@@ -711,6 +777,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuSample, Sample,
                                   .Arg<ffi::Buffer<ffi::S32>>()   // bias_ids [R, B]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // bias_values [R, B]
                                   .Arg<ffi::Buffer<ffi::S32>>()   // banned [R, N]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // output_counts [S, V]
+                                  .Arg<ffi::Buffer<ffi::PRED>>()  // prompt_mask [S, V]
+                                  .Arg<ffi::Buffer<ffi::PRED>>()  // allowed [S, V]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // slots [R]; outside [0, S) = none
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // presence_penalty [R]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // frequency_penalty [R]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // repetition_penalty [R]
                                   .Ret<ffi::Buffer<ffi::S32>>()   // tokens [R]
                                   .Ret<ffi::Buffer<ffi::F32>>());  // cutoff [R]
 

@@ -570,6 +570,50 @@ def test_native_sampler_rows_greedy_patched_and_seeded():
 
 
 @pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")
+def test_native_sampler_applies_the_slot_state_as_process_logits_does():
+    """The full variant's penalties (repetition over prompt and output tokens, frequency, presence) and
+    allowed tokens, then the bias and bans, applied by the kernel to rows that hold a slot: greedy rows take the
+    argmax of XLA's process_logits, top-k 1 rows its maximum (the cutoff), sampled rows stay in the allowed
+    set; a row whose slot is `num_slots` (none) is read as it is."""
+    from jaxengine.layers.sampler import SamplingInputs, SlotState, process_logits
+
+    rng = np.random.default_rng(5)
+    rows, vocab, slots = 10, 300, 4
+    x = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
+    state = SlotState(jnp.asarray(rng.integers(0, 3, (slots, vocab)) * (rng.random((slots, vocab)) < 0.2), jnp.int32),
+                      jnp.asarray(rng.random((slots, vocab)) < 0.1), jnp.ones((slots, vocab), bool))
+    state.allowed = state.allowed.at[3].set(jnp.zeros(vocab, bool).at[jnp.array([7, 70, 170])].set(True))
+    slot_of = np.array([0, 1, 2, slots, 0, 1, 2, 3, 3, slots], np.int32)
+    temperature = np.array([0, 0, 0, 0, 1, 1, 1, 1, 0.7, 1], np.float32)
+    top_k = np.array([0, 0, 0, 0, 1, 1, 1, 0, 0, 0], np.int32)
+    presence = np.array([0.5, 0, 1.5, 2, 0.5, 0, 1.5, 0, 0, 2], np.float32)
+    frequency = np.array([0.3, 0, -1, 1, 0.3, 0, -1, 0, 0, 1], np.float32)
+    repetition = np.array([1.3, 0.8, 1, 2, 1.3, 0.8, 1, 1, 1, 2], np.float32)
+    bias_ids = np.full((rows, 1), vocab, np.int32)
+    bias_values = np.zeros((rows, 1), np.float32)
+    banned = np.full((rows, 1), vocab, np.int32)
+    bias_ids[1, 0], bias_values[1, 0] = 11, 4.0
+    banned[2, 0] = 12
+    inputs = SamplingInputs(jnp.asarray(temperature), jnp.asarray(top_k), jnp.ones(rows), jnp.zeros(rows),
+                            jnp.arange(rows, dtype=jnp.uint32), jnp.zeros(rows, jnp.int32), jnp.asarray(bias_ids),
+                            jnp.asarray(bias_values), jnp.asarray(banned), jnp.asarray(presence),
+                            jnp.asarray(frequency), jnp.asarray(repetition), jnp.asarray(slot_of),
+                            jnp.full(rows, slots, jnp.int32))
+    want = np.asarray(process_logits(jnp.asarray(x), inputs, state))
+    penalties = (state.output_counts, state.prompt_mask, state.allowed, slot_of, presence, frequency, repetition)
+    tokens, cutoff = map(np.asarray, jax.jit(cpu.sample)(x, temperature, top_k, np.ones(rows, np.float32),
+                                                         np.zeros(rows, np.float32), np.arange(rows, dtype=np.uint32),
+                                                         np.zeros(rows, np.int32), bias_ids, bias_values, banned,
+                                                         penalties))
+    np.testing.assert_array_equal(tokens[:4], np.argmax(want[:4], axis=1))
+    np.testing.assert_array_equal(tokens[4:7], np.argmax(want[4:7], axis=1))
+    np.testing.assert_allclose(cutoff[4:7], want[4:7].max(axis=1), rtol=1e-6)
+    assert set(tokens[7:9].tolist()) <= {7, 70, 170}
+    assert not np.array_equal(want[:3], x[:3])  # the penalties changed those rows
+    np.testing.assert_array_equal(want[3], x[3])  # no slot: nothing applied
+
+
+@pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")
 @pytest.mark.parametrize("vocab,num_top", [(37, 37), (1000, 5), (4099, 20), (300, 0)])
 def test_native_token_logprobs_match_xla(vocab, num_top):
     """Against the sampler's XLA token_logprobs: the same top ids in lax.top_k's order (ties: the lower id

@@ -192,16 +192,19 @@ def sampling_step(logits: jax.Array, inputs: SamplingInputs, slot_state: SlotSta
                   num_logprobs: int, native: bool = False):
     """Returns (tokens i32[R], logprobs tuple or None, slot_state with the sampled tokens counted)."""
     full = variant == "full"
-    if native and not full:  # the native kernels apply the bias and bans themselves (no copy of the logits)
+    if native:  # the native kernels apply the penalties, bias and bans themselves (no copy of the logits)
         from pallas_kernels import cpu
 
         patches = (inputs.bias_ids, inputs.bias_values, inputs.banned)
         if variant == "greedy":
             return cpu.first_argmax(logits, *patches), None, slot_state
-        return cpu.sample(logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.min_p, inputs.seeds,
-                          inputs.counters, *patches)[0], None, slot_state
-    processed = process_logits(logits, inputs, slot_state if full else None)
-    tokens = sample(processed, inputs, all_greedy=variant == "greedy", native=native)
+        penalties = (slot_state.output_counts, slot_state.prompt_mask, slot_state.allowed, inputs.slots,
+                     inputs.presence_penalty, inputs.frequency_penalty, inputs.repetition_penalty) if full else None
+        tokens = cpu.sample(logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.min_p, inputs.seeds,
+                            inputs.counters, *patches, penalties=penalties)[0]
+    else:
+        processed = process_logits(logits, inputs, slot_state if full else None)
+        tokens = sample(processed, inputs, all_greedy=variant == "greedy")
     if not full:
         return tokens, None, slot_state
     counts = slot_state.output_counts.at[inputs.count_slots, tokens].add(1, mode="drop")
