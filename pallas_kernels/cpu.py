@@ -268,10 +268,14 @@ def gated_pairs(x, packed, *, prologue: str | None = None, norm=None, eps: float
                           residual=None, live_rows=live_rows)
 
 
-def _logit_patches(x, bias_ids, bias_values, banned, name: str):
-    """The checked (bias_ids, bias_values, banned) of `first_argmax` and `sample` (empty where not given)."""
+def _check_logits(x, name: str) -> None:
     if x.ndim != 2 or x.dtype != jnp.float32:
         raise ValueError(f"{name} needs float32 x [R, V], got {x.dtype} {x.shape}")
+
+
+def _logit_patches(x, bias_ids, bias_values, banned, name: str):
+    """The checked (bias_ids, bias_values, banned) of `first_argmax` and `sample` (empty where not given)."""
+    _check_logits(x, name)
     rows = x.shape[0]
     if (bias_ids is None) != (bias_values is None):
         raise ValueError(f"{name} takes bias_ids and bias_values together")
@@ -345,8 +349,7 @@ def token_logprobs(x, tokens, num_top: int):
     logprobs f32[R, num_top], the token's logprob f32[R], its rank i32[R]), log_softmax computed as
     jax.nn.log_softmax does, the top ones in lax.top_k's order (ties: the lower id first). A token outside
     [0, V) has a NaN logprob and rank 1."""
-    if x.ndim != 2 or x.dtype != jnp.float32:
-        raise ValueError(f"token_logprobs needs float32 x [R, V], got {x.dtype} {x.shape}")
+    _check_logits(x, "token_logprobs")
     rows, vocab = x.shape
     if not 0 <= num_top <= vocab:
         raise ValueError(f"token_logprobs' num_top must be in [0, {vocab}], got {num_top}")

@@ -357,14 +357,18 @@ struct SampleShared : Rows {
     return kNegInf;  // the mass before every rank stayed below p: nothing is cut
   }
 
+  // Cuts `values` down to its k largest (the multiset, in no order); returns the smallest of them.
+  static float keep_largest(std::vector<float>& values, int64_t k) {
+    std::nth_element(values.begin(), values.begin() + (k - 1), values.end(), std::greater<float>());
+    values.resize(k);
+    return values[k - 1];
+  }
+
   // Top-k (then min-p and top-p) from the k largest values alone, for rows with a top_k of at most
   // kSelectMax: `picked` holds the k largest of s (the multiset; found during the scaling pass), and the cutoff
   // comes from them sorted, with no pass over the row's weights. The same cutoff as truncation_cutoff's.
   static float top_k_cutoff(std::vector<float>& picked, int64_t k, float smax, float mp, float p) {
-    if (static_cast<int64_t>(picked.size()) > k) {
-      std::nth_element(picked.begin(), picked.begin() + (k - 1), picked.end(), std::greater<float>());
-      picked.resize(k);
-    }
+    if (static_cast<int64_t>(picked.size()) > k) keep_largest(picked, k);
     std::sort(picked.begin(), picked.end(), std::greater<float>());
     thread_local std::vector<float> weights;
     weights.clear();
@@ -396,11 +400,8 @@ struct SampleShared : Rows {
     auto pick = [&](float v) {
       if (!(v > floor)) return;
       picked.push_back(v);
-      if (static_cast<int64_t>(picked.size()) >= 2 * k) {
-        std::nth_element(picked.begin(), picked.begin() + (k - 1), picked.end(), std::greater<float>());
-        picked.resize(k);
-        floor = picked[k - 1];  // the k-th largest so far: ranks below k stay among the held
-      }
+      if (static_cast<int64_t>(picked.size()) >= 2 * k)
+        floor = keep_largest(picked, k);  // the k-th largest so far: ranks below k stay among the held
     };
     v16 top = splat(kNegInf);
     i32x16 nan = {};

@@ -1,6 +1,8 @@
 """The on-device sampler on its own: distributions (chi-square), penalties and logit processors against
 reference formulas, and a mixed batch through the engine that compiles nothing after warm-up."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,8 @@ import jax.numpy as jnp
 
 from jaxengine import SamplingParams
 from jaxengine.compile_counter import assert_no_compiles
-from jaxengine.layers.sampler import SamplingInputs, apply_penalties, first_argmax, process_logits, sample
+from jaxengine.layers.sampler import (SamplingInputs, SlotState, apply_penalties, first_argmax, process_logits,
+                                      sampling_step)
 from pallas_kernels import cpu
 from tests.engine_util import run_to_completion
 
@@ -63,15 +66,18 @@ SETTINGS = {
     not cpu.available(), reason="the native CPU kernels need a C++ compiler"))], ids=["xla", "native"])
 @pytest.mark.parametrize("name", SETTINGS)
 def test_sampled_distribution_matches_the_definition(name, native):
-    """XLA's sampler (jax.random, a sort for top-k/top-p) and the native CPU one (one uniform per row from its
-    seed and counter, no sort): half the rows differ by seed, half by counter under one seed."""
+    """The sampling step's `sample` variant, on XLA (jax.random, a sort for top-k/top-p) and on the native CPU
+    kernel (one uniform per row from its seed and counter, no sort): half the rows differ by seed, half by
+    counter under one seed."""
     params = SETTINGS[name]
     logits = jnp.broadcast_to(jnp.asarray(LOGITS), (NUM_SAMPLES, VOCAB))
     x = inputs(NUM_SAMPLES, **params)
     half = NUM_SAMPLES // 2
     x.seeds = jnp.where(jnp.arange(NUM_SAMPLES) < half, jnp.arange(NUM_SAMPLES), 5).astype(jnp.uint32)
     x.counters = jnp.where(jnp.arange(NUM_SAMPLES) < half, 0, jnp.arange(NUM_SAMPLES)).astype(jnp.int32)
-    tokens = np.asarray(jax.jit(lambda x, i: sample(x, i, all_greedy=False, native=native))(logits, x))
+    step = functools.partial(sampling_step, slot_state=SlotState.zeros(1, VOCAB), variant="sample", num_logprobs=0,
+                             native=native)
+    tokens = np.asarray(jax.jit(lambda x, i: step(x, i)[0])(logits, x))
     want = expected_distribution(**params)
     observed = np.bincount(tokens, minlength=VOCAB).astype(np.float64)
     assert observed[want == 0].sum() == 0, "a truncated token was sampled"

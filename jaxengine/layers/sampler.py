@@ -129,17 +129,10 @@ def sample(
     inputs: SamplingInputs,
     *,
     all_greedy: bool,
-    native: bool = False,
 ) -> jax.Array:  # i32[R]
-    """`native`: the tokens come from the native CPU kernels (`native_sampler`): the same distribution, drawn
-    from another random stream than `jax.random`'s (a seed gives other tokens there than here)."""
-    if native:
-        from pallas_kernels import cpu
-
-        if all_greedy:
-            return cpu.first_argmax(logits)
-        return cpu.sample(logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.min_p, inputs.seeds,
-                          inputs.counters)[0]
+    """XLA's sampler (sort-based top-k/top-p, jax.random). Single-device CPU engines draw from the same
+    distribution with the native kernel instead (`sampling_step`, `cpu.sample`), from another random stream
+    (a seed gives other tokens there than here)."""
     greedy = first_argmax(logits)
     if all_greedy:
         return greedy
