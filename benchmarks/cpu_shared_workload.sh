@@ -55,7 +55,8 @@ if [ -n "${PEER_VENV:-}" ]; then
     SERVER_URL="http://127.0.0.1:$port" VLLM_VENV="$PEER_VENV" RUNS="$runs" RATES=inf \
         bash "$peers/serve_bench.sh" "$models/llama-135m"
 else
-    jaxengine bench serve --base-url "http://127.0.0.1:$port" --num-prompts 64 --input-len 128 --output-len 128
+    jaxengine bench serve --base-url "http://127.0.0.1:$port" --num-prompts 64 --input-len 128 --output-len 128 \
+        --ignore-eos
 fi
 echo "{\"engine\": \"jaxengine-serve\", \"compiles_during_serve_benchmark\": $(python -c "print(int(float('$(compiles)') - float('$before')))")}"
 kill $server; wait $server 2>/dev/null || true

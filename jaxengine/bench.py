@@ -8,6 +8,7 @@ numpy's default_rng(seed), so every engine sees the same prompts.
 import asyncio
 import dataclasses
 import json
+import math
 import os
 import platform
 import shutil
@@ -17,12 +18,15 @@ import sys
 import tempfile
 import time
 
+import httpx
 import numpy as np
 
+from jaxengine.bench_data import BenchRequest, add_dataset_flags, load_requests, random_requests
 from jaxengine.cli import add_engine_flags, engine_config
 from jaxengine.compile_counter import compile_count
 
-FIRST_ID = 4
+METRICS = ("ttft", "tpot", "itl", "e2el")
+SAMPLING_FLAGS = ("top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
 
 
 def _context(config=None) -> dict:
@@ -35,30 +39,23 @@ def _context(config=None) -> dict:
     return out
 
 
-def _emit(result: dict, output_json: str | None) -> None:
+def _emit(result: dict, *paths: str | None) -> None:
     for key, value in result.items():
         if not isinstance(value, (dict, list)):
             print(f"{key:>28}: {value}", file=sys.stderr)
     line = json.dumps(result)
     print(line)
-    if output_json:
-        with open(output_json, "w") as f:
+    for path in filter(None, paths):
+        with open(path, "w") as f:
             f.write(line + "\n")
 
 
 def random_prompts(vocab_size: int, num_prompts: int, input_len: int, seed: int) -> list[list[int]]:
-    return np.random.default_rng(seed).integers(FIRST_ID, vocab_size, size=(num_prompts, input_len)).tolist()
+    return [r.prompt for r in random_requests(vocab_size, num_prompts, input_len, 1, seed)]
 
 
 def _dataset_seed(args) -> int:
     return 0 if args.seed is None else args.seed
-
-
-def _dataset(args, vocab_size: int) -> list:
-    if args.dataset_name == "random":
-        return random_prompts(vocab_size, args.num_prompts, args.input_len, _dataset_seed(args))
-    with open(args.dataset_path) as f:  # a JSON list of prompts (strings or token-id lists)
-        return json.load(f)[: args.num_prompts]
 
 
 def _sampling(args) -> dict:
@@ -66,7 +63,7 @@ def _sampling(args) -> dict:
     greedy (temperature 0) by default, as the shared workload. A bad value raises ValueError naming it."""
     from jaxengine.sampling_params import SamplingParams
 
-    fields = {"temperature": args.temperature} | {name: getattr(args, name) for name in ("top_p", "top_k", "min_p")
+    fields = {"temperature": args.temperature} | {name: getattr(args, name) for name in SAMPLING_FLAGS
                                                   if getattr(args, name) is not None}
     SamplingParams(**fields)
     return fields
@@ -82,12 +79,14 @@ def throughput(args) -> None:
     from jaxengine import LLM, SamplingParams
 
     config = _offline_config(args)
+    sampling = _sampling(args)
     start = time.perf_counter()
     llm = LLM(config=config, progress=False)
     init_s = time.perf_counter() - start
-    prompts = _dataset(args, llm.engine.model_config.vocab_size)
-    sampling = _sampling(args)
-    params = SamplingParams(**sampling, max_tokens=args.output_len, ignore_eos=True)
+    requests = load_requests(args, vocab_size=llm.engine.model_config.vocab_size, get_tokenizer=llm.get_tokenizer,
+                             seed=_dataset_seed(args))
+    prompts = [r.prompt for r in requests]
+    params = [SamplingParams(**sampling, n=args.n, max_tokens=r.output_len, ignore_eos=True) for r in requests]
     llm.generate(prompts[:4], SamplingParams(**sampling, max_tokens=8, ignore_eos=True), use_tqdm=False)
     compiles = compile_count()
     runs = []
@@ -95,13 +94,16 @@ def throughput(args) -> None:
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - start
-        generated = sum(len(o.outputs[0].token_ids) for o in outs)
+        generated = sum(len(c.token_ids) for o in outs for c in o.outputs)
         prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
         runs.append((wall, generated, prompt_tokens))
     wall, generated, prompt_tokens = sorted(runs)[len(runs) // 2]
-    _emit({"benchmark": "throughput", "num_prompts": len(prompts), "input_len": args.input_len,
-           "output_len": args.output_len, "sampling": sampling, "init_s": round(init_s, 2),
-           "wall_s": round(wall, 3),
+    random = args.dataset_name == "random"
+    _emit({"benchmark": "throughput", "dataset_name": args.dataset_name, "dataset_path": args.dataset_path,
+           "num_prompts": len(prompts), "input_len": args.input_len or 128 if random else None,
+           "output_len": args.output_len or 128 if random else args.output_len, "n": args.n,
+           "sampling": sampling, "init_s": round(init_s, 2), "wall_s": round(wall, 3),
+           "total_prompt_tokens": prompt_tokens, "total_output_tokens": generated,
            "requests_per_s": round(len(prompts) / wall, 3), "output_tok_s": round(generated / wall, 2),
            "total_tok_s": round((generated + prompt_tokens) / wall, 2),
            "runs_output_tok_s": [round(g / w, 2) for w, g, _ in runs],
@@ -111,17 +113,21 @@ def throughput(args) -> None:
 def latency(args) -> None:
     from jaxengine import LLM, SamplingParams
 
+    for name in ("batch_size", "input_len", "output_len", "num_iters"):
+        if args.__dict__[name] < (2 if name == "output_len" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be at least {2 if name == 'output_len' else 1}")
     config = _offline_config(args)
+    sampling = _sampling(args)
     llm = LLM(config=config, progress=False)
     prompts = random_prompts(llm.engine.model_config.vocab_size, args.batch_size, args.input_len, _dataset_seed(args))
-    sampling = _sampling(args)
 
     def timed(max_tokens):
         start = time.perf_counter()
         llm.generate(prompts, SamplingParams(**sampling, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
         return time.perf_counter() - start
 
-    timed(2)
+    for _ in range(args.num_iters_warmup):
+        timed(2)
     ttft = float(np.median([timed(1) for _ in range(args.num_iters)]))
     e2e = float(np.median([timed(args.output_len) for _ in range(max(2, args.num_iters // 2))]))
     _emit({"benchmark": "latency", "batch_size": args.batch_size, "input_len": args.input_len,
@@ -130,79 +136,171 @@ def latency(args) -> None:
            "tpot_ms": round((e2e - ttft) / (args.output_len - 1) * 1e3, 3)} | _context(config), args.output_json)
 
 
-async def _one_request(client, url, model, prompt, output_len, sampling):
-    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}} | sampling
+def _failure(message: str) -> dict:
+    return {"success": False, "error": message}
+
+
+async def _one_request(client, url: str, chat: bool, body: dict):
+    """One streamed request. Returns its timings and token count, or its failure (an HTTP status, an error event
+    in the stream, a dropped connection) without raising: vLLM's client counts failed requests the same way."""
     start = time.perf_counter()
-    stamps, tokens = [], 0
-    async with client.stream("POST", url + "/v1/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            if chunk.get("choices") and chunk["choices"][0].get("text"):
-                stamps.append(time.perf_counter())
+    stamps, tokens = [], None
+    try:
+        async with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                return _failure(f"HTTP {response.status_code}: {text[:300]}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("error"):
+                    return _failure(f"error in the stream: {json.dumps(chunk['error'])[:300]}")
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                choice = (chunk.get("choices") or [{}])[0]
+                if (choice.get("delta") or {}).get("content") if chat else choice.get("text"):
+                    stamps.append(time.perf_counter())
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        return _failure(f"{type(e).__name__}: {e}")
     end = time.perf_counter()
-    return {"ttft": stamps[0] - start if stamps else end - start, "e2e": end - start, "tokens": tokens,
-            "itl": [b - a for a, b in zip(stamps, stamps[1:])]}
+    return {"success": True, "ttft": stamps[0] - start if stamps else end - start, "e2e": end - start,
+            "tokens": len(stamps) if tokens is None else tokens, "itl": [b - a for a, b in zip(stamps, stamps[1:])]}
 
 
-async def _serve_load(args, prompts, model, sampling):
-    import httpx
+def arrival_gaps(request_rate: float, burstiness: float, count: int, seed: int) -> np.ndarray:
+    """Seconds between request arrivals, as `vllm bench serve` draws them: none at rate inf, else gamma with shape
+    `burstiness` and mean 1/rate (burstiness 1 is a Poisson process; below 1 burstier, above more regular)."""
+    if not request_rate > 0:
+        raise ValueError(f"--request-rate must be positive (or inf), got {request_rate}")
+    if not burstiness > 0 or math.isinf(burstiness):
+        raise ValueError(f"--burstiness must be a positive number, got {burstiness}")
+    if math.isinf(request_rate):
+        return np.zeros(count)
+    return np.random.default_rng(seed).gamma(burstiness, 1.0 / (request_rate * burstiness), size=count)
 
-    limit = asyncio.Semaphore(args.max_concurrency or len(prompts))
-    rng = np.random.default_rng(args.seed)
+
+def _request_body(args, model: str, chat: bool, req: BenchRequest, sampling: dict) -> dict:
+    body = {"model": model, "stream": True, "stream_options": {"include_usage": True}} | sampling
+    if chat:
+        body |= {"messages": [{"role": "user", "content": req.prompt}], "max_completion_tokens": req.output_len}
+    else:
+        body |= {"prompt": req.prompt, "max_tokens": req.output_len}
+    if args.ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+async def _serve_load(args, url, chat, requests, model, sampling):
+    limit = asyncio.Semaphore(args.max_concurrency or len(requests))
+    gaps = arrival_gaps(args.request_rate, args.burstiness, len(requests), args.seed)
 
     async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None)) as client:
-        async def guarded(prompt):
+        async def guarded(req):
             async with limit:
-                return await _one_request(client, args.base_url, model, prompt, args.output_len, sampling)
+                return await _one_request(client, url, chat, _request_body(args, model, chat, req, sampling))
 
+        warm = [requests[i % len(requests)] for i in range(args.num_warmups)]
+        await asyncio.gather(*(guarded(req) for req in warm))
         tasks = []
         start = time.perf_counter()
-        for prompt in prompts:
-            tasks.append(asyncio.create_task(guarded(prompt)))
-            if args.request_rate != float("inf"):
-                await asyncio.sleep(rng.exponential(1.0 / args.request_rate))
+        for req, gap in zip(requests, gaps):
+            tasks.append(asyncio.create_task(guarded(req)))
+            if gap:
+                await asyncio.sleep(gap)
         results = await asyncio.gather(*tasks)
         return results, time.perf_counter() - start
 
 
-def _stats(name: str, values_s: list[float]) -> dict:
+def _percentile_flags(args) -> tuple[list[str], list[float]]:
+    metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
+    unknown = set(metrics) - set(METRICS)
+    if unknown or not metrics:
+        raise ValueError(f"--percentile-metrics takes a comma-separated subset of {','.join(METRICS)}, "
+                         f"got {args.percentile_metrics!r}")
+    try:
+        percentiles = [float(p) for p in args.metric_percentiles.split(",")]
+    except ValueError:
+        percentiles = []
+    if not percentiles or not all(0 < p <= 100 for p in percentiles):
+        raise ValueError(f"--metric-percentiles takes comma-separated numbers in (0, 100], "
+                         f"got {args.metric_percentiles!r}")
+    return metrics, percentiles
+
+
+def _stats(name: str, values_s: list[float], percentiles: list[float]) -> dict:
     ms = np.asarray(values_s) * 1e3 if values_s else np.zeros(1)
-    return {f"mean_{name}_ms": round(float(ms.mean()), 2), f"median_{name}_ms": round(float(np.median(ms)), 2),
-            f"p99_{name}_ms": round(float(np.percentile(ms, 99)), 2)}
+    out = {f"mean_{name}_ms": float(ms.mean()), f"median_{name}_ms": float(np.median(ms)),
+           f"std_{name}_ms": float(ms.std())}
+    for p in percentiles:
+        out[f"p{int(p) if p == int(p) else p}_{name}_ms"] = float(np.percentile(ms, p))
+    return {key: round(value, 2) for key, value in out.items()}
+
+
+def _serve_tokenizer(args, models: list[dict]):
+    from jaxengine.engine.llm_engine import load_tokenizer
+
+    name = args.tokenizer or args.model or models[0].get("root") or models[0]["id"]
+    try:
+        return load_tokenizer(name)
+    except Exception as e:  # noqa: BLE001 - any loader failure means the same thing to the user
+        raise ValueError(f"--tokenizer: the {args.dataset_name} dataset needs the model's tokenizer to count "
+                         f"tokens, and {name!r} did not load one ({type(e).__name__}: {e}); pass --tokenizer DIR") \
+            from None
 
 
 def serve(args) -> None:
-    import httpx
-
+    metrics, percentiles = _percentile_flags(args)
     sampling = _sampling(args)
-    models = httpx.get(args.base_url + "/v1/models", timeout=30).json()["data"]
+    base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+    chat = args.backend == "openai-chat"
+    endpoint = args.endpoint or ("/v1/chat/completions" if chat else "/v1/completions")
+    arrival_gaps(args.request_rate, args.burstiness, 0, args.seed)  # checks both before anything is sent
+    if args.num_warmups < 0:
+        raise ValueError(f"--num-warmups must be >= 0, got {args.num_warmups}")
+    models = httpx.get(base_url + "/v1/models", timeout=30).json()["data"]
     model = args.model or models[0]["id"]
-    vocab = args.vocab_size or _vocab_from_tokenize(args.base_url)
-    prompts = random_prompts(vocab, args.num_prompts, args.input_len, args.seed)
-    results, wall = asyncio.run(_serve_load(args, prompts, model, sampling))
-    out_tokens = sum(r["tokens"] for r in results)
-    tpots = [(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for r in results if r["tokens"] > 1]
-    result = {"benchmark": "serve", "base_url": args.base_url, "model": model, "num_prompts": len(prompts),
-              "input_len": args.input_len, "output_len": args.output_len, "sampling": sampling,
-              "request_rate": args.request_rate,
-              "max_concurrency": args.max_concurrency, "duration_s": round(wall, 3),
-              "request_throughput": round(len(prompts) / wall, 3), "output_throughput": round(out_tokens / wall, 2),
-              "total_output_tokens": out_tokens}
-    result |= _stats("ttft", [r["ttft"] for r in results]) | _stats("tpot", tpots)
-    result |= _stats("itl", [x for r in results for x in r["itl"]]) | _stats("e2el", [r["e2e"] for r in results])
-    _emit(result | _context(), args.output_json)
+    vocab = (args.vocab_size or _vocab_from_tokenize(base_url)) if args.dataset_name == "random" else 0
+    requests = load_requests(args, vocab_size=vocab, get_tokenizer=lambda: _serve_tokenizer(args, models),
+                             seed=args.seed)
+    if chat and any(not isinstance(r.prompt, str) for r in requests):
+        raise ValueError("--backend openai-chat sends text messages, and this dataset's prompts are token ids: use "
+                         "a text dataset (sharegpt, custom, or json with string prompts)")
+    results, wall = asyncio.run(_serve_load(args, base_url + endpoint, chat, requests, model, sampling))
+    done = [(req, r) for req, r in zip(requests, results) if r["success"]]
+    errors = [r["error"] for r in results if not r["success"]]
+    out_tokens = sum(r["tokens"] for _, r in done)
+    in_tokens = sum(req.prompt_len for req, _ in done)
+    values = {"ttft": [r["ttft"] for _, r in done], "e2el": [r["e2e"] for _, r in done],
+              "tpot": [(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for _, r in done if r["tokens"] > 1],
+              "itl": [x for _, r in done for x in r["itl"]]}
+    result = {"benchmark": "serve", "backend": args.backend, "base_url": base_url, "endpoint": endpoint,
+              "model": model, "dataset_name": args.dataset_name, "dataset_path": args.dataset_path,
+              "num_prompts": len(requests), "input_len": args.input_len, "output_len": args.output_len,
+              "ignore_eos": args.ignore_eos, "sampling": sampling, "request_rate": args.request_rate,
+              "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
+              "num_warmups": args.num_warmups, "duration": round(wall, 3), "completed": len(done),
+              "failed": len(errors), "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
+              "request_throughput": round(len(done) / wall, 3), "output_throughput": round(out_tokens / wall, 2),
+              "total_token_throughput": round((in_tokens + out_tokens) / wall, 2)}
+    for name in metrics:
+        result |= _stats(name, values[name], percentiles)
+    result |= {"errors": sorted(set(errors))[:10]} | _context()
+    saved = None
+    if args.save_result:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        name = args.result_filename or (f"jaxengine-{args.backend}-{args.request_rate}qps-"
+                                        f"{os.path.basename(model.rstrip('/'))}-{stamp}.json")
+        saved = os.path.join(args.result_dir or ".", name)
+    _emit(result, args.output_json, saved)
+    if errors:
+        print(f"{len(errors)} of {len(requests)} requests failed; the first: {errors[0]}", file=sys.stderr)
+    if not done:
+        sys.exit(f"error: every request failed; the first: {errors[0]}")
 
 
 def _vocab_from_tokenize(base_url: str) -> int:
     """The vocabulary size, from the largest id /detokenize accepts (binary search; our server's 400 says it)."""
-    import httpx
-
     lo, hi = 1, 1 << 20
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -218,30 +316,34 @@ def _free_port() -> int:
 
 
 def _time_to_ready(argv: list[str], cache_dir: str, timeout: float) -> float:
-    import httpx
-
     port = _free_port()
     cmd = [sys.executable, "-m", "jaxengine.cli", "serve", "--port", str(port), "--compilation-cache-dir", cache_dir,
            *argv]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while time.perf_counter() - start < timeout:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}: {' '.join(cmd)}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    return time.perf_counter() - start
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"server not ready after {timeout} s")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            while time.perf_counter() - start < timeout:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    tail = log.read().decode(errors="replace").strip().splitlines()[-15:]
+                    sys.exit(f"error: the server exited with {proc.returncode} before it was ready: "
+                             f"{' '.join(cmd)}\n" + "\n".join(tail))
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        return time.perf_counter() - start
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            raise TimeoutError(f"server not ready after {timeout} s")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
 
 
 def startup(args, engine_argv: list[str]) -> None:
+    if args.runs < 1:
+        raise ValueError(f"--runs must be at least 1, got {args.runs}")
     cache = tempfile.mkdtemp(prefix="jaxengine-startup-cache-")
     try:
         cold = _time_to_ready(engine_argv, cache, args.timeout)
@@ -254,40 +356,56 @@ def startup(args, engine_argv: list[str]) -> None:
 
 def _add_sampling_flags(p) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the shared workload)")
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--min-p", type=float, default=None)
+    for name in SAMPLING_FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), type=int if name == "top_k" else float, default=None)
 
 
 def add_bench_parser(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks (throughput, latency, serve, startup); one JSON line each")
     kinds = bench.add_subparsers(dest="bench", required=True)
-    for name, run in (("throughput", throughput), ("latency", latency)):
-        p = kinds.add_parser(name)
-        add_engine_flags(p)
-        p.add_argument("--dataset-name", choices=("random", "json"), default="random")
-        p.add_argument("--dataset-path", default=None)
-        p.add_argument("--num-prompts", type=int, default=64)
-        p.add_argument("--input-len", type=int, default=128)
-        p.add_argument("--output-len", type=int, default=128)
-        p.add_argument("--batch-size", type=int, default=1)
-        p.add_argument("--num-iters", type=int, default=5)
-        p.add_argument("--runs", type=int, default=3)
-        p.add_argument("--output-json", default=None)
-        _add_sampling_flags(p)
-        p.set_defaults(run=run)
-    p = kinds.add_parser("serve", help="a client for any OpenAI-compatible server")
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
-    p.add_argument("--model", default=None, help="served model name (default: the first of /v1/models)")
-    p.add_argument("--dataset-name", choices=("random",), default="random")
-    p.add_argument("--num-prompts", type=int, default=64)
+    p = kinds.add_parser("throughput", help="offline: a dataset's requests through `LLM.generate`")
+    add_engine_flags(p)
+    add_dataset_flags(p, seed=False)  # the dataset's seed is the engine's --seed (default 0)
+    p.add_argument("--n", type=int, default=1, help="sequences per prompt")
+    p.add_argument("--runs", type=int, default=3, help="timed runs; the median is reported")
+    p.add_argument("--output-json", default=None)
+    _add_sampling_flags(p)
+    p.set_defaults(run=throughput)
+    p = kinds.add_parser("latency", help="offline: one batch of random prompts, its TTFT and TPOT")
+    add_engine_flags(p)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--request-rate", type=float, default=float("inf"))
-    p.add_argument("--max-concurrency", type=int, default=None)
-    p.add_argument("--vocab-size", type=int, default=None, help="for random ids (default: asked from the server)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--num-iters-warmup", type=int, default=1)
+    p.add_argument("--num-iters", type=int, default=5)
     p.add_argument("--output-json", default=None)
+    _add_sampling_flags(p)
+    p.set_defaults(run=latency)
+    p = kinds.add_parser("serve", help="a client for any OpenAI-compatible server")
+    p.add_argument("--backend", choices=("openai", "vllm", "openai-chat"), default="openai",
+                   help="openai (and vllm): /v1/completions; openai-chat: /v1/chat/completions")
+    p.add_argument("--base-url", default=None, help="default: http://HOST:PORT")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--endpoint", default=None, help="default: the backend's")
+    p.add_argument("--model", default=None, help="served model name (default: the first of /v1/models)")
+    p.add_argument("--tokenizer", default=None,
+                   help="for text datasets' token counts (default: --model, else the server's model root)")
+    add_dataset_flags(p, seed=True)
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma shape of the arrival gaps: 1 Poisson, below 1 burstier")
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--num-warmups", type=int, default=0, help="untimed requests sent first")
+    p.add_argument("--ignore-eos", action="store_true", help="generate every request's output length")
+    p.add_argument("--percentile-metrics", default=",".join(METRICS),
+                   help=f"the metrics to report statistics of, a subset of {','.join(METRICS)}")
+    p.add_argument("--metric-percentiles", default="99", help="comma-separated percentiles, e.g. 25,50,99")
+    p.add_argument("--vocab-size", type=int, default=None, help="for random ids (default: asked from the server)")
+    p.add_argument("--output-json", default=None)
+    p.add_argument("--save-result", action="store_true", help="also write the JSON to --result-dir")
+    p.add_argument("--result-dir", default=None)
+    p.add_argument("--result-filename", default=None)
     _add_sampling_flags(p)
     p.set_defaults(run=serve)
     p = kinds.add_parser("startup", help="process start to ready, cold and warm compilation cache; "

@@ -1,0 +1,243 @@
+"""The benchmark datasets, named and shaped as `vllm bench` names them, so a user's dataset files and flags carry
+over: `random` (token ids; lengths around a mean with `--random-range-ratio`, an optional shared prefix),
+`sharegpt` (the first two turns of each conversation: the prompt and, by its token count, the output length),
+`custom` (JSONL, one `{"prompt": ..., "output_tokens": ...}` a line) and our `json` (a JSON list of prompts,
+strings or token-id lists).
+
+A bad flag or file raises ValueError naming it, before any load is sent.
+"""
+
+import dataclasses
+import json
+import math
+import random
+
+import numpy as np
+
+FIRST_ID = 4  # random ids start here, past the usual special tokens (the peers' workload.py does the same)
+DATASETS = ("random", "sharegpt", "custom", "json")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchRequest:
+    prompt: str | list[int]
+    prompt_len: int
+    output_len: int
+
+
+def add_dataset_flags(p, *, seed: bool) -> None:
+    """The dataset flags of `vllm bench serve` / `throughput` that we implement. `seed`: add `--seed` (the offline
+    tools take the engine's `--seed` instead)."""
+    p.add_argument("--dataset-name", choices=DATASETS, default="random")
+    p.add_argument("--dataset-path", default=None, help="the sharegpt JSON, custom JSONL or json file")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--input-len", "--random-input-len", dest="input_len", type=int, default=None,
+                   help="random dataset: prompt tokens (default 128)")
+    p.add_argument("--output-len", "--random-output-len", dest="output_len", type=int, default=None,
+                   help="output tokens of every request; default: 128 for random and json, the dataset's own for "
+                        "sharegpt and custom")
+    p.add_argument("--random-range-ratio", type=str, default="0.0",
+                   help="random dataset: lengths drawn uniformly from [len*(1-r), len*(1+r)]; a float, or JSON "
+                        "{\"input\": r1, \"output\": r2}")
+    p.add_argument("--random-prefix-len", type=int, default=0,
+                   help="random dataset: this many random tokens shared by every prompt, before its own")
+    p.add_argument("--sharegpt-output-len", type=int, default=None, help="sharegpt: output tokens of every request")
+    p.add_argument("--custom-output-len", type=int, default=256,
+                   help="custom: output tokens of every request; -1 takes each line's output_tokens")
+    p.add_argument("--skip-chat-template", action="store_true",
+                   help="custom: send the prompt as it is, not in the tokenizer's chat template")
+    p.add_argument("--disable-shuffle", action="store_true", help="sharegpt and custom: keep the file's order")
+    p.add_argument("--no-oversample", action="store_true",
+                   help="sharegpt and custom: fewer requests than --num-prompts when the file has fewer")
+    if seed:
+        p.add_argument("--seed", type=int, default=0)
+
+
+def _positive(name: str, value: int, minimum: int = 1) -> None:
+    if not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def range_ratios(text: str) -> tuple[float, float]:
+    """`--random-range-ratio`: one float for both lengths, or a JSON object with "input" and "output"."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise ValueError(f"--random-range-ratio must be a number or a JSON object, got {text!r}") from None
+    if isinstance(value, dict):
+        unknown = set(value) - {"input", "output"}
+        if unknown:
+            raise ValueError(f"--random-range-ratio: unknown keys {sorted(unknown)} (use input, output)")
+        pair = (value.get("input", 0.0), value.get("output", 0.0))
+    else:
+        pair = (value, value)
+    for r in pair:
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r < 1.0:
+            raise ValueError(f"--random-range-ratio values must be numbers in [0, 1), got {text!r}")
+    return float(pair[0]), float(pair[1])
+
+
+def _length_range(mean: int, ratio: float) -> tuple[int, int]:
+    return max(1, math.floor(mean * (1 - ratio))), max(1, math.ceil(mean * (1 + ratio)))
+
+
+def random_requests(vocab_size: int, num_prompts: int, input_len: int, output_len: int, seed: int,
+                    range_ratio: tuple[float, float] = (0.0, 0.0), prefix_len: int = 0) -> list[BenchRequest]:
+    """Ids uniform in [FIRST_ID, vocab) from numpy's default_rng(seed). The ids come first from the generator (a
+    [num_prompts, longest] draw, each prompt its row's head), then the lengths, then the prefix: with no range and
+    no prefix the prompts are the shared peer workload's."""
+    _positive("--num-prompts", num_prompts)
+    _positive("--input-len", input_len)
+    _positive("--output-len", output_len)
+    _positive("--random-prefix-len", prefix_len, 0)
+    if vocab_size <= FIRST_ID:
+        raise ValueError(f"the random dataset needs a vocabulary larger than {FIRST_ID}, got {vocab_size}")
+    in_lo, in_hi = _length_range(input_len, range_ratio[0])
+    out_lo, out_hi = _length_range(output_len, range_ratio[1])
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(FIRST_ID, vocab_size, size=(num_prompts, in_hi))
+    in_lens = rng.integers(in_lo, in_hi + 1, size=num_prompts)
+    out_lens = rng.integers(out_lo, out_hi + 1, size=num_prompts)
+    prefix = rng.integers(FIRST_ID, vocab_size, size=prefix_len).tolist()
+    return [BenchRequest(prefix + row[:n].tolist(), prefix_len + int(n), int(m))
+            for row, n, m in zip(ids, in_lens, out_lens)]
+
+
+def _read_json(path: str | None, what: str):
+    if not path:
+        raise ValueError(f"--dataset-path is required for the {what} dataset")
+    try:
+        with open(path, encoding="utf-8") as f:
+            if what == "custom":
+                return [json.loads(line) for line in f if line.strip()]
+            return json.load(f)
+    except OSError as e:
+        raise ValueError(f"--dataset-path: cannot read {path!r}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--dataset-path: {path!r} is not valid {'JSONL' if what == 'custom' else 'JSON'}: {e}") \
+            from None
+
+
+def _shuffled(items: list, seed: int, shuffle: bool) -> list:
+    items = list(items)
+    if shuffle:
+        random.Random(seed).shuffle(items)  # the order vLLM's random.seed(seed); random.shuffle(...) gives
+    return items
+
+
+def _oversampled(requests: list[BenchRequest], num_prompts: int, seed: int, oversample: bool) -> list:
+    if not requests:
+        raise ValueError("--dataset-path: no usable requests in the dataset")
+    if oversample and len(requests) < num_prompts:
+        rng = random.Random(seed)
+        requests = requests + [rng.choice(requests) for _ in range(num_prompts - len(requests))]
+    return requests
+
+
+def sharegpt_requests(path: str, tokenizer, num_prompts: int, seed: int, output_len: int | None = None,
+                      shuffle: bool = True, oversample: bool = True) -> list[BenchRequest]:
+    """Conversations with at least two turns, shuffled by seed; the first turn is the prompt, the second's token
+    count the output length (or `output_len`). As vLLM, a pair is skipped when the prompt (or, without
+    `output_len`, the output) has under 4 tokens, the prompt over 1024 or both over 2048."""
+    _positive("--num-prompts", num_prompts)
+    if output_len is not None:
+        _positive("--sharegpt-output-len", output_len)
+    data = _read_json(path, "sharegpt")
+    if not isinstance(data, list):
+        raise ValueError("--dataset-path: a sharegpt file is a JSON list of {\"conversations\": [...]} objects")
+    data = [e for e in data if isinstance(e, dict) and isinstance(e.get("conversations"), list)
+            and len(e["conversations"]) >= 2]
+    requests = []
+    for entry in _shuffled(data, seed, shuffle):
+        if len(requests) >= num_prompts:
+            break
+        prompt, completion = (turn.get("value") if isinstance(turn, dict) else None
+                              for turn in entry["conversations"][:2])
+        if not isinstance(prompt, str) or not isinstance(completion, str):
+            continue
+        prompt_len = len(tokenizer(prompt).input_ids)
+        out_len = output_len if output_len is not None else len(tokenizer(completion).input_ids)
+        too_short = prompt_len < 4 or (output_len is None and out_len < 4)
+        if too_short or prompt_len > 1024 or prompt_len + out_len > 2048:
+            continue
+        requests.append(BenchRequest(prompt, prompt_len, out_len))
+    return _oversampled(requests, num_prompts, seed, oversample)
+
+
+def custom_requests(path: str, tokenizer, num_prompts: int, seed: int, output_len: int = 256,
+                    chat_template: bool = True, shuffle: bool = True, oversample: bool = True) -> list[BenchRequest]:
+    """JSONL lines with a "prompt" (and "output_tokens" when `output_len` is -1), shuffled by seed. The prompt is
+    put in the tokenizer's chat template (as a user turn) unless `chat_template` is false."""
+    _positive("--num-prompts", num_prompts)
+    if output_len != -1:
+        _positive("--custom-output-len (or -1)", output_len)
+    if chat_template and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the custom dataset puts prompts in the chat template, and this tokenizer has none: "
+                         "pass --skip-chat-template")
+    lines = _read_json(path, "custom")
+    requests = []
+    for i, item in enumerate(_shuffled(lines, seed, shuffle)):
+        if len(requests) >= num_prompts:
+            break
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            raise ValueError(f"--dataset-path: every custom line needs a string \"prompt\"; got {item!r}")
+        out_len = output_len
+        if output_len == -1:
+            out_len = item.get("output_tokens")
+            if isinstance(out_len, bool) or not isinstance(out_len, int) or out_len < 1:
+                raise ValueError("--custom-output-len -1 takes each line's output_tokens, which must be an integer "
+                                 f">= 1; got {item!r}")
+        prompt = item["prompt"]
+        if chat_template:
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                   add_generation_prompt=True)
+        requests.append(BenchRequest(prompt, len(tokenizer(prompt).input_ids), out_len))
+    return _oversampled(requests, num_prompts, seed, oversample)
+
+
+def json_requests(path: str, get_tokenizer, num_prompts: int, output_len: int) -> list[BenchRequest]:
+    """Our `json` dataset: a JSON list of prompts (strings or token-id lists), the first `num_prompts` of it.
+    `get_tokenizer()` gives the tokenizer that counts string prompts (only called if there is one)."""
+    _positive("--num-prompts", num_prompts)
+    _positive("--output-len", output_len)
+    data = _read_json(path, "json")
+    if not isinstance(data, list):
+        raise ValueError("--dataset-path: a json dataset is a JSON list of prompts (strings or token-id lists)")
+    requests = []
+    for prompt in data[:num_prompts]:
+        if isinstance(prompt, str):
+            requests.append(BenchRequest(prompt, len(get_tokenizer()(prompt).input_ids), output_len))
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                         for t in prompt):
+            requests.append(BenchRequest(prompt, len(prompt), output_len))
+        else:
+            raise ValueError(f"--dataset-path: a json dataset's prompts are strings or token-id lists; got {prompt!r}")
+    if not requests:
+        raise ValueError("--dataset-path: no usable requests in the dataset")
+    return requests
+
+
+def load_requests(args, *, vocab_size: int, get_tokenizer, seed: int) -> list[BenchRequest]:
+    """The requests the dataset flags in `args` describe; `get_tokenizer()` is called only if a text needs its
+    tokens counted."""
+    def given(value, default):
+        return default if value is None else value
+
+    ratio = range_ratios(args.random_range_ratio)
+    if args.dataset_name == "random":
+        return random_requests(vocab_size, args.num_prompts, given(args.input_len, 128), given(args.output_len, 128),
+                               seed, ratio, args.random_prefix_len)
+    if args.random_prefix_len or ratio != (0.0, 0.0):
+        raise ValueError("--random-range-ratio and --random-prefix-len apply to the random dataset only")
+    if args.input_len is not None:
+        raise ValueError(f"--input-len applies to the random dataset only; the {args.dataset_name} dataset's "
+                         "prompts have their own lengths")
+    if args.dataset_name == "sharegpt":
+        return sharegpt_requests(args.dataset_path, get_tokenizer(), args.num_prompts, seed,
+                                 given(args.output_len, args.sharegpt_output_len), not args.disable_shuffle,
+                                 not args.no_oversample)
+    if args.dataset_name == "custom":
+        return custom_requests(args.dataset_path, get_tokenizer(), args.num_prompts, seed,
+                               given(args.output_len, args.custom_output_len), not args.skip_chat_template,
+                               not args.disable_shuffle, not args.no_oversample)
+    return json_requests(args.dataset_path, get_tokenizer, args.num_prompts, given(args.output_len, 128))

@@ -1,0 +1,210 @@
+"""`jaxengine bench throughput|latency` end to end on a tiny model, and the datasets they and `bench serve` share
+(random with a range and a prefix, sharegpt, custom, json) against what each file and flag says."""
+
+import argparse
+import json
+import random
+
+import numpy as np
+import pytest
+
+from jaxengine import bench_data
+from jaxengine.bench import arrival_gaps, random_prompts
+from jaxengine.cli import main
+from jaxengine.engine.llm_engine import load_tokenizer
+
+# The settings of the session's shared engines (tests/conftest.py), so these engines reuse their compiled programs.
+ENGINE_FLAGS = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8", "--max-num-batched-tokens",
+                "64", "--min-token-bucket", "8", "--kv-cache-gib", "0.01"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tokenizer_dir):
+    return load_tokenizer(tokenizer_dir)
+
+
+def _args(*argv):
+    p = argparse.ArgumentParser()
+    bench_data.add_dataset_flags(p, seed=True)
+    return p.parse_args(list(argv))
+
+
+def _load(tokenizer, *argv):
+    args = _args(*argv)
+    return bench_data.load_requests(args, vocab_size=300, get_tokenizer=lambda: tokenizer, seed=args.seed)
+
+
+def test_random_dataset_keeps_the_shared_workloads_prompts():
+    # The peers' workload.py: default_rng(seed).integers(4, vocab, size=(num_prompts, input_len)).
+    expected = np.random.default_rng(7).integers(4, 300, size=(5, 12)).tolist()
+    reqs = bench_data.random_requests(300, 5, 12, 3, seed=7)
+    assert [r.prompt for r in reqs] == expected == random_prompts(300, 5, 12, 7)
+    assert {(r.prompt_len, r.output_len) for r in reqs} == {(12, 3)}
+
+
+def test_random_dataset_range_ratio_and_prefix():
+    reqs = _load(None, "--num-prompts", "200", "--input-len", "20", "--output-len", "10", "--random-range-ratio",
+                 '{"input": 0.5, "output": 0.2}', "--random-prefix-len", "3", "--seed", "1")
+    prefix = reqs[0].prompt[:3]
+    in_lens = [r.prompt_len - 3 for r in reqs]
+    out_lens = [r.output_len for r in reqs]
+    assert all(r.prompt[:3] == prefix and len(r.prompt) == r.prompt_len for r in reqs)
+    assert min(in_lens) == 10 and max(in_lens) == 30  # [floor(20 * 0.5), ceil(20 * 1.5)], all reached in 200 draws
+    assert min(out_lens) == 8 and max(out_lens) == 12
+    assert all(4 <= t < 300 for r in reqs for t in r.prompt)
+    again = _load(None, "--num-prompts", "200", "--input-len", "20", "--output-len", "10", "--random-range-ratio",
+                  '{"input": 0.5, "output": 0.2}', "--random-prefix-len", "3", "--seed", "1")
+    assert again == reqs
+    one = _load(None, "--num-prompts", "50", "--input-len", "20", "--random-range-ratio", "0.25")
+    assert {r.output_len for r in one} <= set(range(96, 161)) and len({r.prompt_len for r in one}) > 3
+
+
+@pytest.mark.parametrize("argv, field", [
+    (("--random-range-ratio", "1.0"), "--random-range-ratio"),
+    (("--random-range-ratio", '{"in": 0.1}'), "--random-range-ratio"),
+    (("--random-range-ratio", "abc"), "--random-range-ratio"),
+    (("--input-len", "0"), "--input-len"),
+    (("--output-len", "-1"), "--output-len"),
+    (("--num-prompts", "0"), "--num-prompts"),
+    (("--random-prefix-len", "-2"), "--random-prefix-len"),
+    (("--dataset-name", "sharegpt"), "--dataset-path"),
+    (("--dataset-name", "sharegpt", "--dataset-path", "x.json", "--input-len", "5"), "--input-len"),
+    (("--dataset-name", "custom", "--dataset-path", "x.jsonl", "--random-prefix-len", "5"), "--random-prefix-len"),
+    (("--dataset-name", "json", "--dataset-path", "/nonexistent/prompts.json"), "--dataset-path"),
+])
+def test_bad_dataset_flags_are_refused_by_name(tokenizer, argv, field):
+    with pytest.raises(ValueError, match=field):
+        _load(tokenizer, *argv)
+
+
+def _sharegpt(tmp_path, tokenizer):
+    words = "the quick brown fox jumps over a lazy dog".split()
+    rng = random.Random(3)
+    entries = []
+    for i in range(12):
+        prompt = " ".join(rng.choice(words) for _ in range(5 + i))
+        answer = " ".join(rng.choice(words) for _ in range(4 + 2 * i))
+        entries.append({"id": str(i), "conversations": [{"from": "human", "value": prompt},
+                                                        {"from": "gpt", "value": answer}]})
+    entries += [{"id": "one turn", "conversations": [{"from": "human", "value": "a b c d e f"}]},
+                {"id": "short prompt", "conversations": [{"from": "human", "value": "a"},
+                                                         {"from": "gpt", "value": "the quick brown fox jumps"}]},
+                {"id": "short answer", "conversations": [{"from": "human", "value": "the quick brown fox jumps"},
+                                                         {"from": "gpt", "value": "a"}]},
+                {"id": "long prompt", "conversations": [{"from": "human", "value": "dog " * 1100},
+                                                        {"from": "gpt", "value": "the quick brown fox jumps"}]},
+                {"id": "no conversations"}]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(entries))
+    return path, entries
+
+
+def test_sharegpt_dataset(tmp_path, tokenizer):
+    path, entries = _sharegpt(tmp_path, tokenizer)
+
+    def count(text):
+        return len(tokenizer(text).input_ids)
+
+    usable = [e for e in entries if e["id"].isdigit()]
+    shuffled = [e for e in entries if len(e.get("conversations", [])) >= 2]
+    random.Random(5).shuffle(shuffled)  # the order vLLM's client takes them in for --seed 5
+    expected = [e for e in shuffled if e["id"].isdigit()]
+    reqs = _load(tokenizer, "--dataset-name", "sharegpt", "--dataset-path", str(path), "--num-prompts", "6",
+                 "--seed", "5")
+    turns = [(e["conversations"][0]["value"], e["conversations"][1]["value"]) for e in expected[:6]]
+    assert [(r.prompt, r.prompt_len, r.output_len) for r in reqs] == [(p, count(p), count(a)) for p, a in turns]
+    # More prompts than the file has: the usable ones, then draws from them (vLLM's oversampling), or only them.
+    every = _load(tokenizer, "--dataset-name", "sharegpt", "--dataset-path", str(path), "--num-prompts", "30",
+                  "--disable-shuffle")
+    assert [r.prompt for r in every[:12]] == [e["conversations"][0]["value"] for e in usable]
+    assert len(every) == 30 and {r.prompt for r in every[12:]} <= {r.prompt for r in every[:12]}
+    only = _load(tokenizer, "--dataset-name", "sharegpt", "--dataset-path", str(path), "--num-prompts", "30",
+                 "--no-oversample", "--sharegpt-output-len", "7")
+    assert len(only) == 13 and {r.output_len for r in only} == {7}  # a fixed length keeps the short answer's pair
+    fixed = _load(tokenizer, "--dataset-name", "sharegpt", "--dataset-path", str(path), "--num-prompts", "4",
+                  "--output-len", "9")
+    assert {r.output_len for r in fixed} == {9}
+
+
+def test_custom_and_json_datasets(tmp_path, tokenizer):
+    lines = [{"prompt": f"question {i} about the fox", "output_tokens": 3 + i} for i in range(5)]
+    path = tmp_path / "custom.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    own = _load(tokenizer, "--dataset-name", "custom", "--dataset-path", str(path), "--num-prompts", "5",
+                "--custom-output-len", "-1", "--disable-shuffle", "--skip-chat-template")
+    assert [(r.prompt, r.output_len) for r in own] == [(x["prompt"], x["output_tokens"]) for x in lines]
+    chat = _load(tokenizer, "--dataset-name", "custom", "--dataset-path", str(path), "--num-prompts", "2",
+                 "--disable-shuffle")
+    templated = tokenizer.apply_chat_template([{"role": "user", "content": lines[0]["prompt"]}], tokenize=False,
+                                              add_generation_prompt=True)
+    assert chat[0].prompt == templated and chat[0].prompt_len == len(tokenizer(templated).input_ids)
+    assert {r.output_len for r in chat} == {256}
+    path.write_text(json.dumps({"text": "no prompt"}) + "\n")
+    with pytest.raises(ValueError, match="prompt"):
+        _load(tokenizer, "--dataset-name", "custom", "--dataset-path", str(path), "--skip-chat-template")
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(["the fox", [5, 6, 7], "a dog"]))
+    reqs = _load(tokenizer, "--dataset-name", "json", "--dataset-path", str(prompts), "--num-prompts", "2",
+                 "--output-len", "4")
+    assert [(r.prompt, r.output_len) for r in reqs] == [("the fox", 4), ([5, 6, 7], 4)]
+    prompts.write_text(json.dumps([["x"]]))
+    with pytest.raises(ValueError, match="token-id lists"):
+        _load(tokenizer, "--dataset-name", "json", "--dataset-path", str(prompts))
+
+
+def test_arrival_gaps_follow_the_rate_and_burstiness():
+    assert not arrival_gaps(float("inf"), 1.0, 5, 0).any()
+    for burstiness in (0.5, 1.0, 4.0):
+        gaps = arrival_gaps(20.0, burstiness, 20000, 1)
+        assert gaps.mean() == pytest.approx(1 / 20, rel=0.05)
+        # A gamma of shape k has a coefficient of variation of 1/sqrt(k): burstier traffic varies more.
+        assert gaps.std() / gaps.mean() == pytest.approx(burstiness ** -0.5, rel=0.05)
+    for rate, burstiness in ((0.0, 1.0), (-1.0, 1.0), (1.0, 0.0), (1.0, float("inf"))):
+        with pytest.raises(ValueError, match="--request-rate" if rate <= 0 else "--burstiness"):
+            arrival_gaps(rate, burstiness, 3, 0)
+
+
+def _run(capsys, *argv):
+    main(list(argv))
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_bench_throughput_runs_a_dataset_through_the_engine(model_dirs, tmp_path, tokenizer, capsys):
+    model = str(model_dirs["llama"])
+    result = _run(capsys, "bench", "throughput", "--model", model, *ENGINE_FLAGS, "--num-prompts", "5",
+                  "--input-len", "7", "--output-len", "4", "--runs", "1", "--n", "2")
+    assert result["benchmark"] == "throughput" and result["num_prompts"] == 5 and result["n"] == 2
+    assert result["total_prompt_tokens"] == 5 * 7 and result["total_output_tokens"] == 5 * 2 * 4
+    assert result["output_tok_s"] > 0 and result["compiles_during_runs"] == 0
+    path, _ = _sharegpt(tmp_path, tokenizer)
+    result = _run(capsys, "bench", "throughput", "--model", model, *ENGINE_FLAGS, "--dataset-name", "sharegpt",
+                  "--dataset-path", str(path), "--num-prompts", "4", "--runs", "1", "--temperature", "0.7",
+                  "--top-p", "0.9", "--repetition-penalty", "1.1")
+    reqs = _load(tokenizer, "--dataset-name", "sharegpt", "--dataset-path", str(path), "--num-prompts", "4")
+    # Each request generates its own answer's length (ignore_eos), as vLLM's throughput tool does.
+    assert result["total_output_tokens"] == sum(r.output_len for r in reqs)
+    assert result["total_prompt_tokens"] == sum(r.prompt_len for r in reqs)
+    assert result["sampling"] == {"temperature": 0.7, "top_p": 0.9, "repetition_penalty": 1.1}
+
+
+def test_bench_latency_and_refusals(model_dirs, capsys):
+    model = str(model_dirs["llama"])
+    result = _run(capsys, "bench", "latency", "--model", model, *ENGINE_FLAGS, "--batch-size", "2", "--input-len",
+                  "6", "--output-len", "5", "--num-iters", "2", "--num-iters-warmup", "1")
+    assert result["benchmark"] == "latency" and result["batch_size"] == 2
+    assert 0 < result["ttft_ms"] < result["e2e_ms"] and result["tpot_ms"] > 0
+    with pytest.raises(SystemExit, match="--output-len"):
+        main(["bench", "latency", "--model", model, *ENGINE_FLAGS, "--output-len", "1"])
+    with pytest.raises(SystemExit, match="top_p"):
+        main(["bench", "throughput", "--model", model, *ENGINE_FLAGS, "--top-p", "2"])
+    with pytest.raises(SystemExit):  # a flag the tool does not take is refused, not ignored
+        main(["bench", "latency", "--model", model, "--num-prompts", "3"])
+
+
+def test_bench_startup_times_a_cold_and_a_warm_server(model_dirs, capsys):
+    engine = ["--model", str(model_dirs["llama"]), *ENGINE_FLAGS]
+    result = _run(capsys, "bench", "startup", "--runs", "1", *engine)
+    assert result["benchmark"] == "startup" and result["engine_args"] == engine
+    assert result["cold_cache_s"] > 0 and len(result["warm_runs_s"]) == 1 and result["warm_cache_s"] > 0
+    with pytest.raises(SystemExit, match="exited with 2 before it was ready(.|\n)*--no-such-flag"):
+        main(["bench", "startup", "--runs", "1", *engine, "--no-such-flag"])
