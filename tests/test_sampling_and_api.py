@@ -98,7 +98,6 @@ def test_a_top_k_beyond_the_device_int32_keeps_every_token(engines):
     ([1, 2, 100000], SamplingParams(), r"prompt_token_ids contains \[100000\] outside the vocabulary \[0, 331\)"),
     ([-1], SamplingParams(), "prompt_token_ids.*outside the vocabulary"),
     (list(range(3, 3)) + [5] * 512, SamplingParams(), "max_model_len=512"),
-    ([5] * 500, SamplingParams(max_tokens=20), r"max_tokens \(20\).*exceeds max_model_len=512"),
     ([5], SamplingParams(stop_token_ids=[999]), "stop_token_ids.*outside the vocabulary"),
 ])
 def test_bad_input_is_refused_and_the_engine_keeps_serving(engines, prompt, params, match):
@@ -108,6 +107,15 @@ def test_bad_input_is_refused_and_the_engine_keeps_serving(engines, prompt, para
     assert not engine.has_unfinished_requests()
     ok = sample_tokens(engine, "after-bad", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert len(ok[0].token_ids) == 3
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_max_tokens_past_the_context_stops_at_max_model_len(engines):
+    """As vLLM: prompt + max_tokens beyond max_model_len is not refused; the output stops at the context's end."""
+    engine = engines("mistral")
+    out = sample_tokens(engine, "past-context", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+                        prompt=[5] * 500)[0]
+    assert len(out.token_ids) == 12 and out.finish_reason == "length"
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 

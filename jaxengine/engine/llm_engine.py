@@ -240,10 +240,8 @@ class LLMEngine:
         if n >= self.max_model_len:
             raise ValueError(f"prompt has {n} tokens; max_model_len={self.max_model_len} leaves no room to generate "
                              f"(the prompt must be shorter than max_model_len)")
-        if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
-            raise ValueError(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens} "
-                             f"exceeds max_model_len={self.max_model_len}")
-        blocks = -(-(n + (params.max_tokens or self.max_model_len - n)) // self.config.block_size)
+        # As vLLM: a max_tokens past the context is not refused; the sequence stops at max_model_len ("length").
+        blocks = -(-min(n + (params.max_tokens or self.max_model_len), self.max_model_len) // self.config.block_size)
         if blocks > self.block_manager.num_blocks:
             raise ValueError(f"the request needs {blocks} KV blocks but the pool has "
                              f"{self.block_manager.num_blocks}; lower max_tokens or enlarge the KV cache")

@@ -41,7 +41,7 @@ def test_bench_serve_counts_failed_requests(live, async_engine, tmp_path, capsys
     assert result["completed"] == 2 and result["failed"] == 1
     assert result["total_output_tokens"] == 2 * 4 and result["total_input_tokens"] == 3 + 4
     assert len(result["errors"]) == 1 and result["errors"][0].startswith("HTTP 400")
-    # Every request refused (the prompt and output past max_model_len): the result is printed, then a clear exit.
+    # Every request refused (prompts past max_model_len): the result is printed, then a clear exit.
     with pytest.raises(SystemExit, match="every request failed"):
         main(["bench", "serve", "--base-url", live.url, "--num-prompts", "2", "--input-len", "9",
               "--output-len", "1000"])

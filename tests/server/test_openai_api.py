@@ -20,6 +20,13 @@ def test_completion(client):
     assert out.usage.completion_tokens == 8 and out.usage.prompt_tokens > 0
 
 
+def test_max_tokens_past_the_context_is_capped_not_refused(client):
+    # vLLM's server caps max_tokens at what the context leaves (max_model_len 512 here) instead of a 400.
+    out = client.completions.create(model=MODEL, prompt=[7] * 505, max_tokens=100, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 512 - 505
+
+
 def test_completion_stream_concatenates_to_the_non_streamed_text(client):
     kwargs = dict(model=MODEL, prompt="import json", max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
     whole = client.completions.create(**kwargs).choices[0].text
