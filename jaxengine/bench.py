@@ -21,11 +21,13 @@ import time
 import httpx
 import numpy as np
 
-from jaxengine.bench_data import BenchRequest, add_dataset_flags, load_requests, random_requests
+from jaxengine.bench_data import (FIRST_ID, BenchRequest, add_dataset_flags, load_requests, random_lengths,
+                                  random_requests)
 from jaxengine.cli import add_engine_flags, engine_config
 from jaxengine.compile_counter import compile_count
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
+PROBE_LIMIT = 1 << 22  # ids /detokenize is probed below (the largest vocabularies are ~260k)
 SAMPLING_FLAGS = ("top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
 
 
@@ -78,6 +80,8 @@ def _offline_config(args):
 def throughput(args) -> None:
     from jaxengine import LLM, SamplingParams
 
+    if args.runs < 1:
+        raise ValueError(f"--runs must be at least 1, got {args.runs}")
     config = _offline_config(args)
     sampling = _sampling(args)
     start = time.perf_counter()
@@ -98,10 +102,9 @@ def throughput(args) -> None:
         prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
         runs.append((wall, generated, prompt_tokens))
     wall, generated, prompt_tokens = sorted(runs)[len(runs) // 2]
-    random = args.dataset_name == "random"
+    input_len, output_len = random_lengths(args) if args.dataset_name == "random" else (None, args.output_len)
     _emit({"benchmark": "throughput", "dataset_name": args.dataset_name, "dataset_path": args.dataset_path,
-           "num_prompts": len(prompts), "input_len": args.input_len or 128 if random else None,
-           "output_len": args.output_len or 128 if random else args.output_len, "n": args.n,
+           "num_prompts": len(prompts), "input_len": input_len, "output_len": output_len, "n": args.n,
            "sampling": sampling, "init_s": round(init_s, 2), "wall_s": round(wall, 3),
            "total_prompt_tokens": prompt_tokens, "total_output_tokens": generated,
            "requests_per_s": round(len(prompts) / wall, 3), "output_tok_s": round(generated / wall, 2),
@@ -113,9 +116,10 @@ def throughput(args) -> None:
 def latency(args) -> None:
     from jaxengine import LLM, SamplingParams
 
-    for name in ("batch_size", "input_len", "output_len", "num_iters"):
-        if args.__dict__[name] < (2 if name == "output_len" else 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be at least {2 if name == 'output_len' else 1}")
+    for name, low in (("batch_size", 1), ("input_len", 1), ("output_len", 2), ("num_iters", 1),
+                      ("num_iters_warmup", 0)):
+        if getattr(args, name) < low:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
     config = _offline_config(args)
     sampling = _sampling(args)
     llm = LLM(config=config, progress=False)
@@ -237,16 +241,29 @@ def _stats(name: str, values_s: list[float], percentiles: list[float]) -> dict:
     return {key: round(value, 2) for key, value in out.items()}
 
 
-def _serve_tokenizer(args, models: list[dict]):
+def _serve_tokenizer(args, models: list[dict], why: str):
     from jaxengine.engine.llm_engine import load_tokenizer
 
     name = args.tokenizer or args.model or models[0].get("root") or models[0]["id"]
     try:
         return load_tokenizer(name)
     except Exception as e:  # noqa: BLE001 - any loader failure means the same thing to the user
-        raise ValueError(f"--tokenizer: the {args.dataset_name} dataset needs the model's tokenizer to count "
-                         f"tokens, and {name!r} did not load one ({type(e).__name__}: {e}); pass --tokenizer DIR") \
-            from None
+        raise ValueError(f"--tokenizer: {why}, and {name!r} did not load one ({type(e).__name__}: {e}); pass "
+                         "--tokenizer DIR") from None
+
+
+def _random_vocab(args, base_url: str, models: list[dict]) -> int:
+    """The id range for random prompts: --vocab-size; else the largest id the server's /detokenize accepts (ours
+    refuses ids past the model's vocabulary); else, where /detokenize decodes any id (vLLM's) or is missing, the
+    tokenizer's largest id + 1 (the range vLLM's server accepts)."""
+    if args.vocab_size:
+        return args.vocab_size
+    probed = _vocab_from_detokenize(base_url)
+    if FIRST_ID < probed < PROBE_LIMIT:
+        return probed
+    tokenizer = _serve_tokenizer(args, models, "the server's /detokenize does not bound the vocabulary for random "
+                                 "prompts (or pass --vocab-size)")
+    return max(tokenizer.get_vocab().values()) + 1
 
 
 def serve(args) -> None:
@@ -258,10 +275,13 @@ def serve(args) -> None:
     arrival_gaps(args.request_rate, args.burstiness, 0, args.seed)  # checks both before anything is sent
     if args.num_warmups < 0:
         raise ValueError(f"--num-warmups must be >= 0, got {args.num_warmups}")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     models = httpx.get(base_url + "/v1/models", timeout=30).json()["data"]
     model = args.model or models[0]["id"]
-    vocab = (args.vocab_size or _vocab_from_tokenize(base_url)) if args.dataset_name == "random" else 0
-    requests = load_requests(args, vocab_size=vocab, get_tokenizer=lambda: _serve_tokenizer(args, models),
+    vocab = _random_vocab(args, base_url, models) if args.dataset_name == "random" else 0
+    why = f"the {args.dataset_name} dataset needs the model's tokenizer to count tokens"
+    requests = load_requests(args, vocab_size=vocab, get_tokenizer=lambda: _serve_tokenizer(args, models, why),
                              seed=args.seed)
     if chat and any(not isinstance(r.prompt, str) for r in requests):
         raise ValueError("--backend openai-chat sends text messages, and this dataset's prompts are token ids: use "
@@ -299,9 +319,10 @@ def serve(args) -> None:
         sys.exit(f"error: every request failed; the first: {errors[0]}")
 
 
-def _vocab_from_tokenize(base_url: str) -> int:
-    """The vocabulary size, from the largest id /detokenize accepts (binary search; our server's 400 says it)."""
-    lo, hi = 1, 1 << 20
+def _vocab_from_detokenize(base_url: str) -> int:
+    """The largest id + 1 that /detokenize accepts, by binary search below PROBE_LIMIT (PROBE_LIMIT: it accepts
+    them all; 1: it accepts none, or is missing)."""
+    lo, hi = 1, PROBE_LIMIT
     while lo < hi:
         mid = (lo + hi + 1) // 2
         ok = httpx.post(base_url + "/detokenize", json={"tokens": [mid - 1]}, timeout=30).status_code == 200

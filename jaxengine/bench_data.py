@@ -217,16 +217,22 @@ def json_requests(path: str, get_tokenizer, num_prompts: int, output_len: int) -
     return requests
 
 
+def _given(value, default):
+    return default if value is None else value
+
+
+def random_lengths(args) -> tuple[int, int]:
+    """The random dataset's input and output lengths (before `--random-range-ratio`)."""
+    return _given(args.input_len, 128), _given(args.output_len, 128)
+
+
 def load_requests(args, *, vocab_size: int, get_tokenizer, seed: int) -> list[BenchRequest]:
     """The requests the dataset flags in `args` describe; `get_tokenizer()` is called only if a text needs its
     tokens counted."""
-    def given(value, default):
-        return default if value is None else value
-
     ratio = range_ratios(args.random_range_ratio)
     if args.dataset_name == "random":
-        return random_requests(vocab_size, args.num_prompts, given(args.input_len, 128), given(args.output_len, 128),
-                               seed, ratio, args.random_prefix_len)
+        return random_requests(vocab_size, args.num_prompts, *random_lengths(args), seed, ratio,
+                               args.random_prefix_len)
     if args.random_prefix_len or ratio != (0.0, 0.0):
         raise ValueError("--random-range-ratio and --random-prefix-len apply to the random dataset only")
     if args.input_len is not None:
@@ -234,10 +240,10 @@ def load_requests(args, *, vocab_size: int, get_tokenizer, seed: int) -> list[Be
                          "prompts have their own lengths")
     if args.dataset_name == "sharegpt":
         return sharegpt_requests(args.dataset_path, get_tokenizer(), args.num_prompts, seed,
-                                 given(args.output_len, args.sharegpt_output_len), not args.disable_shuffle,
+                                 _given(args.output_len, args.sharegpt_output_len), not args.disable_shuffle,
                                  not args.no_oversample)
     if args.dataset_name == "custom":
         return custom_requests(args.dataset_path, get_tokenizer(), args.num_prompts, seed,
-                               given(args.output_len, args.custom_output_len), not args.skip_chat_template,
+                               _given(args.output_len, args.custom_output_len), not args.skip_chat_template,
                                not args.disable_shuffle, not args.no_oversample)
-    return json_requests(args.dataset_path, get_tokenizer, args.num_prompts, given(args.output_len, 128))
+    return json_requests(args.dataset_path, get_tokenizer, args.num_prompts, _given(args.output_len, 128))

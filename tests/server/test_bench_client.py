@@ -43,8 +43,8 @@ def test_bench_serve_counts_failed_requests(live, async_engine, tmp_path, capsys
     assert len(result["errors"]) == 1 and result["errors"][0].startswith("HTTP 400")
     # Every request refused (prompts past max_model_len): the result is printed, then a clear exit.
     with pytest.raises(SystemExit, match="every request failed"):
-        main(["bench", "serve", "--base-url", live.url, "--num-prompts", "2", "--input-len", "9",
-              "--output-len", "1000"])
+        main(["bench", "serve", "--base-url", live.url, "--num-prompts", "2", "--input-len", "600",
+              "--output-len", "4"])
     result = _result(capsys)
     assert result["completed"] == 0 and result["failed"] == 2 and result["total_output_tokens"] == 0
     wait_until_idle(async_engine.engine)
@@ -73,6 +73,25 @@ def test_bench_serve_sharegpt_through_the_chat_endpoint(live, async_engine, mode
     wait_until_idle(async_engine.engine)
 
 
+def test_bench_serve_random_ids_where_detokenize_bounds_nothing(live, async_engine, model_dirs, monkeypatch,
+                                                                capsys):
+    """vLLM's /detokenize decodes any id, so the probe finds no bound: the ids then come from the tokenizer's range
+    (the range vLLM's server accepts), or the tool asks for --tokenizer / --vocab-size."""
+    from jaxengine import bench
+    from jaxengine.engine.llm_engine import load_tokenizer
+
+    assert bench._vocab_from_detokenize(live.url) == async_engine.engine.model_config.vocab_size  # ours bounds it
+    monkeypatch.setattr(bench, "_vocab_from_detokenize", lambda url: bench.PROBE_LIMIT)
+    with pytest.raises(SystemExit, match="--tokenizer.*--vocab-size|--vocab-size.*--tokenizer"):
+        main(["bench", "serve", "--base-url", live.url, "--num-prompts", "2"])
+    capsys.readouterr()
+    main(["bench", "serve", "--base-url", live.url, "--num-prompts", "3", "--input-len", "6", "--output-len", "2",
+          "--tokenizer", str(model_dirs["qwen2"]), "--ignore-eos"])
+    assert _result(capsys)["completed"] == 3
+    assert max(load_tokenizer(model_dirs["qwen2"]).get_vocab().values()) + 1 < async_engine.engine.model_config.vocab_size
+    wait_until_idle(async_engine.engine)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--top-p", "1.5"], "top_p"),
     (["--burstiness", "0"], "--burstiness"),
@@ -81,6 +100,7 @@ def test_bench_serve_sharegpt_through_the_chat_endpoint(live, async_engine, mode
     (["--metric-percentiles", "0,50"], "--metric-percentiles"),
     (["--backend", "openai-chat"], "openai-chat"),  # the random dataset's prompts are token ids
     (["--random-range-ratio", "2"], "--random-range-ratio"),
+    (["--max-concurrency", "0"], "--max-concurrency"),
 ])
 def test_bench_serve_refuses_bad_flags_before_sending(live, argv, message):
     with pytest.raises(SystemExit, match=message):
