@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The shared CPU workload (see ../shared/peers/README.md): our engine, then vLLM's CPU build when
 # PEER_VENV is set, one after the other in the same run. One JSON line per measurement on stdout.
-#   MODELS=/tmp/peer-models PEER_VENV=/path/.venv-vllm RUNS=3 [SAMPLED=1] bash benchmarks/cpu_shared_workload.sh
+#   MODELS=/tmp/peer-models PEER_VENV=/path/.venv-vllm RUNS=3 [SAMPLED=1] [RATES="inf 4"] bash benchmarks/cpu_shared_workload.sh
+# RATES: the serving request rates (default inf, the shared workload's; serve_bench.sh's own default is "inf 4").
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 peers="${PEERS:-$here/../../shared/peers}"
 models="${MODELS:-/tmp/jaxengine-peer-models}"
 runs="${RUNS:-3}"
+rates="${RATES:-inf}"
 [ -d "$models/llama-135m" ] || python "$peers/make_models.py" "$models" --only llama-135m >&2
 engine=(--model "$models/llama-135m" --max-model-len 1024 --max-num-seqs 64 --max-num-batched-tokens 512
         --kv-cache-gib 2)
@@ -52,16 +54,18 @@ until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do sleep 1; done
 compiles() { curl -s "http://127.0.0.1:$port/metrics" | awk '/^jaxengine:compile_count/ {print $2}'; }
 before=$(compiles)
 if [ -n "${PEER_VENV:-}" ]; then
-    SERVER_URL="http://127.0.0.1:$port" VLLM_VENV="$PEER_VENV" RUNS="$runs" RATES=inf \
+    SERVER_URL="http://127.0.0.1:$port" VLLM_VENV="$PEER_VENV" RUNS="$runs" RATES="$rates" \
         bash "$peers/serve_bench.sh" "$models/llama-135m"
 else
-    jaxengine bench serve --base-url "http://127.0.0.1:$port" --num-prompts 64 --input-len 128 --output-len 128 \
-        --ignore-eos
+    for rate in $rates; do
+        jaxengine bench serve --base-url "http://127.0.0.1:$port" --num-prompts 64 --input-len 128 --output-len 128 \
+            --ignore-eos --request-rate "$rate"
+    done
 fi
 echo "{\"engine\": \"jaxengine-serve\", \"compiles_during_serve_benchmark\": $(python -c "print(int(float('$(compiles)') - float('$before')))")}"
 kill $server; wait $server 2>/dev/null || true
 if [ -n "${PEER_VENV:-}" ]; then
-    env "${peer_env[@]}" VLLM_VENV="$PEER_VENV" RUNS="$runs" RATES=inf bash "$peers/serve_bench.sh" "$models/llama-135m"
+    env "${peer_env[@]}" VLLM_VENV="$PEER_VENV" RUNS="$runs" RATES="$rates" bash "$peers/serve_bench.sh" "$models/llama-135m"
 fi
 
 jaxengine bench startup "${engine[@]}" --runs 2

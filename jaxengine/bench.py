@@ -148,7 +148,7 @@ async def _one_request(client, url: str, chat: bool, body: dict):
     """One streamed request. Returns its timings and token count, or its failure (an HTTP status, an error event
     in the stream, a dropped connection) without raising: vLLM's client counts failed requests the same way."""
     start = time.perf_counter()
-    stamps, tokens = [], None
+    stamps, tokens, prompt_tokens = [], None, None
     try:
         async with client.stream("POST", url, json=body) as response:
             if response.status_code != 200:
@@ -161,7 +161,8 @@ async def _one_request(client, url: str, chat: bool, body: dict):
                 if chunk.get("error"):
                     return _failure(f"error in the stream: {json.dumps(chunk['error'])[:300]}")
                 if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
+                    tokens = chunk["usage"].get("completion_tokens")
+                    prompt_tokens = chunk["usage"].get("prompt_tokens")
                 choice = (chunk.get("choices") or [{}])[0]
                 if (choice.get("delta") or {}).get("content") if chat else choice.get("text"):
                     stamps.append(time.perf_counter())
@@ -169,7 +170,8 @@ async def _one_request(client, url: str, chat: bool, body: dict):
         return _failure(f"{type(e).__name__}: {e}")
     end = time.perf_counter()
     return {"success": True, "ttft": stamps[0] - start if stamps else end - start, "e2e": end - start,
-            "tokens": len(stamps) if tokens is None else tokens, "itl": [b - a for a, b in zip(stamps, stamps[1:])]}
+            "tokens": len(stamps) if tokens is None else tokens, "prompt_tokens": prompt_tokens,
+            "itl": [b - a for a, b in zip(stamps, stamps[1:])]}
 
 
 def arrival_gaps(request_rate: float, burstiness: float, count: int, seed: int) -> np.ndarray:
@@ -290,7 +292,8 @@ def serve(args) -> None:
     done = [(req, r) for req, r in zip(requests, results) if r["success"]]
     errors = [r["error"] for r in results if not r["success"]]
     out_tokens = sum(r["tokens"] for _, r in done)
-    in_tokens = sum(req.prompt_len for req, _ in done)
+    # As vLLM's client: the prompt tokens the server reports (a chat template's included), else the dataset's count.
+    in_tokens = sum(req.prompt_len if r["prompt_tokens"] is None else r["prompt_tokens"] for req, r in done)
     values = {"ttft": [r["ttft"] for _, r in done], "e2el": [r["e2e"] for _, r in done],
               "tpot": [(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for _, r in done if r["tokens"] > 1],
               "itl": [x for _, r in done for x in r["itl"]]}
