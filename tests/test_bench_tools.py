@@ -193,6 +193,9 @@ def test_bench_latency_and_refusals(model_dirs, capsys):
                   "6", "--output-len", "5", "--num-iters", "2", "--num-iters-warmup", "1")
     assert result["benchmark"] == "latency" and result["batch_size"] == 2
     assert 0 < result["ttft_ms"] < result["e2e_ms"] and result["tpot_ms"] > 0
+    assert len(result["latencies"]) == 2 and result["avg_latency"] == pytest.approx(sum(result["latencies"]) / 2)
+    assert list(result["percentiles"]) == ["10", "25", "50", "75", "90", "99"]
+    assert result["e2e_ms"] == pytest.approx(result["percentiles"]["50"] * 1e3, abs=0.01)
     with pytest.raises(SystemExit, match="--output-len"):
         main(["bench", "latency", "--model", model, *ENGINE_FLAGS, "--output-len", "1"])
     with pytest.raises(SystemExit, match="top_p"):
