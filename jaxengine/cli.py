@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import json
 import logging
 import sys
 import typing
@@ -17,6 +18,16 @@ def _bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
+def _json_object(value: str) -> dict:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r} ({e})") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
+    return parsed
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per `EngineConfig` field. A boolean one is written as vLLM writes it (`--enable-prefix-caching`,
     `--no-enable-prefix-caching`) or with a value (`--enable-prefix-caching false`)."""
@@ -30,7 +41,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument("--no-" + flag[2:], dest=field.name, action="store_const", const=False,
                                 help=f"the same as {flag} false")
         else:
-            parser.add_argument(flag, dest=field.name, type=kind, default=None, help=f"(default: {field.default})")
+            parser.add_argument(flag, dest=field.name, type=_json_object if kind is dict else kind, default=None,
+                                help=f"(default: {field.default})")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -45,8 +57,11 @@ def _generate(args) -> None:
     from jaxengine.sampling_params import SamplingParams
 
     llm = LLM(config=engine_config(args))
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed_sampling, ignore_eos=args.ignore_eos)
+    # Flags given, else the model's generation-config defaults, else greedy and 32 tokens.
+    given = {name: getattr(args, name) for name in ("temperature", "top_p", "top_k", "max_tokens")
+             if getattr(args, name) is not None}
+    fields = {"temperature": 0.0, "max_tokens": 32} | llm.engine.default_sampling | given
+    params = SamplingParams(**fields, seed=args.seed_sampling, ignore_eos=args.ignore_eos)
     for out in llm.generate(args.prompt, params, use_tqdm=False):
         for completion in out.outputs:
             print(completion.text)
@@ -98,10 +113,11 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="complete one or more prompts offline and print the completions")
     gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
-    gen.add_argument("--max-tokens", type=int, default=32)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--max-tokens", type=int, default=None, help="default: the model's generation config, else 32")
+    gen.add_argument("--temperature", type=float, default=None,
+                     help="default: the model's generation config, else 0 (greedy)")
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--top-k", type=int, default=None)
     gen.add_argument("--seed-sampling", type=int, default=None, help="per-request sampling seed")
     gen.add_argument("--ignore-eos", action="store_true")
     add_engine_flags(gen)

@@ -15,7 +15,13 @@ from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFi
 
 
 def sampling_params(req: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
-                    prompt_logprobs: int | None) -> SamplingParams:
+                    prompt_logprobs: int | None, defaults: dict) -> SamplingParams:
+    """The request's SamplingParams. A field it leaves unset takes the model's generation-config default
+    (`defaults`, see EngineConfig.generation_config), else the OpenAI API's."""
+    def given(name: str, fallback):
+        value = getattr(req, name)
+        return defaults.get(name, fallback) if value is None else value
+
     bias = None
     if req.logit_bias:
         try:
@@ -23,15 +29,15 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, logprobs: in
         except ValueError:
             raise APIError("logit_bias keys must be token ids (integers as strings)", param="logit_bias") from None
     fields = dict(
-        n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p, top_k=0 if req.top_k is None else req.top_k,
-        min_p=req.min_p or 0.0, seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
+        n=req.n, temperature=given("temperature", 1.0), top_p=given("top_p", 1.0), top_k=given("top_k", 0),
+        min_p=given("min_p", 0.0), seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty, logit_bias=bias,
+        repetition_penalty=given("repetition_penalty", 1.0), logit_bias=bias,
         allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words, min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos, skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,
-        include_stop_str_in_output=req.include_stop_str_in_output, max_tokens=max_tokens, logprobs=logprobs,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        max_tokens=defaults.get("max_tokens") if max_tokens is None else max_tokens, logprobs=logprobs,
         prompt_logprobs=prompt_logprobs, output_kind=RequestOutputKind.CUMULATIVE)
     try:
         return SamplingParams(**fields)
@@ -134,7 +140,7 @@ class Serving:
         prompts = self._completion_prompts(req.prompt)
         params = sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
                                  prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None
-                                 else req.prompt_logprobs)
+                                 else req.prompt_logprobs, defaults=self.engine.engine.default_sampling)
         for _, ids in prompts:
             self._validate(ids, params)
         request_id = req.request_id or f"cmpl-{uuid.uuid4().hex}"
@@ -234,7 +240,7 @@ class Serving:
         ids = self._chat_prompt(req)
         params = sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
                                  logprobs=(req.top_logprobs or 0) if req.logprobs else None,
-                                 prompt_logprobs=req.prompt_logprobs)
+                                 prompt_logprobs=req.prompt_logprobs, defaults=self.engine.engine.default_sampling)
         self._validate(ids, params)
         request_id = req.request_id or f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())

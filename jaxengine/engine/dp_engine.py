@@ -30,7 +30,7 @@ class DataParallelEngine:
         self.replicas = [LLMEngine(config, progress, devices=devices[i * tp:(i + 1) * tp]) for i in range(dp)]
         first = self.replicas[0]
         self.config, self.tokenizer, self.model_config = config, first.tokenizer, first.model_config
-        self.max_model_len = first.max_model_len
+        self.max_model_len, self.default_sampling = first.max_model_len, first.default_sampling
         self.validate, self.tokenize_prompt = first.validate, first.tokenize_prompt
         self._owner: dict[str, LLMEngine] = {}
 

@@ -45,6 +45,36 @@ def enable_compilation_cache(cache_dir: str | None) -> Path | None:
 _GENERIC_FAST_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 
+# The generation_config.json keys that vLLM takes as default sampling parameters, and the field each sets.
+GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                       "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+
+
+def generation_defaults(model_dir, setting: str = "auto", override: dict | None = None) -> dict:
+    """Default SamplingParams fields for requests that leave them unset, as vLLM's `--generation-config`: "auto"
+    reads the model directory's generation_config.json, a directory path that directory's, "vllm" none; the keys
+    of GENERATION_DEFAULTS that are set (not null) count, `override` merged over them (null removes one)."""
+    if setting == "vllm":
+        values = {}
+    else:
+        directory = Path(model_dir if setting == "auto" else setting)
+        if not directory.is_dir():
+            raise ValueError(f"generation_config must be 'auto', 'vllm' or a directory, got {setting!r}")
+        path = directory / "generation_config.json"
+        values = json.loads(path.read_text()) if path.is_file() else {}
+        values = {key: value for key, value in values.items() if key in GENERATION_DEFAULTS}
+    unknown = sorted(set(override or {}) - set(GENERATION_DEFAULTS))
+    if unknown:
+        raise ValueError(f"override_generation_config: unknown keys {unknown}; known: {sorted(GENERATION_DEFAULTS)}")
+    values = {key: value for key, value in (values | (override or {})).items() if value is not None}
+    defaults = {GENERATION_DEFAULTS[key]: value for key, value in values.items()}
+    try:
+        SamplingParams(**defaults)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"generation_config: the default sampling parameters {defaults} are invalid: {e}") from None
+    return defaults
+
+
 def load_tokenizer(name_or_dir):
     """AutoTokenizer's tokenizer for a local directory or hub id. A directory whose tokenizer_config.json
     names the generic fast class (Llama 3, SmolLM, ...) loads it directly, as AutoTokenizer would: resolving
@@ -100,6 +130,11 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.tokenizer or model_dir)
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(model_dir)
+        self.default_sampling = generation_defaults(model_dir, config.generation_config,
+                                                    config.override_generation_config)
+        if self.default_sampling:
+            logger.warning("Requests that leave them unset sample with the model's generation config: %s "
+                           "(--generation-config vllm turns this off)", self.default_sampling)
         num_blocks = self._num_kv_blocks(model)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,

@@ -151,6 +151,7 @@ class FaultyEngine:
         self.engine = engine
         self.tokenizer, self.max_model_len = engine.tokenizer, engine.max_model_len
         self.model_config, self.validate = engine.model_config, engine.validate
+        self.default_sampling = engine.default_sampling
         self.pending = []
 
     def add_request(self, request_id, *args, **kwargs):
