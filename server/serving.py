@@ -31,7 +31,7 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, logprobs: in
     fields = dict(
         n=req.n, temperature=given("temperature", 1.0), top_p=given("top_p", 1.0), top_k=given("top_k", 0),
         min_p=given("min_p", 0.0), seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
-        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        presence_penalty=given("presence_penalty", 0.0), frequency_penalty=given("frequency_penalty", 0.0),
         repetition_penalty=given("repetition_penalty", 1.0), logit_bias=bias,
         allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words, min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos, skip_special_tokens=req.skip_special_tokens,

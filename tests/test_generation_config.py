@@ -15,8 +15,9 @@ from jaxengine.engine.llm_engine import generation_defaults
 from tests.server.conftest import LiveServer, wait_until_idle
 
 FILE = {"bos_token_id": 1, "eos_token_id": 2, "do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
-        "repetition_penalty": 1.05, "max_new_tokens": 9, "min_p": None, "num_beams": 1}
-DEFAULTS = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05, "max_tokens": 9}
+        "repetition_penalty": 1.05, "max_new_tokens": 9, "min_p": None, "num_beams": 1, "presence_penalty": 0.25}
+DEFAULTS = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05, "presence_penalty": 0.25,
+            "max_tokens": 9}
 PROMPT = [5, 9, 14, 3, 77, 120, 31]
 
 
@@ -34,7 +35,8 @@ def test_defaults_come_from_the_file_and_the_override(model_dir, tmp_path):
     assert generation_defaults(tmp_path) == {}  # no generation_config.json
     assert generation_defaults(tmp_path, str(model_dir)) == DEFAULTS  # a directory of its own
     merged = generation_defaults(model_dir, override={"temperature": 0.2, "top_k": None, "min_p": 0.05})
-    assert merged == {"temperature": 0.2, "top_p": 0.8, "min_p": 0.05, "repetition_penalty": 1.05, "max_tokens": 9}
+    assert merged == {"temperature": 0.2, "top_p": 0.8, "min_p": 0.05, "repetition_penalty": 1.05,
+                      "presence_penalty": 0.25, "max_tokens": 9}
     assert generation_defaults(model_dir, "vllm", {"max_new_tokens": 4}) == {"max_tokens": 4}
     with pytest.raises(ValueError, match="override_generation_config: unknown keys \\['num_beams'\\]"):
         generation_defaults(model_dir, override={"num_beams": 4})
@@ -62,11 +64,11 @@ def llm(model_dir):
 
 def test_offline_generate_without_params_uses_the_defaults(llm):
     default = llm.get_default_sampling_params()
-    assert (default.temperature, default.top_p, default.top_k, default.repetition_penalty, default.max_tokens) == \
-        (0, 0.8, 20, 3.0, 9)
+    assert (default.temperature, default.top_p, default.top_k, default.repetition_penalty, default.presence_penalty,
+            default.max_tokens) == (0, 0.8, 20, 3.0, 0.25, 9)
     implicit = llm.generate(PROMPT, use_tqdm=False)[0].outputs[0]
     explicit = llm.generate(PROMPT, SamplingParams(temperature=0, top_p=0.8, top_k=20, repetition_penalty=3.0,
-                                                   max_tokens=9), use_tqdm=False)[0].outputs[0]
+                                                   presence_penalty=0.25, max_tokens=9), use_tqdm=False)[0].outputs[0]
     assert implicit.token_ids == explicit.token_ids and len(implicit.token_ids) <= 9
     plain = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=9), use_tqdm=False)[0].outputs[0]
     assert plain.token_ids != implicit.token_ids  # the repetition penalty of the defaults changes this prompt
@@ -84,10 +86,10 @@ def test_server_requests_take_the_defaults_for_unset_fields(llm):
         implicit = client.completions.create(model="gen", prompt=PROMPT, max_tokens=12,
                                              extra_body={"ignore_eos": True}).choices[0].text
         explicit = client.completions.create(model="gen", prompt=PROMPT, max_tokens=12, temperature=0, top_p=0.8,
-                                             extra_body={"ignore_eos": True, "top_k": 20,
+                                             presence_penalty=0.25, extra_body={"ignore_eos": True, "top_k": 20,
                                                          "repetition_penalty": 3.0}).choices[0].text
         plain = client.completions.create(model="gen", prompt=PROMPT, max_tokens=12, temperature=0, top_p=1,
-                                          extra_body={"ignore_eos": True, "top_k": 0,
+                                          presence_penalty=0, extra_body={"ignore_eos": True, "top_k": 0,
                                                       "repetition_penalty": 1.0}).choices[0].text
         assert implicit == explicit != plain
         # Chat without max_tokens: the generation config's max_new_tokens (the OpenAI default would run to the

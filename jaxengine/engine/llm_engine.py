@@ -47,7 +47,8 @@ _GENERIC_FAST_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 # The generation_config.json keys that vLLM takes as default sampling parameters, and the field each sets.
 GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-                       "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+                       "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+                       "frequency_penalty": "frequency_penalty", "max_new_tokens": "max_tokens"}
 
 
 def generation_defaults(model_dir, setting: str = "auto", override: dict | None = None) -> dict:
