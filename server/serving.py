@@ -138,7 +138,9 @@ class Serving:
             raise APIError("best_of must equal n (beam search and best-of ranking are not supported)",
                            param="best_of")
         prompts = self._completion_prompts(req.prompt)
-        params = sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
+        # An explicit null is the default 16, as vLLM reads it (the generation config's limit is chat's only).
+        max_tokens = 16 if req.max_tokens is None else req.max_tokens
+        params = sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
                                  prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None
                                  else req.prompt_logprobs, defaults=self.engine.engine.default_sampling)
         for _, ids in prompts:

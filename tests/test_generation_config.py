@@ -97,6 +97,10 @@ def test_server_requests_take_the_defaults_for_unset_fields(llm):
         chat = client.chat.completions.create(model="gen", messages=[{"role": "user", "content": "hi"}],
                                               extra_body={"ignore_eos": True})
         assert chat.usage.completion_tokens == 9 and chat.choices[0].finish_reason == "length"
+        # Completions keep OpenAI's (and vLLM's) 16, an explicit null included.
+        for body in ({}, {"max_tokens": None}):
+            out = client.completions.create(model="gen", prompt=PROMPT, extra_body={"ignore_eos": True, **body})
+            assert out.usage.completion_tokens == 16
         wait_until_idle(llm.engine)
     finally:
         server.stop()
