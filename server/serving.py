@@ -45,6 +45,16 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, logprobs: in
         raise APIError(str(e), param=str(e).split(" ")[0]) from None
 
 
+def _running_usage(req: SamplingFields, prompt_tokens: int, completion_tokens: int) -> dict:
+    """`stream_options.continuous_usage_stats` (with include_usage), as vLLM: every chunk carries the usage of its
+    choice so far (its prompt's tokens and the tokens generated for it)."""
+    options = req.stream_options
+    if not (options and options.include_usage and options.continuous_usage_stats):
+        return {}
+    return {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
+
+
 def _usage(prompts: list[list[int]], finals: dict[int, RequestOutput]) -> dict:
     prompt = sum(len(p) for p in prompts)
     completion = sum(len(c.token_ids) for out in finals.values() for c in out.outputs)
@@ -74,8 +84,8 @@ class Serving:
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
-            raise APIError(f"model {name!r} does not exist; this server serves {self.model_name!r}", param="model",
-                           code="model_not_found")
+            raise APIError(f"model {name!r} does not exist; this server serves {self.model_name!r}", status=404,
+                           param="model", code="model_not_found")
 
     def _validate(self, ids: list[int], params: SamplingParams) -> None:
         try:
@@ -212,7 +222,8 @@ class Serving:
                     if c.logprobs is not None else None
                 sent[(i, c.index)] = (len(c.text), len(c.token_ids))
                 yield base | {"choices": [{"index": i * req.n + c.index, "text": text, "logprobs": logprobs,
-                                           "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}
+                                           "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]} \
+                    | _running_usage(req, len(prompts[i][1]), len(c.token_ids))
         if req.stream_options and req.stream_options.include_usage:
             yield base | {"choices": [], "usage": _usage([p[1] for p in prompts], finals)}
 
@@ -283,7 +294,8 @@ class Serving:
                 if c.index not in sent:
                     sent[c.index] = (0, 0)
                     yield base | {"choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                               "logprobs": None, "finish_reason": None}]}
+                                               "logprobs": None, "finish_reason": None}]} \
+                        | _running_usage(req, len(prompts[0][1]), 0)
                 chars, ntok = sent[c.index]
                 text = c.text[chars:]
                 if not text and c.finish_reason is None:
@@ -293,6 +305,7 @@ class Serving:
                 sent[c.index] = (len(c.text), len(c.token_ids))
                 yield base | {"choices": [{"index": c.index, "delta": {"content": text} if text else {},
                                            "logprobs": logprobs, "finish_reason": c.finish_reason,
-                                           "stop_reason": c.stop_reason}]}
+                                           "stop_reason": c.stop_reason}]} \
+                    | _running_usage(req, len(prompts[0][1]), len(c.token_ids))
         if req.stream_options and req.stream_options.include_usage:
             yield base | {"choices": [], "usage": _usage([prompts[0][1]], {0: final})}

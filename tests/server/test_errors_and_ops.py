@@ -25,7 +25,6 @@ def assert_error(response, status, param=None):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"model": "other-model", "prompt": "hi"}, "model"),
     ({"prompt": "hi", "temperature": -1}, "temperature"),
     ({"prompt": "hi", "top_p": 0}, "top_p"),
     ({"prompt": "hi", "top_k": -5}, "top_k"),
@@ -58,6 +57,15 @@ def test_invalid_completion_requests_get_400(http, body, param):
 ])
 def test_invalid_chat_requests_get_400(http, body, param):
     assert_error(http.post("/v1/chat/completions", json=body), 400, param)
+
+
+def test_an_unknown_model_gets_404(http):
+    # As OpenAI and vLLM: 404 with code model_not_found, on every route that names a model.
+    for route, body in (("/v1/completions", {"prompt": "hi"}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+                        ("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [5]})):
+        error = assert_error(http.post(route, json=body | {"model": "other-model"}), 404, "model")
+        assert error["code"] == "model_not_found" and error["type"] == "NotFoundError"
 
 
 def test_malformed_json_gets_400(http):

@@ -35,6 +35,27 @@ def test_completion_stream_concatenates_to_the_non_streamed_text(client):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+def test_continuous_usage_stats_put_the_running_usage_in_every_chunk(client):
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(client.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=4, temperature=0, n=2,
+                                            stream=True, stream_options=options, extra_body={"ignore_eos": True}))
+    assert all(c.usage is not None and c.usage.prompt_tokens == 3 for c in chunks)
+    done = {}
+    for c in chunks[:-1]:  # each choice's count rises to 4; the last chunk is the total, as without the option
+        index = c.choices[0].index
+        assert c.usage.completion_tokens >= done.get(index, 0)
+        done[index] = c.usage.completion_tokens
+    assert done == {0: 4, 1: 4} and chunks[-1].usage.completion_tokens == 8 and not chunks[-1].choices
+    chat = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=3, temperature=0, stream=True, stream_options=options,
+                                               extra_body={"ignore_eos": True}))
+    assert chat[0].usage.completion_tokens == 0 and chat[-1].usage.completion_tokens == 3
+    assert all(c.usage is not None for c in chat)
+    plain = list(client.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=2, stream=True,
+                                           stream_options={"continuous_usage_stats": True}))
+    assert all(c.usage is None for c in plain)  # without include_usage there is no usage at all, as in vLLM
+
+
 def test_chat_and_its_stream_agree(client):
     kwargs = dict(model=MODEL, messages=[{"role": "system", "content": "brief"}, {"role": "user", "content": "hi"}],
                   max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
