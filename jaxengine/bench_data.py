@@ -176,7 +176,7 @@ def custom_requests(path: str, tokenizer, num_prompts: int, seed: int, output_le
                          "pass --skip-chat-template")
     lines = _read_json(path, "custom")
     requests = []
-    for i, item in enumerate(_shuffled(lines, seed, shuffle)):
+    for item in _shuffled(lines, seed, shuffle):
         if len(requests) >= num_prompts:
             break
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
