@@ -40,8 +40,8 @@ class EngineConfig:
     compilation_cache_max_gib: float = 4.0
     warmup: bool = True
     # Default sampling parameters for requests that leave them unset, as vLLM's --generation-config: "auto" takes
-    # them from the model's generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty,
-    # max_new_tokens), "vllm" uses none (the OpenAI defaults), a directory takes its generation_config.json.
+    # them from the model's generation_config.json (temperature, top_p, top_k, min_p, the repetition, presence and
+    # frequency penalties, max_new_tokens), "vllm" uses none (the OpenAI defaults), a directory takes its file.
     generation_config: str = "auto"
     override_generation_config: dict | None = None  # merged over the above, e.g. {"temperature": 0.5}
 
