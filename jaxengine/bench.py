@@ -283,7 +283,13 @@ def serve(args) -> None:
         raise ValueError(f"--num-warmups must be >= 0, got {args.num_warmups}")
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
-    models = httpx.get(base_url + "/v1/models", timeout=30).json()["data"]
+    try:
+        response = httpx.get(base_url + "/v1/models", timeout=30)
+        response.raise_for_status()
+        models = response.json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError) as e:
+        raise ValueError(f"--base-url: no OpenAI-compatible server answered {base_url}/v1/models "
+                         f"({type(e).__name__}: {e})") from None
     model = args.model or models[0]["id"]
     vocab = _random_vocab(args, base_url, models) if args.dataset_name == "random" else 0
     why = f"the {args.dataset_name} dataset needs the model's tokenizer to count tokens"

@@ -108,3 +108,12 @@ def test_bench_serve_random_ids_where_detokenize_bounds_nothing(live, async_engi
 def test_bench_serve_refuses_bad_flags_before_sending(live, argv, message):
     with pytest.raises(SystemExit, match=message):
         main(["bench", "serve", "--base-url", live.url, "--num-prompts", "2", *argv])
+
+
+def test_bench_serve_says_when_no_server_answers(live):
+    from jaxengine.bench import _free_port
+
+    with pytest.raises(SystemExit, match="--base-url: no OpenAI-compatible server answered"):
+        main(["bench", "serve", "--base-url", f"http://127.0.0.1:{_free_port()}", "--num-prompts", "2"])
+    with pytest.raises(SystemExit, match="--base-url: no OpenAI-compatible server answered"):
+        main(["bench", "serve", "--base-url", live.url + "/nothing-here", "--num-prompts", "2"])  # a 404
