@@ -50,7 +50,7 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0)  # 0 only with echo (see Serving.completion)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0)
     suffix: str | None = None

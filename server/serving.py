@@ -150,14 +150,20 @@ class Serving:
         prompts = self._completion_prompts(req.prompt)
         # An explicit null is the default 16, as vLLM reads it (the generation config's limit is chat's only).
         max_tokens = 16 if req.max_tokens is None else req.max_tokens
-        params = sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
+        # echo with max_tokens 0, as vLLM: the prompt comes back (with its logprobs if asked: how eval harnesses
+        # score a text) and nothing is generated; the engine runs one token, which is dropped.
+        echo_only = max_tokens == 0
+        if echo_only and not req.echo:
+            raise APIError("max_tokens must be at least 1 (0 only with echo: the prompt and its logprobs come back)",
+                           param="max_tokens")
+        params = sampling_params(req, max_tokens=max(max_tokens, 1), logprobs=req.logprobs,
                                  prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None
                                  else req.prompt_logprobs, defaults=self.engine.engine.default_sampling)
         for _, ids in prompts:
             self._validate(ids, params)
         request_id = req.request_id or f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
-        if req.stream:
+        if req.stream and not echo_only:
             return _sse_stream(self._stream_completion(request_id, created, prompts, params, req))
         finals = {}
         async for i, out in self._run_all(request_id, prompts, params, req):
@@ -166,16 +172,30 @@ class Serving:
         choices = []
         for i in range(len(prompts)):
             for c in finals[i].outputs:
-                text, logprobs = c.text, self._completion_logprobs(c.token_ids, c.logprobs, 0)
+                if echo_only:
+                    generated, finish, stop = ([], [] if c.logprobs is not None else None, ""), "length", None
+                else:
+                    generated, finish, stop = (c.token_ids, c.logprobs, c.text), c.finish_reason, c.stop_reason
+                text, logprobs = generated[2], self._completion_logprobs(generated[0], generated[1], 0)
                 if req.echo:
                     echo_text = prompts[i][0] if prompts[i][0] is not None else self.tokenizer.decode(prompts[i][1])
                     text = echo_text + text
                     if logprobs is not None:
                         logprobs = self._merge_echo_logprobs(prompts[i][1], finals[i].prompt_logprobs, logprobs)
                 choices.append({"index": i * req.n + c.index, "text": text, "logprobs": logprobs,
-                                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
-        return {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name,
-                "choices": choices, "usage": _usage([p[1] for p in prompts], finals)}
+                                "finish_reason": finish, "stop_reason": stop})
+        usage = _usage([p[1] for p in prompts], {} if echo_only else finals)
+        base = {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name}
+        if req.stream:  # echo_only: the whole prompt in one chunk per choice
+            return _sse_stream(self._echo_chunks(base, choices, prompts, usage, req))
+        return base | {"choices": choices, "usage": usage}
+
+    @staticmethod
+    async def _echo_chunks(base: dict, choices: list[dict], prompts, usage: dict, req: CompletionRequest):
+        for choice in choices:
+            yield base | {"choices": [choice]} | _running_usage(req, len(prompts[choice["index"] // req.n][1]), 0)
+        if req.stream_options and req.stream_options.include_usage:
+            yield base | {"choices": [], "usage": usage}
 
     def _completion_logprobs(self, token_ids, logprobs, offset) -> dict | None:
         if logprobs is None:

@@ -94,6 +94,24 @@ def test_completion_logprobs_and_echo(client):
     assert out.choices[0].text.startswith("a b")
 
 
+def test_echo_with_max_tokens_0_scores_the_prompt(client, http):
+    """As vLLM (and eval harnesses' loglikelihood requests): the prompt and its logprobs, nothing generated."""
+    kwargs = dict(model=MODEL, prompt="a b c d", temperature=0, logprobs=1, echo=True)
+    scored = client.completions.create(max_tokens=0, **kwargs)
+    with_one = client.completions.create(max_tokens=1, **kwargs)
+    n = scored.usage.prompt_tokens
+    choice = scored.choices[0]
+    assert choice.text == "a b c d" and choice.finish_reason == "length" and scored.usage.completion_tokens == 0
+    assert len(choice.logprobs.tokens) == n and choice.logprobs.token_logprobs[0] is None
+    assert choice.logprobs.token_logprobs == with_one.choices[0].logprobs.token_logprobs[:n]
+    chunks = list(client.completions.create(max_tokens=0, stream=True, stream_options={"include_usage": True},
+                                            **kwargs))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "a b c d"
+    assert chunks[-1].usage.completion_tokens == 0
+    refused = http.post("/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 0})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+
+
 def test_chat_logprobs(client):
     out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}], max_tokens=5,
                                          temperature=0, logprobs=True, top_logprobs=3,
