@@ -21,8 +21,8 @@ import time
 import httpx
 import numpy as np
 
-from jaxengine.bench_data import (FIRST_ID, BenchRequest, add_dataset_flags, load_requests, random_lengths,
-                                  random_requests)
+from jaxengine.bench_data import (FIRST_ID, BenchRequest, add_dataset_flags, at_least, load_requests,
+                                  random_lengths, random_requests)
 from jaxengine.cli import add_engine_flags, engine_config
 from jaxengine.compile_counter import compile_count
 
@@ -80,8 +80,7 @@ def _offline_config(args):
 def throughput(args) -> None:
     from jaxengine import LLM, SamplingParams
 
-    if args.runs < 1:
-        raise ValueError(f"--runs must be at least 1, got {args.runs}")
+    at_least("--runs", args.runs)
     config = _offline_config(args)
     sampling = _sampling(args)
     start = time.perf_counter()
@@ -118,8 +117,7 @@ def latency(args) -> None:
 
     for name, low in (("batch_size", 1), ("input_len", 1), ("output_len", 2), ("num_iters", 1),
                       ("num_iters_warmup", 0)):
-        if getattr(args, name) < low:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
+        at_least("--" + name.replace("_", "-"), getattr(args, name), low)
     config = _offline_config(args)
     sampling = _sampling(args)
     llm = LLM(config=config, progress=False)
@@ -279,10 +277,9 @@ def serve(args) -> None:
     chat = args.backend == "openai-chat"
     endpoint = args.endpoint or ("/v1/chat/completions" if chat else "/v1/completions")
     arrival_gaps(args.request_rate, args.burstiness, 0, args.seed)  # checks both before anything is sent
-    if args.num_warmups < 0:
-        raise ValueError(f"--num-warmups must be >= 0, got {args.num_warmups}")
-    if args.max_concurrency is not None and args.max_concurrency < 1:
-        raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
+    at_least("--num-warmups", args.num_warmups, 0)
+    if args.max_concurrency is not None:
+        at_least("--max-concurrency", args.max_concurrency)
     try:
         response = httpx.get(base_url + "/v1/models", timeout=30)
         response.raise_for_status()
@@ -376,8 +373,7 @@ def _time_to_ready(argv: list[str], cache_dir: str, timeout: float) -> float:
 
 
 def startup(args, engine_argv: list[str]) -> None:
-    if args.runs < 1:
-        raise ValueError(f"--runs must be at least 1, got {args.runs}")
+    at_least("--runs", args.runs)
     cache = tempfile.mkdtemp(prefix="jaxengine-startup-cache-")
     try:
         cold = _time_to_ready(engine_argv, cache, args.timeout)

@@ -53,7 +53,8 @@ def add_dataset_flags(p, *, seed: bool) -> None:
         p.add_argument("--seed", type=int, default=0)
 
 
-def _positive(name: str, value: int, minimum: int = 1) -> None:
+def at_least(name: str, value: int, minimum: int = 1) -> None:
+    """A flag's integer `value` is at least `minimum`, or ValueError naming the flag."""
     if not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
@@ -86,10 +87,10 @@ def random_requests(vocab_size: int, num_prompts: int, input_len: int, output_le
     """Ids uniform in [FIRST_ID, vocab) from numpy's default_rng(seed). The ids come first from the generator (a
     [num_prompts, longest] draw, each prompt its row's head), then the lengths, then the prefix: with no range and
     no prefix the prompts are the shared peer workload's."""
-    _positive("--num-prompts", num_prompts)
-    _positive("--input-len", input_len)
-    _positive("--output-len", output_len)
-    _positive("--random-prefix-len", prefix_len, 0)
+    at_least("--num-prompts", num_prompts)
+    at_least("--input-len", input_len)
+    at_least("--output-len", output_len)
+    at_least("--random-prefix-len", prefix_len, 0)
     if vocab_size <= FIRST_ID:
         raise ValueError(f"the random dataset needs a vocabulary larger than {FIRST_ID}, got {vocab_size}")
     in_lo, in_hi = _length_range(input_len, range_ratio[0])
@@ -139,9 +140,9 @@ def sharegpt_requests(path: str, tokenizer, num_prompts: int, seed: int, output_
     """Conversations with at least two turns, shuffled by seed; the first turn is the prompt, the second's token
     count the output length (or `output_len`). As vLLM, a pair is skipped when the prompt (or, without
     `output_len`, the output) has under 4 tokens, the prompt over 1024 or both over 2048."""
-    _positive("--num-prompts", num_prompts)
+    at_least("--num-prompts", num_prompts)
     if output_len is not None:
-        _positive("--sharegpt-output-len", output_len)
+        at_least("--sharegpt-output-len", output_len)
     data = _read_json(path, "sharegpt")
     if not isinstance(data, list):
         raise ValueError("--dataset-path: a sharegpt file is a JSON list of {\"conversations\": [...]} objects")
@@ -168,9 +169,9 @@ def custom_requests(path: str, tokenizer, num_prompts: int, seed: int, output_le
                     chat_template: bool = True, shuffle: bool = True, oversample: bool = True) -> list[BenchRequest]:
     """JSONL lines with a "prompt" (and "output_tokens" when `output_len` is -1), shuffled by seed. The prompt is
     put in the tokenizer's chat template (as a user turn) unless `chat_template` is false."""
-    _positive("--num-prompts", num_prompts)
+    at_least("--num-prompts", num_prompts)
     if output_len != -1:
-        _positive("--custom-output-len (or -1)", output_len)
+        at_least("--custom-output-len (or -1)", output_len)
     if chat_template and not getattr(tokenizer, "chat_template", None):
         raise ValueError("the custom dataset puts prompts in the chat template, and this tokenizer has none: "
                          "pass --skip-chat-template")
@@ -198,8 +199,8 @@ def custom_requests(path: str, tokenizer, num_prompts: int, seed: int, output_le
 def json_requests(path: str, get_tokenizer, num_prompts: int, output_len: int) -> list[BenchRequest]:
     """Our `json` dataset: a JSON list of prompts (strings or token-id lists), the first `num_prompts` of it.
     `get_tokenizer()` gives the tokenizer that counts string prompts (only called if there is one)."""
-    _positive("--num-prompts", num_prompts)
-    _positive("--output-len", output_len)
+    at_least("--num-prompts", num_prompts)
+    at_least("--output-len", output_len)
     data = _read_json(path, "json")
     if not isinstance(data, list):
         raise ValueError("--dataset-path: a json dataset is a JSON list of prompts (strings or token-id lists)")
