@@ -51,6 +51,12 @@ GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": 
                        "frequency_penalty": "frequency_penalty", "max_new_tokens": "max_tokens"}
 
 
+def read_generation_config(directory) -> dict:
+    """The directory's generation_config.json ({} without one)."""
+    path = Path(directory) / "generation_config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def generation_defaults(model_dir, setting: str = "auto", override: dict | None = None) -> dict:
     """Default SamplingParams fields for requests that leave them unset, as vLLM's `--generation-config`: "auto"
     reads the model directory's generation_config.json, a directory path that directory's, "vllm" none; the keys
@@ -61,9 +67,8 @@ def generation_defaults(model_dir, setting: str = "auto", override: dict | None 
         directory = Path(model_dir if setting == "auto" else setting)
         if not directory.is_dir():
             raise ValueError(f"generation_config must be 'auto', 'vllm' or a directory, got {setting!r}")
-        path = directory / "generation_config.json"
-        values = json.loads(path.read_text()) if path.is_file() else {}
-        values = {key: value for key, value in values.items() if key in GENERATION_DEFAULTS}
+        values = {key: value for key, value in read_generation_config(directory).items()
+                  if key in GENERATION_DEFAULTS}
     unknown = sorted(set(override or {}) - set(GENERATION_DEFAULTS))
     if unknown:
         raise ValueError(f"override_generation_config: unknown keys {unknown}; known: {sorted(GENERATION_DEFAULTS)}")
@@ -205,10 +210,8 @@ class LLMEngine:
 
     def _eos_token_ids(self, model_dir: Path) -> set[int]:
         ids = set(self.model_config.eos_token_ids)
-        gen = Path(model_dir) / "generation_config.json"
-        if gen.is_file():
-            eos = json.loads(gen.read_text()).get("eos_token_id")
-            ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        eos = read_generation_config(model_dir).get("eos_token_id")
+        ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         if self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return ids
