@@ -172,11 +172,11 @@ class Serving:
         choices = []
         for i in range(len(prompts)):
             for c in finals[i].outputs:
-                if echo_only:
-                    generated, finish, stop = ([], [] if c.logprobs is not None else None, ""), "length", None
+                if echo_only:  # the engine's one token is dropped
+                    ids, lps, text, finish, stop = [], [] if c.logprobs is not None else None, "", "length", None
                 else:
-                    generated, finish, stop = (c.token_ids, c.logprobs, c.text), c.finish_reason, c.stop_reason
-                text, logprobs = generated[2], self._completion_logprobs(generated[0], generated[1], 0)
+                    ids, lps, text, finish, stop = c.token_ids, c.logprobs, c.text, c.finish_reason, c.stop_reason
+                logprobs = self._completion_logprobs(ids, lps, 0)
                 if req.echo:
                     echo_text = prompts[i][0] if prompts[i][0] is not None else self.tokenizer.decode(prompts[i][1])
                     text = echo_text + text
