@@ -24,10 +24,15 @@ if [ -n "${PEER_VENV:-}" ]; then
     [ ${#preload[@]} -gt 0 ] && peer_env+=(LD_PRELOAD="${preload[*]}")
 fi
 
+# The peer's offline runs keep its engine in the calling process (VLLM_ENABLE_V1_MULTIPROCESSING=0): on these
+# 2 cores that was 474-509 output tok/s against 435-452 with its default engine-core process (session 17, two
+# alternations). Its server keeps the default.
+offline_env=("${peer_env[@]}" VLLM_ENABLE_V1_MULTIPROCESSING=0)
+
 # Offline throughput and single-request latency.
 jaxengine bench throughput "${engine[@]}" --runs "$runs"
 if [ -n "${PEER_VENV:-}" ]; then
-    env "${peer_env[@]}" "$PEER_VENV/bin/python" "$peers/bench_vllm_offline.py" "$models/llama-135m" --runs "$runs"
+    env "${offline_env[@]}" "$PEER_VENV/bin/python" "$peers/bench_vllm_offline.py" "$models/llama-135m" --runs "$runs"
 fi
 jaxengine bench latency "${engine[@]}" --batch-size 1 --num-iters 5
 
@@ -37,7 +42,7 @@ if [ -n "${SAMPLED:-}" ]; then
     sampling=(--temperature 0.8 --top-p 0.95 --top-k 50)
     jaxengine bench throughput "${engine[@]}" --runs "$runs" "${sampling[@]}"
     if [ -n "${PEER_VENV:-}" ]; then
-        env "${peer_env[@]}" "$PEER_VENV/bin/python" "$here/vllm_offline_sampled.py" "$models/llama-135m" \
+        env "${offline_env[@]}" "$PEER_VENV/bin/python" "$here/vllm_offline_sampled.py" "$models/llama-135m" \
             --peers "$peers" --runs "$runs" "${sampling[@]}"
     fi
 fi
