@@ -2,7 +2,7 @@
 
 import hmac
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -71,13 +71,19 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
             return JSONResponse(result)
         return StreamingResponse(result, media_type="text/event-stream")
 
+    def with_header_id(req, raw: Request):
+        """An X-Request-Id header names the request (over the body's request_id, as vLLM's server reads it)."""
+        if header := raw.headers.get("x-request-id"):
+            req.request_id = header
+        return req
+
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
-        return respond(await serving.completion(req))
+    async def completions(req: CompletionRequest, raw: Request):
+        return respond(await serving.completion(with_header_id(req, raw)))
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest):
-        return respond(await serving.chat(req))
+    async def chat_completions(req: ChatCompletionRequest, raw: Request):
+        return respond(await serving.chat(with_header_id(req, raw)))
 
     @app.get("/v1/models")
     async def models():

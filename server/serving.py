@@ -93,6 +93,18 @@ class Serving:
         except ValueError as e:
             raise APIError(str(e), param="prompt" if "prompt" in str(e) else None) from None
 
+    async def _finals(self, request_id: str, prompts, params: SamplingParams, req) -> dict[int, RequestOutput]:
+        """Each prompt's final output, for a response that is not streamed. A refusal when the engine admits the
+        request (its id already in use) is the request's fault: 400, where a stream sends it as an error event."""
+        finals = {}
+        try:
+            async for i, out in self._run_all(request_id, prompts, params, req):
+                if out.finished:
+                    finals[i] = out
+        except ValueError as e:
+            raise APIError(str(e), param="request_id" if "request_id" in str(e) else None) from None
+        return finals
+
     async def _run_all(self, request_id: str, prompts: list[tuple[str | None, list[int]]], params: SamplingParams,
                        req: SamplingFields) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Submits every prompt and yields (prompt index, cumulative output) as they arrive."""
@@ -165,10 +177,7 @@ class Serving:
         created = int(time.time())
         if req.stream and not echo_only:
             return _sse_stream(self._stream_completion(request_id, created, prompts, params, req))
-        finals = {}
-        async for i, out in self._run_all(request_id, prompts, params, req):
-            if out.finished:
-                finals[i] = out
+        finals = await self._finals(request_id, prompts, params, req)
         choices = []
         for i in range(len(prompts)):
             for c in finals[i].outputs:
@@ -280,9 +289,7 @@ class Serving:
         prompts = [(None, ids)]
         if req.stream:
             return _sse_stream(self._stream_chat(request_id, created, prompts, params, req))
-        final = None
-        async for _, out in self._run_all(request_id, prompts, params, req):
-            final = out
+        final = (await self._finals(request_id, prompts, params, req))[0]
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "logprobs": self._chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0),
                     "finish_reason": c.finish_reason,

@@ -226,3 +226,22 @@ def test_fuzzed_completion_bodies_never_cause_5xx(live, body):
 @given(body=_bodies(_CHAT_FIELDS, {"messages": [{"role": "user", "content": "fuzz"}]}))
 def test_fuzzed_chat_bodies_never_cause_5xx(live, body):
     assert_no_5xx_and_healthy(live, "/v1/chat/completions", body)
+
+
+def test_an_x_request_id_header_names_the_request(http, async_engine):
+    """As vLLM's server: the header's id (over the body's request_id); one already running is refused."""
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    assert http.post("/v1/completions", json=body | {"request_id": "from-body"}).json()["id"] == "from-body"
+    named = http.post("/v1/completions", json=body | {"request_id": "from-body"}, headers={"x-request-id": "mine-1"})
+    assert named.status_code == 200 and named.json()["id"] == "mine-1"
+    chat = http.post("/v1/chat/completions", headers={"X-Request-Id": "mine-2"},
+                     json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert chat.status_code == 200 and chat.json()["id"] == "mine-2"
+    # The first runs for the whole context (hundreds of steps) while the second is refused.
+    with http.stream("POST", "/v1/completions", json=body | {"max_tokens": 4096, "stream": True, "ignore_eos": True},
+                     headers={"x-request-id": "twice"}) as first:
+        next(first.iter_lines())  # running
+        second = http.post("/v1/completions", json=body, headers={"x-request-id": "twice"})
+        assert_error(second, 400)
+        assert "already in use" in second.json()["error"]["message"]
+    wait_until_idle(async_engine.engine)
