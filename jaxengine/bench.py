@@ -5,6 +5,7 @@ The random dataset is the shared peer workload: token ids drawn uniformly from [
 numpy's default_rng(seed), so every engine sees the same prompts.
 """
 
+import argparse
 import asyncio
 import dataclasses
 import json
@@ -17,9 +18,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 import httpx
 import numpy as np
+from tqdm.auto import tqdm
 
 from jaxengine.bench_data import (FIRST_ID, BenchRequest, add_dataset_flags, at_least, load_requests,
                                   random_lengths, random_requests)
@@ -27,6 +30,7 @@ from jaxengine.cli import add_engine_flags, engine_config
 from jaxengine.compile_counter import compile_count
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 PROBE_LIMIT = 1 << 22  # ids /detokenize is probed below (the largest vocabularies are ~260k)
 SAMPLING_FLAGS = ("top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
 
@@ -142,82 +146,188 @@ def latency(args) -> None:
           | _context(config), args.output_json)
 
 
-def _failure(message: str) -> dict:
-    return {"success": False, "error": message}
+def _failure(message: str, start: float) -> dict:
+    return {"success": False, "error": message, "start": start}
 
 
-async def _one_request(client, url: str, chat: bool, body: dict):
-    """One streamed request. Returns its timings and token count, or its failure (an HTTP status, an error event
-    in the stream, a dropped connection) without raising: vLLM's client counts failed requests the same way."""
+async def _one_request(client, url: str, chat: bool, body: dict, headers: dict):
+    """One streamed request. Returns its timings, token count and text, or its failure (an HTTP status, an error
+    event in the stream, a dropped connection, a stream without a choice) without raising: vLLM's client counts
+    failed requests the same way. As in vLLM's client, every chunk that carries a choice is a token's arrival (the
+    first one's time is the TTFT, the gaps between them the ITLs), and the request's latency ends at the last one."""
     start = time.perf_counter()
-    stamps, tokens, prompt_tokens = [], None, None
+    stamps, texts, tokens, prompt_tokens = [], [], None, None
     try:
-        async with client.stream("POST", url, json=body) as response:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
-                return _failure(f"HTTP {response.status_code}: {text[:300]}")
+                return _failure(f"HTTP {response.status_code}: {text[:300]}", start)
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
                 if chunk.get("error"):
-                    return _failure(f"error in the stream: {json.dumps(chunk['error'])[:300]}")
-                if chunk.get("usage"):
+                    return _failure(f"error in the stream: {json.dumps(chunk['error'])[:300]}", start)
+                if chunk.get("choices"):
+                    stamps.append(time.perf_counter())
+                    choice = chunk["choices"][0]
+                    texts.append(((choice.get("delta") or {}).get("content") if chat else choice.get("text")) or "")
+                elif chunk.get("usage"):
                     tokens = chunk["usage"].get("completion_tokens")
                     prompt_tokens = chunk["usage"].get("prompt_tokens")
-                choice = (chunk.get("choices") or [{}])[0]
-                if (choice.get("delta") or {}).get("content") if chat else choice.get("text"):
-                    stamps.append(time.perf_counter())
     except (httpx.HTTPError, json.JSONDecodeError) as e:
-        return _failure(f"{type(e).__name__}: {e}")
-    end = time.perf_counter()
-    return {"success": True, "ttft": stamps[0] - start if stamps else end - start, "e2e": end - start,
-            "tokens": len(stamps) if tokens is None else tokens, "prompt_tokens": prompt_tokens,
-            "itl": [b - a for a, b in zip(stamps, stamps[1:])]}
+        return _failure(f"{type(e).__name__}: {e}", start)
+    if not stamps:
+        return _failure("the stream carried no choice to time the first token by", start)
+    return {"success": True, "start": start, "ttft": stamps[0] - start, "e2e": stamps[-1] - start,
+            "tokens": sum(map(bool, texts)) if tokens is None else tokens, "prompt_tokens": prompt_tokens,
+            "itl": [b - a for a, b in zip(stamps, stamps[1:])], "text": "".join(texts)}
 
 
-def arrival_gaps(request_rate: float, burstiness: float, count: int, seed: int) -> np.ndarray:
-    """Seconds between request arrivals, as `vllm bench serve` draws them: none at rate inf, else gamma with shape
-    `burstiness` and mean 1/rate (burstiness 1 is a Poisson process; below 1 burstier, above more regular)."""
-    if not request_rate > 0:
-        raise ValueError(f"--request-rate must be positive (or inf), got {request_rate}")
-    if not burstiness > 0 or math.isinf(burstiness):
-        raise ValueError(f"--burstiness must be a positive number, got {burstiness}")
-    if math.isinf(request_rate):
-        return np.zeros(count)
-    return np.random.default_rng(seed).gamma(burstiness, 1.0 / (request_rate * burstiness), size=count)
+def send_times(count: int, request_rate: float, burstiness: float, seed: int, ramp_up=None) -> np.ndarray:
+    """When each request is sent, in seconds from the start, as `vllm bench serve` schedules them. The gaps are
+    gamma-distributed with shape `burstiness` and mean 1/rate (1: a Poisson process; below 1 burstier, above more
+    regular; inf: every gap 1/rate), at `request_rate` or, with `ramp_up` = (strategy, start, end), at request i's
+    rate on a linear or exponential ramp from start to end req/s; a rate of inf sends at once. Request i leaves
+    after the first i + 1 gaps; at a fixed rate the times are scaled so that the last is at count / rate, as vLLM's
+    client scales them (the load's length then does not depend on the seed)."""
+    if not burstiness > 0:
+        raise ValueError(f"--burstiness must be positive (inf: evenly spaced), got {burstiness}")
+    if ramp_up is None:
+        if not request_rate > 0:
+            raise ValueError(f"--request-rate must be positive (or inf), got {request_rate}")
+        rates = np.full(count, float(request_rate))
+    else:
+        strategy, first, last = ramp_up
+        progress = np.arange(count) / max(count - 1, 1)
+        rates = first + (last - first) * progress if strategy == "linear" else first * (last / first) ** progress
+    gaps = np.zeros(count)
+    finite = np.isfinite(rates)
+    if math.isinf(burstiness):
+        gaps[finite] = 1.0 / rates[finite]
+    else:
+        gaps[finite] = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rates[finite] * burstiness))
+    times = np.cumsum(gaps)
+    if ramp_up is None and count and times[-1] > 0:
+        times *= count / request_rate / times[-1]
+    return times
 
 
-def _request_body(args, model: str, chat: bool, req: BenchRequest, sampling: dict) -> dict:
-    body = {"model": model, "stream": True, "stream_options": {"include_usage": True}} | sampling
+def _ramp_up(args):
+    """(strategy, start, end) from the --ramp-up-* flags, or None; checked as vLLM's client checks them."""
+    if args.ramp_up_strategy is None:
+        if args.ramp_up_start_rps is not None or args.ramp_up_end_rps is not None:
+            raise ValueError("--ramp-up-start-rps and --ramp-up-end-rps take effect with --ramp-up-strategy")
+        return None
+    if not math.isinf(args.request_rate):
+        raise ValueError("--ramp-up-strategy sets the request rate: leave out --request-rate")
+    if args.ramp_up_start_rps is None or args.ramp_up_end_rps is None:
+        raise ValueError("--ramp-up-strategy needs --ramp-up-start-rps and --ramp-up-end-rps")
+    at_least("--ramp-up-start-rps", args.ramp_up_start_rps)
+    at_least("--ramp-up-end-rps", args.ramp_up_end_rps, args.ramp_up_start_rps)
+    return args.ramp_up_strategy, args.ramp_up_start_rps, args.ramp_up_end_rps
+
+
+def _key_values(flag: str, items, separator: str = "=") -> dict[str, str]:
+    out = {}
+    for item in items or ():
+        key, found, value = item.partition(separator)
+        if not found or not key.strip():
+            raise ValueError(f"{flag} takes KEY{separator}VALUE pairs, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _goodput(args) -> dict[str, float]:
+    """--goodput's service-level objectives (milliseconds) by metric: ttft, tpot, e2el."""
+    objectives = {}
+    for name, value in _key_values("--goodput", args.goodput, ":").items():
+        if name not in GOODPUT_METRICS:
+            raise ValueError(f"--goodput: {name!r} is not one of {', '.join(GOODPUT_METRICS)}")
+        try:
+            objectives[name] = float(value)
+        except ValueError:
+            objectives[name] = math.nan
+        if not objectives[name] >= 0:
+            raise ValueError(f"--goodput: {name} takes a number of milliseconds >= 0, got {value!r}")
+    return objectives
+
+
+def _json_object(text: str) -> dict:
+    """--extra-body's value: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _headers(args) -> dict[str, str]:
+    """Every request's headers: OPENAI_API_KEY as a bearer token (as vLLM's client sends it), then --header."""
+    key = os.environ.get("OPENAI_API_KEY")
+    return ({"Authorization": f"Bearer {key}"} if key else {}) | _key_values("--header", args.header)
+
+
+def _request_body(args, model: str, chat: bool, req: BenchRequest, extra: dict) -> dict:
+    """What vLLM's client sends, then --extra-body (the sampling flags are part of it, as in vLLM's client)."""
+    body = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
     if chat:
         body |= {"messages": [{"role": "user", "content": req.prompt}], "max_completion_tokens": req.output_len}
+        if args.logprobs is not None:
+            body |= {"logprobs": True, "top_logprobs": args.logprobs}
     else:
-        body |= {"prompt": req.prompt, "max_tokens": req.output_len}
+        body |= {"prompt": req.prompt, "max_tokens": req.output_len, "repetition_penalty": 1.0,
+                 "logprobs": args.logprobs}
     if args.ignore_eos:
         body["ignore_eos"] = True
-    return body
+    return body | extra
 
 
-async def _serve_load(args, url, chat, requests, model, sampling):
-    limit = asyncio.Semaphore(args.max_concurrency or len(requests))
-    gaps = arrival_gaps(args.request_rate, args.burstiness, len(requests), args.seed)
+async def _wait_until_ready(client, url: str, chat: bool, body: dict, headers: dict, timeout: float) -> dict:
+    """--ready-check-timeout-sec: the first request, sent until it succeeds (the server may still be starting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await _one_request(client, url, chat, body, headers)
+        if result["success"] or time.monotonic() > deadline:
+            return result
+        await asyncio.sleep(1.0)
+
+
+async def _serve_load(args, url, chat, bodies, headers, times):
+    limit = asyncio.Semaphore(args.max_concurrency or len(bodies))
+    bar = tqdm(total=len(bodies), disable=args.disable_tqdm, file=sys.stderr)
 
     async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None)) as client:
-        async def guarded(req):
+        async def guarded(body, index=None):
             async with limit:
-                return await _one_request(client, url, chat, _request_body(args, model, chat, req, sampling))
+                request_headers = headers if index is None else headers | {"x-request-id": f"{args.request_id_prefix}{index}"}
+                result = await _one_request(client, url, chat, body, request_headers)
+            if index is not None:
+                bar.update(1)
+            return result
 
-        warm = [requests[i % len(requests)] for i in range(args.num_warmups)]
-        await asyncio.gather(*(guarded(req) for req in warm))
+        if args.ready_check_timeout_sec > 0:
+            first = await _wait_until_ready(client, url, chat, bodies[0], headers, args.ready_check_timeout_sec)
+            if not first["success"]:
+                raise ValueError(f"--ready-check-timeout-sec: the first request did not succeed within "
+                                 f"{args.ready_check_timeout_sec} s; the last error: {first['error']}")
+        # As vLLM's client: the warm-ups send the first request, at most --max-concurrency at a time.
+        await asyncio.gather(*(guarded(bodies[0]) for _ in range(args.num_warmups)))
         tasks = []
         start = time.perf_counter()
-        for req, gap in zip(requests, gaps):
-            tasks.append(asyncio.create_task(guarded(req)))
-            if gap:
-                await asyncio.sleep(gap)
+        for index, (body, at) in enumerate(zip(bodies, times)):
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(guarded(body, index)))
         results = await asyncio.gather(*tasks)
-        return results, time.perf_counter() - start
+        wall = time.perf_counter() - start
+    bar.close()
+    for result in results:
+        result["start"] -= start
+    return results, wall
 
 
 def _percentile_flags(args) -> tuple[list[str], list[float]]:
@@ -256,13 +366,13 @@ def _serve_tokenizer(args, models: list[dict], why: str):
                          "--tokenizer DIR") from None
 
 
-def _random_vocab(args, base_url: str, models: list[dict]) -> int:
+def _random_vocab(args, base_url: str, models: list[dict], headers: dict) -> int:
     """The id range for random prompts: --vocab-size; else the largest id the server's /detokenize accepts (ours
     refuses ids past the model's vocabulary); else, where /detokenize decodes any id (vLLM's) or is missing, the
     tokenizer's largest id + 1 (the range vLLM's server accepts)."""
     if args.vocab_size:
         return args.vocab_size
-    probed = _vocab_from_detokenize(base_url)
+    probed = _vocab_from_detokenize(base_url, headers)
     if FIRST_ID < probed < PROBE_LIMIT:
         return probed
     tokenizer = _serve_tokenizer(args, models, "the server's /detokenize does not bound the vocabulary for random "
@@ -270,72 +380,134 @@ def _random_vocab(args, base_url: str, models: list[dict]) -> int:
     return max(tokenizer.get_vocab().values()) + 1
 
 
+def _models(base_url: str, headers: dict, wait: float) -> list[dict]:
+    """The server's /v1/models list; asked again for up to `wait` seconds (--ready-check-timeout-sec)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            response = httpx.get(base_url + "/v1/models", headers=headers, timeout=30)
+            response.raise_for_status()
+            return response.json()["data"]
+        except (httpx.HTTPError, ValueError, KeyError) as e:
+            if time.monotonic() > deadline:
+                raise ValueError(f"--base-url: no OpenAI-compatible server answered {base_url}/v1/models "
+                                 f"({type(e).__name__}: {e})") from None
+        time.sleep(1.0)
+
+
+def _finite_or_text(value: float):
+    """inf as the text "inf" (vLLM's client records an infinite request rate so): JSON has no infinity."""
+    return "inf" if math.isinf(value) else value
+
+
+def _result_path(args, model: str) -> str | None:
+    """Where --save-result / --append-result write, named as vLLM's client names it."""
+    if not (args.save_result or args.append_result):
+        return None
+    concurrency = f"-concurrency{args.max_concurrency}" if args.max_concurrency is not None else ""
+    rate = (f"ramp-up-{args.ramp_up_strategy}-{args.ramp_up_start_rps}qps-{args.ramp_up_end_rps}qps"
+            if args.ramp_up_strategy else f"{args.request_rate}qps")
+    name = args.result_filename or (f"{args.label or args.backend}-{rate}{concurrency}-"
+                                    f"{model.rstrip('/').split('/')[-1]}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    if args.result_dir:
+        os.makedirs(args.result_dir, exist_ok=True)
+        return os.path.join(args.result_dir, name)
+    return name
+
+
 def serve(args) -> None:
     metrics, percentiles = _percentile_flags(args)
+    goodput = _goodput(args)
+    metadata = _key_values("--metadata", args.metadata)
+    headers = _headers(args)
     sampling = _sampling(args)
+    extra = sampling | (args.extra_body or {})
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     chat = args.backend == "openai-chat"
     endpoint = args.endpoint or ("/v1/chat/completions" if chat else "/v1/completions")
-    arrival_gaps(args.request_rate, args.burstiness, 0, args.seed)  # checks both before anything is sent
+    ramp_up = _ramp_up(args)
+    send_times(0, args.request_rate, args.burstiness, args.seed, ramp_up)  # checks the flags before anything is sent
     at_least("--num-warmups", args.num_warmups, 0)
+    at_least("--ready-check-timeout-sec", args.ready_check_timeout_sec, 0)
     if args.max_concurrency is not None:
         at_least("--max-concurrency", args.max_concurrency)
-    try:
-        response = httpx.get(base_url + "/v1/models", timeout=30)
-        response.raise_for_status()
-        models = response.json()["data"]
-    except (httpx.HTTPError, ValueError, KeyError) as e:
-        raise ValueError(f"--base-url: no OpenAI-compatible server answered {base_url}/v1/models "
-                         f"({type(e).__name__}: {e})") from None
+    if args.logprobs is not None:
+        at_least("--logprobs", args.logprobs, 0)
+    models = _models(base_url, headers, args.ready_check_timeout_sec)
     model = args.model or models[0]["id"]
-    vocab = _random_vocab(args, base_url, models) if args.dataset_name == "random" else 0
+    vocab = _random_vocab(args, base_url, models, headers) if args.dataset_name == "random" else 0
     why = f"the {args.dataset_name} dataset needs the model's tokenizer to count tokens"
     requests = load_requests(args, vocab_size=vocab, get_tokenizer=lambda: _serve_tokenizer(args, models, why),
                              seed=args.seed)
     if chat and any(not isinstance(r.prompt, str) for r in requests):
         raise ValueError("--backend openai-chat sends text messages, and this dataset's prompts are token ids: use "
                          "a text dataset (sharegpt, custom, or json with string prompts)")
-    results, wall = asyncio.run(_serve_load(args, base_url + endpoint, chat, requests, model, sampling))
+    bodies = [_request_body(args, args.served_model_name or model, chat, req, extra) for req in requests]
+    times = send_times(len(requests), args.request_rate, args.burstiness, args.seed, ramp_up)
+    results, wall = asyncio.run(_serve_load(args, base_url + endpoint, chat, bodies, headers, times))
     done = [(req, r) for req, r in zip(requests, results) if r["success"]]
     errors = [r["error"] for r in results if not r["success"]]
     out_tokens = sum(r["tokens"] for _, r in done)
     # As vLLM's client: the prompt tokens the server reports (a chat template's included), else the dataset's count.
-    in_tokens = sum(req.prompt_len if r["prompt_tokens"] is None else r["prompt_tokens"] for req, r in done)
+    for req, r in done:
+        r["prompt_len"] = req.prompt_len if r["prompt_tokens"] is None else r["prompt_tokens"]
+    in_tokens = sum(r["prompt_len"] for _, r in done)
+    # TPOT is counted for requests of more than one token; for goodput a shorter one's is 0 (as in vLLM's client).
+    tpot = [(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) if r["tokens"] > 1 else None for _, r in done]
     values = {"ttft": [r["ttft"] for _, r in done], "e2el": [r["e2e"] for _, r in done],
-              "tpot": [(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for _, r in done if r["tokens"] > 1],
-              "itl": [x for _, r in done for x in r["itl"]]}
-    result = {"benchmark": "serve", "backend": args.backend, "base_url": base_url, "endpoint": endpoint,
-              "model": model, "dataset_name": args.dataset_name, "dataset_path": args.dataset_path,
-              "num_prompts": len(requests), "input_len": args.input_len, "output_len": args.output_len,
-              "ignore_eos": args.ignore_eos, "sampling": sampling, "request_rate": args.request_rate,
-              "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
-              "num_warmups": args.num_warmups, "duration": round(wall, 3), "completed": len(done),
-              "failed": len(errors), "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
-              "request_throughput": round(len(done) / wall, 3), "output_throughput": round(out_tokens / wall, 2),
-              "total_token_throughput": round((in_tokens + out_tokens) / wall, 2)}
+              "tpot": [t for t in tpot if t is not None], "itl": [x for _, r in done for x in r["itl"]]}
+    good = sum(all(measured * 1e3 <= goodput[name] for name, measured in
+                   (("ttft", r["ttft"]), ("tpot", t or 0.0), ("e2el", r["e2e"])) if name in goodput)
+               for (_, r), t in zip(done, tpot))
+    result = {"benchmark": "serve", "backend": args.backend, "label": args.label or args.backend,
+              "base_url": base_url, "endpoint": endpoint, "model": model,
+              "served_model_name": args.served_model_name or model, "dataset_name": args.dataset_name,
+              "dataset_path": args.dataset_path, "num_prompts": len(requests), "input_len": args.input_len,
+              "output_len": args.output_len, "ignore_eos": args.ignore_eos, "sampling": sampling,
+              "extra_body": args.extra_body, "request_rate": _finite_or_text(args.request_rate),
+              "burstiness": _finite_or_text(args.burstiness),
+              "max_concurrency": args.max_concurrency, "num_warmups": args.num_warmups}
+    if ramp_up:
+        result |= dict(zip(("ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps"), ramp_up))
+    result |= metadata | {
+        "duration": round(wall, 3), "completed": len(done), "failed": len(errors), "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens, "request_throughput": round(len(done) / wall, 3),
+        "request_goodput": round(good / wall, 3) if goodput else None, "goodput": goodput or None,
+        "output_throughput": round(out_tokens / wall, 2),
+        "total_token_throughput": round((in_tokens + out_tokens) / wall, 2)}
     for name in metrics:
         result |= _stats(name, values[name], percentiles)
-    result |= {"errors": sorted(set(errors))[:10]} | _context()
-    saved = None
-    if args.save_result:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        name = args.result_filename or (f"jaxengine-{args.backend}-{args.request_rate}qps-"
-                                        f"{os.path.basename(model.rstrip('/'))}-{stamp}.json")
-        saved = os.path.join(args.result_dir or ".", name)
-    _emit(result, args.output_json, saved)
+    result["errors"] = sorted(set(errors))[:10]
+    if args.save_detailed:  # vLLM's per-request lists, in the order the requests were sent
+        result |= {"input_lens": [r.get("prompt_len", req.prompt_len) for req, r in zip(requests, results)],
+                   "output_lens": [r["tokens"] if r["success"] else 0 for r in results],
+                   "start_times": [round(r["start"], 6) for r in results],
+                   "ttfts": [r["ttft"] if r["success"] else 0.0 for r in results],
+                   "itls": [r["itl"] if r["success"] else [] for r in results],
+                   "generated_texts": [r["text"] if r["success"] else "" for r in results],
+                   "errors": ["" if r["success"] else r["error"] for r in results]}
+    result |= _context()
+    _emit(result, args.output_json)
+    path = _result_path(args, model)
+    if path:
+        with open(path, "a" if args.append_result else "w") as f:
+            if args.append_result and f.tell():
+                f.write("\n")
+            f.write(json.dumps(result) + "\n")
     if errors:
         print(f"{len(errors)} of {len(requests)} requests failed; the first: {errors[0]}", file=sys.stderr)
     if not done:
         sys.exit(f"error: every request failed; the first: {errors[0]}")
 
 
-def _vocab_from_detokenize(base_url: str) -> int:
+def _vocab_from_detokenize(base_url: str, headers: dict | None = None) -> int:
     """The largest id + 1 that /detokenize accepts, by binary search below PROBE_LIMIT (PROBE_LIMIT: it accepts
     them all; 1: it accepts none, or is missing)."""
     lo, hi = 1, PROBE_LIMIT
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        ok = httpx.post(base_url + "/detokenize", json={"tokens": [mid - 1]}, timeout=30).status_code == 200
+        ok = httpx.post(base_url + "/detokenize", json={"tokens": [mid - 1]}, headers=headers,
+                        timeout=30).status_code == 200
         lo, hi = (mid, hi) if ok else (lo, mid - 1)
     return lo
 
@@ -422,20 +594,41 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--tokenizer", default=None,
                    help="for text datasets' token counts (default: --model, else the server's model root)")
     add_dataset_flags(p, seed=True)
+    p.add_argument("--served-model-name", default=None, help="the model name sent in requests (default: --model)")
     p.add_argument("--request-rate", type=float, default=float("inf"))
     p.add_argument("--burstiness", type=float, default=1.0,
-                   help="gamma shape of the arrival gaps: 1 Poisson, below 1 burstier")
+                   help="gamma shape of the arrival gaps: 1 Poisson, below 1 burstier, inf evenly spaced")
+    p.add_argument("--ramp-up-strategy", choices=("linear", "exponential"), default=None,
+                   help="raise the request rate from --ramp-up-start-rps to --ramp-up-end-rps over the load")
+    p.add_argument("--ramp-up-start-rps", type=int, default=None)
+    p.add_argument("--ramp-up-end-rps", type=int, default=None)
     p.add_argument("--max-concurrency", type=int, default=None)
-    p.add_argument("--num-warmups", type=int, default=0, help="untimed requests sent first")
+    p.add_argument("--num-warmups", type=int, default=0, help="untimed copies of the first request sent first")
+    p.add_argument("--ready-check-timeout-sec", type=int, default=0,
+                   help="send the first request until it succeeds, for up to this long, before the load (0: don't)")
     p.add_argument("--ignore-eos", action="store_true", help="generate every request's output length")
+    p.add_argument("--logprobs", type=int, default=None, help="log probabilities of this many top tokens a token")
+    p.add_argument("--extra-body", type=_json_object, default=None,
+                   help="JSON merged into every request body (after the sampling flags)")
+    p.add_argument("--header", nargs="*", default=None, metavar="KEY=VALUE", help="extra HTTP headers")
+    p.add_argument("--request-id-prefix", default=f"bench-{uuid.uuid4().hex[:8]}-",
+                   help="request i is sent with the header x-request-id: PREFIX + i")
+    p.add_argument("--goodput", nargs="+", default=None, metavar="METRIC:MS",
+                   help="service-level objectives (ttft, tpot, e2el in ms) for request_goodput")
     p.add_argument("--percentile-metrics", default=",".join(METRICS),
                    help=f"the metrics to report statistics of, a subset of {','.join(METRICS)}")
     p.add_argument("--metric-percentiles", default="99", help="comma-separated percentiles, e.g. 25,50,99")
     p.add_argument("--vocab-size", type=int, default=None, help="for random ids (default: asked from the server)")
+    p.add_argument("--disable-tqdm", action="store_true", help="no progress bar on stderr")
     p.add_argument("--output-json", default=None)
     p.add_argument("--save-result", action="store_true", help="also write the JSON to --result-dir")
+    p.add_argument("--append-result", action="store_true", help="append the JSON to the result file")
+    p.add_argument("--save-detailed", action="store_true",
+                   help="add per-request lists (lengths, start times, TTFTs, ITLs, texts, errors)")
     p.add_argument("--result-dir", default=None)
     p.add_argument("--result-filename", default=None)
+    p.add_argument("--label", default=None, help="the result's label and file name prefix (default: --backend)")
+    p.add_argument("--metadata", nargs="*", default=None, metavar="KEY=VALUE", help="recorded in the result")
     _add_sampling_flags(p)
     p.set_defaults(run=serve)
     p = kinds.add_parser("startup", help="process start to ready, cold and warm compilation cache; "

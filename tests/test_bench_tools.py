@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxengine import bench_data
-from jaxengine.bench import arrival_gaps, random_prompts
+from jaxengine.bench import random_prompts, send_times
 from jaxengine.cli import main
 from jaxengine.engine.llm_engine import load_tokenizer
 
@@ -152,16 +152,25 @@ def test_custom_and_json_datasets(tmp_path, tokenizer):
         _load(tokenizer, "--dataset-name", "json", "--dataset-path", str(prompts))
 
 
-def test_arrival_gaps_follow_the_rate_and_burstiness():
-    assert not arrival_gaps(float("inf"), 1.0, 5, 0).any()
+def test_send_times_follow_the_rate_burstiness_and_ramp_up():
+    assert not send_times(5, float("inf"), 1.0, 0).any()  # rate inf: all at once
     for burstiness in (0.5, 1.0, 4.0):
-        gaps = arrival_gaps(20.0, burstiness, 20000, 1)
-        assert gaps.mean() == pytest.approx(1 / 20, rel=0.05)
+        times = send_times(20000, 20.0, burstiness, 1)
+        gaps = np.diff(times)
+        # As vLLM's client schedules them: the last leaves at count / rate whatever the draw.
+        assert times[-1] == pytest.approx(20000 / 20) and gaps.mean() == pytest.approx(1 / 20, rel=0.01)
         # A gamma of shape k has a coefficient of variation of 1/sqrt(k): burstier traffic varies more.
         assert gaps.std() / gaps.mean() == pytest.approx(burstiness ** -0.5, rel=0.05)
-    for rate, burstiness in ((0.0, 1.0), (-1.0, 1.0), (1.0, 0.0), (1.0, float("inf"))):
+    assert (send_times(20000, 20.0, 1.0, 1) == send_times(20000, 20.0, 1.0, 1)).all()  # by --seed
+    assert send_times(4, 2.0, float("inf"), 0) == pytest.approx([0.5, 1.0, 1.5, 2.0])  # evenly spaced
+    # Ramp-up: request i's gap is drawn at its own rate, from start to end req/s (not rescaled).
+    assert send_times(3, float("inf"), float("inf"), 0, ("linear", 1, 3)) == pytest.approx([1, 1 + 1 / 2, 1 + 1 / 2 + 1 / 3])
+    assert send_times(3, float("inf"), float("inf"), 0, ("exponential", 1, 4)) == pytest.approx([1, 1.5, 1.75])
+    ramp = np.diff(send_times(20000, float("inf"), 1.0, 2, ("linear", 10, 30)))
+    assert ramp[:2000].mean() == pytest.approx(1 / 11, rel=0.05) and ramp[-2000:].mean() == pytest.approx(1 / 29, rel=0.05)
+    for rate, burstiness in ((0.0, 1.0), (-1.0, 1.0), (1.0, 0.0), (1.0, -2.0)):
         with pytest.raises(ValueError, match="--request-rate" if rate <= 0 else "--burstiness"):
-            arrival_gaps(rate, burstiness, 3, 0)
+            send_times(3, rate, burstiness, 0)
 
 
 def _run(capsys, *argv):

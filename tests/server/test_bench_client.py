@@ -7,7 +7,7 @@ import json
 import pytest
 
 from jaxengine.cli import main
-from tests.server.conftest import wait_until_idle
+from tests.server.conftest import API_KEY, MODEL, wait_until_idle
 from tests.test_bench_tools import _sharegpt
 
 
@@ -76,6 +76,46 @@ def test_bench_serve_sharegpt_through_the_chat_endpoint(live, async_engine, mode
     wait_until_idle(async_engine.engine)
 
 
+def test_bench_serve_takes_vllm_bench_serve_options(live, async_engine, tmp_path, capsys):
+    """--extra-body (merged last), --logprobs, --header, --served-model-name, --goodput, --label, --metadata,
+    --save-detailed, --append-result and --disable-tqdm, as `vllm bench serve` reads them."""
+    argv = ["bench", "serve", "--base-url", live.url, "--num-prompts", "4", "--input-len", "6", "--output-len", "5",
+            "--ignore-eos", "--extra-body", '{"max_tokens": 3, "temperature": 0.5}', "--logprobs", "2",
+            "--header", "x-bench=1", "--served-model-name", MODEL, "--request-rate", "200", "--burstiness", "inf",
+            "--label", "mine", "--metadata", "tp=1", "note=a b", "--save-detailed", "--disable-tqdm",
+            "--append-result", "--result-dir", str(tmp_path / "out"), "--result-filename", "r.json"]
+    main(argv + ["--goodput", "ttft:100000", "tpot:100000", "e2el:100000"])
+    result = _result(capsys)
+    assert result["completed"] == 4 and result["total_output_tokens"] == 4 * 3  # the body's max_tokens won
+    assert result["sampling"] == {"temperature": 0.0} and result["extra_body"] == {"max_tokens": 3, "temperature": 0.5}
+    assert result["label"] == "mine" and result["tp"] == "1" and result["note"] == "a b"
+    assert result["request_goodput"] == result["request_throughput"]  # every request met the objectives
+    assert result["output_lens"] == [3] * 4 and result["errors"] == [""] * 4 and len(result["itls"]) == 4
+    assert all(len(itl) == 2 for itl in result["itls"]) and all(0 < t for t in result["ttfts"])
+    assert result["input_lens"] == [6] * 4 and all(isinstance(t, str) and t for t in result["generated_texts"])
+    starts = result["start_times"]  # evenly spaced at 200 req/s: the first after one gap
+    assert starts == sorted(starts) and starts[0] >= 0.004 and starts[-1] >= 0.019
+    main(argv + ["--goodput", "ttft:0"])  # no first token comes in 0 ms
+    second = _result(capsys)
+    assert second["request_goodput"] == 0 and second["goodput"] == {"ttft": 0.0}
+    lines = (tmp_path / "out" / "r.json").read_text().splitlines()
+    assert [json.loads(line) for line in lines if line] == [result, second]
+    assert "it/s" not in capsys.readouterr().err  # --disable-tqdm
+    wait_until_idle(async_engine.engine)
+
+
+def test_bench_serve_sends_the_api_key_and_waits_for_the_server(live_with_key, async_engine, monkeypatch, capsys):
+    argv = ["bench", "serve", "--base-url", live_with_key.url, "--num-prompts", "2", "--input-len", "5",
+            "--output-len", "2", "--ignore-eos", "--ready-check-timeout-sec", "5"]
+    monkeypatch.setenv("OPENAI_API_KEY", "wrong")
+    with pytest.raises(SystemExit, match="--base-url"):  # /v1/models refused the key: asked again for 5 s
+        main(argv)
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)  # as vLLM's client: a bearer token on every request
+    main(argv)
+    assert _result(capsys)["completed"] == 2
+    wait_until_idle(async_engine.engine)
+
+
 def test_bench_serve_random_ids_where_detokenize_bounds_nothing(live, async_engine, model_dirs, monkeypatch,
                                                                 capsys):
     """vLLM's /detokenize decodes any id, so the probe finds no bound: the ids then come from the tokenizer's range
@@ -84,7 +124,7 @@ def test_bench_serve_random_ids_where_detokenize_bounds_nothing(live, async_engi
     from jaxengine.engine.llm_engine import load_tokenizer
 
     assert bench._vocab_from_detokenize(live.url) == async_engine.engine.model_config.vocab_size  # ours bounds it
-    monkeypatch.setattr(bench, "_vocab_from_detokenize", lambda url: bench.PROBE_LIMIT)
+    monkeypatch.setattr(bench, "_vocab_from_detokenize", lambda url, headers=None: bench.PROBE_LIMIT)
     with pytest.raises(SystemExit, match="--tokenizer.*--vocab-size|--vocab-size.*--tokenizer"):
         main(["bench", "serve", "--base-url", live.url, "--num-prompts", "2"])
     capsys.readouterr()
@@ -104,6 +144,20 @@ def test_bench_serve_random_ids_where_detokenize_bounds_nothing(live, async_engi
     (["--backend", "openai-chat"], "openai-chat"),  # the random dataset's prompts are token ids
     (["--random-range-ratio", "2"], "--random-range-ratio"),
     (["--max-concurrency", "0"], "--max-concurrency"),
+    (["--goodput", "latency:5"], "--goodput"),
+    (["--goodput", "ttft:-1"], "--goodput"),
+    (["--goodput", "ttft"], "--goodput"),
+    (["--header", "no-value"], "--header"),
+    (["--metadata", "=x"], "--metadata"),
+    (["--logprobs", "-1"], "--logprobs"),
+    (["--ready-check-timeout-sec", "-1"], "--ready-check-timeout-sec"),
+    (["--ramp-up-strategy", "linear"], "--ramp-up-start-rps"),
+    (["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1", "--ramp-up-end-rps", "4", "--request-rate", "2"],
+     "--request-rate"),
+    (["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "5", "--ramp-up-end-rps", "2"], "--ramp-up-end-rps"),
+    (["--ramp-up-strategy", "exponential", "--ramp-up-start-rps", "0", "--ramp-up-end-rps", "2"],
+     "--ramp-up-start-rps"),
+    (["--ramp-up-end-rps", "2"], "--ramp-up-strategy"),
 ])
 def test_bench_serve_refuses_bad_flags_before_sending(live, argv, message):
     with pytest.raises(SystemExit, match=message):
