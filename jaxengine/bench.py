@@ -190,7 +190,8 @@ def send_times(count: int, request_rate: float, burstiness: float, seed: int, ra
     regular; inf: every gap 1/rate), at `request_rate` or, with `ramp_up` = (strategy, start, end), at request i's
     rate on a linear or exponential ramp from start to end req/s; a rate of inf sends at once. Request i leaves
     after the first i + 1 gaps; at a fixed rate the times are scaled so that the last is at count / rate, as vLLM's
-    client scales them (the load's length then does not depend on the seed)."""
+    client scales them (the load's length then does not depend on the seed). With the same --seed, vLLM 0.32's
+    client sends at the same times."""
     if not burstiness > 0:
         raise ValueError(f"--burstiness must be positive (inf: evenly spaced), got {burstiness}")
     if ramp_up is None:
@@ -206,7 +207,8 @@ def send_times(count: int, request_rate: float, burstiness: float, seed: int, ra
     if math.isinf(burstiness):
         gaps[finite] = 1.0 / rates[finite]
     else:
-        gaps[finite] = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rates[finite] * burstiness))
+        # numpy's legacy generator, seeded as vLLM's client seeds it: the same draws, so the same arrival times.
+        gaps[finite] = np.random.RandomState(seed).gamma(burstiness, 1.0 / (rates[finite] * burstiness))
     times = np.cumsum(gaps)
     if ramp_up is None and count and times[-1] > 0:
         times *= count / request_rate / times[-1]
