@@ -240,8 +240,11 @@ def test_an_x_request_id_header_names_the_request(http, async_engine):
     # The first runs for the whole context (hundreds of steps) while the second is refused.
     with http.stream("POST", "/v1/completions", json=body | {"max_tokens": 4096, "stream": True, "ignore_eos": True},
                      headers={"x-request-id": "twice"}) as first:
-        next(first.iter_lines())  # running
+        # Kept: a discarded iterator closes the response, which aborts the request.
+        events = (json.loads(line[6:]) for line in first.iter_lines() if line)
+        assert next(events)["choices"][0]["finish_reason"] is None  # running
         second = http.post("/v1/completions", json=body, headers={"x-request-id": "twice"})
-        assert_error(second, 400)
+        assert_error(second, 400, param="request_id")
         assert "already in use" in second.json()["error"]["message"]
+        assert next(events)["choices"][0]["finish_reason"] is None  # the first runs on
     wait_until_idle(async_engine.engine)
