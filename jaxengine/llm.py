@@ -20,6 +20,11 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Empties the prefix cache, as vLLM's `LLM.reset_prefix_cache` (e.g. between benchmark runs); False if
+        requests are still running (nothing is changed then)."""
+        return self.engine.reset_prefix_cache()
+
     def get_default_sampling_params(self) -> SamplingParams:
         """What `generate` and `chat` use without sampling_params: the model's generation config defaults (see
         EngineConfig.generation_config), else SamplingParams()."""

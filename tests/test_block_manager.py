@@ -102,6 +102,19 @@ def test_disabled_prefix_caching_never_hits(caching):
     assert b.num_computed_tokens == (8 if caching else 0)
 
 
+def test_reset_prefix_cache_forgets_cached_blocks_once_none_is_held():
+    bm = BlockManager(num_blocks=10, block_size=4)
+    a = seq(range(9))
+    compute_prompt(bm, a)
+    assert not bm.reset_prefix_cache() and bm.cached  # `a` still holds its blocks: nothing forgotten
+    bm.free_sequence(a)
+    assert bm.reset_prefix_cache() and not bm.cached
+    assert all(b.hash is None and b.token_ids is None for b in bm.blocks)
+    b = seq(range(9))
+    bm.match_prefix(b)
+    assert b.num_computed_tokens == 0 and bm.num_free_blocks == 10
+
+
 def test_sequence_token_ids_is_a_slice_of_prompt_and_output():
     s = seq([1, 2, 3, 4])
     s.output_token_ids += [5, 6, 7]

@@ -50,6 +50,16 @@ class BlockManager:
     def usage(self) -> float:
         return 1.0 - len(self.free) / self.num_blocks
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached block (vLLM's `reset_prefix_cache`); False, and nothing forgotten, while any
+        sequence holds blocks."""
+        if len(self.free) != self.num_blocks:
+            return False
+        for block_id in self.cached.values():
+            self.blocks[block_id].hash = self.blocks[block_id].token_ids = None
+        self.cached.clear()
+        return True
+
     def _hashes(self, seq: Sequence, num_full_blocks: int) -> list[bytes]:
         """The chained hashes of the first full blocks, extended incrementally on the sequence."""
         hashes, bs = seq.block_hashes, self.block_size

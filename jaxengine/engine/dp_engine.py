@@ -53,6 +53,9 @@ class DataParallelEngine:
     def has_unfinished_requests(self) -> bool:
         return any(r.has_unfinished_requests() for r in self.replicas)
 
+    def reset_prefix_cache(self) -> bool:
+        return not self.has_unfinished_requests() and all([r.reset_prefix_cache() for r in self.replicas])
+
     def step(self) -> list[RequestOutput]:
         busy = [r for r in self.replicas if r.has_unfinished_requests()]
         for replica in busy:

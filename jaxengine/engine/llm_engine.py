@@ -328,6 +328,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or bool(self._aborts) or bool(self._in_flight)
 
+    def reset_prefix_cache(self) -> bool:
+        """Empties the prefix cache; False (and nothing changed) while requests are unfinished."""
+        return not self.has_unfinished_requests() and self.block_manager.reset_prefix_cache()
+
     # --- the step --------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
