@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxengine.bench_data import (FIRST_ID, BenchRequest, add_dataset_flags, at_least, load_requests,
+from jaxengine.bench_data import (FIRST_ID, ID_DATASETS, BenchRequest, add_dataset_flags, at_least, load_requests,
                                   random_lengths, random_requests)
 from jaxengine.cli import add_engine_flags, engine_config
 from jaxengine.compile_counter import compile_count
@@ -96,8 +96,11 @@ def throughput(args) -> None:
     params = [SamplingParams(**sampling, n=args.n, max_tokens=r.output_len, ignore_eos=True) for r in requests]
     llm.generate(prompts[:4], SamplingParams(**sampling, max_tokens=8, ignore_eos=True), use_tqdm=False)
     compiles = compile_count()
+    managers = [r.block_manager for r in getattr(llm.engine, "replicas", [llm.engine])]
+    looked_up = [(m.query_tokens, m.hit_tokens) for m in managers]
     runs = []
     for _ in range(args.runs):
+        llm.reset_prefix_cache()  # each run shares only what its own prompts share (and not the warm-up's)
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - start
@@ -105,6 +108,8 @@ def throughput(args) -> None:
         prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
         runs.append((wall, generated, prompt_tokens))
     wall, generated, prompt_tokens = sorted(runs)[len(runs) // 2]
+    queries = sum(m.query_tokens - q for m, (q, _) in zip(managers, looked_up))
+    hits = sum(m.hit_tokens - h for m, (_, h) in zip(managers, looked_up))
     input_len, output_len = random_lengths(args) if args.dataset_name == "random" else (None, args.output_len)
     _emit({"benchmark": "throughput", "dataset_name": args.dataset_name, "dataset_path": args.dataset_path,
            "num_prompts": len(prompts), "input_len": input_len, "output_len": output_len, "n": args.n,
@@ -113,6 +118,8 @@ def throughput(args) -> None:
            "requests_per_s": round(len(prompts) / wall, 3), "output_tok_s": round(generated / wall, 2),
            "total_tok_s": round((generated + prompt_tokens) / wall, 2),
            "runs_output_tok_s": [round(g / w, 2) for w, g, _ in runs],
+           # Prompt tokens the prefix cache served, of those looked up, over the timed runs (0 with it off).
+           "prefix_cache_hit_rate": round(hits / queries, 4) if queries else 0.0,
            "compiles_during_runs": compile_count() - compiles} | _context(config), args.output_json)
 
 
@@ -437,7 +444,7 @@ def serve(args) -> None:
         at_least("--logprobs", args.logprobs, 0)
     models = _models(base_url, headers, args.ready_check_timeout_sec)
     model = args.model or models[0]["id"]
-    vocab = _random_vocab(args, base_url, models, headers) if args.dataset_name == "random" else 0
+    vocab = _random_vocab(args, base_url, models, headers) if args.dataset_name in ID_DATASETS else 0
     why = f"the {args.dataset_name} dataset needs the model's tokenizer to count tokens"
     requests = load_requests(args, vocab_size=vocab, get_tokenizer=lambda: _serve_tokenizer(args, models, why),
                              seed=args.seed)

@@ -1,8 +1,9 @@
 """The benchmark datasets, named and shaped as `vllm bench` names them, so a user's dataset files and flags carry
 over: `random` (token ids; lengths around a mean with `--random-range-ratio`, an optional shared prefix),
 `sharegpt` (the first two turns of each conversation: the prompt and, by its token count, the output length),
-`custom` (JSONL, one `{"prompt": ..., "output_tokens": ...}` a line) and our `json` (a JSON list of prompts,
-strings or token-id lists).
+`custom` (JSONL, one `{"prompt": ..., "output_tokens": ...}` a line), `prefix_repetition` (groups of prompts
+sharing a random prefix: a prefix-caching load) and our `json` (a JSON list of prompts, strings or token-id
+lists).
 
 A bad flag or file raises ValueError naming it, before any load is sent.
 """
@@ -15,7 +16,9 @@ import random
 import numpy as np
 
 FIRST_ID = 4  # random ids start here, past the usual special tokens (the peers' workload.py does the same)
-DATASETS = ("random", "sharegpt", "custom", "json")
+DATASETS = ("random", "sharegpt", "custom", "prefix_repetition", "json")
+ID_DATASETS = ("random", "prefix_repetition")  # token-id prompts, drawn below the model's vocabulary
+PREFIX_REPETITION = {"prefix_len": 256, "suffix_len": 256, "num_prefixes": 10, "output_len": 128}  # vLLM's defaults
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +49,11 @@ def add_dataset_flags(p, *, seed: bool) -> None:
                    help="custom: output tokens of every request; -1 takes each line's output_tokens")
     p.add_argument("--skip-chat-template", action="store_true",
                    help="custom: send the prompt as it is, not in the tokenizer's chat template")
-    p.add_argument("--disable-shuffle", action="store_true", help="sharegpt and custom: keep the file's order")
+    for name, default in PREFIX_REPETITION.items():
+        p.add_argument(f"--prefix-repetition-{name.replace('_', '-')}", type=int, default=None,
+                       help=f"prefix_repetition dataset (default {default})")
+    p.add_argument("--disable-shuffle", action="store_true",
+                   help="sharegpt, custom and prefix_repetition: keep the dataset's order")
     p.add_argument("--no-oversample", action="store_true",
                    help="sharegpt and custom: fewer requests than --num-prompts when the file has fewer")
     if seed:
@@ -102,6 +109,36 @@ def random_requests(vocab_size: int, num_prompts: int, input_len: int, output_le
     prefix = rng.integers(FIRST_ID, vocab_size, size=prefix_len).tolist()
     return [BenchRequest(prefix + row[:n].tolist(), prefix_len + int(n), int(m))
             for row, n, m in zip(ids, in_lens, out_lens)]
+
+
+def prefix_repetition_requests(vocab_size: int, num_prompts: int, prefix_len: int, suffix_len: int,
+                               num_prefixes: int, output_len: int, seed: int, shuffle: bool = True) -> list[BenchRequest]:
+    """vLLM's `prefix_repetition` dataset, as token ids: `num_prefixes` random prefixes of `prefix_len` ids, each
+    followed by num_prompts // num_prefixes random suffixes of `suffix_len` ids (the remainder of num_prompts is
+    left out, as vLLM leaves it), shuffled by `seed` unless `shuffle` is off. Ids uniform in [FIRST_ID, vocab) from
+    numpy's default_rng(seed), each prefix before its group's suffixes."""
+    at_least("--num-prompts", num_prompts)
+    at_least("--prefix-repetition-prefix-len", prefix_len, 0)
+    at_least("--prefix-repetition-suffix-len", suffix_len, 0)
+    at_least("--prefix-repetition-num-prefixes", num_prefixes)
+    at_least("--prefix-repetition-output-len", output_len)
+    if prefix_len + suffix_len == 0:
+        raise ValueError("--prefix-repetition-prefix-len and --prefix-repetition-suffix-len are both 0: empty prompts")
+    if num_prompts < num_prefixes:
+        raise ValueError(f"--num-prompts ({num_prompts}) must be at least --prefix-repetition-num-prefixes "
+                         f"({num_prefixes})")
+    if vocab_size <= FIRST_ID:
+        raise ValueError(f"the prefix_repetition dataset needs a vocabulary larger than {FIRST_ID}, got {vocab_size}")
+    rng = np.random.default_rng(seed)
+    requests = []
+    for _ in range(num_prefixes):
+        prefix = rng.integers(FIRST_ID, vocab_size, size=prefix_len).tolist()
+        for _ in range(num_prompts // num_prefixes):
+            prompt = prefix + rng.integers(FIRST_ID, vocab_size, size=suffix_len).tolist()
+            requests.append(BenchRequest(prompt, len(prompt), output_len))
+    if shuffle:
+        random.Random(seed).shuffle(requests)
+    return requests
 
 
 def _read_json(path: str | None, what: str):
@@ -231,11 +268,24 @@ def load_requests(args, *, vocab_size: int, get_tokenizer, seed: int) -> list[Be
     """The requests the dataset flags in `args` describe; `get_tokenizer()` is called only if a text needs its
     tokens counted."""
     ratio = range_ratios(args.random_range_ratio)
+    repetition = {name: getattr(args, f"prefix_repetition_{name}") for name in PREFIX_REPETITION}
+    if args.dataset_name != "prefix_repetition" and any(value is not None for value in repetition.values()):
+        raise ValueError("the --prefix-repetition-* flags apply to the prefix_repetition dataset only")
     if args.dataset_name == "random":
         return random_requests(vocab_size, args.num_prompts, *random_lengths(args), seed, ratio,
                                args.random_prefix_len)
     if args.random_prefix_len or ratio != (0.0, 0.0):
         raise ValueError("--random-range-ratio and --random-prefix-len apply to the random dataset only")
+    if args.dataset_name == "prefix_repetition":
+        if args.input_len is not None:
+            raise ValueError("--input-len applies to the random dataset; prefix_repetition prompts are "
+                             "--prefix-repetition-prefix-len + --prefix-repetition-suffix-len tokens")
+        if None not in (args.output_len, repetition["output_len"]) and args.output_len != repetition["output_len"]:
+            raise ValueError("--output-len and --prefix-repetition-output-len disagree; give one")
+        repetition["output_len"] = _given(args.output_len, repetition["output_len"])
+        values = {name: _given(value, PREFIX_REPETITION[name]) for name, value in repetition.items()}
+        return prefix_repetition_requests(vocab_size, args.num_prompts, **values, seed=seed,
+                                          shuffle=not args.disable_shuffle)
     if args.input_len is not None:
         raise ValueError(f"--input-len applies to the random dataset only; the {args.dataset_name} dataset's "
                          "prompts have their own lengths")

@@ -71,10 +71,36 @@ def test_random_dataset_range_ratio_and_prefix():
     (("--dataset-name", "sharegpt", "--dataset-path", "x.json", "--input-len", "5"), "--input-len"),
     (("--dataset-name", "custom", "--dataset-path", "x.jsonl", "--random-prefix-len", "5"), "--random-prefix-len"),
     (("--dataset-name", "json", "--dataset-path", "/nonexistent/prompts.json"), "--dataset-path"),
+    (("--dataset-name", "prefix_repetition", "--num-prompts", "5"), "--prefix-repetition-num-prefixes"),
+    (("--dataset-name", "prefix_repetition", "--input-len", "5"), "--input-len"),
+    (("--dataset-name", "prefix_repetition", "--prefix-repetition-suffix-len", "-1"), "--prefix-repetition-suffix-len"),
+    (("--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "0", "--prefix-repetition-suffix-len",
+      "0"), "--prefix-repetition-prefix-len"),
+    (("--dataset-name", "prefix_repetition", "--output-len", "4", "--prefix-repetition-output-len", "5"),
+     "--prefix-repetition-output-len"),
+    (("--prefix-repetition-num-prefixes", "2"), "--prefix-repetition"),  # the random dataset's
 ])
 def test_bad_dataset_flags_are_refused_by_name(tokenizer, argv, field):
     with pytest.raises(ValueError, match=field):
         _load(tokenizer, *argv)
+
+
+def test_prefix_repetition_dataset_groups_prompts_by_a_shared_prefix(tokenizer):
+    flags = ("--dataset-name", "prefix_repetition", "--num-prompts", "11", "--prefix-repetition-prefix-len", "6",
+             "--prefix-repetition-suffix-len", "3", "--prefix-repetition-num-prefixes", "3", "--seed", "5")
+    reqs = _load(tokenizer, *flags, "--output-len", "7")
+    assert len(reqs) == 9  # 11 // 3 prompts for each of the 3 prefixes, as vLLM's dataset makes them
+    assert {(r.prompt_len, r.output_len) for r in reqs} == {(9, 7)} and all(len(r.prompt) == 9 for r in reqs)
+    assert all(4 <= t < 300 for r in reqs for t in r.prompt)
+    groups = {}
+    for r in reqs:
+        groups.setdefault(tuple(r.prompt[:6]), []).append(tuple(r.prompt[6:]))
+    assert sorted(map(len, groups.values())) == [3, 3, 3] and len({s for g in groups.values() for s in g}) == 9
+    ordered = _load(tokenizer, *flags, "--disable-shuffle")
+    assert all(ordered[i].prompt[:6] == ordered[i - i % 3].prompt[:6] for i in range(9))  # each group together
+    assert sorted(r.prompt for r in ordered) == sorted(r.prompt for r in reqs)  # the same prompts, shuffled by --seed
+    assert [r.prompt for r in ordered] != [r.prompt for r in reqs]
+    assert {r.output_len for r in ordered} == {128}  # vLLM's default output length
 
 
 def _sharegpt(tmp_path, tokenizer):
@@ -196,6 +222,16 @@ def test_bench_throughput_runs_a_dataset_through_the_engine(model_dirs, tmp_path
     assert result["total_output_tokens"] == sum(r.output_len for r in reqs)
     assert result["total_prompt_tokens"] == sum(r.prompt_len for r in reqs)
     assert result["sampling"] == {"temperature": 0.7, "top_p": 0.9, "repetition_penalty": 1.1}
+    assert result["prefix_cache_hit_rate"] == 0  # off unless asked for, as in the peer scripts
+    # A prefix-caching load: 8 prompts behind one 32-token prefix. Each timed run starts with an empty cache (the
+    # warm-up ran the same prompts), so the hits are the run's own: the prompts admitted after the first computed
+    # the prefix find it, and at most every prompt's two prefix blocks of its 40 tokens hit.
+    repetition = ["--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "32",
+                  "--prefix-repetition-suffix-len", "8", "--prefix-repetition-num-prefixes", "1", "--num-prompts", "8",
+                  "--output-len", "3", "--runs", "2"]
+    result = _run(capsys, "bench", "throughput", "--model", model, *ENGINE_FLAGS, *repetition, "--enable-prefix-caching")
+    assert result["total_prompt_tokens"] == 8 * 40 and result["total_output_tokens"] == 8 * 3
+    assert 0 < result["prefix_cache_hit_rate"] < 32 / 40
 
 
 def test_bench_latency_and_refusals(model_dirs, capsys):

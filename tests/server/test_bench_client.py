@@ -29,6 +29,11 @@ def test_bench_serve_reports_the_load_it_sent(live, async_engine, capsys):
     assert 0 < result["median_ttft_ms"] <= result["median_e2el_ms"] and result["output_throughput"] > 0
     assert {f"{s}_{m}_ms" for s in ("mean", "median", "std", "p99") for m in ("ttft", "tpot", "itl", "e2el")} \
         <= result.keys()
+    main(["bench", "serve", "--base-url", live.url, "--dataset-name", "prefix_repetition", "--num-prompts", "4",
+          "--prefix-repetition-num-prefixes", "2", "--prefix-repetition-prefix-len", "8",
+          "--prefix-repetition-suffix-len", "4", "--prefix-repetition-output-len", "2", "--ignore-eos"])
+    result = _result(capsys)  # token ids below the vocabulary the server's /detokenize bounds, as random's
+    assert result["completed"] == 4 and result["total_input_tokens"] == 4 * 12 and result["total_output_tokens"] == 8
     wait_until_idle(async_engine.engine)
 
 
