@@ -127,17 +127,22 @@ def latency(args) -> None:
     from jaxengine import LLM, SamplingParams
 
     for name, low in (("batch_size", 1), ("input_len", 1), ("output_len", 2), ("num_iters", 1),
-                      ("num_iters_warmup", 0)):
+                      ("num_iters_warmup", 0), ("n", 1)):
         at_least("--" + name.replace("_", "-"), getattr(args, name), low)
     config = _offline_config(args)
     sampling = _sampling(args)
     llm = LLM(config=config, progress=False)
     prompts = random_prompts(llm.engine.model_config.vocab_size, args.batch_size, args.input_len, _dataset_seed(args))
 
+    generated = []
+
     def timed(max_tokens):
         start = time.perf_counter()
-        llm.generate(prompts, SamplingParams(**sampling, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
-        return time.perf_counter() - start
+        outs = llm.generate(prompts, SamplingParams(**sampling, n=args.n, max_tokens=max_tokens, ignore_eos=True),
+                            use_tqdm=False)
+        wall = time.perf_counter() - start
+        generated.append(sum(len(c.token_ids) for o in outs for c in o.outputs))
+        return wall
 
     for _ in range(args.num_iters_warmup):
         timed(2)
@@ -145,8 +150,9 @@ def latency(args) -> None:
     latencies = np.array([timed(args.output_len) for _ in range(args.num_iters)])
     e2e = float(np.median(latencies))
     percents = (10, 25, 50, 75, 90, 99)  # vLLM's latency keys: avg_latency, latencies, percentiles (seconds)
-    _emit({"benchmark": "latency", "batch_size": args.batch_size, "input_len": args.input_len,
-           "output_len": args.output_len, "sampling": sampling, "ttft_ms": round(ttft * 1e3, 2),
+    _emit({"benchmark": "latency", "batch_size": args.batch_size, "n": args.n, "input_len": args.input_len,
+           "output_len": args.output_len, "output_tokens_per_iter": generated[-1], "sampling": sampling,
+           "ttft_ms": round(ttft * 1e3, 2),
            "e2e_ms": round(e2e * 1e3, 2), "tpot_ms": round((e2e - ttft) / (args.output_len - 1) * 1e3, 3),
            "avg_latency": float(latencies.mean()), "latencies": latencies.tolist(),
            "percentiles": dict(zip(map(str, percents), np.percentile(latencies, percents).tolist()))}
@@ -587,6 +593,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--n", type=int, default=1, help="sequences per prompt")
     p.add_argument("--num-iters-warmup", type=int, default=1)
     p.add_argument("--num-iters", type=int, default=5)
     p.add_argument("--output-json", default=None)

@@ -237,8 +237,9 @@ def test_bench_throughput_runs_a_dataset_through_the_engine(model_dirs, tmp_path
 def test_bench_latency_and_refusals(model_dirs, capsys):
     model = str(model_dirs["llama"])
     result = _run(capsys, "bench", "latency", "--model", model, *ENGINE_FLAGS, "--batch-size", "2", "--input-len",
-                  "6", "--output-len", "5", "--num-iters", "2", "--num-iters-warmup", "1")
-    assert result["benchmark"] == "latency" and result["batch_size"] == 2
+                  "6", "--output-len", "5", "--num-iters", "2", "--num-iters-warmup", "1", "--n", "3")
+    assert result["benchmark"] == "latency" and result["batch_size"] == 2 and result["n"] == 3
+    assert result["output_tokens_per_iter"] == 2 * 3 * 5  # --n sequences of every prompt
     assert 0 < result["ttft_ms"] < result["e2e_ms"] and result["tpot_ms"] > 0
     assert len(result["latencies"]) == 2 and result["avg_latency"] == pytest.approx(sum(result["latencies"]) / 2)
     assert list(result["percentiles"]) == ["10", "25", "50", "75", "90", "99"]
