@@ -5,7 +5,6 @@ The random dataset is the shared peer workload: token ids drawn uniformly from [
 numpy's default_rng(seed), so every engine sees the same prompts.
 """
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -26,7 +25,7 @@ from tqdm.auto import tqdm
 
 from jaxengine.bench_data import (FIRST_ID, ID_DATASETS, BenchRequest, add_dataset_flags, at_least, load_requests,
                                   random_lengths, random_requests)
-from jaxengine.cli import add_engine_flags, engine_config
+from jaxengine.cli import add_engine_flags, engine_config, json_object
 from jaxengine.compile_counter import compile_count
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -266,17 +265,6 @@ def _goodput(args) -> dict[str, float]:
         if not objectives[name] >= 0:
             raise ValueError(f"--goodput: {name} takes a number of milliseconds >= 0, got {value!r}")
     return objectives
-
-
-def _json_object(text: str) -> dict:
-    """--extra-body's value: a JSON object."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"a JSON object, not {type(value).__name__}")
-    return value
 
 
 def _headers(args) -> dict[str, str]:
@@ -624,7 +612,7 @@ def add_bench_parser(sub) -> None:
                    help="send the first request until it succeeds, for up to this long, before the load (0: don't)")
     p.add_argument("--ignore-eos", action="store_true", help="generate every request's output length")
     p.add_argument("--logprobs", type=int, default=None, help="log probabilities of this many top tokens a token")
-    p.add_argument("--extra-body", type=_json_object, default=None,
+    p.add_argument("--extra-body", type=json_object, default=None,
                    help="JSON merged into every request body (after the sampling flags)")
     p.add_argument("--header", nargs="*", default=None, metavar="KEY=VALUE", help="extra HTTP headers")
     p.add_argument("--request-id-prefix", default=f"bench-{uuid.uuid4().hex[:8]}-",

@@ -18,7 +18,8 @@ def _bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
-def _json_object(value: str) -> dict:
+def json_object(value: str) -> dict:
+    """An argparse type: a JSON object (a dict), else a clear error."""
     try:
         parsed = json.loads(value)
     except json.JSONDecodeError as e:
@@ -41,7 +42,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument("--no-" + flag[2:], dest=field.name, action="store_const", const=False,
                                 help=f"the same as {flag} false")
         else:
-            parser.add_argument(flag, dest=field.name, type=_json_object if kind is dict else kind, default=None,
+            parser.add_argument(flag, dest=field.name, type=json_object if kind is dict else kind, default=None,
                                 help=f"(default: {field.default})")
 
 
