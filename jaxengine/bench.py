@@ -304,9 +304,9 @@ async def _serve_load(args, url, chat, bodies, headers, times):
 
     async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None)) as client:
         async def guarded(body, index=None):
+            named = {} if index is None else {"x-request-id": f"{args.request_id_prefix}{index}"}
             async with limit:
-                request_headers = headers if index is None else headers | {"x-request-id": f"{args.request_id_prefix}{index}"}
-                result = await _one_request(client, url, chat, body, request_headers)
+                result = await _one_request(client, url, chat, body, headers | named)
             if index is not None:
                 bar.update(1)
             return result

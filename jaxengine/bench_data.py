@@ -111,8 +111,8 @@ def random_requests(vocab_size: int, num_prompts: int, input_len: int, output_le
             for row, n, m in zip(ids, in_lens, out_lens)]
 
 
-def prefix_repetition_requests(vocab_size: int, num_prompts: int, prefix_len: int, suffix_len: int,
-                               num_prefixes: int, output_len: int, seed: int, shuffle: bool = True) -> list[BenchRequest]:
+def prefix_repetition_requests(vocab_size: int, num_prompts: int, prefix_len: int, suffix_len: int, num_prefixes: int,
+                               output_len: int, seed: int, shuffle: bool = True) -> list[BenchRequest]:
     """vLLM's `prefix_repetition` dataset, as token ids: `num_prefixes` random prefixes of `prefix_len` ids, each
     followed by num_prompts // num_prefixes random suffixes of `suffix_len` ids (the remainder of num_prompts is
     left out, as vLLM leaves it), shuffled by `seed` unless `shuffle` is off. Ids uniform in [FIRST_ID, vocab) from

@@ -192,10 +192,11 @@ def test_send_times_follow_the_rate_burstiness_and_ramp_up():
     assert send_times(5, 8.0, 1.0, 7) == pytest.approx(np.cumsum(gaps) * (5 / 8) / gaps.sum())
     assert send_times(4, 2.0, float("inf"), 0) == pytest.approx([0.5, 1.0, 1.5, 2.0])  # evenly spaced
     # Ramp-up: request i's gap is drawn at its own rate, from start to end req/s (not rescaled).
-    assert send_times(3, float("inf"), float("inf"), 0, ("linear", 1, 3)) == pytest.approx([1, 1 + 1 / 2, 1 + 1 / 2 + 1 / 3])
+    assert send_times(3, float("inf"), float("inf"), 0, ("linear", 1, 3)) == pytest.approx([1, 1.5, 1.5 + 1 / 3])
     assert send_times(3, float("inf"), float("inf"), 0, ("exponential", 1, 4)) == pytest.approx([1, 1.5, 1.75])
     ramp = np.diff(send_times(20000, float("inf"), 1.0, 2, ("linear", 10, 30)))
-    assert ramp[:2000].mean() == pytest.approx(1 / 11, rel=0.05) and ramp[-2000:].mean() == pytest.approx(1 / 29, rel=0.05)
+    assert ramp[:2000].mean() == pytest.approx(1 / 11, rel=0.05)
+    assert ramp[-2000:].mean() == pytest.approx(1 / 29, rel=0.05)
     for rate, burstiness in ((0.0, 1.0), (-1.0, 1.0), (1.0, 0.0), (1.0, -2.0)):
         with pytest.raises(ValueError, match="--request-rate" if rate <= 0 else "--burstiness"):
             send_times(3, rate, burstiness, 0)
@@ -229,7 +230,8 @@ def test_bench_throughput_runs_a_dataset_through_the_engine(model_dirs, tmp_path
     repetition = ["--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "32",
                   "--prefix-repetition-suffix-len", "8", "--prefix-repetition-num-prefixes", "1", "--num-prompts", "8",
                   "--output-len", "3", "--runs", "2"]
-    result = _run(capsys, "bench", "throughput", "--model", model, *ENGINE_FLAGS, *repetition, "--enable-prefix-caching")
+    result = _run(capsys, "bench", "throughput", "--model", model, *ENGINE_FLAGS, *repetition,
+                  "--enable-prefix-caching")
     assert result["total_prompt_tokens"] == 8 * 40 and result["total_output_tokens"] == 8 * 3
     assert 0 < result["prefix_cache_hit_rate"] < 32 / 40
 
