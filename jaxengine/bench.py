@@ -92,8 +92,11 @@ def throughput(args) -> None:
     requests = load_requests(args, vocab_size=llm.engine.model_config.vocab_size, get_tokenizer=llm.get_tokenizer,
                              seed=_dataset_seed(args))
     prompts = [r.prompt for r in requests]
-    params = [SamplingParams(**sampling, n=args.n, max_tokens=r.output_len, ignore_eos=True) for r in requests]
-    llm.generate(prompts[:4], SamplingParams(**sampling, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    detokenize = not args.disable_detokenize
+    params = [SamplingParams(**sampling, n=args.n, max_tokens=r.output_len, ignore_eos=True, detokenize=detokenize)
+              for r in requests]
+    llm.generate(prompts[:4], SamplingParams(**sampling, max_tokens=8, ignore_eos=True, detokenize=detokenize),
+                 use_tqdm=False)
     compiles = compile_count()
     managers = [r.block_manager for r in getattr(llm.engine, "replicas", [llm.engine])]
     looked_up = [(m.query_tokens, m.hit_tokens) for m in managers]
@@ -112,6 +115,7 @@ def throughput(args) -> None:
     input_len, output_len = random_lengths(args) if args.dataset_name == "random" else (None, args.output_len)
     _emit({"benchmark": "throughput", "dataset_name": args.dataset_name, "dataset_path": args.dataset_path,
            "num_prompts": len(prompts), "input_len": input_len, "output_len": output_len, "n": args.n,
+           "detokenize": detokenize,
            "sampling": sampling, "init_s": round(init_s, 2), "wall_s": round(wall, 3),
            "total_prompt_tokens": prompt_tokens, "total_output_tokens": generated,
            "requests_per_s": round(len(prompts) / wall, 3), "output_tok_s": round(generated / wall, 2),
@@ -137,8 +141,9 @@ def latency(args) -> None:
 
     def timed(max_tokens):
         start = time.perf_counter()
-        outs = llm.generate(prompts, SamplingParams(**sampling, n=args.n, max_tokens=max_tokens, ignore_eos=True),
-                            use_tqdm=False)
+        params = SamplingParams(**sampling, n=args.n, max_tokens=max_tokens, ignore_eos=True,
+                                detokenize=not args.disable_detokenize)
+        outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - start
         generated.append(sum(len(c.token_ids) for o in outs for c in o.outputs))
         return wall
@@ -149,7 +154,8 @@ def latency(args) -> None:
     latencies = np.array([timed(args.output_len) for _ in range(args.num_iters)])
     e2e = float(np.median(latencies))
     percents = (10, 25, 50, 75, 90, 99)  # vLLM's latency keys: avg_latency, latencies, percentiles (seconds)
-    _emit({"benchmark": "latency", "batch_size": args.batch_size, "n": args.n, "input_len": args.input_len,
+    _emit({"benchmark": "latency", "batch_size": args.batch_size, "n": args.n,
+           "detokenize": not args.disable_detokenize, "input_len": args.input_len,
            "output_len": args.output_len, "output_tokens_per_iter": generated[-1], "sampling": sampling,
            "ttft_ms": round(ttft * 1e3, 2),
            "e2e_ms": round(e2e * 1e3, 2), "tpot_ms": round((e2e - ttft) / (args.output_len - 1) * 1e3, 3),
@@ -572,6 +578,7 @@ def add_bench_parser(sub) -> None:
     add_engine_flags(p)
     add_dataset_flags(p, seed=False)  # the dataset's seed is the engine's --seed (default 0)
     p.add_argument("--n", type=int, default=1, help="sequences per prompt")
+    p.add_argument("--disable-detokenize", action="store_true", help="token ids only: no text is made")
     p.add_argument("--runs", type=int, default=3, help="timed runs; the median is reported")
     p.add_argument("--output-json", default=None)
     _add_sampling_flags(p)
@@ -582,6 +589,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--n", type=int, default=1, help="sequences per prompt")
+    p.add_argument("--disable-detokenize", action="store_true", help="token ids only: no text is made")
     p.add_argument("--num-iters-warmup", type=int, default=1)
     p.add_argument("--num-iters", type=int, default=5)
     p.add_argument("--output-json", default=None)

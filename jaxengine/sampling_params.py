@@ -40,6 +40,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
+    detokenize: bool = True  # False: token ids only (empty text, logprobs without their decoded tokens), as vLLM
 
     def __post_init__(self):
         if not isinstance(self.n, int) or self.n < 1:
@@ -87,6 +88,10 @@ class SamplingParams:
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if not isinstance(self.detokenize, bool):
+            raise ValueError(f"detokenize must be true or false, got {self.detokenize!r}")
+        if not self.detokenize and self.stop:
+            raise ValueError("stop strings are matched in the text: they need detokenize=True (stop_token_ids do not)")
 
     @property
     def needs_slot_state(self) -> bool:

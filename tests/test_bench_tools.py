@@ -213,7 +213,7 @@ def test_bench_throughput_runs_a_dataset_through_the_engine(model_dirs, tmp_path
                   "--input-len", "7", "--output-len", "4", "--runs", "1", "--n", "2")
     assert result["benchmark"] == "throughput" and result["num_prompts"] == 5 and result["n"] == 2
     assert result["total_prompt_tokens"] == 5 * 7 and result["total_output_tokens"] == 5 * 2 * 4
-    assert result["output_tok_s"] > 0 and result["compiles_during_runs"] == 0
+    assert result["output_tok_s"] > 0 and result["compiles_during_runs"] == 0 and result["detokenize"] is True
     path, _ = _sharegpt(tmp_path, tokenizer)
     result = _run(capsys, "bench", "throughput", "--model", model, *ENGINE_FLAGS, "--dataset-name", "sharegpt",
                   "--dataset-path", str(path), "--num-prompts", "4", "--runs", "1", "--temperature", "0.7",
@@ -231,16 +231,19 @@ def test_bench_throughput_runs_a_dataset_through_the_engine(model_dirs, tmp_path
                   "--prefix-repetition-suffix-len", "8", "--prefix-repetition-num-prefixes", "1", "--num-prompts", "8",
                   "--output-len", "3", "--runs", "2"]
     result = _run(capsys, "bench", "throughput", "--model", model, *ENGINE_FLAGS, *repetition,
-                  "--enable-prefix-caching")
+                  "--enable-prefix-caching", "--disable-detokenize")
     assert result["total_prompt_tokens"] == 8 * 40 and result["total_output_tokens"] == 8 * 3
+    assert result["detokenize"] is False
     assert 0 < result["prefix_cache_hit_rate"] < 32 / 40
 
 
 def test_bench_latency_and_refusals(model_dirs, capsys):
     model = str(model_dirs["llama"])
     result = _run(capsys, "bench", "latency", "--model", model, *ENGINE_FLAGS, "--batch-size", "2", "--input-len",
-                  "6", "--output-len", "5", "--num-iters", "2", "--num-iters-warmup", "1", "--n", "3")
+                  "6", "--output-len", "5", "--num-iters", "2", "--num-iters-warmup", "1", "--n", "3",
+                  "--disable-detokenize")
     assert result["benchmark"] == "latency" and result["batch_size"] == 2 and result["n"] == 3
+    assert result["detokenize"] is False
     assert result["output_tokens_per_iter"] == 2 * 3 * 5  # --n sequences of every prompt
     assert 0 < result["ttft_ms"] < result["e2e_ms"] and result["tpot_ms"] > 0
     assert len(result["latencies"]) == 2 and result["avg_latency"] == pytest.approx(sum(result["latencies"]) / 2)

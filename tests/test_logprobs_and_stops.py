@@ -173,3 +173,23 @@ def test_skip_special_tokens_controls_their_text(engines):
     assert shown.token_ids == hidden.token_ids == [special] * 3
     assert shown.text == "<|user|>" * 3
     assert hidden.text == ""
+
+
+def test_detokenize_off_gives_the_same_tokens_without_text(engines):
+    """SamplingParams(detokenize=False), as vLLM's: the same token ids and log probabilities, no text."""
+    engine = engines("llama")
+    params = dict(temperature=0.7, seed=3, max_tokens=6, ignore_eos=True, logprobs=2, prompt_logprobs=1)
+    with_text = run_to_completion(engine, [("text", PROMPT, SamplingParams(**params))])["text"]
+    ids_only = run_to_completion(engine, [("ids", PROMPT, SamplingParams(**params, detokenize=False))])["ids"]
+    a, b = with_text.outputs[0], ids_only.outputs[0]
+    assert a.text and b.text == "" and b.token_ids == a.token_ids and b.finish_reason == a.finish_reason
+    assert [{t: lp.logprob for t, lp in e.items()} for e in b.logprobs] == \
+        [{t: lp.logprob for t, lp in e.items()} for e in a.logprobs]
+    assert all(lp.decoded_token is None for e in b.logprobs for lp in e.values())
+    assert all(lp.decoded_token is None for e in ids_only.prompt_logprobs[1:] for lp in e.values())
+    assert all(lp.decoded_token is not None for e in a.logprobs for lp in e.values())
+    with pytest.raises(ValueError, match="detokenize"):
+        SamplingParams(stop=["x"], detokenize=False)  # stop strings are matched in the text
+    with pytest.raises(ValueError, match="detokenize"):
+        SamplingParams(detokenize="no")
+    SamplingParams(stop_token_ids=[5], detokenize=False)

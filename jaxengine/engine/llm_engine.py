@@ -427,16 +427,20 @@ class LLMEngine:
             touched[rid] = None
         return touched
 
-    def _logprob_entry(self, n: int, token: int, row) -> dict:
-        """Top-n plus the given token, as vLLM returns them."""
+    def _logprob_entry(self, n: int, token: int, row, decode: bool = True) -> dict:
+        """Top-n plus the given token, as vLLM returns them (`decode`: with each token's text)."""
         top_ids, top_lps, token_lp, token_rank = row
-        entry = {int(t): Logprob(float(lp), i + 1, self.tokenizer.decode([int(t)]))
+
+        def text(t: int) -> str | None:
+            return self.tokenizer.decode([t]) if decode else None
+
+        entry = {int(t): Logprob(float(lp), i + 1, text(int(t)))
                  for i, (t, lp) in enumerate(zip(top_ids[:n], top_lps[:n]))}
-        entry[token] = Logprob(float(token_lp), int(token_rank), self.tokenizer.decode([token]))
+        entry[token] = Logprob(float(token_lp), int(token_rank), text(token))
         return entry
 
     def _record_logprobs(self, seq: Sequence, token: int, row) -> None:
-        entry = self._logprob_entry(seq.params.logprobs, token, row)
+        entry = self._logprob_entry(seq.params.logprobs, token, row, seq.params.detokenize)
         seq.logprobs.append(entry)
         seq.cumulative_logprob += entry[token].logprob
 
@@ -446,19 +450,20 @@ class LLMEngine:
         for p in range(first, min(first + chunk.num_tokens, len(seq.prompt_token_ids) - 1)):
             row = [x[start + p - first] for x in flat]
             seq.prompt_logprobs[p + 1] = self._logprob_entry(seq.params.prompt_logprobs, seq.prompt_token_ids[p + 1],
-                                                              row)
+                                                              row, seq.params.detokenize)
 
     def _append_token(self, seq: Sequence, token: int) -> None:
         seq.output_token_ids.append(token)
         detok = self.requests[seq.request_id].detokenizers[seq.index]
-        new_text = detok.add(token)
+        new_text = detok.add(token) if seq.params.detokenize else ""
         may_stop = len(seq.output_token_ids) >= seq.params.min_tokens
         if may_stop and seq.params.stop and new_text and self._match_stop_string(seq, detok, len(new_text)):
             self.scheduler.finish(seq)  # the text is already cut at the stop string
             return
         seq.finish_reason, seq.stop_reason = self._stop_condition(seq, token)
         if seq.finish_reason is not None:
-            detok.flush()
+            if seq.params.detokenize:
+                detok.flush()
             self.scheduler.finish(seq)
 
     def _stop_condition(self, seq: Sequence, token: int) -> tuple[str | None, int | None]:
