@@ -79,6 +79,34 @@ def test_shared_prefix_is_served_from_the_cache(engines, hf_expected, model_dirs
     assert out.outputs[0].token_ids == hf_greedy(hf, second, NEW_TOKENS)
 
 
+def test_a_prefix_is_shared_within_the_step_that_computes_it(engines, model_dirs):
+    """Two prompts behind one 32-token prefix, admitted in the same step (a 64-token budget): the second takes the
+    first's two prefix blocks, written in that same step before its tokens read them (as vLLM shares them), and
+    still generates what transformers does."""
+    engine = engines("qwen2")
+    prefix = random_prompts(engine.model_config.vocab_size, [32], seed=11)[0]
+    first, second = prefix + [10, 11, 12, 13], prefix + [20, 21, 22]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    steps = []
+    step = engine.scheduler.schedule
+
+    def recorded():
+        chunks = step()
+        steps.append([(c.seq.request_id, c.start, c.num_tokens) for c in chunks])
+        return chunks
+
+    engine.scheduler.schedule = recorded
+    try:
+        outs = run_to_completion(engine, [("same-step-a", first, params), ("same-step-b", second, params)])
+    finally:
+        del engine.scheduler.schedule
+    assert steps[0] == [("same-step-a", 0, 36), ("same-step-b", 32, 3)]  # both in the first step; b from token 32
+    assert outs["same-step-b"].num_cached_tokens == 32
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dirs["qwen2"], dtype=torch.float32).eval()
+    assert outs["same-step-a"].outputs[0].token_ids == hf_greedy(hf, first, 8)
+    assert outs["same-step-b"].outputs[0].token_ids == hf_greedy(hf, second, 8)
+
+
 def test_cache_salt_separates_prefix_caches(engines):
     engine = engines("qwen2")
     prompt = random_prompts(engine.model_config.vocab_size, [40], seed=6)[0]

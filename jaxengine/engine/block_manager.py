@@ -118,12 +118,16 @@ class BlockManager:
         seq.block_ids.extend(self._pop_free() for _ in range(needed))
         return True
 
-    def cache_full_blocks(self, seq: Sequence) -> None:
-        """Publishes the sequence's newly computed full blocks to the prefix cache: those whose tokens the host
-        knows (a launched step may be writing the last ones; later steps that read them run after it)."""
+    def cache_full_blocks(self, seq: Sequence, num_computed: int | None = None) -> None:
+        """Publishes the sequence's full blocks to the prefix cache: those of its first `num_computed` tokens
+        (default: those computed so far) whose tokens the host knows. A block may still be being written: by a
+        launched step (later steps that read it run after it), or by the step being scheduled, where another
+        sequence's tokens read it in the same layer after every token's K/V is written (as vLLM shares a prefix
+        within a step)."""
         if not self.enable_prefix_caching:
             return
-        num_full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
+        upto = seq.num_computed_tokens if num_computed is None else num_computed
+        num_full = min(upto, seq.num_tokens) // self.block_size
         tokens, bs = seq.all_token_ids, self.block_size
         for i, h in enumerate(self._hashes(seq, num_full)):
             block = self.blocks[seq.block_ids[i]]

@@ -67,6 +67,10 @@ class Scheduler:
             if seq.status == Status.RUNNING:
                 chunks.append(ScheduledChunk(seq, num_new))
                 budget -= num_new
+        # The surviving chunks' full blocks are shared from here on (a preempted victim's were never computed):
+        # with the waiting sequences admitted below, and with the next step, scheduled before this one returns.
+        for chunk in chunks:
+            self.block_manager.cache_full_blocks(chunk.seq, chunk.start + chunk.num_tokens)
         if not preempted:
             budget = self._admit_waiting(chunks, budget)
         return chunks
@@ -98,6 +102,7 @@ class Scheduler:
             self.running.append(seq)
             admitted.append(seq)
             chunks.append(ScheduledChunk(seq, num_new))
+            self.block_manager.cache_full_blocks(seq, seq.num_computed_tokens + num_new)  # for the next admitted
             budget -= num_new
         self.waiting = [s for s in self.waiting if s not in admitted]
         return budget
