@@ -115,8 +115,7 @@ def throughput(args) -> None:
     input_len, output_len = random_lengths(args) if args.dataset_name == "random" else (None, args.output_len)
     _emit({"benchmark": "throughput", "dataset_name": args.dataset_name, "dataset_path": args.dataset_path,
            "num_prompts": len(prompts), "input_len": input_len, "output_len": output_len, "n": args.n,
-           "detokenize": detokenize,
-           "sampling": sampling, "init_s": round(init_s, 2), "wall_s": round(wall, 3),
+           "detokenize": detokenize, "sampling": sampling, "init_s": round(init_s, 2), "wall_s": round(wall, 3),
            "total_prompt_tokens": prompt_tokens, "total_output_tokens": generated,
            "requests_per_s": round(len(prompts) / wall, 3), "output_tok_s": round(generated / wall, 2),
            "total_tok_s": round((generated + prompt_tokens) / wall, 2),
@@ -138,11 +137,11 @@ def latency(args) -> None:
     prompts = random_prompts(llm.engine.model_config.vocab_size, args.batch_size, args.input_len, _dataset_seed(args))
 
     generated = []
+    detokenize = not args.disable_detokenize
 
     def timed(max_tokens):
         start = time.perf_counter()
-        params = SamplingParams(**sampling, n=args.n, max_tokens=max_tokens, ignore_eos=True,
-                                detokenize=not args.disable_detokenize)
+        params = SamplingParams(**sampling, n=args.n, max_tokens=max_tokens, ignore_eos=True, detokenize=detokenize)
         outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - start
         generated.append(sum(len(c.token_ids) for o in outs for c in o.outputs))
@@ -154,8 +153,8 @@ def latency(args) -> None:
     latencies = np.array([timed(args.output_len) for _ in range(args.num_iters)])
     e2e = float(np.median(latencies))
     percents = (10, 25, 50, 75, 90, 99)  # vLLM's latency keys: avg_latency, latencies, percentiles (seconds)
-    _emit({"benchmark": "latency", "batch_size": args.batch_size, "n": args.n,
-           "detokenize": not args.disable_detokenize, "input_len": args.input_len,
+    _emit({"benchmark": "latency", "batch_size": args.batch_size, "n": args.n, "detokenize": detokenize,
+           "input_len": args.input_len,
            "output_len": args.output_len, "output_tokens_per_iter": generated[-1], "sampling": sampling,
            "ttft_ms": round(ttft * 1e3, 2),
            "e2e_ms": round(e2e * 1e3, 2), "tpot_ms": round((e2e - ttft) / (args.output_len - 1) * 1e3, 3),
