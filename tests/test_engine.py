@@ -107,6 +107,22 @@ def test_a_prefix_is_shared_within_the_step_that_computes_it(engines, model_dirs
     assert outs["same-step-b"].outputs[0].token_ids == hf_greedy(hf, second, 8)
 
 
+def test_shared_prefixes_under_chunking_and_preemption_match_transformers(engines, model_dirs):
+    """Blocks shared from when they are scheduled, under a 32-token budget (chunked prompts) and 30 blocks that
+    cannot hold every sequence (preemptions): two groups of prompts behind two 40-token prefixes still generate
+    what transformers does, and the prefixes are served from the cache."""
+    engine = engines("llama", max_num_batched_tokens=32, num_kv_blocks=30)
+    vocab = engine.model_config.vocab_size
+    prefixes = random_prompts(vocab, [40, 40], seed=21)
+    suffixes = random_prompts(vocab, [30, 45, 60, 38, 52, 66], seed=22)
+    prompts = [prefixes[i % 2] + suffix for i, suffix in enumerate(suffixes)]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dirs["llama"], dtype=torch.float32).eval()
+    expected = [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
+    before, hits = engine.scheduler.num_preemptions, engine.block_manager.hit_tokens
+    check_greedy(engine, prompts, expected, "shared-preempted")
+    assert engine.scheduler.num_preemptions > before and engine.block_manager.hit_tokens - hits >= 4 * 32
+
+
 def test_cache_salt_separates_prefix_caches(engines):
     engine = engines("qwen2")
     prompt = random_prompts(engine.model_config.vocab_size, [40], seed=6)[0]
