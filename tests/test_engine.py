@@ -216,3 +216,32 @@ def test_kv_cache_dtype_follows_the_weights_on_cpu_and_refuses_what_cannot_run(e
         LLMEngine(EngineConfig(**explicit, kv_cache_dtype="float16"), progress=False)
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
         EngineConfig(kv_cache_dtype="fp8")
+
+
+def test_shared_prefixes_under_priority_preemption_match_transformers(engines, model_dirs):
+    """The priority policy preempts the lowest-priority request, which may have been scheduled earlier in the same
+    step (its chunk is dropped, and its blocks must not be shared). Low-priority prompts start first, high-priority
+    ones behind the same prefixes join, 30 blocks cannot hold them all: every output still matches transformers,
+    and no block leaks."""
+    engine = engines("llama", max_num_batched_tokens=32, num_kv_blocks=30, scheduling_policy="priority")
+    vocab = engine.model_config.vocab_size
+    prefixes = random_prompts(vocab, [24, 24], seed=31)
+    suffixes = random_prompts(vocab, [70, 90, 60, 80, 75, 66], seed=32)
+    prompts = [prefixes[i % 2] + suffix for i, suffix in enumerate(suffixes)]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dirs["llama"], dtype=torch.float32).eval()
+    before = engine.scheduler.num_preemptions
+    for i in range(3):
+        engine.add_request(f"prio-low-{i}", prompts[i], GREEDY, priority=5)
+    finals = {}
+    for step in range(10_000):
+        if step == 4:
+            for i in range(3, 6):
+                engine.add_request(f"prio-high-{i}", prompts[i], GREEDY, priority=0)
+        if step > 4 and not engine.has_unfinished_requests():
+            break
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert engine.scheduler.num_preemptions > before
+    for i, prompt in enumerate(prompts):
+        out = finals[f"prio-{'low' if i < 3 else 'high'}-{i}"]
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, NEW_TOKENS), i
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
