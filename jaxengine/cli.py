@@ -90,7 +90,8 @@ def _serve(args) -> None:
     name = args.served_model_name or config.model or "jaxengine-demo"
     engine = create_engine(config)
     async_engine = AsyncEngine(engine, EngineMetrics(name))
-    app = build_app(async_engine, name, api_key=args.api_key or os.environ.get("JAXENGINE_API_KEY"))
+    app = build_app(async_engine, name, api_key=args.api_key or os.environ.get("JAXENGINE_API_KEY"),
+                    request_id_headers=args.enable_request_id_headers)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or JAXENGINE_API_KEY)")
     serve.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
+    serve.add_argument("--enable-request-id-headers", action="store_true",
+                       help="add an X-Request-Id header to every response (the request's, or a random id)")
     serve.add_argument("--distributed", action="store_true",
                        help="multi-host: jax.distributed.initialize; process 0 serves, the others follow")
     serve.add_argument("--coordinator-address", default=None, help="host:port of process 0 (default: from the "

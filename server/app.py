@@ -1,6 +1,7 @@
 """The FastAPI application: OpenAI-compatible routes, auth, errors, health and metrics."""
 
 import hmac
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -34,13 +35,38 @@ class RequireKey:
         await self.app(scope, receive, send)
 
 
-def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
+class RequestIdHeaders:
+    """`--enable-request-id-headers`, as vLLM's: every HTTP response carries an `X-Request-Id` header, the
+    request's own where it sent one, otherwise a fresh random id (as vLLM's, not the id in the body)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = next((value for name, value in scope["headers"] if name == b"x-request-id"), None)
+        request_id = given or uuid.uuid4().hex.encode()
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                message = message | {"headers": [*message.get("headers", []), (b"x-request-id", request_id)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
+              request_id_headers: bool = False) -> FastAPI:
     app = FastAPI(title="jaxengine", version=jaxengine.__version__)
     serving = Serving(engine, model_name)
     app.state.engine, app.state.serving = engine, serving
 
     if api_key is not None:
         app.add_middleware(RequireKey, api_key=api_key)
+    if request_id_headers:  # added last: outermost, so that a refused key's 401 carries the header too
+        app.add_middleware(RequestIdHeaders)
 
     @app.exception_handler(APIError)
     async def api_error(_, err: APIError):

@@ -248,3 +248,29 @@ def test_an_x_request_id_header_names_the_request(http, async_engine):
         assert "already in use" in second.json()["error"]["message"]
         assert next(events)["choices"][0]["finish_reason"] is None  # the first runs on
     wait_until_idle(async_engine.engine)
+
+
+def test_request_id_headers_are_echoed_only_when_enabled(async_engine, http):
+    """`--enable-request-id-headers`, as vLLM's: each response (streamed, refused, or not a /v1 route) carries
+    the request's X-Request-Id, or a fresh one where it sent none; without the flag no response has one."""
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    assert "x-request-id" not in http.post("/v1/completions", json=body, headers={"x-request-id": "a"}).headers
+    server = LiveServer(build_app(async_engine, MODEL, api_key=API_KEY, request_id_headers=True))
+    try:
+        with httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {API_KEY}"}) as c:
+            done = c.post("/v1/completions", json=body, headers={"x-request-id": "echo-1"})
+            assert done.status_code == 200 and done.headers["x-request-id"] == "echo-1"
+            assert done.json()["id"] == "echo-1"
+            with c.stream("POST", "/v1/completions", json=body | {"stream": True},
+                          headers={"x-request-id": "echo-2"}) as streamed:
+                assert streamed.headers["x-request-id"] == "echo-2"
+                assert [line for line in streamed.iter_lines() if line][-1] == "data: [DONE]"
+            fresh = [c.get("/health").headers["x-request-id"] for _ in range(2)]
+            assert fresh[0] != fresh[1] and all(len(f) == 32 for f in fresh)
+            refused = c.post("/v1/completions", json=body, headers={"x-request-id": "echo-3", "Authorization": "no"})
+            assert refused.status_code == 401 and refused.headers["x-request-id"] == "echo-3"
+            bad = c.post("/v1/completions", json=body | {"max_tokens": -1}, headers={"x-request-id": "echo-4"})
+            assert bad.status_code == 400 and bad.headers["x-request-id"] == "echo-4"
+    finally:
+        server.stop()
+    wait_until_idle(async_engine.engine)
