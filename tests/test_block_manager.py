@@ -31,6 +31,26 @@ def test_full_blocks_of_a_finished_sequence_are_hit_by_the_next():
     assert bm.num_free_blocks == 8  # the two hits left the free list
 
 
+def test_blocks_are_offered_as_they_fill_and_again_after_a_preemption():
+    bm = BlockManager(num_blocks=10, block_size=4)
+    a = seq(range(10))
+    assert bm.allocate(a, 10)
+    bm.cache_full_blocks(a, 6)  # scheduled: a chunk of 6 tokens
+    assert len(bm.cached) == 1 and a.num_offered_blocks == 1
+    bm.cache_full_blocks(a, 6)  # read back: nothing new
+    bm.cache_full_blocks(a, 10)
+    assert len(bm.cached) == 2 and a.num_offered_blocks == 2
+    bm.free_sequence(a)  # preempted
+    assert a.num_offered_blocks == 0 and bm.reset_prefix_cache() and not bm.cached
+    bm.match_prefix(a)  # resumed: recomputes from the start
+    assert a.num_computed_tokens == 0 and bm.allocate(a, 10)
+    bm.cache_full_blocks(a, 10)
+    assert len(bm.cached) == 2 and a.num_offered_blocks == 2
+    b = seq(list(range(8)) + [5])
+    bm.match_prefix(b)
+    assert b.num_computed_tokens == 8 and b.block_ids == a.block_ids[:2]
+
+
 def test_at_least_one_token_is_left_to_compute():
     bm = BlockManager(num_blocks=10, block_size=4)
     a = seq(range(8))

@@ -123,17 +123,23 @@ class BlockManager:
         (default: those computed so far) whose tokens the host knows. A block may still be being written: by a
         launched step (later steps that read it run after it), or by the step being scheduled, where another
         sequence's tokens read it in the same layer after every token's K/V is written (as vLLM shares a prefix
-        within a step)."""
+        within a step). Each block is offered once (the scheduler and the engine call this every step, and the
+        walk from the first block was ~0.2 ms a call for 64 sequences of 640 tokens): one whose tokens another
+        block holds in the cache at that moment stays unpublished."""
         if not self.enable_prefix_caching:
             return
         upto = seq.num_computed_tokens if num_computed is None else num_computed
         num_full = min(upto, seq.num_tokens) // self.block_size
+        if num_full <= seq.num_offered_blocks:
+            return
         tokens, bs = seq.all_token_ids, self.block_size
-        for i, h in enumerate(self._hashes(seq, num_full)):
-            block = self.blocks[seq.block_ids[i]]
+        hashes = self._hashes(seq, num_full)
+        for i in range(seq.num_offered_blocks, num_full):
+            block, h = self.blocks[seq.block_ids[i]], hashes[i]
             if block.hash is None and h not in self.cached:
                 block.hash, block.token_ids = h, tuple(tokens[i * bs:(i + 1) * bs])
                 self.cached[h] = block.block_id
+        seq.num_offered_blocks = num_full
 
     def free_sequence(self, seq: Sequence) -> None:
         """Tail blocks go back first so that they are evicted before the shared prefix."""
@@ -143,4 +149,4 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free[block_id] = None
         seq.block_ids = []
-        seq.num_computed_tokens = 0
+        seq.num_computed_tokens = seq.num_offered_blocks = 0

@@ -27,6 +27,7 @@ class Sequence:
         self.status = Status.WAITING
         self.block_ids: list[int] = []
         self.block_hashes: list[bytes] = []  # prefix-cache hashes of the full blocks, grown as they fill
+        self.num_offered_blocks = 0  # full blocks from the first offered to the prefix cache (cache_full_blocks)
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache, or written by a step already launched
         # Async scheduling: tokens sampled by launched steps that the host has not read back yet (at most one
         # per step in flight), and where the newest is, (step, row), for the next step to take on the device.
