@@ -80,11 +80,17 @@ def _offline_config(args):
     return engine_config(args)
 
 
+def _check_profile(args, config) -> None:
+    if args.profile and not config.profiler_dir:
+        raise ValueError("--profile writes a jax.profiler trace into the engine's --profiler-dir DIR: give one")
+
+
 def throughput(args) -> None:
     from jaxengine import LLM, SamplingParams
 
     at_least("--runs", args.runs)
     config = _offline_config(args)
+    _check_profile(args, config)
     sampling = _sampling(args)
     start = time.perf_counter()
     llm = LLM(config=config, progress=False)
@@ -101,6 +107,8 @@ def throughput(args) -> None:
     managers = [r.block_manager for r in getattr(llm.engine, "replicas", [llm.engine])]
     looked_up = [(m.query_tokens, m.hit_tokens) for m in managers]
     runs = []
+    if args.profile:  # as vLLM's --profile: a trace of the timed runs (which it slows)
+        llm.start_profile()
     for _ in range(args.runs):
         llm.reset_prefix_cache()  # each run shares only what its own prompts share (and not the warm-up's)
         start = time.perf_counter()
@@ -109,6 +117,8 @@ def throughput(args) -> None:
         generated = sum(len(c.token_ids) for o in outs for c in o.outputs)
         prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
         runs.append((wall, generated, prompt_tokens))
+    if args.profile:
+        llm.stop_profile()
     wall, generated, prompt_tokens = sorted(runs)[len(runs) // 2]
     queries = sum(m.query_tokens - q for m, (q, _) in zip(managers, looked_up))
     hits = sum(m.hit_tokens - h for m, (_, h) in zip(managers, looked_up))
@@ -122,7 +132,8 @@ def throughput(args) -> None:
            "runs_output_tok_s": [round(g / w, 2) for w, g, _ in runs],
            # Prompt tokens the prefix cache served, of those looked up, over the timed runs (0 with it off).
            "prefix_cache_hit_rate": round(hits / queries, 4) if queries else 0.0,
-           "compiles_during_runs": compile_count() - compiles} | _context(config), args.output_json)
+           "compiles_during_runs": compile_count() - compiles, "profiled": args.profile} | _context(config),
+          args.output_json)
 
 
 def latency(args) -> None:
@@ -132,6 +143,7 @@ def latency(args) -> None:
                       ("num_iters_warmup", 0), ("n", 1)):
         at_least("--" + name.replace("_", "-"), getattr(args, name), low)
     config = _offline_config(args)
+    _check_profile(args, config)
     sampling = _sampling(args)
     llm = LLM(config=config, progress=False)
     prompts = random_prompts(llm.engine.model_config.vocab_size, args.batch_size, args.input_len, _dataset_seed(args))
@@ -149,17 +161,24 @@ def latency(args) -> None:
 
     for _ in range(args.num_iters_warmup):
         timed(2)
+    head = {"benchmark": "latency", "batch_size": args.batch_size, "n": args.n, "detokenize": detokenize,
+            "input_len": args.input_len, "output_len": args.output_len}
+    if args.profile:  # as vLLM's: one traced batch after the warm-up, and no timings (the trace slows it)
+        llm.start_profile()
+        timed(args.output_len)
+        llm.stop_profile()
+        _emit(head | {"profiled": True, "output_tokens_per_iter": generated[-1], "sampling": sampling}
+              | _context(config), args.output_json)
+        return
     ttft = float(np.median([timed(1) for _ in range(args.num_iters)]))
     latencies = np.array([timed(args.output_len) for _ in range(args.num_iters)])
     e2e = float(np.median(latencies))
     percents = (10, 25, 50, 75, 90, 99)  # vLLM's latency keys: avg_latency, latencies, percentiles (seconds)
-    _emit({"benchmark": "latency", "batch_size": args.batch_size, "n": args.n, "detokenize": detokenize,
-           "input_len": args.input_len,
-           "output_len": args.output_len, "output_tokens_per_iter": generated[-1], "sampling": sampling,
-           "ttft_ms": round(ttft * 1e3, 2),
-           "e2e_ms": round(e2e * 1e3, 2), "tpot_ms": round((e2e - ttft) / (args.output_len - 1) * 1e3, 3),
-           "avg_latency": float(latencies.mean()), "latencies": latencies.tolist(),
-           "percentiles": dict(zip(map(str, percents), np.percentile(latencies, percents).tolist()))}
+    _emit(head | {"profiled": False, "output_tokens_per_iter": generated[-1], "sampling": sampling,
+                  "ttft_ms": round(ttft * 1e3, 2), "e2e_ms": round(e2e * 1e3, 2),
+                  "tpot_ms": round((e2e - ttft) / (args.output_len - 1) * 1e3, 3),
+                  "avg_latency": float(latencies.mean()), "latencies": latencies.tolist(),
+                  "percentiles": dict(zip(map(str, percents), np.percentile(latencies, percents).tolist()))}
           | _context(config), args.output_json)
 
 
@@ -303,7 +322,19 @@ async def _wait_until_ready(client, url: str, chat: bool, body: dict, headers: d
         await asyncio.sleep(1.0)
 
 
-async def _serve_load(args, url, chat, bodies, headers, times):
+async def _profile_call(client, base_url: str, action: str, headers: dict) -> None:
+    """--profile: POST /start_profile or /stop_profile, as vLLM's client; a server that refuses fails the run."""
+    try:
+        response = await client.post(f"{base_url}/{action}", headers=headers)
+    except httpx.HTTPError as e:
+        raise ValueError(f"--profile: POST {base_url}/{action} failed: {type(e).__name__}: {e}") from None
+    if response.status_code != 200:
+        hint = " (start the server with --profiler-dir DIR)" if response.status_code == 404 else ""
+        raise ValueError(f"--profile: POST {base_url}/{action} answered HTTP {response.status_code}{hint}: "
+                         f"{response.text[:300]}")
+
+
+async def _serve_load(args, base_url, url, chat, bodies, headers, times):
     limit = asyncio.Semaphore(args.max_concurrency or len(bodies))
     bar = tqdm(total=len(bodies), disable=args.disable_tqdm, file=sys.stderr)
 
@@ -323,6 +354,8 @@ async def _serve_load(args, url, chat, bodies, headers, times):
                                  f"{args.ready_check_timeout_sec} s; the last error: {first['error']}")
         # As vLLM's client: the warm-ups send the first request, at most --max-concurrency at a time.
         await asyncio.gather(*(guarded(bodies[0]) for _ in range(args.num_warmups)))
+        if args.profile:
+            await _profile_call(client, base_url, "start_profile", headers)
         tasks = []
         start = time.perf_counter()
         for index, (body, at) in enumerate(zip(bodies, times)):
@@ -332,6 +365,8 @@ async def _serve_load(args, url, chat, bodies, headers, times):
             tasks.append(asyncio.create_task(guarded(body, index)))
         results = await asyncio.gather(*tasks)
         wall = time.perf_counter() - start
+        if args.profile:
+            await _profile_call(client, base_url, "stop_profile", headers)
     bar.close()
     for result in results:
         result["start"] -= start
@@ -452,7 +487,7 @@ def serve(args) -> None:
                          "a text dataset (sharegpt, custom, or json with string prompts)")
     bodies = [_request_body(args, args.served_model_name or model, chat, req, extra) for req in requests]
     times = send_times(len(requests), args.request_rate, args.burstiness, args.seed, ramp_up)
-    results, wall = asyncio.run(_serve_load(args, base_url + endpoint, chat, bodies, headers, times))
+    results, wall = asyncio.run(_serve_load(args, base_url, base_url + endpoint, chat, bodies, headers, times))
     done = [(req, r) for req, r in zip(requests, results) if r["success"]]
     errors = [r["error"] for r in results if not r["success"]]
     out_tokens = sum(r["tokens"] for _, r in done)
@@ -474,7 +509,7 @@ def serve(args) -> None:
               "output_len": args.output_len, "ignore_eos": args.ignore_eos, "sampling": sampling,
               "extra_body": args.extra_body, "request_rate": _finite_or_text(args.request_rate),
               "burstiness": _finite_or_text(args.burstiness),
-              "max_concurrency": args.max_concurrency, "num_warmups": args.num_warmups}
+              "max_concurrency": args.max_concurrency, "num_warmups": args.num_warmups, "profiled": args.profile}
     if ramp_up:
         result |= dict(zip(("ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps"), ramp_up))
     result |= metadata | {
@@ -579,6 +614,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--n", type=int, default=1, help="sequences per prompt")
     p.add_argument("--disable-detokenize", action="store_true", help="token ids only: no text is made")
     p.add_argument("--runs", type=int, default=3, help="timed runs; the median is reported")
+    p.add_argument("--profile", action="store_true", help="a jax.profiler trace of the timed runs into --profiler-dir")
     p.add_argument("--output-json", default=None)
     _add_sampling_flags(p)
     p.set_defaults(run=throughput)
@@ -591,6 +627,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--disable-detokenize", action="store_true", help="token ids only: no text is made")
     p.add_argument("--num-iters-warmup", type=int, default=1)
     p.add_argument("--num-iters", type=int, default=5)
+    p.add_argument("--profile", action="store_true",
+                   help="trace one batch after the warm-up into --profiler-dir, and time nothing (as vLLM's)")
     p.add_argument("--output-json", default=None)
     _add_sampling_flags(p)
     p.set_defaults(run=latency)
@@ -631,6 +669,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--metric-percentiles", default="99", help="comma-separated percentiles, e.g. 25,50,99")
     p.add_argument("--vocab-size", type=int, default=None, help="for random ids (default: asked from the server)")
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--profile", action="store_true",
+                   help="POST /start_profile before the load and /stop_profile after (a server with --profiler-dir)")
     p.add_argument("--output-json", default=None)
     p.add_argument("--save-result", action="store_true", help="also write the JSON to --result-dir")
     p.add_argument("--append-result", action="store_true", help="append the JSON to the result file")

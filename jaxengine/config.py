@@ -35,6 +35,9 @@ class EngineConfig:
     data_parallel_size: int = 1
     max_logprobs: int = 20  # the most `logprobs` a request may ask for
     compilation_cache_dir: str | None = "~/.cache/jaxengine/xla"  # None or "" turns the persistent cache off
+    # Where start_profile()/stop_profile() write jax.profiler traces (jaxengine/profiler.py); None: profiling off
+    # (and the server has no /start_profile, /stop_profile routes), as vLLM without --profiler-config.
+    profiler_dir: str | None = None
     # The stored programs' size cap: past it the least recently used go (0: no cap; single-process engines,
     # whose executable cache this is: see enable_compilation_cache).
     compilation_cache_max_gib: float = 4.0

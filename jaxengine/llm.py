@@ -4,6 +4,7 @@ import itertools
 
 from tqdm.auto import tqdm
 
+from jaxengine import profiler
 from jaxengine.config import EngineConfig
 from jaxengine.engine.dp_engine import create_engine
 from jaxengine.outputs import RequestOutput
@@ -24,6 +25,15 @@ class LLM:
         """Empties the prefix cache, as vLLM's `LLM.reset_prefix_cache` (e.g. between benchmark runs); False if
         requests are still running (nothing is changed then)."""
         return self.engine.reset_prefix_cache()
+
+    def start_profile(self, profile_prefix: str | None = None) -> None:
+        """Starts a jax.profiler trace of what the engine runs until `stop_profile()`, as vLLM's `LLM.start_profile`:
+        into the engine's `profiler_dir` (its subfolder `profile_prefix` where given); see jaxengine/profiler.py."""
+        profiler.start(self.engine.config.profiler_dir, profile_prefix)
+
+    def stop_profile(self) -> None:
+        """Stops the trace and writes it."""
+        profiler.stop()
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What `generate` and `chat` use without sampling_params: the model's generation config defaults (see

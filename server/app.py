@@ -1,18 +1,21 @@
 """The FastAPI application: OpenAI-compatible routes, auth, errors, health and metrics."""
 
+import asyncio
 import hmac
 import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import jaxengine
+from jaxengine import profiler
 from server.engine_client import AsyncEngine, EngineDeadError
 from server.errors import APIError, error_body, error_response
-from server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, StartProfileRequest,
+                             TokenizeRequest)
 from server.serving import Serving
 
 
@@ -126,6 +129,22 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
     @app.get("/version")
     async def version():
         return {"version": jaxengine.__version__}
+
+    if engine.engine.config.profiler_dir:  # as vLLM's routes, there only with a profiler configured
+        async def profiling(action, *args):
+            try:  # in a thread: writing a long trace takes seconds, which the other requests must not wait for
+                await asyncio.to_thread(action, *args)
+            except ValueError as e:
+                raise APIError(str(e), param="profile_prefix" if "profile_prefix" in str(e) else None) from None
+            return Response(status_code=200)
+
+        @app.post("/start_profile")
+        async def start_profile(req: StartProfileRequest | None = None):
+            return await profiling(profiler.start, engine.engine.config.profiler_dir, req and req.profile_prefix)
+
+        @app.post("/stop_profile")
+        async def stop_profile():
+            return await profiling(profiler.stop)
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):

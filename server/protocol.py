@@ -92,6 +92,13 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict | None = None
 
 
+class StartProfileRequest(BaseModel):
+    """The optional body of POST /start_profile (vLLM's `delay_iterations` / `max_iterations` are not taken)."""
+
+    model_config = ConfigDict(extra="forbid")
+    profile_prefix: str | None = None
+
+
 class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str | None = None

@@ -237,6 +237,24 @@ def test_bench_throughput_runs_a_dataset_through_the_engine(model_dirs, tmp_path
     assert 0 < result["prefix_cache_hit_rate"] < 32 / 40
 
 
+def test_bench_profile_traces_the_timed_work_into_the_profiler_dir(model_dirs, tmp_path, capsys):
+    """--profile, as vLLM's: throughput traces its timed runs, latency one batch after the warm-up (and reports no
+    timings); both through LLM.start_profile / stop_profile into --profiler-dir, which they need."""
+    engine = ["--model", str(model_dirs["llama"]), *ENGINE_FLAGS]
+    with pytest.raises(SystemExit, match="--profile .*--profiler-dir"):
+        main(["bench", "throughput", *engine, "--profile", "--num-prompts", "2", "--runs", "1"])
+    result = _run(capsys, "bench", "throughput", *engine, "--profile", "--profiler-dir", str(tmp_path / "t"),
+                  "--num-prompts", "3", "--input-len", "5", "--output-len", "3", "--runs", "1")
+    assert result["profiled"] is True and result["total_output_tokens"] == 9
+    assert result["config"]["profiler_dir"] == str(tmp_path / "t")
+    result = _run(capsys, "bench", "latency", *engine, "--profile", "--profiler-dir", str(tmp_path / "l"),
+                  "--input-len", "5", "--output-len", "3", "--num-iters-warmup", "0")
+    assert result["profiled"] is True and result["output_tokens_per_iter"] == 3 and "tpot_ms" not in result
+    for folder in ("t", "l"):
+        written = sorted(p.name.split(".", 1)[1] for p in (tmp_path / folder).rglob("*") if p.is_file())
+        assert written == ["trace.json.gz", "xplane.pb"], written
+
+
 def test_bench_latency_and_refusals(model_dirs, capsys):
     model = str(model_dirs["llama"])
     result = _run(capsys, "bench", "latency", "--model", model, *ENGINE_FLAGS, "--batch-size", "2", "--input-len",

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from jaxengine.cli import main
 from server.app import build_app
 from server.engine_client import AsyncEngine
 from server.metrics import EngineMetrics
@@ -159,7 +160,7 @@ class FaultyEngine:
         self.engine = engine
         self.tokenizer, self.max_model_len = engine.tokenizer, engine.max_model_len
         self.model_config, self.validate = engine.model_config, engine.validate
-        self.default_sampling = engine.default_sampling
+        self.default_sampling, self.config = engine.default_sampling, engine.config
         self.pending = []
 
     def add_request(self, request_id, *args, **kwargs):
@@ -271,6 +272,40 @@ def test_request_id_headers_are_echoed_only_when_enabled(async_engine, http):
             assert refused.status_code == 401 and refused.headers["x-request-id"] == "echo-3"
             bad = c.post("/v1/completions", json=body | {"max_tokens": -1}, headers={"x-request-id": "echo-4"})
             assert bad.status_code == 400 and bad.headers["x-request-id"] == "echo-4"
+    finally:
+        server.stop()
+    wait_until_idle(async_engine.engine)
+
+
+def traces(directory) -> list:
+    """The jax.profiler traces written under a folder (an .xplane.pb and a .trace.json.gz each)."""
+    return sorted(p.suffix for p in directory.rglob("*") if p.name.endswith((".xplane.pb", ".trace.json.gz")))
+
+
+def test_profiling_routes_trace_the_server_only_where_configured(async_engine, http, monkeypatch, tmp_path):
+    """As vLLM's /start_profile and /stop_profile: routes only on a server with a profiler (--profiler-dir), and
+    `bench serve --profile` calls them around its load; a server without them fails the client's run up front."""
+    assert http.post("/start_profile").status_code == 404
+    with pytest.raises(SystemExit, match="--profile: POST .*/start_profile answered HTTP 404 .*--profiler-dir"):
+        main(["bench", "serve", "--base-url", str(http.base_url), "--num-prompts", "1", "--input-len", "4",
+              "--output-len", "2", "--profile", "--disable-tqdm"])
+    monkeypatch.setattr(async_engine.engine.config, "profiler_dir", str(tmp_path))
+    server = LiveServer(build_app(async_engine, MODEL))
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            assert c.post("/stop_profile").status_code == 400  # none running
+            assert_error(c.post("/start_profile", json={"profile_prefix": "../up"}), 400, param="profile_prefix")
+            assert_error(c.post("/start_profile", json={"max_iterations": 3}), 400)  # not taken: refused
+            assert c.post("/start_profile", json={"profile_prefix": "one"}).status_code == 200
+            assert "already running" in c.post("/start_profile").json()["error"]["message"]
+            done = c.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
+            assert done.status_code == 200
+            assert c.post("/stop_profile").status_code == 200
+        assert traces(tmp_path / "one") == [".gz", ".pb"]
+        main(["bench", "serve", "--base-url", server.url, "--num-prompts", "2", "--input-len", "4", "--output-len",
+              "2", "--profile", "--disable-tqdm", "--output-json", str(tmp_path / "result.json")])
+        assert json.loads((tmp_path / "result.json").read_text())["profiled"] is True
+        assert len(traces(tmp_path)) == 4  # a second trace, beside the first's folder
     finally:
         server.stop()
     wait_until_idle(async_engine.engine)
