@@ -403,7 +403,7 @@ def _serve_tokenizer(args, models: list[dict], why: str):
 
     name = args.tokenizer or args.model or models[0].get("root") or models[0]["id"]
     try:
-        return load_tokenizer(name)
+        return load_tokenizer(name, args.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - any loader failure means the same thing to the user
         raise ValueError(f"--tokenizer: {why}, and {name!r} did not load one ({type(e).__name__}: {e}); pass "
                          "--tokenizer DIR") from None
@@ -642,6 +642,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--model", default=None, help="served model name (default: the first of /v1/models)")
     p.add_argument("--tokenizer", default=None,
                    help="for text datasets' token counts (default: --model, else the server's model root)")
+    p.add_argument("--trust-remote-code", action="store_true", help="let a tokenizer of its own code load")
     add_dataset_flags(p, seed=True)
     p.add_argument("--served-model-name", default=None, help="the model name sent in requests (default: --model)")
     p.add_argument("--request-rate", type=float, default=float("inf"))

@@ -15,6 +15,7 @@ KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")  # see LLMEngine._k
 class EngineConfig:
     model: str | None = None  # local HF directory or hub id; None = the built-in demo model
     tokenizer: str | None = None  # defaults to the model directory
+    trust_remote_code: bool = False  # a tokenizer's own code (auto_map) may run, as vLLM's; the model's is ours
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     kv_cache_dtype: str = "auto"  # auto | float32 | bfloat16 | float16; auto: see LLMEngine._kv_cache_dtype
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings

@@ -127,3 +127,21 @@ def test_hub_id_fails_clearly_when_offline():
     # conftest sets HF_HUB_OFFLINE=1: tests never touch the network
     with pytest.raises(FileNotFoundError, match="could not fetch model 'jaxengine-tests/not-a-model' from the Hugging"):
         load_model("jaxengine-tests/not-a-model", progress=False)
+
+
+def test_a_tokenizer_of_its_own_code_loads_only_when_trusted(tokenizer_dir, tmp_path, engines):
+    """As vLLM's --trust-remote-code: refused at once without it (transformers would ask on the terminal), loaded
+    with it, by `load_tokenizer` and by an engine."""
+    from jaxengine.engine.llm_engine import load_tokenizer
+    from tests.tiny_models import make_remote_code_tokenizer
+
+    custom = make_remote_code_tokenizer(tokenizer_dir, tmp_path / "custom")
+    with pytest.raises(ValueError, match="runs code of its own: pass --trust-remote-code"):
+        load_tokenizer(custom)
+    tokenizer = load_tokenizer(custom, trust_remote_code=True)
+    assert type(tokenizer).__name__ == "ShoutingTokenizer"
+    assert tokenizer.decode(tokenizer.encode("hello")) == "HELLO"
+    with pytest.raises(ValueError, match="--trust-remote-code"):
+        engines("llama", tokenizer=str(custom))
+    engine = engines("llama", tokenizer=str(custom), trust_remote_code=True)
+    assert type(engine.tokenizer).__name__ == "ShoutingTokenizer"

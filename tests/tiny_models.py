@@ -95,3 +95,22 @@ def make_extra_model(name: str, out_dir: Path, tokenizer_dir: Path) -> Path:
         return make_model(name, out_dir, tokenizer_dir)
     finally:
         del SPECS[name]
+
+
+def make_remote_code_tokenizer(tokenizer_dir: Path, out_dir: Path) -> Path:
+    """A copy of a tokenizer whose class is its own code (`auto_map`, as some hub tokenizers ship): it decodes in
+    capitals, so that a test sees which class loaded."""
+    import shutil
+
+    shutil.copytree(tokenizer_dir, out_dir)
+    config_file = out_dir / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config |= {"tokenizer_class": "ShoutingTokenizer",
+               "auto_map": {"AutoTokenizer": [None, "tokenization_shouting.ShoutingTokenizer"]}}
+    config_file.write_text(json.dumps(config))
+    (out_dir / "tokenization_shouting.py").write_text(
+        "from transformers import PreTrainedTokenizerFast\n\n\n"
+        "class ShoutingTokenizer(PreTrainedTokenizerFast):\n"
+        "    def decode(self, *args, **kwargs):\n"
+        "        return super().decode(*args, **kwargs).upper()\n")
+    return out_dir

@@ -81,11 +81,12 @@ def generation_defaults(model_dir, setting: str = "auto", override: dict | None 
     return defaults
 
 
-def load_tokenizer(name_or_dir):
+def load_tokenizer(name_or_dir, trust_remote_code: bool = False):
     """AutoTokenizer's tokenizer for a local directory or hub id. A directory whose tokenizer_config.json
     names the generic fast class (Llama 3, SmolLM, ...) loads it directly, as AutoTokenizer would: resolving
     the class through AutoTokenizer imports transformers' model configs and with them torch, seconds of
-    start-up on CPU."""
+    start-up on CPU. A tokenizer of its own code (`auto_map`) loads only with `trust_remote_code`, as in vLLM;
+    without it the refusal is immediate (transformers would otherwise ask on the terminal)."""
     from transformers import PreTrainedTokenizerFast
 
     directory = Path(name_or_dir).expanduser()
@@ -95,7 +96,13 @@ def load_tokenizer(name_or_dir):
             return PreTrainedTokenizerFast.from_pretrained(directory)
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(name_or_dir)
+    try:
+        return AutoTokenizer.from_pretrained(name_or_dir, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        if not trust_remote_code and "trust_remote_code" in str(e):
+            raise ValueError(f"the tokenizer {str(name_or_dir)!r} runs code of its own: pass --trust-remote-code "
+                             f"(trust_remote_code=True) to allow it") from None
+        raise
 
 
 @dataclasses.dataclass
@@ -123,7 +130,7 @@ class LLMEngine:
         """`devices`: where this engine runs (default: the first tensor_parallel_size devices)."""
         self.config = config
         executables = enable_compilation_cache(config.compilation_cache_dir)
-        model_dir = resolve_model_dir(config.model) if config.model else _demo_model_dir()
+        model_dir = resolve_model_dir(config.model, config.trust_remote_code) if config.model else _demo_model_dir()
         tp = config.tensor_parallel_size
         _, checkpoint_config = load_config(model_dir)
         check_layout(checkpoint_config, tp, config.data_parallel_size, len(jax.devices()))
@@ -133,7 +140,7 @@ class LLMEngine:
                                               attention_backend=self._attention_backend(config, tp),
                                               unstacked=unrolled, native_matmul=True)
         model.kv_dtype = self._kv_cache_dtype(config, model)
-        self.tokenizer = load_tokenizer(config.tokenizer or model_dir)
+        self.tokenizer = load_tokenizer(config.tokenizer or model_dir, config.trust_remote_code)
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(model_dir)
         self.default_sampling = generation_defaults(model_dir, config.generation_config,

@@ -30,8 +30,9 @@ _HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model", "*.ji
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 
 
-def resolve_model_dir(model: str | Path) -> Path:
-    """A local directory as is; otherwise a hub id (`org/name`) fetched through huggingface_hub."""
+def resolve_model_dir(model: str | Path, trust_remote_code: bool = False) -> Path:
+    """A local directory as is; otherwise a hub id (`org/name`) fetched through huggingface_hub (with its Python
+    files where `trust_remote_code`: a tokenizer's own class)."""
     path = Path(model).expanduser()
     if path.is_dir():
         return path
@@ -40,7 +41,7 @@ def resolve_model_dir(model: str | Path) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(str(model), allow_patterns=_HUB_FILES))
+        return Path(snapshot_download(str(model), allow_patterns=_HUB_FILES + ["*.py"] * trust_remote_code))
     except Exception as e:
         raise FileNotFoundError(f"could not fetch model {str(model)!r} from the Hugging Face hub: {e}") from e
 

@@ -37,6 +37,22 @@ def test_bench_serve_reports_the_load_it_sent(live, async_engine, capsys):
     wait_until_idle(async_engine.engine)
 
 
+def test_bench_serve_loads_a_tokenizer_of_its_own_code_only_with_trust_remote_code(live, async_engine, tokenizer_dir,
+                                                                                   tmp_path, capsys):
+    from tests.tiny_models import make_remote_code_tokenizer
+
+    custom = make_remote_code_tokenizer(tokenizer_dir, tmp_path / "custom")
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(["a text prompt", "another one"]))  # text: counted with the tokenizer
+    argv = ["bench", "serve", "--base-url", live.url, "--dataset-name", "json", "--dataset-path", str(prompts),
+            "--num-prompts", "2", "--output-len", "3", "--ignore-eos", "--tokenizer", str(custom)]
+    with pytest.raises(SystemExit, match="--trust-remote-code"):
+        main(argv)
+    main(argv + ["--trust-remote-code"])
+    assert _result(capsys)["completed"] == 2
+    wait_until_idle(async_engine.engine)
+
+
 def test_bench_serve_counts_failed_requests(live, async_engine, tmp_path, capsys):
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps([[5, 6, 7], [5, 10**7], [8, 9, 10, 11]]))  # the second is outside the vocabulary
