@@ -338,7 +338,8 @@ async def _serve_load(args, base_url, url, chat, bodies, headers, times):
     limit = asyncio.Semaphore(args.max_concurrency or len(bodies))
     bar = tqdm(total=len(bodies), disable=args.disable_tqdm, file=sys.stderr)
 
-    async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None)) as client:
+    async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None),
+                                 verify=not args.insecure) as client:
         async def guarded(body, index=None):
             named = {} if index is None else {"x-request-id": f"{args.request_id_prefix}{index}"}
             async with limit:
@@ -415,7 +416,7 @@ def _random_vocab(args, base_url: str, models: list[dict], headers: dict) -> int
     tokenizer's largest id + 1 (the range vLLM's server accepts)."""
     if args.vocab_size:
         return args.vocab_size
-    probed = _vocab_from_detokenize(base_url, headers)
+    probed = _vocab_from_detokenize(base_url, headers, verify=not args.insecure)
     if FIRST_ID < probed < PROBE_LIMIT:
         return probed
     tokenizer = _serve_tokenizer(args, models, "the server's /detokenize does not bound the vocabulary for random "
@@ -423,12 +424,12 @@ def _random_vocab(args, base_url: str, models: list[dict], headers: dict) -> int
     return max(tokenizer.get_vocab().values()) + 1
 
 
-def _models(base_url: str, headers: dict, wait: float) -> list[dict]:
+def _models(base_url: str, headers: dict, wait: float, verify: bool = True) -> list[dict]:
     """The server's /v1/models list; asked again for up to `wait` seconds (--ready-check-timeout-sec)."""
     deadline = time.monotonic() + wait
     while True:
         try:
-            response = httpx.get(base_url + "/v1/models", headers=headers, timeout=30)
+            response = httpx.get(base_url + "/v1/models", headers=headers, timeout=30, verify=verify)
             response.raise_for_status()
             return response.json()["data"]
         except (httpx.HTTPError, ValueError, KeyError) as e:
@@ -476,7 +477,7 @@ def serve(args) -> None:
         at_least("--max-concurrency", args.max_concurrency)
     if args.logprobs is not None:
         at_least("--logprobs", args.logprobs, 0)
-    models = _models(base_url, headers, args.ready_check_timeout_sec)
+    models = _models(base_url, headers, args.ready_check_timeout_sec, verify=not args.insecure)
     model = args.model or models[0]["id"]
     vocab = _random_vocab(args, base_url, models, headers) if args.dataset_name in ID_DATASETS else 0
     why = f"the {args.dataset_name} dataset needs the model's tokenizer to count tokens"
@@ -543,14 +544,14 @@ def serve(args) -> None:
         sys.exit(f"error: every request failed; the first: {errors[0]}")
 
 
-def _vocab_from_detokenize(base_url: str, headers: dict | None = None) -> int:
+def _vocab_from_detokenize(base_url: str, headers: dict | None = None, verify: bool = True) -> int:
     """The largest id + 1 that /detokenize accepts, by binary search below PROBE_LIMIT (PROBE_LIMIT: it accepts
     them all; 1: it accepts none, or is missing)."""
     lo, hi = 1, PROBE_LIMIT
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        ok = httpx.post(base_url + "/detokenize", json={"tokens": [mid - 1]}, headers=headers,
-                        timeout=30).status_code == 200
+        ok = httpx.post(base_url + "/detokenize", json={"tokens": [mid - 1]}, headers=headers, timeout=30,
+                        verify=verify).status_code == 200
         lo, hi = (mid, hi) if ok else (lo, mid - 1)
     return lo
 
@@ -661,6 +662,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--extra-body", type=json_object, default=None,
                    help="JSON merged into every request body (after the sampling flags)")
     p.add_argument("--header", nargs="*", default=None, metavar="KEY=VALUE", help="extra HTTP headers")
+    p.add_argument("--insecure", action="store_true", help="do not verify an https server's certificate")
     p.add_argument("--request-id-prefix", default=f"bench-{uuid.uuid4().hex[:8]}-",
                    help="request i is sent with the header x-request-id: PREFIX + i")
     p.add_argument("--goodput", nargs="+", default=None, metavar="METRIC:MS",

@@ -15,10 +15,11 @@ API_KEY = "test-key-123"
 
 
 class LiveServer:
-    """uvicorn on a free loopback port, in a thread."""
+    """uvicorn on a free loopback port, in a thread (https with a certificate and key: `tls`)."""
 
-    def __init__(self, app):
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    def __init__(self, app, tls: tuple[str, str] | None = None):
+        files = {"ssl_certfile": tls[0], "ssl_keyfile": tls[1]} if tls else {}
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", **files))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -26,7 +27,7 @@ class LiveServer:
             assert time.monotonic() < deadline, "server did not start"
             time.sleep(0.02)
         port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
 
     def stop(self):
         self.server.should_exit = True

@@ -3,11 +3,14 @@ its sampling flags (sent in each request, recorded in the result), failed reques
 datasets through the chat endpoint, the statistics asked for, and bad flags refused before any load."""
 
 import json
+import shutil
+import subprocess
 
 import pytest
 
 from jaxengine.cli import main
-from tests.server.conftest import API_KEY, MODEL, wait_until_idle
+from server.app import build_app
+from tests.server.conftest import API_KEY, MODEL, LiveServer, wait_until_idle
 from tests.test_bench_tools import _sharegpt
 
 
@@ -145,7 +148,7 @@ def test_bench_serve_random_ids_where_detokenize_bounds_nothing(live, async_engi
     from jaxengine.engine.llm_engine import load_tokenizer
 
     assert bench._vocab_from_detokenize(live.url) == async_engine.engine.model_config.vocab_size  # ours bounds it
-    monkeypatch.setattr(bench, "_vocab_from_detokenize", lambda url, headers=None: bench.PROBE_LIMIT)
+    monkeypatch.setattr(bench, "_vocab_from_detokenize", lambda url, headers=None, verify=True: bench.PROBE_LIMIT)
     with pytest.raises(SystemExit, match="--tokenizer.*--vocab-size|--vocab-size.*--tokenizer"):
         main(["bench", "serve", "--base-url", live.url, "--num-prompts", "2"])
     capsys.readouterr()
@@ -192,3 +195,22 @@ def test_bench_serve_says_when_no_server_answers(live):
         main(["bench", "serve", "--base-url", f"http://127.0.0.1:{_free_port()}", "--num-prompts", "2"])
     with pytest.raises(SystemExit, match="--base-url: no OpenAI-compatible server answered"):
         main(["bench", "serve", "--base-url", live.url + "/nothing-here", "--num-prompts", "2"])  # a 404
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for a self-signed certificate")
+def test_bench_serve_insecure_drives_an_https_server_with_a_self_signed_certificate(async_engine, tmp_path, capsys):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    server = LiveServer(build_app(async_engine, MODEL), tls=(str(cert), str(key)))
+    try:
+        argv = ["bench", "serve", "--base-url", server.url, "--num-prompts", "2", "--input-len", "4", "--output-len",
+                "3", "--ignore-eos", "--disable-tqdm"]
+        with pytest.raises(SystemExit, match="CERTIFICATE_VERIFY_FAILED"):  # verified unless told
+            main(argv)
+        main(argv + ["--insecure"])
+        result = _result(capsys)
+        assert result["base_url"].startswith("https://") and result["completed"] == 2
+    finally:
+        server.stop()
+    wait_until_idle(async_engine.engine)
