@@ -49,6 +49,8 @@ def add_dataset_flags(p, *, seed: bool) -> None:
                    help="custom: output tokens of every request; -1 takes each line's output_tokens")
     p.add_argument("--skip-chat-template", action="store_true",
                    help="custom: send the prompt as it is, not in the tokenizer's chat template")
+    p.add_argument("--chat-template-kwargs", default=None,
+                   help="custom: a JSON object of arguments for the chat template, e.g. '{\"enable_thinking\": false}'")
     for name, default in PREFIX_REPETITION.items():
         p.add_argument(f"--prefix-repetition-{name.replace('_', '-')}", type=int, default=None,
                        help=f"prefix_repetition dataset (default {default})")
@@ -203,9 +205,11 @@ def sharegpt_requests(path: str, tokenizer, num_prompts: int, seed: int, output_
 
 
 def custom_requests(path: str, tokenizer, num_prompts: int, seed: int, output_len: int = 256,
-                    chat_template: bool = True, shuffle: bool = True, oversample: bool = True) -> list[BenchRequest]:
+                    chat_template: bool = True, shuffle: bool = True, oversample: bool = True,
+                    template_kwargs: dict | None = None) -> list[BenchRequest]:
     """JSONL lines with a "prompt" (and "output_tokens" when `output_len` is -1), shuffled by seed. The prompt is
-    put in the tokenizer's chat template (as a user turn) unless `chat_template` is false."""
+    put in the tokenizer's chat template (as a user turn, with `template_kwargs`) unless `chat_template` is
+    false."""
     at_least("--num-prompts", num_prompts)
     if output_len != -1:
         at_least("--custom-output-len (or -1)", output_len)
@@ -228,7 +232,7 @@ def custom_requests(path: str, tokenizer, num_prompts: int, seed: int, output_le
         prompt = item["prompt"]
         if chat_template:
             prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                   add_generation_prompt=True)
+                                                   add_generation_prompt=True, **(template_kwargs or {}))
         requests.append(BenchRequest(prompt, len(tokenizer(prompt).input_ids), out_len))
     return _oversampled(requests, num_prompts, seed, oversample)
 
@@ -271,6 +275,17 @@ def load_requests(args, *, vocab_size: int, get_tokenizer, seed: int) -> list[Be
     repetition = {name: getattr(args, f"prefix_repetition_{name}") for name in PREFIX_REPETITION}
     if args.dataset_name != "prefix_repetition" and any(value is not None for value in repetition.values()):
         raise ValueError("the --prefix-repetition-* flags apply to the prefix_repetition dataset only")
+    template_kwargs = None
+    if args.chat_template_kwargs is not None:
+        if args.dataset_name != "custom" or args.skip_chat_template:
+            raise ValueError("--chat-template-kwargs applies to the custom dataset's chat template (without "
+                             "--skip-chat-template)")
+        try:
+            template_kwargs = json.loads(args.chat_template_kwargs)
+        except json.JSONDecodeError:
+            template_kwargs = None
+        if not isinstance(template_kwargs, dict):
+            raise ValueError(f"--chat-template-kwargs must be a JSON object, got {args.chat_template_kwargs!r}")
     if args.dataset_name == "random":
         return random_requests(vocab_size, args.num_prompts, *random_lengths(args), seed, ratio,
                                args.random_prefix_len)
@@ -296,5 +311,5 @@ def load_requests(args, *, vocab_size: int, get_tokenizer, seed: int) -> list[Be
     if args.dataset_name == "custom":
         return custom_requests(args.dataset_path, get_tokenizer(), args.num_prompts, seed,
                                _given(args.output_len, args.custom_output_len), not args.skip_chat_template,
-                               not args.disable_shuffle, not args.no_oversample)
+                               not args.disable_shuffle, not args.no_oversample, template_kwargs)
     return json_requests(args.dataset_path, get_tokenizer, args.num_prompts, _given(args.output_len, 128))

@@ -2,6 +2,7 @@
 (random with a range and a prefix, sharegpt, custom, json) against what each file and flag says."""
 
 import argparse
+import copy
 import json
 import random
 
@@ -165,6 +166,19 @@ def test_custom_and_json_datasets(tmp_path, tokenizer):
                                               add_generation_prompt=True)
     assert chat[0].prompt == templated and chat[0].prompt_len == len(tokenizer(templated).input_ids)
     assert {r.output_len for r in chat} == {256}
+    # --chat-template-kwargs reach the template (as a reasoning model's enable_thinking does).
+    thinking = copy.copy(tokenizer)
+    thinking.chat_template = tokenizer.chat_template + "{% if enable_thinking %}<think>{% endif %}"
+    custom = ["--dataset-name", "custom", "--dataset-path", str(path), "--num-prompts", "1", "--disable-shuffle"]
+    off, on = (_load(thinking, *custom, "--chat-template-kwargs", f'{{"enable_thinking": {v}}}')[0].prompt
+               for v in ("false", "true"))
+    assert on == off + "<think>" and off == templated
+    for bad, message in ((["--chat-template-kwargs", "[1]"], "JSON object"),
+                         (["--chat-template-kwargs", "{}", "--skip-chat-template"], "custom dataset")):
+        with pytest.raises(ValueError, match=message):
+            _load(thinking, *custom, *bad)
+    with pytest.raises(ValueError, match="custom dataset"):
+        _load(tokenizer, "--dataset-name", "json", "--dataset-path", str(path), "--chat-template-kwargs", "{}")
     path.write_text(json.dumps({"text": "no prompt"}) + "\n")
     with pytest.raises(ValueError, match="prompt"):
         _load(tokenizer, "--dataset-name", "custom", "--dataset-path", str(path), "--skip-chat-template")
