@@ -16,6 +16,8 @@ class EngineConfig:
     model: str | None = None  # local HF directory or hub id; None = the built-in demo model
     tokenizer: str | None = None  # defaults to the model directory
     trust_remote_code: bool = False  # a tokenizer's own code (auto_map) may run, as vLLM's; the model's is ours
+    revision: str | None = None  # a hub id's branch, tag or commit (default: main), as vLLM's --revision
+    download_dir: str | None = None  # where a hub id's files go (default: the Hugging Face cache)
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     kv_cache_dtype: str = "auto"  # auto | float32 | bfloat16 | float16; auto: see LLMEngine._kv_cache_dtype
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
@@ -50,6 +52,8 @@ class EngineConfig:
     override_generation_config: dict | None = None  # merged over the above, e.g. {"temperature": 0.5}
 
     def __post_init__(self):
+        if self.model is None and (self.revision is not None or self.download_dir is not None):
+            raise ValueError("revision and download_dir apply to a hub id given as model")
         positive = ("block_size", "max_num_seqs", "max_num_batched_tokens", "min_token_bucket")
         for name in positive:
             if int(getattr(self, name)) < 1:

@@ -145,3 +145,33 @@ def test_a_tokenizer_of_its_own_code_loads_only_when_trusted(tokenizer_dir, tmp_
         engines("llama", tokenizer=str(custom))
     engine = engines("llama", tokenizer=str(custom), trust_remote_code=True)
     assert type(engine.tokenizer).__name__ == "ShoutingTokenizer"
+
+
+def test_a_hub_id_is_fetched_at_the_revision_into_the_download_dir(monkeypatch, model_dirs, tmp_path, engines):
+    """--revision and --download-dir, as vLLM's, reach huggingface_hub (no network here: the fetch is faked to hand
+    back a local model); a local directory or the demo model, which they cannot apply to, refuses them."""
+    import huggingface_hub
+
+    from jaxengine.config import EngineConfig
+    from jaxengine.models.loader import resolve_model_dir
+
+    calls = []
+
+    def fetch(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        return str(model_dirs["llama"])
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fetch)
+    assert resolve_model_dir("org/tiny", revision="v2", download_dir=str(tmp_path)) == model_dirs["llama"]
+    repo, kwargs = calls[-1]
+    assert repo == "org/tiny" and kwargs["revision"] == "v2" and kwargs["cache_dir"] == str(tmp_path)
+    assert "*.safetensors" in kwargs["allow_patterns"] and "*.py" not in kwargs["allow_patterns"]
+    resolve_model_dir("org/tiny", trust_remote_code=True)  # a tokenizer's own code comes along
+    assert calls[-1][1]["revision"] is None and "*.py" in calls[-1][1]["allow_patterns"]
+    with pytest.raises(ValueError, match="local directory"):
+        resolve_model_dir(model_dirs["llama"], revision="v2")
+    with pytest.raises(ValueError, match="hub id"):
+        EngineConfig(download_dir=str(tmp_path))
+    engines("llama", model="org/tiny", revision="abc123", download_dir=str(tmp_path))  # the engine's own fetch
+    repo, kwargs = calls[-1]
+    assert repo == "org/tiny" and kwargs["revision"] == "abc123" and kwargs["cache_dir"] == str(tmp_path)

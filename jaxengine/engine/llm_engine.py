@@ -130,7 +130,8 @@ class LLMEngine:
         """`devices`: where this engine runs (default: the first tensor_parallel_size devices)."""
         self.config = config
         executables = enable_compilation_cache(config.compilation_cache_dir)
-        model_dir = resolve_model_dir(config.model, config.trust_remote_code) if config.model else _demo_model_dir()
+        model_dir = (resolve_model_dir(config.model, config.trust_remote_code, config.revision, config.download_dir)
+                     if config.model else _demo_model_dir())
         tp = config.tensor_parallel_size
         _, checkpoint_config = load_config(model_dir)
         check_layout(checkpoint_config, tp, config.data_parallel_size, len(jax.devices()))

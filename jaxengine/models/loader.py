@@ -30,18 +30,23 @@ _HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model", "*.ji
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 
 
-def resolve_model_dir(model: str | Path, trust_remote_code: bool = False) -> Path:
-    """A local directory as is; otherwise a hub id (`org/name`) fetched through huggingface_hub (with its Python
-    files where `trust_remote_code`: a tokenizer's own class)."""
+def resolve_model_dir(model: str | Path, trust_remote_code: bool = False, revision: str | None = None,
+                      download_dir: str | None = None) -> Path:
+    """A local directory as is; otherwise a hub id (`org/name`) fetched through huggingface_hub: at `revision` (a
+    branch, tag or commit; default: main), into `download_dir` (default: the Hugging Face cache), with its Python
+    files where `trust_remote_code` (a tokenizer's own class)."""
     path = Path(model).expanduser()
     if path.is_dir():
+        if revision is not None or download_dir is not None:
+            raise ValueError(f"revision and download_dir apply to a hub id; {str(model)!r} is a local directory")
         return path
     if path.exists() or not re.fullmatch(r"[\w.\-]+/[\w.\-]+", str(model)):
         raise FileNotFoundError(f"model {str(model)!r} is neither a local directory nor a hub id like 'org/name'")
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(str(model), allow_patterns=_HUB_FILES + ["*.py"] * trust_remote_code))
+        return Path(snapshot_download(str(model), allow_patterns=_HUB_FILES + ["*.py"] * trust_remote_code,
+                                      revision=revision, cache_dir=download_dir))
     except Exception as e:
         raise FileNotFoundError(f"could not fetch model {str(model)!r} from the Hugging Face hub: {e}") from e
 
