@@ -89,7 +89,8 @@ def _serve(args) -> None:
             return
     name = args.served_model_name or config.model or "jaxengine-demo"
     engine = create_engine(config)
-    async_engine = AsyncEngine(engine, EngineMetrics(name))
+    async_engine = AsyncEngine(engine, EngineMetrics(name),
+                               log_stats_interval=None if args.disable_log_stats else 10.0)
     app = build_app(async_engine, name, api_key=args.api_key or os.environ.get("JAXENGINE_API_KEY"),
                     request_id_headers=args.enable_request_id_headers)
     try:
@@ -129,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or JAXENGINE_API_KEY)")
     serve.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
+    serve.add_argument("--disable-log-stats", action="store_true",
+                       help="no periodic log line of throughput, running and waiting requests and cache usage")
     serve.add_argument("--enable-request-id-headers", action="store_true",
                        help="add an X-Request-Id header to every response (the request's, or a random id)")
     serve.add_argument("--distributed", action="store_true",

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from jaxengine.engine.llm_engine import LLMEngine
 from jaxengine.outputs import RequestOutput
 from jaxengine.sampling_params import SamplingParams
-from server.metrics import EngineMetrics
+from server.metrics import EngineMetrics, StatsLogger
 
 logger = logging.getLogger(__name__)
 
@@ -21,9 +21,12 @@ class EngineDeadError(RuntimeError):
 class AsyncEngine:
     """Many concurrent handlers submit requests; one thread steps the engine, so the scheduler batches them."""
 
-    def __init__(self, engine: LLMEngine, metrics: EngineMetrics | None = None):
+    def __init__(self, engine: LLMEngine, metrics: EngineMetrics | None = None,
+                 log_stats_interval: float | None = 10.0):
+        """`log_stats_interval`: seconds between the stats log lines (needs `metrics`; None: no log lines)."""
         self.engine = engine
         self.metrics = metrics
+        self.stats = StatsLogger(metrics, log_stats_interval) if metrics and log_stats_interval else None
         self.error: BaseException | None = None
         self._submissions: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -103,6 +106,8 @@ class AsyncEngine:
         try:
             while not self._stopping:
                 self._admit_submissions()
+                if self.stats is not None:
+                    self.stats.maybe_log()
                 if not self.engine.has_unfinished_requests():
                     self._wakeup.wait(timeout=0.5)
                     self._wakeup.clear()

@@ -1,12 +1,15 @@
 """Prometheus metrics. Names mirror vLLM's (`vllm:` prefix) so that existing dashboards work unchanged;
 metrics vLLM has no counterpart for use the `jaxengine:` prefix."""
 
+import logging
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from jaxengine.compile_counter import compile_count
 from jaxengine.outputs import RequestOutput
+
+logger = logging.getLogger("jaxengine.stats")
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                     20.0, 40.0, 80.0)
@@ -50,6 +53,9 @@ class EngineMetrics:
                                        list(labels), buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
                                        registry=r).labels(**labels)
         self._labels = labels
+        # Plain totals for the periodic log line (StatsLogger): what the counters above hold, read cheaply.
+        self.totals = {"prompt_tokens": 0, "generation_tokens": 0, "prefix_queries": 0, "prefix_hits": 0}
+        self.load = {"running": 0, "waiting": 0, "kv_usage": 0.0}
         self._seen_tokens: dict[str, tuple[int, float]] = {}  # request -> (tokens so far, time of the last)
         self._prefix = (0, 0)
         self._preemptions = 0
@@ -61,14 +67,18 @@ class EngineMetrics:
             if r.last_step_size is not None:
                 self.step_requests.observe(r.last_step_size[0])
                 self.step_tokens.observe(r.last_step_size[1])
-        self.running.set(sum(len(r.scheduler.running) for r in replicas))
-        self.waiting.set(sum(len(r.scheduler.waiting) for r in replicas))
-        self.kv_usage.set(sum(r.block_manager.usage for r in replicas) / len(replicas))
+        self.load = {"running": sum(len(r.scheduler.running) for r in replicas),
+                     "waiting": sum(len(r.scheduler.waiting) for r in replicas),
+                     "kv_usage": sum(r.block_manager.usage for r in replicas) / len(replicas)}
+        self.running.set(self.load["running"])
+        self.waiting.set(self.load["waiting"])
+        self.kv_usage.set(self.load["kv_usage"])
         queries = sum(r.block_manager.query_tokens for r in replicas)
         hits = sum(r.block_manager.hit_tokens for r in replicas)
         self.prefix_queries.inc(queries - self._prefix[0])
         self.prefix_hits.inc(hits - self._prefix[1])
         self._prefix = (queries, hits)
+        self.totals["prefix_queries"], self.totals["prefix_hits"] = queries, hits
         preemptions = sum(r.scheduler.num_preemptions for r in replicas)
         self.preemptions.inc(preemptions - self._preemptions)
         self._preemptions = preemptions
@@ -85,12 +95,14 @@ class EngineMetrics:
             if seen == 0:
                 self.ttft.observe(m.first_token_time - m.arrival_time)
                 self.prompt_tokens.inc(len(out.prompt_token_ids))
+                self.totals["prompt_tokens"] += len(out.prompt_token_ids)
                 if m.first_scheduled_time is not None:
                     self.queue_time.observe(m.first_scheduled_time - m.arrival_time)
             else:
                 for _ in range(new):
                     self.itl.observe((now - last) / new)
             self.generation_tokens.inc(new)
+            self.totals["generation_tokens"] += new
             self._seen_tokens[out.request_id] = (tokens, now)
         if out.finished:
             self._seen_tokens.pop(out.request_id, None)
@@ -99,3 +111,29 @@ class EngineMetrics:
             for c in out.outputs:
                 self._success.labels(**self._labels, finished_reason=c.finish_reason or "abort").inc()
 
+
+
+class StatsLogger:
+    """vLLM's periodic engine log line (every `interval` seconds while the server has work; `--disable-log-stats`
+    turns it off): prompt and generation throughput over the interval, requests running and waiting, KV cache
+    usage and the prefix cache's hit rate over the interval."""
+
+    def __init__(self, metrics: EngineMetrics, interval: float = 10.0):
+        self.metrics, self.interval = metrics, interval
+        self._since, self._totals = time.monotonic(), dict(metrics.totals)
+
+    def maybe_log(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        elapsed = now - self._since
+        if elapsed < self.interval:
+            return
+        totals, load = self.metrics.totals, self.metrics.load
+        delta = {name: totals[name] - self._totals[name] for name in totals}
+        self._since, self._totals = now, dict(totals)
+        if not (delta["prompt_tokens"] or delta["generation_tokens"] or load["running"] or load["waiting"]):
+            return  # idle: nothing to say
+        hit_rate = delta["prefix_hits"] / delta["prefix_queries"] if delta["prefix_queries"] else 0.0
+        logger.info("Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d "
+                    "reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
+                    delta["prompt_tokens"] / elapsed, delta["generation_tokens"] / elapsed, load["running"],
+                    load["waiting"], 100 * load["kv_usage"], 100 * hit_rate)

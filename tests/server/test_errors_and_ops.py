@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from jaxengine.cli import main
 from server.app import build_app
 from server.engine_client import AsyncEngine
-from server.metrics import EngineMetrics
+from server.metrics import EngineMetrics, StatsLogger
 from tests.server.conftest import API_KEY, MODEL, LiveServer, wait_until_idle
 
 
@@ -309,3 +309,36 @@ def test_profiling_routes_trace_the_server_only_where_configured(async_engine, h
     finally:
         server.stop()
     wait_until_idle(async_engine.engine)
+
+
+def test_the_stats_log_line_reports_each_interval_with_work(caplog):
+    """vLLM's periodic log line: throughputs over the interval, the load, KV usage and the interval's prefix hits;
+    nothing while idle."""
+    metrics = EngineMetrics(MODEL)
+    stats = StatsLogger(metrics, interval=10.0)
+    start = stats._since
+    caplog.set_level("INFO", logger="jaxengine.stats")
+    metrics.totals.update(prompt_tokens=500, generation_tokens=200, prefix_queries=400, prefix_hits=100)
+    metrics.load.update(running=3, waiting=2, kv_usage=0.25)
+    stats.maybe_log(start + 5)  # within the interval: nothing yet
+    stats.maybe_log(start + 10)
+    stats.maybe_log(start + 20)  # the same totals and the same load: still working, so another line
+    metrics.load.update(running=0, waiting=0)
+    stats.maybe_log(start + 30)  # idle
+    lines = [r.getMessage() for r in caplog.records if r.name == "jaxengine.stats"]
+    assert lines == ["Avg prompt throughput: 50.0 tokens/s, Avg generation throughput: 20.0 tokens/s, Running: 3 "
+                     "reqs, Waiting: 2 reqs, KV cache usage: 25.0%, Prefix cache hit rate: 25.0%",
+                     "Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 3 "
+                     "reqs, Waiting: 2 reqs, KV cache usage: 25.0%, Prefix cache hit rate: 0.0%"]
+
+
+def test_the_server_logs_stats_while_it_works(async_engine, http, monkeypatch, caplog):
+    caplog.set_level("INFO", logger="jaxengine.stats")
+    monkeypatch.setattr(async_engine, "stats", StatsLogger(async_engine.metrics, interval=0.01))
+    body = {"model": MODEL, "prompt": "hi there", "max_tokens": 24, "ignore_eos": True}
+    assert http.post("/v1/completions", json=body).status_code == 200
+    wait_until_idle(async_engine.engine)
+    deadline = time.monotonic() + 10
+    while not any("Avg generation throughput" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, "no stats line"
+        time.sleep(0.02)
