@@ -29,6 +29,17 @@ def json_object(value: str) -> dict:
     return parsed
 
 
+def json_strings(value: str) -> list[str]:
+    """An argparse type: a JSON list of strings (as vLLM's --allowed-origins takes), else a clear error."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {value!r} ({e})") from None
+    if not isinstance(parsed, list) or not all(isinstance(item, str) for item in parsed):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {value!r}")
+    return parsed
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per `EngineConfig` field. A boolean one is written as vLLM writes it (`--enable-prefix-caching`,
     `--no-enable-prefix-caching`) or with a value (`--enable-prefix-caching false`)."""
@@ -91,8 +102,10 @@ def _serve(args) -> None:
     engine = create_engine(config)
     async_engine = AsyncEngine(engine, EngineMetrics(name),
                                log_stats_interval=None if args.disable_log_stats else 10.0)
+    cors = {"allow_origins": args.allowed_origins, "allow_credentials": args.allow_credentials,
+            "allow_methods": args.allowed_methods, "allow_headers": args.allowed_headers}
     app = build_app(async_engine, name, api_key=args.api_key or os.environ.get("JAXENGINE_API_KEY"),
-                    request_id_headers=args.enable_request_id_headers)
+                    request_id_headers=args.enable_request_id_headers, cors=cors)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
@@ -130,6 +143,11 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or JAXENGINE_API_KEY)")
     serve.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
+    serve.add_argument("--allowed-origins", type=json_strings, default=[],
+                       help='origins browsers may call from, e.g. \'["http://localhost:3000"]\' (default: none)')
+    serve.add_argument("--allow-credentials", action="store_true", help="let cross-origin requests send credentials")
+    serve.add_argument("--allowed-methods", type=json_strings, default=["*"], help="JSON list (default: all)")
+    serve.add_argument("--allowed-headers", type=json_strings, default=["*"], help="JSON list (default: all)")
     serve.add_argument("--disable-log-stats", action="store_true",
                        help="no periodic log line of throughput, running and waiting requests and cache usage")
     serve.add_argument("--enable-request-id-headers", action="store_true",

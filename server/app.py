@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 import jaxengine
 from jaxengine import profiler
@@ -60,15 +61,23 @@ class RequestIdHeaders:
         await self.app(scope, receive, send_with_id)
 
 
+CORS_DEFAULTS = {"allow_origins": [], "allow_credentials": False, "allow_methods": ["*"], "allow_headers": ["*"]}
+
+
 def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
-              request_id_headers: bool = False) -> FastAPI:
+              request_id_headers: bool = False, cors: dict | None = None) -> FastAPI:
+    """`cors`: Starlette CORSMiddleware's settings, as vLLM's --allowed-origins, --allow-credentials,
+    --allowed-methods and --allowed-headers set them (default CORS_DEFAULTS: no cross-origin browser access)."""
     app = FastAPI(title="jaxengine", version=jaxengine.__version__)
     serving = Serving(engine, model_name)
     app.state.engine, app.state.serving = engine, serving
 
+    # Each middleware added wraps those before it. The key is checked innermost: a browser's preflight (which
+    # carries no key) is answered by CORS, and a refused key's 401 carries the CORS and request id headers.
     if api_key is not None:
         app.add_middleware(RequireKey, api_key=api_key)
-    if request_id_headers:  # added last: outermost, so that a refused key's 401 carries the header too
+    app.add_middleware(CORSMiddleware, **(CORS_DEFAULTS | (cors or {})))
+    if request_id_headers:
         app.add_middleware(RequestIdHeaders)
 
     @app.exception_handler(APIError)

@@ -83,3 +83,14 @@ def test_async_scheduling_is_on_unless_turned_off():
     add_engine_flags(parser)
     assert engine_config(parser.parse_args([])).async_scheduling
     assert not engine_config(parser.parse_args(["--no-async-scheduling"])).async_scheduling
+
+
+def test_serve_cors_flags_take_json_lists_of_strings(capsys):
+    from jaxengine.cli import json_strings
+
+    assert json_strings('["http://localhost:3000", "https://ui.example"]') == ["http://localhost:3000",
+                                                                               "https://ui.example"]
+    for bad in ("http://localhost:3000", '{"a": 1}', "[1]"):
+        with pytest.raises(SystemExit):  # argparse refuses it before anything starts
+            main(["serve", "--allowed-origins", bad])
+        assert "expected a JSON list of strings" in capsys.readouterr().err

@@ -342,3 +342,30 @@ def test_the_server_logs_stats_while_it_works(async_engine, http, monkeypatch, c
     while not any("Avg generation throughput" in r.getMessage() for r in caplog.records):
         assert time.monotonic() < deadline, "no stats line"
         time.sleep(0.02)
+
+
+def test_cross_origin_browser_access_is_off_unless_origins_are_allowed(async_engine, http):
+    """As vLLM's server: no origin by default; --allowed-origins lets a browser page call the API (its preflight
+    answered without the API key, the key still required for the call itself)."""
+    preflight = {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}
+    refused = http.options("/v1/completions", headers=preflight)
+    assert refused.status_code == 400 and "access-control-allow-origin" not in refused.headers
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    assert "access-control-allow-origin" not in http.post("/v1/completions", json=body,
+                                                          headers={"Origin": "http://ui.example"}).headers
+    server = LiveServer(build_app(async_engine, MODEL, api_key=API_KEY, cors={"allow_origins": ["http://ui.example"]}))
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            allowed = c.options("/v1/completions", headers=preflight)
+            assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == "http://ui.example"
+            assert "POST" in allowed.headers["access-control-allow-methods"]
+            assert c.options("/v1/completions", headers=preflight | {"Origin": "http://evil.example"}).status_code == 400
+            keyless = c.post("/v1/completions", json=body, headers={"Origin": "http://ui.example"})
+            assert keyless.status_code == 401 and keyless.headers["access-control-allow-origin"] == "http://ui.example"
+            done = c.post("/v1/completions", json=body,
+                          headers={"Origin": "http://ui.example", "Authorization": f"Bearer {API_KEY}"})
+            assert done.status_code == 200 and done.headers["access-control-allow-origin"] == "http://ui.example"
+    finally:
+        server.stop()
+    wait_until_idle(async_engine.engine)
