@@ -91,6 +91,11 @@ def _serve(args) -> None:
     from server.engine_client import AsyncEngine
     from server.metrics import EngineMetrics
 
+    if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
+        raise ValueError("--ssl-keyfile and --ssl-certfile go together")
+    for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):
+        if path is not None and not os.path.isfile(path):
+            raise FileNotFoundError(f"{flag}: no such file {path!r}")
     config = engine_config(args)
     if args.distributed:
         multihost.initialize(args.coordinator_address, args.num_processes, args.process_id,
@@ -107,7 +112,8 @@ def _serve(args) -> None:
     app = build_app(async_engine, name, api_key=args.api_key or os.environ.get("JAXENGINE_API_KEY"),
                     request_id_headers=args.enable_request_id_headers, cors=cors)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                    ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
     finally:
         async_engine.shutdown()
         if args.distributed:
@@ -143,6 +149,10 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or JAXENGINE_API_KEY)")
     serve.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
+    serve.add_argument("--ssl-keyfile", default=None, help="serve https with this private key (and --ssl-certfile)")
+    serve.add_argument("--ssl-certfile", default=None, help="the certificate for --ssl-keyfile")
+    serve.add_argument("--uvicorn-log-level", default="info",
+                       choices=("critical", "error", "warning", "info", "debug", "trace"))
     serve.add_argument("--allowed-origins", type=json_strings, default=[],
                        help='origins browsers may call from, e.g. \'["http://localhost:3000"]\' (default: none)')
     serve.add_argument("--allow-credentials", action="store_true", help="let cross-origin requests send credentials")

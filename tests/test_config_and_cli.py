@@ -94,3 +94,42 @@ def test_serve_cors_flags_take_json_lists_of_strings(capsys):
         with pytest.raises(SystemExit):  # argparse refuses it before anything starts
             main(["serve", "--allowed-origins", bad])
         assert "expected a JSON list of strings" in capsys.readouterr().err
+
+
+def test_serve_flags_reach_the_app_and_uvicorn(engines, monkeypatch, tmp_path):
+    """`jaxengine serve`'s own flags, wired through (uvicorn and the engine faked: no server runs, no request is
+    generated): the served name, the API key, CORS, request id headers, the stats log, TLS and the log level."""
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    from jaxengine.engine import dp_engine
+
+    engine = engines("llama")
+    monkeypatch.setattr(dp_engine, "create_engine", lambda config: engine)
+    ran = {}
+
+    def run(app, **kwargs):
+        ran.update(kwargs, app=app)
+        with TestClient(app) as client:
+            models = client.get("/v1/models", headers={"Authorization": "Bearer k"}).json()["data"]
+            ran["models"] = [m["id"] for m in models]
+            ran["keyless"] = client.get("/v1/models")
+            ran["preflight"] = client.options("/v1/completions", headers={
+                "Origin": "http://ui.example", "Access-Control-Request-Method": "POST"})
+        ran["stats"] = app.state.engine.stats
+
+    monkeypatch.setattr(uvicorn, "run", run)
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    key.write_text("k")
+    cert.write_text("c")
+    main(["serve", "--served-model-name", "mine", "--api-key", "k", "--allowed-origins", '["http://ui.example"]',
+          "--enable-request-id-headers", "--disable-log-stats", "--ssl-keyfile", str(key), "--ssl-certfile",
+          str(cert), "--uvicorn-log-level", "warning", "--port", "8123"])
+    assert ran["ssl_keyfile"] == str(key) and ran["ssl_certfile"] == str(cert) and ran["log_level"] == "warning"
+    assert ran["port"] == 8123 and ran["models"] == ["mine"] and ran["stats"] is None
+    assert ran["keyless"].status_code == 401 and "x-request-id" in ran["keyless"].headers
+    assert ran["preflight"].headers["access-control-allow-origin"] == "http://ui.example"
+    with pytest.raises(SystemExit, match="--ssl-keyfile and --ssl-certfile go together"):
+        main(["serve", "--ssl-keyfile", str(key)])
+    with pytest.raises(SystemExit, match="--ssl-certfile: no such file"):
+        main(["serve", "--ssl-keyfile", str(key), "--ssl-certfile", str(tmp_path / "none.pem")])
