@@ -109,7 +109,7 @@ def _serve(args) -> None:
                                log_stats_interval=None if args.disable_log_stats else 10.0)
     cors = {"allow_origins": args.allowed_origins, "allow_credentials": args.allow_credentials,
             "allow_methods": args.allowed_methods, "allow_headers": args.allowed_headers}
-    app = build_app(async_engine, name, api_key=args.api_key or os.environ.get("JAXENGINE_API_KEY"),
+    app = build_app(async_engine, name, api_key=args.api_key or os.environ.get("JAXENGINE_API_KEY") or None,
                     request_id_headers=args.enable_request_id_headers, cors=cors)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or JAXENGINE_API_KEY)")
+    serve.add_argument("--api-key", nargs="+", default=None,
+                       help="require 'Authorization: Bearer KEY' with one of these keys (or JAXENGINE_API_KEY)")
     serve.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
     serve.add_argument("--ssl-keyfile", default=None, help="serve https with this private key (and --ssl-certfile)")
     serve.add_argument("--ssl-certfile", default=None, help="the certificate for --ssl-keyfile")

@@ -1,6 +1,7 @@
 """The FastAPI application: OpenAI-compatible routes, auth, errors, health and metrics."""
 
 import asyncio
+import hashlib
 import hmac
 import uuid
 
@@ -21,17 +22,24 @@ from server.serving import Serving
 
 
 class RequireKey:
-    """Every /v1 route needs `Authorization: Bearer <key>`. A plain ASGI middleware: Starlette's
-    `@app.middleware("http")` passes each streamed chunk through a memory stream and a task switch of its own."""
+    """Every /v1 route needs `Authorization: Bearer <key>` with one of the keys (the scheme in any case, as
+    vLLM's server reads it). A plain ASGI middleware: Starlette's `@app.middleware("http")` passes each streamed
+    chunk through a memory stream and a task switch of its own."""
 
-    def __init__(self, app, api_key: str):
+    def __init__(self, app, api_keys: list[str]):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.digests = [hashlib.sha256(key.encode()).digest() for key in api_keys]
+
+    def _valid(self, header: bytes) -> bool:
+        scheme, _, token = header.decode("latin-1").partition(" ")
+        digest = hashlib.sha256(token.encode("latin-1")).digest()
+        matches = [hmac.compare_digest(digest, expected) for expected in self.digests]  # every key, every time
+        return scheme.lower() == "bearer" and any(matches)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/v1"):
             given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-            if not hmac.compare_digest(given, self.expected):
+            if not self._valid(given):
                 response = error_response(APIError("missing or invalid API key: send 'Authorization: Bearer <key>'",
                                                    status=401, code="invalid_api_key"))
                 await response(scope, receive, send)
@@ -64,10 +72,11 @@ class RequestIdHeaders:
 CORS_DEFAULTS = {"allow_origins": [], "allow_credentials": False, "allow_methods": ["*"], "allow_headers": ["*"]}
 
 
-def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
+def build_app(engine: AsyncEngine, model_name: str, api_key: str | list[str] | None = None,
               request_id_headers: bool = False, cors: dict | None = None) -> FastAPI:
-    """`cors`: Starlette CORSMiddleware's settings, as vLLM's --allowed-origins, --allow-credentials,
-    --allowed-methods and --allowed-headers set them (default CORS_DEFAULTS: no cross-origin browser access)."""
+    """`api_key`: the key, or keys, any of which a /v1 request must bear. `cors`: Starlette CORSMiddleware's
+    settings, as vLLM's --allowed-origins, --allow-credentials, --allowed-methods and --allowed-headers set them
+    (default CORS_DEFAULTS: no cross-origin browser access)."""
     app = FastAPI(title="jaxengine", version=jaxengine.__version__)
     serving = Serving(engine, model_name)
     app.state.engine, app.state.serving = engine, serving
@@ -75,7 +84,10 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
     # Each middleware added wraps those before it. The key is checked innermost: a browser's preflight (which
     # carries no key) is answered by CORS, and a refused key's 401 carries the CORS and request id headers.
     if api_key is not None:
-        app.add_middleware(RequireKey, api_key=api_key)
+        keys = [api_key] if isinstance(api_key, str) else list(api_key)
+        if not keys or not all(keys):
+            raise ValueError("api_key: every key must be a non-empty string")
+        app.add_middleware(RequireKey, api_keys=keys)
     app.add_middleware(CORSMiddleware, **(CORS_DEFAULTS | (cors or {})))
     if request_id_headers:
         app.add_middleware(RequestIdHeaders)

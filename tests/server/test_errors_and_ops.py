@@ -96,6 +96,22 @@ def test_api_key_is_required_on_v1_routes(live_with_key):
         assert c.get("/health").status_code == 200  # not under /v1
 
 
+def test_any_of_several_api_keys_is_accepted(async_engine):
+    """As vLLM's --api-key K1 K2: either key, the scheme in any case; nothing else, and no empty key."""
+    server = LiveServer(build_app(async_engine, MODEL, api_key=["first-key", "second-key"]))
+    try:
+        with httpx.Client(base_url=server.url) as c:
+            for header in ("Bearer first-key", "Bearer second-key", "bearer second-key"):
+                assert c.get("/v1/models", headers={"Authorization": header}).status_code == 200, header
+            for header in ("Bearer first", "Bearer first-key second-key", "Basic first-key", "first-key", ""):
+                assert_error(c.get("/v1/models", headers={"Authorization": header}), 401)
+    finally:
+        server.stop()
+    for keys in ([], ["ok", ""], ""):
+        with pytest.raises(ValueError, match="non-empty"):
+            build_app(async_engine, MODEL, api_key=keys)
+
+
 def test_no_api_key_needed_when_none_is_configured(http):
     assert http.get("/v1/models").status_code == 200
 
