@@ -142,6 +142,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | list[str] | N
                                             "max_model_len": engine.engine.max_model_len}]}
 
     @app.get("/health")
+    @app.api_route("/ping", methods=["GET", "POST"])  # vLLM's (SageMaker's) name for the same check
     async def health():
         if engine.is_alive:
             return PlainTextResponse("", status_code=200)

@@ -133,6 +133,7 @@ def test_disconnect_mid_stream_aborts_and_frees_the_blocks(live, http, async_eng
 
 def test_health_version_tokenize_detokenize(http):
     assert http.get("/health").status_code == 200
+    assert http.get("/ping").status_code == 200 and http.post("/ping").status_code == 200
     assert http.get("/version").json()["version"]
     tokens = http.post("/tokenize", json={"prompt": "def f(x):"}).json()
     assert tokens["count"] == len(tokens["tokens"]) > 0
@@ -203,6 +204,7 @@ def test_a_dead_engine_loop_fails_requests_promptly_and_health_reports_it(engine
             assert time.monotonic() - start < 10
             assert_error(response, 500)
             assert_error(c.get("/health"), 503)
+            assert_error(c.get("/ping"), 503)
             assert_error(c.post("/v1/completions", json={"prompt": "x"}), 500)
     finally:
         server.stop()
