@@ -84,10 +84,34 @@ class EngineConfig:
                              f"({self.max_num_seqs}): every running request needs a token each step")
 
     @classmethod
-    def from_yaml(cls, path: str | Path, **overrides) -> "EngineConfig":
-        values = yaml.safe_load(Path(path).read_text()) or {}
+    def of(cls, where: str = "engine settings", **values) -> "EngineConfig":
+        """The config of these settings; a ValueError names any it does not know (with what to use instead where
+        it is a vLLM setting of another name or one we do not support), where a dataclass raises a TypeError."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"{path}: unknown engine settings {unknown}; known: {sorted(known)}")
-        return cls(**(values | {k: v for k, v in overrides.items() if v is not None}))
+            hints = "; ".join(f"{name}: {VLLM_SETTINGS[name]}" for name in unknown if name in VLLM_SETTINGS)
+            raise ValueError(f"{where}: unknown engine settings {unknown}" + (f" ({hints})" if hints else "")
+                             + f"; known: {sorted(known)}")
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides) -> "EngineConfig":
+        values = yaml.safe_load(Path(path).read_text()) or {}
+        return cls.of(str(path), **(values | {k: v for k, v in overrides.items() if v is not None}))
+
+
+# vLLM engine settings users carry over that have another name here, or no counterpart.
+VLLM_SETTINGS = {
+    "gpu_memory_utilization": "the KV cache takes kv_cache_memory_fraction of the accelerator memory left after the "
+                              "weights (kv_cache_gib on CPU)",
+    "num_gpu_blocks_override": "use num_kv_blocks",
+    "swap_space": "preempted requests are recomputed, never swapped to host memory",
+    "cpu_offload_gb": "weights are not offloaded to host memory",
+    "enforce_eager": "there are no CUDA graphs to turn off: every step runs compiled XLA programs",
+    "quantization": "quantized checkpoints are not supported yet",
+    "tokenizer_mode": "the tokenizer is always transformers' AutoTokenizer (a fast one where it exists)",
+    "pipeline_parallel_size": "not supported; use tensor_parallel_size and data_parallel_size",
+    "enable_lora": "LoRA adapters are not supported yet",
+    "speculative_config": "speculative decoding is not supported yet",
+}

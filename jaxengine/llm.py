@@ -14,7 +14,9 @@ from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 class LLM:
     def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, progress: bool = True,
                  **engine_args):
-        config = config or EngineConfig(model=model, **engine_args)
+        if config is not None and (model is not None or engine_args):
+            raise ValueError("LLM takes a config or model and engine settings, not both")
+        config = config or EngineConfig.of("LLM", model=model, **engine_args)
         self.engine = create_engine(config, progress=progress)
         self._ids = itertools.count()
 

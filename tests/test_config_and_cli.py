@@ -22,6 +22,20 @@ def test_unknown_yaml_setting_is_named(tmp_path):
         EngineConfig.from_yaml(path)
 
 
+def test_unknown_llm_settings_are_named_with_vllm_hints():
+    """vLLM's LLM(...) settings of another name or no counterpart are refused with what to use instead, before any
+    model loads; a setting no one knows is named too."""
+    from jaxengine import LLM
+
+    with pytest.raises(ValueError, match=r"LLM: unknown engine settings \['gpu_memory_utilization'\] "
+                                         r"\(gpu_memory_utilization: the KV cache takes kv_cache_memory_fraction"):
+        LLM("no/such-model", gpu_memory_utilization=0.9)
+    with pytest.raises(ValueError, match=r"\['enforce_eager', 'max_batch'\] \(enforce_eager: there are no CUDA"):
+        LLM("no/such-model", enforce_eager=True, max_batch=3)
+    with pytest.raises(ValueError, match="not both"):
+        LLM("no/such-model", config=EngineConfig())
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(block_size=0), "block_size must be >= 1"),
     (dict(scheduling_policy="lifo"), "scheduling_policy must be one of"),
