@@ -7,7 +7,7 @@ import logging
 import sys
 import typing
 
-from jaxengine.config import EngineConfig
+from jaxengine.config import VLLM_SETTINGS, EngineConfig
 
 
 def _bool(value: str) -> bool:
@@ -183,7 +183,10 @@ def main(argv: list[str] | None = None) -> None:
     add_bench_parser(sub)
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "passthrough", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        names = [flag.split("=")[0].removeprefix("--").removeprefix("no-").replace("-", "_") for flag in extra
+                 if flag.startswith("--")]
+        hints = [f"--{name.replace('_', '-')}: {VLLM_SETTINGS[name]}" for name in names if name in VLLM_SETTINGS]
+        parser.error(f"unrecognized arguments: {' '.join(extra)}" + "".join(f"\n  {hint}" for hint in hints))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("jax").setLevel(logging.WARNING)
     try:

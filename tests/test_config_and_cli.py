@@ -36,6 +36,16 @@ def test_unknown_llm_settings_are_named_with_vllm_hints():
         LLM("no/such-model", config=EngineConfig())
 
 
+
+def test_unknown_flags_of_vllm_settings_get_the_same_hints(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--gpu-memory-utilization", "0.9", "--no-enforce-eager", "--max-batch", "3"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --gpu-memory-utilization 0.9 --no-enforce-eager --max-batch 3" in err
+    assert "--gpu-memory-utilization: the KV cache takes kv_cache_memory_fraction" in err
+    assert "--enforce-eager: there are no CUDA graphs" in err and "--max-batch:" not in err
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(block_size=0), "block_size must be >= 1"),
     (dict(scheduling_policy="lifo"), "scheduling_policy must be one of"),
