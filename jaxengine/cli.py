@@ -91,6 +91,8 @@ def _serve(args) -> None:
     from server.engine_client import AsyncEngine
     from server.metrics import EngineMetrics
 
+    if args.max_log_len is not None and args.max_log_len < 0:
+        raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}")
     if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
         raise ValueError("--ssl-keyfile and --ssl-certfile go together")
     for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):
@@ -106,7 +108,8 @@ def _serve(args) -> None:
     name = args.served_model_name or config.model or "jaxengine-demo"
     engine = create_engine(config)
     async_engine = AsyncEngine(engine, EngineMetrics(name),
-                               log_stats_interval=None if args.disable_log_stats else 10.0)
+                               log_stats_interval=None if args.disable_log_stats else 10.0,
+                               log_requests=args.enable_log_requests, max_log_len=args.max_log_len)
     cors = {"allow_origins": args.allowed_origins, "allow_credentials": args.allow_credentials,
             "allow_methods": args.allowed_methods, "allow_headers": args.allowed_headers}
     app = build_app(async_engine, name, api_key=args.api_key or os.environ.get("JAXENGINE_API_KEY") or None,
@@ -161,6 +164,11 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--allowed-headers", type=json_strings, default=["*"], help="JSON list (default: all)")
     serve.add_argument("--disable-log-stats", action="store_true",
                        help="no periodic log line of throughput, running and waiting requests and cache usage")
+    serve.add_argument("--enable-log-requests", action="store_true",
+                       help="log each request as it arrives (prompt, token ids, sampling parameters), finishes or "
+                            "is aborted")
+    serve.add_argument("--max-log-len", type=int, default=None,
+                       help="with --enable-log-requests: the prompt characters and token ids logged (default: all)")
     serve.add_argument("--enable-request-id-headers", action="store_true",
                        help="add an X-Request-Id header to every response (the request's, or a random id)")
     serve.add_argument("--distributed", action="store_true",

@@ -12,6 +12,7 @@ from jaxengine.sampling_params import SamplingParams
 from server.metrics import EngineMetrics, StatsLogger
 
 logger = logging.getLogger(__name__)
+request_logger = logging.getLogger("jaxengine.requests")
 
 
 class EngineDeadError(RuntimeError):
@@ -22,10 +23,15 @@ class AsyncEngine:
     """Many concurrent handlers submit requests; one thread steps the engine, so the scheduler batches them."""
 
     def __init__(self, engine: LLMEngine, metrics: EngineMetrics | None = None,
-                 log_stats_interval: float | None = 10.0):
-        """`log_stats_interval`: seconds between the stats log lines (needs `metrics`; None: no log lines)."""
+                 log_stats_interval: float | None = 10.0, log_requests: bool = False, max_log_len: int | None = None):
+        """`log_stats_interval`: seconds between the stats log lines (needs `metrics`; None: no log lines).
+        `log_requests` (vLLM's --enable-log-requests): a log line when each request arrives (its prompt and token
+        ids cut to `max_log_len` characters and ids, its sampling parameters), finishes or is aborted."""
+        if max_log_len is not None and max_log_len < 0:
+            raise ValueError(f"max_log_len must be >= 0, got {max_log_len}")
         self.engine = engine
         self.metrics = metrics
+        self.log_requests, self.max_log_len = log_requests, max_log_len
         self.stats = StatsLogger(metrics, log_stats_interval) if metrics and log_stats_interval else None
         self.error: BaseException | None = None
         self._submissions: queue.SimpleQueue = queue.SimpleQueue()
@@ -57,6 +63,12 @@ class AsyncEngine:
             if request_id in self._streams:
                 raise ValueError(f"request_id {request_id!r} is already in use")
             self._streams[request_id] = (asyncio.get_running_loop(), stream)
+        if self.log_requests:
+            cut = slice(self.max_log_len)
+            text, ids = prompt.get("prompt"), prompt.get("prompt_token_ids")
+            request_logger.info("Received request %s: prompt: %r, prompt_token_ids: %s, params: %s", request_id,
+                                text[cut] if text is not None else None, ids[cut] if ids is not None else None,
+                                params)
         self._submissions.put((request_id, prompt, params, priority, cache_salt))
         self._wakeup.set()
         finished = False
@@ -66,6 +78,11 @@ class AsyncEngine:
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
+                if finished and self.log_requests:
+                    request_logger.info("Finished request %s: finish_reason: %s, prompt_tokens: %d, "
+                                        "completion_tokens: %d", request_id,
+                                        ",".join(str(c.finish_reason) for c in item.outputs),
+                                        len(item.prompt_token_ids), sum(len(c.token_ids) for c in item.outputs))
                 yield item
         finally:
             with self._lock:
@@ -73,6 +90,8 @@ class AsyncEngine:
             if not finished:
                 self.engine.abort_request(request_id)
                 self._wakeup.set()
+                if self.log_requests:
+                    request_logger.info("Aborted request %s", request_id)
 
     # --- engine side ------------------------------------------------------------------------------------
 

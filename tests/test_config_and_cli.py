@@ -141,6 +141,7 @@ def test_serve_flags_reach_the_app_and_uvicorn(engines, monkeypatch, tmp_path):
             ran["preflight"] = client.options("/v1/completions", headers={
                 "Origin": "http://ui.example", "Access-Control-Request-Method": "POST"})
         ran["stats"] = app.state.engine.stats
+        ran["log_requests"] = (app.state.engine.log_requests, app.state.engine.max_log_len)
 
     monkeypatch.setattr(uvicorn, "run", run)
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
@@ -148,11 +149,13 @@ def test_serve_flags_reach_the_app_and_uvicorn(engines, monkeypatch, tmp_path):
     cert.write_text("c")
     main(["serve", "--served-model-name", "mine", "--api-key", "k", "--allowed-origins", '["http://ui.example"]',
           "--enable-request-id-headers", "--disable-log-stats", "--ssl-keyfile", str(key), "--ssl-certfile",
-          str(cert), "--uvicorn-log-level", "warning", "--port", "8123"])
+          str(cert), "--uvicorn-log-level", "warning", "--port", "8123", "--enable-log-requests", "--max-log-len", "9"])
     assert ran["ssl_keyfile"] == str(key) and ran["ssl_certfile"] == str(cert) and ran["log_level"] == "warning"
-    assert ran["port"] == 8123 and ran["models"] == ["mine"] and ran["stats"] is None
+    assert ran["port"] == 8123 and ran["models"] == ["mine"] and ran["stats"] is None and ran["log_requests"] == (True, 9)
     assert ran["keyless"].status_code == 401 and "x-request-id" in ran["keyless"].headers
     assert ran["preflight"].headers["access-control-allow-origin"] == "http://ui.example"
+    with pytest.raises(SystemExit, match="--max-log-len must be >= 0"):
+        main(["serve", "--max-log-len", "-1"])
     with pytest.raises(SystemExit, match="--ssl-keyfile and --ssl-certfile go together"):
         main(["serve", "--ssl-keyfile", str(key)])
     with pytest.raises(SystemExit, match="--ssl-certfile: no such file"):

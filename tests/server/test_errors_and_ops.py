@@ -387,3 +387,28 @@ def test_cross_origin_browser_access_is_off_unless_origins_are_allowed(async_eng
     finally:
         server.stop()
     wait_until_idle(async_engine.engine)
+
+
+def test_requests_are_logged_when_asked(async_engine, http, monkeypatch, caplog):
+    """vLLM's --enable-log-requests: arrival (prompt and ids cut to --max-log-len, the parameters), finish and
+    abort."""
+    caplog.set_level("INFO", logger="jaxengine.requests")
+    monkeypatch.setattr(async_engine, "log_requests", True)
+    monkeypatch.setattr(async_engine, "max_log_len", 5)
+    body = {"model": MODEL, "prompt": "hello there my friend", "max_tokens": 3, "ignore_eos": True}
+    assert http.post("/v1/completions", json=body, headers={"x-request-id": "logged"}).status_code == 200
+    with http.stream("POST", "/v1/completions", json=body | {"max_tokens": 400, "stream": True},
+                     headers={"x-request-id": "dropped"}) as response:
+        next(line for line in response.iter_lines() if line)  # running; leaving closes the connection
+    wait_until_idle(async_engine.engine)
+    deadline = time.monotonic() + 10
+    while not any(r.getMessage() == "Aborted request dropped-0" for r in caplog.records):
+        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+        time.sleep(0.02)
+    lines = [r.getMessage() for r in caplog.records if r.name == "jaxengine.requests"]
+    received = next(line for line in lines if line.startswith("Received request logged-0: "))
+    ids = async_engine.engine.tokenizer.encode("hello there my friend")
+    assert f"prompt: 'hello', prompt_token_ids: {ids[:5]}, params: SamplingParams(" in received
+    assert "max_tokens=3" in received
+    assert (f"Finished request logged-0: finish_reason: length, prompt_tokens: {len(ids)}, completion_tokens: 3"
+            in lines)
