@@ -84,6 +84,7 @@ def _serve(args) -> None:
 
     import uvicorn
 
+    from jaxengine import profiler
     from jaxengine.engine.dp_engine import create_engine
     from jaxengine.engine.llm_engine import LLMEngine
     from jaxengine.parallel import multihost
@@ -119,6 +120,8 @@ def _serve(args) -> None:
                     ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
     finally:
         async_engine.shutdown()
+        if (trace := profiler.stop_if_running()) is not None:  # a profile started and never stopped
+            logging.getLogger(__name__).info("wrote the running profile into %s at shutdown", trace)
         if args.distributed:
             engine.runner.stop_followers()
 

@@ -52,3 +52,9 @@ def stop() -> Path:
             raise ValueError(f"jax.profiler could not stop the trace into {directory}: {e}") from None
     return directory
 
+
+def stop_if_running() -> Path | None:
+    """At shutdown: writes a trace still running (its folder), else does nothing (None)."""
+    with _lock:
+        running = _running is not None
+    return stop() if running else None

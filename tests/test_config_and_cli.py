@@ -122,14 +122,20 @@ def test_serve_cors_flags_take_json_lists_of_strings(capsys):
 
 def test_serve_flags_reach_the_app_and_uvicorn(engines, monkeypatch, tmp_path):
     """`jaxengine serve`'s own flags, wired through (uvicorn and the engine faked: no server runs, no request is
-    generated): the served name, the API key, CORS, request id headers, the stats log, TLS and the log level."""
+    generated): the served name, the API key, CORS, request id headers, the stats log, request logging, TLS, the
+    log level, and a profile left running, written at shutdown."""
     import uvicorn
     from fastapi.testclient import TestClient
 
     from jaxengine.engine import dp_engine
 
     engine = engines("llama")
-    monkeypatch.setattr(dp_engine, "create_engine", lambda config: engine)
+
+    def create(config):  # the shared engine, under the config the flags made (restored after the test)
+        monkeypatch.setattr(engine, "config", config)
+        return engine
+
+    monkeypatch.setattr(dp_engine, "create_engine", create)
     ran = {}
 
     def run(app, **kwargs):
@@ -140,6 +146,7 @@ def test_serve_flags_reach_the_app_and_uvicorn(engines, monkeypatch, tmp_path):
             ran["keyless"] = client.get("/v1/models")
             ran["preflight"] = client.options("/v1/completions", headers={
                 "Origin": "http://ui.example", "Access-Control-Request-Method": "POST"})
+            ran["profiling"] = client.post("/start_profile").status_code  # and never stopped
         ran["stats"] = app.state.engine.stats
         ran["log_requests"] = (app.state.engine.log_requests, app.state.engine.max_log_len)
 
@@ -149,11 +156,14 @@ def test_serve_flags_reach_the_app_and_uvicorn(engines, monkeypatch, tmp_path):
     cert.write_text("c")
     main(["serve", "--served-model-name", "mine", "--api-key", "k", "--allowed-origins", '["http://ui.example"]',
           "--enable-request-id-headers", "--disable-log-stats", "--ssl-keyfile", str(key), "--ssl-certfile",
-          str(cert), "--uvicorn-log-level", "warning", "--port", "8123", "--enable-log-requests", "--max-log-len", "9"])
+          str(cert), "--uvicorn-log-level", "warning", "--port", "8123", "--enable-log-requests", "--max-log-len", "9",
+          "--profiler-dir", str(tmp_path / "traces")])
     assert ran["ssl_keyfile"] == str(key) and ran["ssl_certfile"] == str(cert) and ran["log_level"] == "warning"
     assert ran["port"] == 8123 and ran["models"] == ["mine"] and ran["stats"] is None and ran["log_requests"] == (True, 9)
     assert ran["keyless"].status_code == 401 and "x-request-id" in ran["keyless"].headers
     assert ran["preflight"].headers["access-control-allow-origin"] == "http://ui.example"
+    # The profile left running was written when the server stopped.
+    assert ran["profiling"] == 200 and list((tmp_path / "traces").rglob("*.xplane.pb"))
     with pytest.raises(SystemExit, match="--max-log-len must be >= 0"):
         main(["serve", "--max-log-len", "-1"])
     with pytest.raises(SystemExit, match="--ssl-keyfile and --ssl-certfile go together"):
