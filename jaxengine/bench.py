@@ -44,15 +44,18 @@ def _context(config=None) -> dict:
     return out
 
 
-def _emit(result: dict, *paths: str | None) -> None:
+def _emit(result: dict, path: str | None) -> str:
+    """Prints the result (a table on stderr, the JSON line on stdout), writes the line to `path` where given, and
+    returns it."""
     for key, value in result.items():
         if not isinstance(value, (dict, list)):
             print(f"{key:>28}: {value}", file=sys.stderr)
     line = json.dumps(result)
     print(line)
-    for path in filter(None, paths):
+    if path:
         with open(path, "w") as f:
             f.write(line + "\n")
+    return line
 
 
 def random_prompts(vocab_size: int, num_prompts: int, input_len: int, seed: int) -> list[list[int]]:
@@ -531,13 +534,13 @@ def serve(args) -> None:
                    "generated_texts": [r["text"] if r["success"] else "" for r in results],
                    "errors": ["" if r["success"] else r["error"] for r in results]}
     result |= _context()
-    _emit(result, args.output_json)
+    line = _emit(result, args.output_json)
     path = _result_path(args, model)
     if path:
         with open(path, "a" if args.append_result else "w") as f:
             if args.append_result and f.tell():
                 f.write("\n")
-            f.write(json.dumps(result) + "\n")
+            f.write(line + "\n")
     if errors:
         print(f"{len(errors)} of {len(requests)} requests failed; the first: {errors[0]}", file=sys.stderr)
     if not done:

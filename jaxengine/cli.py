@@ -92,8 +92,7 @@ def _serve(args) -> None:
     from server.engine_client import AsyncEngine
     from server.metrics import EngineMetrics
 
-    if args.max_log_len is not None and args.max_log_len < 0:
-        raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}")
+    AsyncEngine.check_max_log_len(args.max_log_len)
     if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
         raise ValueError("--ssl-keyfile and --ssl-certfile go together")
     for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):

@@ -27,8 +27,7 @@ class AsyncEngine:
         """`log_stats_interval`: seconds between the stats log lines (needs `metrics`; None: no log lines).
         `log_requests` (vLLM's --enable-log-requests): a log line when each request arrives (its prompt and token
         ids cut to `max_log_len` characters and ids, its sampling parameters), finishes or is aborted."""
-        if max_log_len is not None and max_log_len < 0:
-            raise ValueError(f"max_log_len must be >= 0, got {max_log_len}")
+        self.check_max_log_len(max_log_len)
         self.engine = engine
         self.metrics = metrics
         self.log_requests, self.max_log_len = log_requests, max_log_len
@@ -41,6 +40,12 @@ class AsyncEngine:
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="jaxengine-engine", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def check_max_log_len(max_log_len: int | None) -> None:
+        """ValueError unless `max_log_len` is None or >= 0 (the CLI checks it before the model loads)."""
+        if max_log_len is not None and max_log_len < 0:
+            raise ValueError(f"--max-log-len must be >= 0, got {max_log_len}")
 
     @property
     def is_alive(self) -> bool:

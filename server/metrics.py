@@ -57,7 +57,6 @@ class EngineMetrics:
         self.totals = {"prompt_tokens": 0, "generation_tokens": 0, "prefix_queries": 0, "prefix_hits": 0}
         self.load = {"running": 0, "waiting": 0, "kv_usage": 0.0}
         self._seen_tokens: dict[str, tuple[int, float]] = {}  # request -> (tokens so far, time of the last)
-        self._prefix = (0, 0)
         self._preemptions = 0
 
     def after_step(self, engine, outputs: list[RequestOutput]) -> None:
@@ -75,9 +74,8 @@ class EngineMetrics:
         self.kv_usage.set(self.load["kv_usage"])
         queries = sum(r.block_manager.query_tokens for r in replicas)
         hits = sum(r.block_manager.hit_tokens for r in replicas)
-        self.prefix_queries.inc(queries - self._prefix[0])
-        self.prefix_hits.inc(hits - self._prefix[1])
-        self._prefix = (queries, hits)
+        self.prefix_queries.inc(queries - self.totals["prefix_queries"])
+        self.prefix_hits.inc(hits - self.totals["prefix_hits"])
         self.totals["prefix_queries"], self.totals["prefix_hits"] = queries, hits
         preemptions = sum(r.scheduler.num_preemptions for r in replicas)
         self.preemptions.inc(preemptions - self._preemptions)
