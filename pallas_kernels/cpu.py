@@ -159,6 +159,13 @@ def matmul_available() -> bool:
     return "avx512_bf16" in flags and "avx512bw" in flags and available()
 
 
+@functools.cache
+def matmul_tiles() -> bool:
+    """Whether the native matmul runs on AMX tiles here: the CPU has AMX-BF16, Linux lets the process use its
+    tile registers and JAXENGINE_CPU_AMX is not 0 (otherwise it runs on AVX-512 BF16 registers)."""
+    return matmul_available() and bool(_library().JaxengineCpuMatmulTiles())
+
+
 PANEL = 32  # output columns per packed panel (cpu_matmul.cc)
 
 
