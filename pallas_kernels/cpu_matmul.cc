@@ -198,7 +198,7 @@ void configure_tiles() {
 // Panel `index` for all rows, two 16-row blocks at a time. The products go through a small buffer to the
 // register path's epilogue; K past the last whole chunk of 16 pairs (K2 % 16) is added there with vdpbf16ps
 // (a tile of w would read past the panel).
-void amx_panel(const Problem& p, int64_t index) {
+void amx_panel(const Problem& p, int64_t index, int64_t next) {
   alignas(64) float products[2 * kTileRows][kPanel];
   const int64_t cols = std::min<int64_t>(kPanel, p.N - index * kPanel);
   const __mmask32 mask = cols == kPanel ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << cols) - 1);
@@ -219,7 +219,11 @@ void amx_panel(const Problem& p, int64_t index) {
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
+    const uint16_t* prefetch = m0 == 0 && next >= 0 ? p.w + next * p.K2 * 64 : nullptr;
     for (int64_t c = 0; c < chunks; ++c) {
+      if (prefetch)  // the same rows of the next panel, 16 x 128 bytes, towards L2 (T1)
+        for (int line = 0; line < 32; ++line)
+          _mm_prefetch(reinterpret_cast<const char*>(prefetch + 16 * 64 * c + 32 * line), _MM_HINT_T1);
       _tile_loadd(6, w + 16 * 64 * c, 128);
       _tile_loadd(7, w + 16 * 64 * c + 32, 128);
       _tile_loadd(4, a0 + stride0 * c, 64);
@@ -257,7 +261,7 @@ void amx_panel(const Problem& p, int64_t index) {
 #else  // built for a CPU without AMX-BF16: the register path only (work() never reaches these two)
 bool amx_enabled() { return false; }
 void configure_tiles() {}
-void amx_panel(const Problem&, int64_t) {}
+void amx_panel(const Problem&, int64_t, int64_t) {}
 #endif
 
 // What the kernel does to each row of x before rounding it to bfloat16 (the `prologue` attribute).
@@ -362,7 +366,7 @@ struct Shared {
         panel(problem, i, next >= 0 && next < items ? next : -1);
       } else {
         if (!tiles) configure_tiles(), tiles = true;
-        amx_panel(problem, i);
+        amx_panel(problem, i, next >= 0 && next < items ? next : -1);
       }
       if (problem.stream) _mm_sfence();  // the stream stores are visible before the panel counts as done
       done.fetch_add(1, std::memory_order_release);
