@@ -182,13 +182,17 @@ constexpr int64_t kTouchBytes = int64_t{256} << 10;  // keys touched ahead of th
 
 // The rows of a range of keys in their pages, a run of lines per page, and a prefetcher over them: it brings
 // them into L2 while other keys are computed on, a few lines at each step() so that the loads overlap the
-// compute instead of stalling it (run_item).
+// compute instead of stalling it (run_item). The pages are interleaved line by line (a line of each page, then
+// the next line of each), as touch_keys reads them: every page is then an ascending stream that the core's
+// own L2 prefetcher follows ahead of the software prefetches. Measured on a Xeon (AMX), 64 decode requests x
+// 192 keys over 30 layers, random pages: 16.0-18.6 -> 13.0-14.1 ms against one page after the other (whose
+// prefetches, each holding a line-fill buffer, stalled the core); 640 keys 65 -> 55 ms.
 struct KeyPages {
   static constexpr int kMaxPages = 64;
   const char* start[kMaxPages];
   int64_t length[kMaxPages];
   int pages = 0, page = 0;
-  int64_t at = 0, per_step = 0;
+  int64_t at = 0, per_step = 0, longest = 0;
 
   int64_t lines() const {
     int64_t n = 0;
@@ -197,10 +201,13 @@ struct KeyPages {
   }
   void step() { issue(per_step); }
   void step_all() { issue(std::numeric_limits<int64_t>::max()); }
-  void issue(int64_t n) {
-    for (; n > 0 && page < pages; --n) {
-      __builtin_prefetch(start[page] + at, 0, 2);  // prefetcht1: into L2 (into L1 was ~2x slower)
-      if ((at += 64) >= length[page]) ++page, at = 0;
+  void issue(int64_t n) {  // line `at` of pages page.. (those that long), then line at + 64 of every page
+    while (n > 0 && at < longest) {
+      if (at < length[page]) {
+        __builtin_prefetch(start[page] + at, 0, 2);  // prefetcht1: into L2 (into L1 was ~2x slower)
+        --n;
+      }
+      if (++page >= pages) page = 0, at += 64;
     }
   }
 };
@@ -211,14 +218,15 @@ template <class T>
 int32_t plan_keys(const Problem& p, const T* kv, const int32_t* table, int32_t first, int32_t last, int64_t row_bytes,
                   KeyPages& plan) {
   plan.pages = plan.page = 0;
-  plan.at = 0;
+  plan.at = plan.longest = 0;
   int32_t key = first;
   for (; key <= last && plan.pages < KeyPages::kMaxPages;) {
     const int32_t end = static_cast<int32_t>(std::min<int64_t>(last, (key / p.page_size + 1) * p.page_size - 1));
     const int32_t page = key_page(p, table, key);
     if (page >= 0) {
       plan.start[plan.pages] = reinterpret_cast<const char*>(key_row(p, kv, page, key));
-      plan.length[plan.pages++] = (end - key + 1) * row_bytes;
+      plan.length[plan.pages] = (end - key + 1) * row_bytes;
+      plan.longest = std::max(plan.longest, plan.length[plan.pages++]);
     }
     key = end + 1;
   }
@@ -233,9 +241,7 @@ void touch_keys(const Problem& p, const T* kv, const int32_t* table, int32_t fir
   uint32_t sink = 0;
   for (int32_t key = first; key <= last;) {
     key = plan_keys(p, kv, table, key, last, row_bytes, runs);
-    int64_t longest = 0;
-    for (int i = 0; i < runs.pages; ++i) longest = std::max(longest, runs.length[i]);
-    for (int64_t b = 0; b < longest; b += 64)
+    for (int64_t b = 0; b < runs.longest; b += 64)
       for (int i = 0; i < runs.pages; ++i)
         if (b < runs.length[i]) sink += *reinterpret_cast<const volatile uint8_t*>(runs.start[i] + b);
   }
