@@ -92,7 +92,7 @@ inline int64_t block_rows(int64_t M, bool amx) {
 // Row r of the row block [m0, m0 + R) x panel `index`, its 32 products in lo (columns 0-15) and hi (16-31),
 // to where the epilogue puts them.
 inline void store_row(const Problem& p, int64_t m0, int64_t R, int64_t r, int64_t index, __mmask32 mask, __m512 lo,
-                      __m512 hi) {
+                      __m512 hi, bool add_residual = true) {
   if (p.gated) {
     // A panel is 16 gate columns and the same 16 up columns (pack_gated): silu(gate) * up is 16 columns of
     // the next matmul's x, 8 of its pairs, half a chunk of this row block there (its rows are the same
@@ -109,7 +109,7 @@ inline void store_row(const Problem& p, int64_t m0, int64_t R, int64_t r, int64_
     return;
   }
   const __mmask16 mask_lo = static_cast<__mmask16>(mask), mask_hi = static_cast<__mmask16>(mask >> 16);
-  if (p.residual) {
+  if (p.residual && add_residual) {
     lo = _mm512_add_ps(lo, _mm512_maskz_loadu_ps(mask_lo, p.residual + at));
     hi = _mm512_add_ps(hi, _mm512_maskz_loadu_ps(mask_hi, p.residual + at + 16));
   }
@@ -210,15 +210,43 @@ void amx_panel(const Problem& p, int64_t index, int64_t next) {
     stride = 16 * (R < kTileRows && p.last_block ? kTileRows : R);
     return R < kTileRows && p.last_block ? p.last_block : p.a + m0 * p.K2p;
   };
+  // The residual is the tiles' starting sums (each row's sum in one order, whatever its block). Whole panels
+  // of whole blocks, with no activation, no K past the chunks and no streaming, load it and store the result
+  // straight from the tiles to y; the others go through `products` (the residual's rows copied there first).
+  const bool direct_panel = !p.gated && !p.stream && cols == kPanel && p.K2 % 16 == 0;
+  const int64_t row_bytes = 4 * p.N;
   for (int64_t m0 = 0; m0 < p.M; m0 += 2 * kTileRows) {
     const bool two = m0 + kTileRows < p.M;
     int64_t stride0 = 0, stride1 = 0;
     const uint32_t* a0 = pairs(m0, stride0);
     const uint32_t* a1 = two ? pairs(m0 + kTileRows, stride1) : nullptr;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    const bool direct = direct_panel && m0 + (two ? 2 : 1) * kTileRows <= p.M;
+    const int64_t at = m0 * p.N + index * kPanel;  // the tiles' first element in y (and the residual)
+    if (direct && p.residual) {
+      _tile_loadd(0, p.residual + at, row_bytes);
+      _tile_loadd(1, p.residual + at + 16, row_bytes);
+      if (two) {
+        _tile_loadd(2, p.residual + at + kTileRows * p.N, row_bytes);
+        _tile_loadd(3, p.residual + at + kTileRows * p.N + 16, row_bytes);
+      }
+    } else if (p.residual) {
+      for (int64_t r = 0; r < 2 * kTileRows; ++r) {
+        const bool row = r < (two ? 2 : 1) * kTileRows && m0 + r < p.M;
+        const __mmask32 live = row ? mask : 0;
+        const float* from = p.residual + (row ? at + r * p.N : 0);
+        _mm512_store_ps(products[r], _mm512_maskz_loadu_ps(static_cast<__mmask16>(live), from));
+        _mm512_store_ps(products[r] + 16, _mm512_maskz_loadu_ps(static_cast<__mmask16>(live >> 16), from + 16));
+      }
+      _tile_loadd(0, products[0], 4 * kPanel);
+      _tile_loadd(1, products[0] + 16, 4 * kPanel);
+      _tile_loadd(2, products[kTileRows], 4 * kPanel);
+      _tile_loadd(3, products[kTileRows] + 16, 4 * kPanel);
+    } else {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    }
     const uint16_t* prefetch = m0 == 0 && next >= 0 ? p.w + next * p.K2 * 64 : nullptr;
     for (int64_t c = 0; c < chunks; ++c) {
       if (prefetch)  // the same rows of the next panel, 16 x 128 bytes, towards L2 (T1)
@@ -234,6 +262,15 @@ void amx_panel(const Problem& p, int64_t index, int64_t next) {
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
       }
+    }
+    if (direct) {
+      _tile_stored(0, p.y + at, row_bytes);
+      _tile_stored(1, p.y + at + 16, row_bytes);
+      if (two) {
+        _tile_stored(2, p.y + at + kTileRows * p.N, row_bytes);
+        _tile_stored(3, p.y + at + kTileRows * p.N + 16, row_bytes);
+      }
+      continue;
     }
     _tile_stored(0, products[0], 4 * kPanel);
     _tile_stored(1, products[0] + 16, 4 * kPanel);
@@ -253,7 +290,7 @@ void amx_panel(const Problem& p, int64_t index, int64_t next) {
           lo = _mm512_dpbf16_ps(lo, x, (__m512bh)_mm512_loadu_si512(w + 64 * k));
           hi = _mm512_dpbf16_ps(hi, x, (__m512bh)_mm512_loadu_si512(w + 64 * k + 32));
         }
-        store_row(p, b0, R, r, index, mask, lo, hi);
+        store_row(p, b0, R, r, index, mask, lo, hi, /*add_residual=*/false);
       }
     }
   }
