@@ -159,10 +159,14 @@ def matmul_available() -> bool:
     return "avx512_bf16" in flags and "avx512bw" in flags and available()
 
 
+TILE_MIN_ROWS = 8  # calls with fewer live rows run on registers even where tiles run (cpu_matmul.cc: kTileMinRows)
+
+
 @functools.cache
 def matmul_tiles() -> bool:
-    """Whether the native matmul runs on AMX tiles here: the CPU has AMX-BF16, Linux lets the process use its
-    tile registers and JAXENGINE_CPU_AMX is not 0 (otherwise it runs on AVX-512 BF16 registers)."""
+    """Whether the native matmul runs on AMX tiles here (calls of TILE_MIN_ROWS live rows or more; fewer run on
+    registers): the CPU has AMX-BF16, Linux lets the process use its tile registers and JAXENGINE_CPU_AMX is not
+    0 (otherwise every call runs on AVX-512 BF16 registers)."""
     return matmul_available() and bool(_library().JaxengineCpuMatmulTiles())
 
 

@@ -22,7 +22,8 @@
 // their output is zero.
 //
 // Where the CPU has AMX-BF16 (Intel Xeon from Sapphire Rapids on) the panels run on its tiles instead
-// (amx_panel): the same layouts, 16-row blocks, ~6x the register path's speed at decode rows.
+// (amx_panel) for calls of 8 live rows or more: the same layouts, 16-row blocks, ~6x the register path's speed
+// at 64 rows.
 
 #include <algorithm>
 #include <atomic>
@@ -79,10 +80,17 @@ struct Problem {
 };
 
 constexpr int kTileRows = 16;  // rows per block on the tile path (a tile's rows)
+// Fewer live rows than this run on registers even where tiles are available: a step of one request reads
+// its weights at the memory's pace either way, and the tiles' 16-row blocks and round trip through memory
+// cost more there (measured on the AMX Xeon, 30 layers of a decode step's matmuls: 1 row 8.7 ms on tiles
+// against 8.2 on registers, 4 rows 9.5 against 9.2, 8 rows 9.7 against 13.2; one request's TPOT 10.1-10.7
+// against 8.8-9.6 ms).
+constexpr int64_t kTileMinRows = 8;  // cpu.TILE_MIN_ROWS
 
 // Rows per block. Registers: M split into ceil(M / 12) blocks as even as can be (64 rows: 11 x 5 + 9, not
 // 12 x 5 + 4, whose last block would run at a third of the width). Tiles: 16 (a tile's rows), the last
-// block taking the rest. A gated matmul and the one reading its pairs have the same live rows and so agree.
+// block taking the rest. A gated matmul and the one reading its pairs have the same live rows and so agree
+// (on the path too: kTileMinRows).
 inline int64_t block_rows(int64_t M, bool amx) {
   if (amx) return kTileRows;
   const int64_t blocks = (M + kMaxRows - 1) / kMaxRows;
@@ -455,7 +463,7 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16>
   // phase 7.3-8.3 -> 5.3-5.4 us; in one process, chains of 64-row calls 0.98-0.985x.
   // On the tile path, a tile of the last block reads 16 rows: past its end where it has fewer, into the slack
   // (16 rows more) of this buffer, or, for pairs from XLA, a copy padded to 16 rows (`padded`).
-  const bool amx = amx_enabled();
+  const bool amx = live >= kTileMinRows && amx_enabled();
   thread_local std::vector<uint32_t> buffer, padded;
   if (!rounded) buffer.resize(static_cast<size_t>((live + (amx ? kTileRows : 0)) * K2p) + 16);
   uint32_t* pairs = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});

@@ -274,7 +274,8 @@ def test_native_bf16_matmul_matches_xla(m, k, n):
 @pytest.mark.parametrize("prologue", [None, "rms_norm", "gated"])
 def test_native_bf16_matmul_skips_padding_rows(prologue):
     """Rows from live_rows on (a bucket's padding) come out zero, residual included; the rows before it are
-    exactly what the whole matmul gives them, whatever the count (row blocks are split by the live rows; on
+    exactly what the whole matmul gives them, whatever the count on one path (row blocks are split by the
+    live rows; where tiles run, fewer than TILE_MIN_ROWS rows run on registers, close but not equal; on
     tiles, whole blocks of whole panels store straight from the tiles and the others through a buffer, the
     residual summed first either way). "gated": a gated_pairs product feeding a rounded matmul, both given the
     live rows."""
@@ -298,9 +299,12 @@ def test_native_bf16_matmul_skips_padding_rows(prologue):
 
     whole = np.asarray(run(jnp.int32(m)))
     assert np.abs(whole).min() > 0
-    for live in (0, 1, 13, 16, 29, 32, 33, 40, 45):
+    for live in (0, 1, 7, 8, 13, 16, 29, 32, 33, 40, 45):
         got = np.asarray(run(jnp.int32(live)))
-        np.testing.assert_array_equal(got[:live], whole[:live])
+        if cpu.matmul_tiles() and live < cpu.TILE_MIN_ROWS:  # these few rows run on registers, the whole on tiles
+            np.testing.assert_allclose(got[:live], whole[:live], rtol=1e-3, atol=0.1)  # a rounding may differ
+        else:
+            np.testing.assert_array_equal(got[:live], whole[:live])
         np.testing.assert_array_equal(got[live:], 0.0)
 
 
