@@ -31,10 +31,10 @@
 #include <cstring>
 #include <cstdint>
 #include <memory>
-#include <string_view>
 #include <vector>
 
 #include "cpu_pool.h"
+#include "cpu_tiles.h"
 #include "cpu_vector.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -42,12 +42,6 @@ namespace ffi = xla::ffi;
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#endif
 
 namespace {
 
@@ -79,7 +73,6 @@ struct Problem {
   const uint32_t* last_block = nullptr;  // amx: the last block's pairs padded to kTileRows rows where it has fewer
 };
 
-constexpr int kTileRows = 16;  // rows per block on the tile path (a tile's rows)
 // Fewer live rows than this run on registers even where tiles are available: a step of one request reads
 // its weights at the memory's pace either way, and the tiles' 16-row blocks and round trip through memory
 // cost more there (measured on the AMX Xeon, 30 layers of a decode step's matmuls: 1 row 8.7 ms on tiles
@@ -174,35 +167,14 @@ void panel(const Problem& p, int64_t index, int64_t next) {
     rows<kMaxRows>(p, m0, index, mask, std::min<int64_t>(p.rows, p.M - m0), m0 == 0 ? prefetch : nullptr);
 }
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#ifdef JAXENGINE_CPU_TILES
 // The tile path, where the CPU has AMX-BF16 (and Linux lets the process use its tile registers): one
 // tdpbf16ps multiplies a 16 x 32 bfloat16 tile of x by a 32 x 16 one of w into 16 x 16 float32, 16x the
 // multiply-adds of a vdpbf16ps. The layouts are the register path's: a panel's rows of 32 column pairs are
 // two tiles of 16 columns side by side (stride 128 bytes), and a 16-row block's chunk of 16 pairs is one
 // tile of x (stride 64 bytes). JAXENGINE_CPU_AMX=0 turns it off (the register path then runs).
-bool amx_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("JAXENGINE_CPU_AMX");
-    if (env && std::string_view(env) == "0") return false;
-    constexpr long kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
-    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
-  }();
-  return enabled;
-}
-
-// Tiles 0-3: the products of two 16-row blocks x the panel's two halves; 4-5: the blocks' x; 6-7: w's halves.
-// Loaded at the start of every call's panel phase on each thread (another library may have configured the
-// thread's tiles in between) and released at its end.
-void configure_tiles() {
-  struct alignas(64) {
-    uint8_t palette = 1, start_row = 0, reserved[14] = {};
-    uint16_t bytes_per_row[16] = {};
-    uint8_t rows[16] = {};
-  } config;
-  for (int t = 0; t < 8; ++t) config.bytes_per_row[t] = 64, config.rows[t] = kTileRows;
-  _tile_loadconfig(&config);
-}
-
+// Tiles 0-3: the products of two 16-row blocks x the panel's two halves; 4-5: the blocks' x; 6-7: w's halves
+// (configure_tiles, cpu_tiles.h).
 // Panel `index` for all rows, two 16-row blocks at a time. The products go through a small buffer to the
 // register path's epilogue; K past the last whole chunk of 16 pairs (K2 % 16) is added there with vdpbf16ps
 // (a tile of w would read past the panel).
@@ -303,8 +275,7 @@ void amx_panel(const Problem& p, int64_t index, int64_t next) {
     }
   }
 }
-#else  // built for a CPU without AMX-BF16: the register path only (work() never reaches these two)
-bool amx_enabled() { return false; }
+#else  // built for a CPU without AMX-BF16: the register path only (work() never reaches these)
 void configure_tiles() {}
 void amx_panel(const Problem&, int64_t, int64_t) {}
 #endif
@@ -416,7 +387,7 @@ struct Shared {
       if (problem.stream) _mm_sfence();  // the stream stores are visible before the panel counts as done
       done.fetch_add(1, std::memory_order_release);
     }
-#if defined(__AMX_TILE__)
+#ifdef JAXENGINE_CPU_TILES
     if (tiles) _tile_release();
 #endif
   }
@@ -504,7 +475,6 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16>
 #else  // no AVX-512 BF16: cpu.py never calls this (matmul_available() is False); kept for a clear error.
 
 namespace {
-bool amx_enabled() { return false; }
 ffi::Error Matmul(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::F32>,
                   ffi::Buffer<ffi::S32>, ffi::Result<ffi::AnyBuffer>, int32_t, int32_t, float) {
   return ffi::Error::Unimplemented("cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
