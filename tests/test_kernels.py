@@ -432,6 +432,18 @@ def test_the_register_path_too_where_tiles_run():
     assert passed and int(passed.group(1)) >= 15 and "skipped" not in result.stdout, result.stdout[-2000:]
 
 
+@pytest.mark.skipif(cpu._compiler() is None or os.uname().machine != "x86_64", reason="an x86-64 C++ compiler")
+@pytest.mark.parametrize("march", ["x86-64-v2", "x86-64-v3", "x86-64-v4", "sapphirerapids"])
+def test_the_kernels_compile_for_other_x86_cpus(march):
+    """The library builds from the same sources for CPUs with less than this one (SSE4.2; AVX2; AVX-512
+    without BF16) or more (AMX): the paths this machine does not run still compile (a jaxlib without
+    ffi::Error::Unimplemented once left every CPU without AVX-512 BF16 with no native kernel at all)."""
+    command = [cpu._compiler(), "-std=c++17", f"-march={march}", "-fsyntax-only", f"-I{jax.ffi.include_dir()}",
+               *map(str, cpu._SOURCES)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
 @pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")
 def test_fusion_barrier_is_the_identity_and_stays_in_the_program():
     import jax
