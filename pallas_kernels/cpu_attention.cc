@@ -31,6 +31,7 @@
 #endif
 
 #include "cpu_pool.h"
+#include "cpu_tiles.h"
 #include "cpu_vector.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -404,6 +405,49 @@ inline void block_scores_transposed(RowState* const* rows, const __m512i* kt, v1
 }
 #endif
 
+#ifdef JAXENGINE_CPU_TILES
+// Every row's 16 scores against every block of a window on AMX tiles, out[r * blocks + b] for r below count
+// rounded up to 16: S = Q K^T with a tile of 16 rows' q (rounded to bfloat16, 32 dimensions) by a tile of the
+// block's transposed K (transpose_keys: 16 pairs of dimensions x 16 keys, a tile as it is), one tdpbf16ps per 32
+// dimensions. The same bfloat16 products as block_scores_transposed, summed in the tiles' order. Tiles: 0 the
+// scores, 2-5 q's chunks, 6-7 K's.
+template <int kD>
+void tile_scores(RowState* const* rows, int count, const __m512i* kt, int blocks, v16* out) {
+  static_assert(kD == 64 || kD == 128, "a tile of q per 32 dimensions: 2 or 4");
+  alignas(64) uint16_t q[kTileRows * kD];
+  configure_tiles();
+  for (int r0 = 0; r0 < count; r0 += kTileRows) {
+    const int n = std::min(kTileRows, count - r0);
+    for (int r = 0; r < kTileRows; ++r) {
+      if (r < n) std::memcpy(q + r * kD, rows[r0 + r]->qb, sizeof(uint16_t) * kD);
+      else std::memset(q + r * kD, 0, sizeof(uint16_t) * kD);
+    }
+    _tile_loadd(2, q, 2 * kD);
+    _tile_loadd(3, q + 32, 2 * kD);
+    if constexpr (kD == 128) {
+      _tile_loadd(4, q + 64, 2 * kD);
+      _tile_loadd(5, q + 96, 2 * kD);
+    }
+    for (int b = 0; b < blocks; ++b) {
+      const __m512i* k = kt + static_cast<size_t>(b) * kD / 2;
+      _tile_zero(0);
+      _tile_loadd(6, k, 64);
+      _tile_loadd(7, k + 16, 64);
+      _tile_dpbf16ps(0, 2, 6);
+      _tile_dpbf16ps(0, 3, 7);
+      if constexpr (kD == 128) {
+        _tile_loadd(6, k + 32, 64);
+        _tile_loadd(7, k + 48, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(0, 5, 7);
+      }
+      _tile_stored(0, out + static_cast<size_t>(r0) * blocks + b, 64 * blocks);
+    }
+  }
+  _tile_release();
+}
+#endif
+
 // acc_r = acc_r * correction_r + sum over a window's blocks and keys of weights_r[b][j] * V_j, for N rows of one
 // kv head at once: each key's V is loaded (and widened) once for all of them, and the accumulators stay in
 // registers across the window's blocks. A block's V rows are read only for the keys some row attends to
@@ -503,7 +547,7 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
   // Many rows (a prefill tile's tokens x the group's query heads) score against K transposed once per block
   // (transpose_keys) instead of reducing 16 partial-sum vectors per row and block (block_scores); a few rows
   // (a decode token's) would not repay the transposes.
-  bool transposed = false;
+  bool transposed = false, tiled = false;
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
   thread_local std::vector<__m512i> kt;  // [blocks, kD / 2]
   if constexpr (std::is_same_v<T, uint16_t>) {
@@ -512,6 +556,18 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
       kt.resize(static_cast<size_t>(blocks) * kD / 2);
       for (int b = 0; b < blocks; ++b)
         transpose_keys<kD>(key_rows + b * kKeyBlock, 2 * h * kD, kt.data() + static_cast<size_t>(b) * kD / 2);
+    }
+  }
+#endif
+  // Where AMX runs, those rows' scores come from tiles, all of the window's at once (tile_scores): a prefill
+  // step of 4 x 128 tokens, 30 layers, attention 22.6-26.4 -> 17.2-19.1 ms on the AMX Xeon.
+  thread_local std::vector<v16> tiled_scores;  // [count rounded up to 16, blocks]
+#ifdef JAXENGINE_CPU_TILES
+  if constexpr (kD == 64 || kD == 128) {
+    if (transposed && amx_enabled()) {
+      tiled = true;
+      tiled_scores.resize(static_cast<size_t>((count + kTileRows - 1) / kTileRows * kTileRows) * blocks);
+      tile_scores<kD>(rows, count, kt.data(), blocks, tiled_scores.data());
     }
   }
 #endif
@@ -528,7 +584,7 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
       const i32x16 keys = i32x16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + block;
       v16 group_scores[kRows];
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
-      if (transposed)
+      if (transposed && !tiled)
         block_scores_transposed<kD, kRows>(padded, kt.data() + static_cast<size_t>(b) * kD / 2, group_scores);
 #endif
       for (int r = 0; r < group; ++r) {
@@ -538,7 +594,9 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
           s = neg_inf;
           continue;
         }
-        s = transposed ? group_scores[r] : block_scores<kD>(*row[r], key_rows + b * kKeyBlock, 2 * h * kD);
+        s = tiled        ? tiled_scores[static_cast<size_t>(i + r) * blocks + b]
+            : transposed ? group_scores[r]
+                         : block_scores<kD>(*row[r], key_rows + b * kKeyBlock, 2 * h * kD);
         if (p.soft_cap > 0.0f)
           for (int j = 0; j < kKeyBlock; ++j) s[j] = p.soft_cap * std::tanh(s[j] / p.soft_cap);
         s = (ok[b] & (keys >= row[r]->lo) & (keys <= row[r]->hi)) ? s : neg_inf;
