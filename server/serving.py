@@ -55,6 +55,14 @@ def _running_usage(req: SamplingFields, prompt_tokens: int, completion_tokens: i
                       "total_tokens": prompt_tokens + completion_tokens}}
 
 
+def _usage_chunks(req: SamplingFields, base: dict, usage) -> list[dict]:
+    """A stream's last chunk under `stream_options.include_usage`, as vLLM: no choices, the request's usage
+    (`usage()`, counted only then); none without it."""
+    if not (req.stream_options and req.stream_options.include_usage):
+        return []
+    return [base | {"choices": [], "usage": usage()}]
+
+
 def _usage(prompts: list[list[int]], finals: dict[int, RequestOutput]) -> dict:
     prompt = sum(len(p) for p in prompts)
     completion = sum(len(c.token_ids) for out in finals.values() for c in out.outputs)
@@ -203,8 +211,8 @@ class Serving:
     async def _echo_chunks(base: dict, choices: list[dict], prompts, usage: dict, req: CompletionRequest):
         for choice in choices:
             yield base | {"choices": [choice]} | _running_usage(req, len(prompts[choice["index"] // req.n][1]), 0)
-        if req.stream_options and req.stream_options.include_usage:
-            yield base | {"choices": [], "usage": usage}
+        for chunk in _usage_chunks(req, base, lambda: usage):
+            yield chunk
 
     def _completion_logprobs(self, token_ids, logprobs, offset) -> dict | None:
         if logprobs is None:
@@ -253,8 +261,8 @@ class Serving:
                 yield base | {"choices": [{"index": i * req.n + c.index, "text": text, "logprobs": logprobs,
                                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]} \
                     | _running_usage(req, len(prompts[i][1]), len(c.token_ids))
-        if req.stream_options and req.stream_options.include_usage:
-            yield base | {"choices": [], "usage": _usage([p[1] for p in prompts], finals)}
+        for chunk in _usage_chunks(req, base, lambda: _usage([p[1] for p in prompts], finals)):
+            yield chunk
 
     # --- chat ----------------------------------------------------------------------------------------
 
@@ -334,5 +342,5 @@ class Serving:
                                            "logprobs": logprobs, "finish_reason": c.finish_reason,
                                            "stop_reason": c.stop_reason}]} \
                     | _running_usage(req, len(prompts[0][1]), len(c.token_ids))
-        if req.stream_options and req.stream_options.include_usage:
-            yield base | {"choices": [], "usage": _usage([prompts[0][1]], {0: final})}
+        for chunk in _usage_chunks(req, base, lambda: _usage([prompts[0][1]], {0: final})):
+            yield chunk
