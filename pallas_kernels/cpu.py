@@ -31,7 +31,8 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 _SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_attention.cc", "cpu_matmul.cc", "cpu_sampling.cc"))
-_HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_pool.h", "cpu_tiles.h", "cpu_vector.h"))  # part of the build's key
+# The headers the sources include: part of the build's key.
+_HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_pool.h", "cpu_tiles.h", "cpu_vector.h"))
 _TARGET = "jaxengine_cpu_ragged_paged_attention"
 _MATMUL_TARGET = "jaxengine_cpu_matmul_bf16"
 _WRITE_TARGET = "jaxengine_cpu_write_kv"
