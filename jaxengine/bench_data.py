@@ -8,12 +8,15 @@ lists).
 A bad flag or file raises ValueError naming it, before any load is sent.
 """
 
+import argparse
 import dataclasses
 import json
 import math
 import random
 
 import numpy as np
+
+from jaxengine.cli import json_object
 
 FIRST_ID = 4  # random ids start here, past the usual special tokens (the peers' workload.py does the same)
 DATASETS = ("random", "sharegpt", "custom", "prefix_repetition", "json")
@@ -281,11 +284,9 @@ def load_requests(args, *, vocab_size: int, get_tokenizer, seed: int) -> list[Be
             raise ValueError("--chat-template-kwargs applies to the custom dataset's chat template (without "
                              "--skip-chat-template)")
         try:
-            template_kwargs = json.loads(args.chat_template_kwargs)
-        except json.JSONDecodeError:
-            template_kwargs = None
-        if not isinstance(template_kwargs, dict):
-            raise ValueError(f"--chat-template-kwargs must be a JSON object, got {args.chat_template_kwargs!r}")
+            template_kwargs = json_object(args.chat_template_kwargs)
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"--chat-template-kwargs: {e}") from None
     if args.dataset_name == "random":
         return random_requests(vocab_size, args.num_prompts, *random_lengths(args), seed, ratio,
                                args.random_prefix_len)

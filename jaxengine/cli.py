@@ -18,26 +18,26 @@ def _bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
-def json_object(value: str) -> dict:
-    """An argparse type: a JSON object (a dict), else a clear error."""
+def _json_flag(value: str, expected: str, valid) -> object:
+    """`value` parsed as JSON where `valid(parsed)`; otherwise an argparse error saying what was `expected`."""
     try:
         parsed = json.loads(value)
     except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r} ({e})") from None
-    if not isinstance(parsed, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r} ({e})") from None
+    if not valid(parsed):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
     return parsed
+
+
+def json_object(value: str) -> dict:
+    """An argparse type: a JSON object (a dict), else a clear error."""
+    return _json_flag(value, "a JSON object", lambda parsed: isinstance(parsed, dict))
 
 
 def json_strings(value: str) -> list[str]:
     """An argparse type: a JSON list of strings (as vLLM's --allowed-origins takes), else a clear error."""
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {value!r} ({e})") from None
-    if not isinstance(parsed, list) or not all(isinstance(item, str) for item in parsed):
-        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {value!r}")
-    return parsed
+    return _json_flag(value, "a JSON list of strings",
+                      lambda parsed: isinstance(parsed, list) and all(isinstance(item, str) for item in parsed))
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
