@@ -252,11 +252,12 @@ def test_tpu_companion_kernel_writes_kv_rows_into_their_pages():
 
 @pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
 @pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 33, 47), (12, 64, 32), (25, 576, 200), (3, 1536, 96),
-                                   (64, 96, 40), (64, 64, 32784)])
+                                   (64, 96, 40), (64, 64, 32784), (600, 100, 72)])
 def test_native_bf16_matmul_matches_xla(m, k, n):
     """Odd K (an unpaired last weight row, zero-padded), partial column panels, row blocks of several sizes
-    (M split evenly into blocks of at most 12: 13 -> 7 + 6, 64 -> 11 x 5 + 9), and a result over 8 MB (stream
-    stores for its full panels, a masked store for its last half panel)."""
+    (M split evenly into blocks of at most 12: 13 -> 7 + 6, 64 -> 11 x 5 + 9), a result over 8 MB (stream
+    stores for its full panels, a masked store for its last half panel), and, on tiles, rows shared out in
+    row groups (600: 256 + 256 + 88) with K past the last whole chunk of pairs."""
     import jax
 
     rng = np.random.default_rng(m * k * n)
@@ -272,17 +273,18 @@ def test_native_bf16_matmul_matches_xla(m, k, n):
 
 @pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
 @pytest.mark.parametrize("prologue", [None, "rms_norm", "gated"])
-def test_native_bf16_matmul_skips_padding_rows(prologue):
+@pytest.mark.parametrize("m, lives", [(40, (0, 1, 7, 8, 13, 16, 29, 32, 33, 40, 45)), (600, (0, 100, 511, 512, 530))])
+def test_native_bf16_matmul_skips_padding_rows(prologue, m, lives):
     """Rows from live_rows on (a bucket's padding) come out zero, residual included; the rows before it are
     exactly what the whole matmul gives them, whatever the count on one path (row blocks are split by the
     live rows; where tiles run, fewer than TILE_MIN_ROWS rows run on registers, close but not equal; on
     tiles, whole blocks of whole panels store straight from the tiles and the others through a buffer, the
-    residual summed first either way). "gated": a gated_pairs product feeding a rounded matmul, both given the
-    live rows."""
+    residual summed first either way, and from 512 rows the rows are shared out in row groups). "gated": a
+    gated_pairs product feeding a rounded matmul, both given the live rows."""
     import jax
 
     rng = np.random.default_rng(7)
-    m, k, n, i = 40, 96, 72, 48
+    k, n, i = 96, 72, 48
     x = jnp.asarray(rng.standard_normal((m, k), np.float32))
     packed = cpu.pack_bf16(jnp.asarray(rng.standard_normal((i if prologue == "gated" else k, n), np.float32)))
     gate_up = cpu.pack_gated(*(jnp.asarray(rng.standard_normal((k, i), np.float32)) for _ in range(2)))
@@ -299,7 +301,7 @@ def test_native_bf16_matmul_skips_padding_rows(prologue):
 
     whole = np.asarray(run(jnp.int32(m)))
     assert np.abs(whole).min() > 0
-    for live in (0, 1, 7, 8, 13, 16, 29, 32, 33, 40, 45):
+    for live in lives:
         got = np.asarray(run(jnp.int32(live)))
         if cpu.matmul_tiles() and live < cpu.TILE_MIN_ROWS:  # these few rows run on registers, the whole on tiles
             np.testing.assert_allclose(got[:live], whole[:live], rtol=1e-3, atol=0.1)  # a rounding may differ
