@@ -446,6 +446,94 @@ void tile_scores(RowState* const* rows, int count, const __m512i* kt, int blocks
   }
   _tile_release();
 }
+
+// Every row's accumulator (paired_index order) times its correction, plus its weights over a window's blocks by
+// their V rows, on AMX tiles: a tile of 16 rows' weights (bfloat16, 32 keys) by a tile of 16 key pairs' V
+// (a pair of keys' rows interleaved 16 bits at a time, as accumulate_window interleaves them: the products'
+// columns are then the accumulator's lanes). V is interleaved once per window for all rows, the keys
+// outside those some row attends to ([first, last] of the union) zero, never read; `step` runs once a block
+// (the key prefetcher). Rows that attend to no key of the window (attends false) are left as they are. The same
+// bfloat16 products as accumulate_window, summed in the tiles' order. Tiles: 0-3 products, 4 weights, 5-6 V.
+template <int kD, class Step>
+void tile_values(RowState* const* rows, int count, const v16* weights, const float* corrections,
+                 const bool* attends, const uint16_t* const* key_rows, int64_t v_offset, int32_t start, int blocks,
+                 Step step) {
+  static_assert(kD == 64 || kD == 128, "four tiles of products per pass: 64 dimensions");
+  constexpr int kChunks = kD / 32;  // 32 dimensions: two tiles of V (and of products) per chunk
+  const int block_pairs = (blocks + 1) / 2;
+  thread_local std::vector<__m512i> vt;  // [block pair][chunk][2][16 key pairs]: each a tile of V
+  thread_local std::vector<__m512i> wt;  // [block pair][16 rows]: a tile of weights
+  vt.resize(static_cast<size_t>(block_pairs) * kChunks * 2 * 16);
+  wt.resize(static_cast<size_t>(block_pairs) * 16);
+  for (int b = 0; b < 2 * block_pairs; ++b) {
+    int first = kKeyBlock, last = -1;
+    if (b < blocks) {
+      step();
+      for (int r = 0; r < count; ++r) {
+        int32_t lo, hi;
+        if (attends[r] && block_keys(*rows[r], start + b * kKeyBlock, lo, hi))
+          first = std::min(first, lo), last = std::max(last, hi);
+      }
+    }
+    const uint16_t* const* block_rows = key_rows + static_cast<size_t>(b < blocks ? b : 0) * kKeyBlock;
+    for (int i = 0; i < kKeyBlock / 2; ++i) {
+      const int j = 2 * i;
+      for (int c = 0; c < kChunks; ++c) {
+        const __m512i v0 = j >= first && j <= last ? _mm512_loadu_si512(block_rows[j] + v_offset + 32 * c)
+                                                   : _mm512_setzero_si512();
+        const __m512i v1 = j + 1 >= first && j + 1 <= last
+                               ? _mm512_loadu_si512(block_rows[j + 1] + v_offset + 32 * c)
+                               : _mm512_setzero_si512();
+        __m512i* tile = vt.data() + (static_cast<size_t>(b / 2) * kChunks + c) * 2 * 16 + (b % 2) * 8 + i;
+        tile[0] = _mm512_unpacklo_epi16(v0, v1);
+        tile[16] = _mm512_unpackhi_epi16(v0, v1);
+      }
+    }
+  }
+  alignas(64) float out[kTileRows][kD];
+  configure_tiles();
+  for (int r0 = 0; r0 < count; r0 += kTileRows) {
+    const int n = std::min(kTileRows, count - r0);
+    for (int bp = 0; bp < block_pairs; ++bp)
+      for (int r = 0; r < kTileRows; ++r) {
+        const bool live = r < n && attends[r0 + r];
+        const v16* w = weights + static_cast<size_t>(r0 + (live ? r : 0)) * blocks;
+        const __m512 w0 = live ? (__m512)w[2 * bp] : _mm512_setzero_ps();
+        const __m512 w1 = live && 2 * bp + 1 < blocks ? (__m512)w[2 * bp + 1] : _mm512_setzero_ps();
+        wt[static_cast<size_t>(bp) * 16 + r] = (__m512i)_mm512_cvtne2ps_pbh(w1, w0);
+      }
+    for (int pass = 0; pass < kChunks / 2; ++pass) {  // four tiles of products (64 dimensions) a pass
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int bp = 0; bp < block_pairs; ++bp) {
+        const __m512i* v = vt.data() + (static_cast<size_t>(bp) * kChunks + 2 * pass) * 2 * 16;
+        _tile_loadd(4, wt.data() + static_cast<size_t>(bp) * 16, 64);
+        _tile_loadd(5, v, 64);
+        _tile_loadd(6, v + 16, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(5, v + 32, 64);
+        _tile_loadd(6, v + 48, 64);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_dpbf16ps(3, 4, 6);
+      }
+      _tile_stored(0, &out[0][64 * pass], 4 * kD);  // the tile numbers are the instruction's: no loop
+      _tile_stored(1, &out[0][64 * pass + 16], 4 * kD);
+      _tile_stored(2, &out[0][64 * pass + 32], 4 * kD);
+      _tile_stored(3, &out[0][64 * pass + 48], 4 * kD);
+    }
+    for (int r = 0; r < n; ++r) {
+      if (!attends[r0 + r]) continue;
+      float* acc = rows[r0 + r]->acc;
+      const __m512 correction = _mm512_set1_ps(corrections[r0 + r]);
+      for (int d = 0; d < kD; d += 16)
+        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(_mm512_loadu_ps(acc + d), correction, _mm512_load_ps(&out[r][d])));
+    }
+  }
+  _tile_release();
+}
 #endif
 
 // acc_r = acc_r * correction_r + sum over a window's blocks and keys of weights_r[b][j] * V_j, for N rows of one
@@ -522,6 +610,24 @@ inline void accumulate_window(RowState* const* rows, const v16* const* weights, 
     for (int c = 0; c < kD / 16; ++c) store16(rows[r]->acc + 16 * c, a[r][c]);
 }
 
+// A row's window: its masked scores s[0, blocks) (top: their lane-wise maximum) become its weights, e^(s - m)
+// with m its new running maximum (0 where masked); its sum is updated, and `correction` is what its accumulator
+// is to be multiplied by before the window's values. False where it attends to no key of the window.
+inline bool window_weights(RowState& state, v16* s, v16 top, int blocks, float& correction) {
+  const float window_max = max16(top);
+  if (window_max == kNegInf) return false;
+  const float m_new = std::max(state.m, window_max);
+  correction = state.m == kNegInf ? 0.0f : exp_nonpositive(state.m - m_new);
+  state.m = m_new;
+  v16 sum = splat(0.0f);
+  for (int b = 0; b < blocks; ++b) {
+    s[b] = s[b] != splat(kNegInf) ? exp16(s[b] - m_new) : splat(0.0f);
+    sum += s[b];
+  }
+  state.l = state.l * correction + sum16(sum);
+  return true;
+}
+
 // One kv head's rows (all tokens of the item x the head's query heads) against a window of keys, `blocks` blocks
 // of 16 from `start` (key_rows and ok: each block's 16 rows and usable lanes). The softmax works a window at a
 // time: first every block's scores of kRows rows (independent chains the core can overlap), masked, with a
@@ -559,8 +665,10 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
     }
   }
 #endif
-  // Where AMX runs, those rows' scores come from tiles, all of the window's at once (tile_scores): a prefill
-  // step of 4 x 128 tokens, 30 layers, attention 22.6-26.4 -> 17.2-19.1 ms on the AMX Xeon.
+  // Where AMX runs, those rows' scores come from tiles, all of the window's at once (tile_scores), and then
+  // their values too, every row's weights first (tile_values): a prefill step of 4 x 128 tokens, 30 layers,
+  // attention 22.6-26.4 -> 17.2-19.1 ms with the scores on tiles, -> 13.0-13.3 (17.3-19.1 in the same runs)
+  // with the values too, on the AMX Xeon.
   thread_local std::vector<v16> tiled_scores;  // [count rounded up to 16, blocks]
 #ifdef JAXENGINE_CPU_TILES
   if constexpr (kD == 64 || kD == 128) {
@@ -568,6 +676,42 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
       tiled = true;
       tiled_scores.resize(static_cast<size_t>((count + kTileRows - 1) / kTileRows * kTileRows) * blocks);
       tile_scores<kD>(rows, count, kt.data(), blocks, tiled_scores.data());
+    }
+  }
+#endif
+  const i32x16 lanes = i32x16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  // A row's scores of block b (score() computes them), soft-capped and masked to the keys it attends to.
+  auto masked = [&](const RowState& row, int b, auto score) {
+    const int32_t block = start + b * kKeyBlock;
+    int32_t first, last;
+    if (!block_keys(row, block, first, last)) return neg_inf;
+    v16 s = score();
+    if (p.soft_cap > 0.0f)
+      for (int j = 0; j < kKeyBlock; ++j) s[j] = p.soft_cap * std::tanh(s[j] / p.soft_cap);
+    const i32x16 keys = lanes + block;
+    return (ok[b] & (keys >= row.lo) & (keys <= row.hi)) ? s : neg_inf;
+  };
+#ifdef JAXENGINE_CPU_TILES
+  if constexpr (std::is_same_v<T, uint16_t> && (kD == 64 || kD == 128)) {
+    if (tiled) {  // every row's weights, then their values on tiles too (tile_values)
+      scores.resize(static_cast<size_t>(count) * blocks);
+      thread_local std::vector<float> corrections;
+      thread_local std::vector<char> attends;  // bool, as bytes
+      corrections.resize(count);
+      attends.resize(count);
+      for (int b = 0; b < blocks; ++b) plan.step();
+      for (int r = 0; r < count; ++r) {
+        v16 top = neg_inf;
+        v16* s = scores.data() + static_cast<size_t>(r) * blocks;
+        for (int b = 0; b < blocks; ++b) {
+          s[b] = masked(*rows[r], b, [&] { return tiled_scores[static_cast<size_t>(r) * blocks + b]; });
+          top = top > s[b] ? top : s[b];
+        }
+        attends[r] = window_weights(*rows[r], s, top, blocks, corrections[r]);
+      }
+      tile_values<kD>(rows, count, scores.data(), corrections.data(), reinterpret_cast<const bool*>(attends.data()),
+                      key_rows, v_offset, start, blocks, [&] { plan.step(); });
+      return;
     }
   }
 #endif
@@ -580,47 +724,22 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
     for (int r = 0; r < group; ++r) top[r] = neg_inf;
     for (int b = 0; b < blocks; ++b) {
       if (i == 0) plan.step();
-      const int32_t block = start + b * kKeyBlock;
-      const i32x16 keys = i32x16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + block;
       v16 group_scores[kRows];
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
-      if (transposed && !tiled)
+      if (transposed)
         block_scores_transposed<kD, kRows>(padded, kt.data() + static_cast<size_t>(b) * kD / 2, group_scores);
 #endif
       for (int r = 0; r < group; ++r) {
         v16& s = scores[r * blocks + b];
-        int32_t first, last;
-        if (!block_keys(*row[r], block, first, last)) {
-          s = neg_inf;
-          continue;
-        }
-        s = tiled        ? tiled_scores[static_cast<size_t>(i + r) * blocks + b]
-            : transposed ? group_scores[r]
-                         : block_scores<kD>(*row[r], key_rows + b * kKeyBlock, 2 * h * kD);
-        if (p.soft_cap > 0.0f)
-          for (int j = 0; j < kKeyBlock; ++j) s[j] = p.soft_cap * std::tanh(s[j] / p.soft_cap);
-        s = (ok[b] & (keys >= row[r]->lo) & (keys <= row[r]->hi)) ? s : neg_inf;
+        s = masked(*row[r], b, [&] {
+          return transposed ? group_scores[r] : block_scores<kD>(*row[r], key_rows + b * kKeyBlock, 2 * h * kD);
+        });
         top[r] = top[r] > s ? top[r] : s;
       }
     }
     float corrections[kRows];  // each row's, applied to its accumulator before the window's values
     bool attends[kRows];
-    for (int r = 0; r < group; ++r) {
-      const float window_max = max16(top[r]);
-      attends[r] = window_max != kNegInf;
-      if (!attends[r]) continue;
-      RowState& state = *row[r];
-      const float m_new = std::max(state.m, window_max);
-      corrections[r] = state.m == kNegInf ? 0.0f : exp_nonpositive(state.m - m_new);
-      state.m = m_new;
-      v16 sum = splat(0.0f);
-      for (int b = 0; b < blocks; ++b) {
-        v16& s = scores[r * blocks + b];
-        s = s != neg_inf ? exp16(s - m_new) : splat(0.0f);
-        sum += s;
-      }
-      state.l = state.l * corrections[r] + sum16(sum);
-    }
+    for (int r = 0; r < group; ++r) attends[r] = window_weights(*row[r], &scores[r * blocks], top[r], blocks, corrections[r]);
     RowState* active[kRows];  // the rows that attend to some key of the window
     const v16* active_weights[kRows];
     float active_corrections[kRows];

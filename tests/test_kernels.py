@@ -424,9 +424,9 @@ def test_native_gated_pairs_feed_a_rounded_matmul(m, k, i, n):
 
 @pytest.mark.skipif(not cpu.matmul_tiles(), reason="where the matmul runs on registers, the tests above test them")
 def test_the_register_path_too_where_tiles_run():
-    """On a CPU with AMX-BF16 the native matmul, and the attention's scores of many rows over bfloat16 pages,
-    run on its tiles; their tests again, in a process with JAXENGINE_CPU_AMX=0, cover the AVX-512 register
-    paths that CPUs without AMX run."""
+    """On a CPU with AMX-BF16 the native matmul, and the attention's scores and values of many rows over
+    bfloat16 pages, run on its tiles; their tests again, in a process with JAXENGINE_CPU_AMX=0, cover the
+    AVX-512 register paths that CPUs without AMX run."""
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
                "matmul or gated or bfloat16_pages or transposed_keys"]
     result = subprocess.run(command, env=os.environ | {"JAXENGINE_CPU_AMX": "0"}, capture_output=True, text=True,
