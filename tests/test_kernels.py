@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -441,11 +442,23 @@ def test_the_register_path_too_where_tiles_run():
 def test_the_kernels_compile_for_other_x86_cpus(march):
     """The library builds from the same sources for CPUs with less than this one (SSE4.2; AVX2; AVX-512
     without BF16) or more (AMX): the paths this machine does not run still compile (a jaxlib without
-    ffi::Error::Unimplemented once left every CPU without AVX-512 BF16 with no native kernel at all)."""
-    command = [cpu._compiler(), "-std=c++17", f"-march={march}", "-fsyntax-only", f"-I{jax.ffi.include_dir()}",
-               *map(str, cpu._SOURCES)]
-    result = subprocess.run(command, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
+    ffi::Error::Unimplemented once left every CPU without AVX-512 BF16 with no native kernel at all). Compiled
+    to objects, so that the assembler sees the instructions too (a tile number that is not a constant passes
+    the compiler's checks and fails there)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for source in cpu._SOURCES:
+            command = [cpu._compiler(), "-std=c++17", f"-march={march}", "-c", f"-I{jax.ffi.include_dir()}",
+                       str(source), "-o", os.path.join(tmp, source.stem + ".o")]
+            result = subprocess.run(command, capture_output=True, text=True)
+            assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.skipif(cpu._compiler() is None or os.uname().machine != "x86_64", reason="an x86-64 C++ compiler")
+def test_the_native_kernels_build_here():
+    """Where a compiler is, the library builds: a failed build makes every native kernel quietly fall back to
+    XLA's ops (cpu.available() is False and their tests skip), so this one fails with the compiler's error."""
+    cpu._library()
+    assert cpu.available()
 
 
 @pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")
