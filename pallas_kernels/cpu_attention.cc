@@ -1151,8 +1151,44 @@ inline void rotate(const float* x, const float* cos, const float* sin, float* y,
 // their pages as WriteKv writes them: qkv [T, (Hq + 2 Hkv) D] holds each token's q heads, k heads and v heads;
 // cos, sin [T, D] are the rotary tables (scaling included). Returns q [T, Hq, D] rotated, and the pool
 // (aliased). One pass where XLA ran a split, two rotations, the K/V interleave and then the writer.
-ffi::Error RopeWriteKv(ffi::Buffer<ffi::F32> qkv, ffi::Buffer<ffi::F32> cos, ffi::Buffer<ffi::F32> sin,
-                       ffi::AnyBuffer kv, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> pages,
+// Tokens per work item of RopeWriteKv: a decode step's (up to 64) run on the calling thread; a prefill step's
+// are shared with XLA's pool (512 tokens: 8 items). Measured on the AMX Xeon, prefill alone (256 x 128-token
+// prompts, one output token, 512-token steps): 45.2-47.6 -> 49.0-51.9 requests/s against the calling thread
+// alone.
+constexpr int64_t kRopeTokens = 64;
+
+struct RopeShared {
+  const float *qkv, *cos, *sin;
+  float* q;
+  void* pool;
+  bool bf16;
+  const int32_t *pages, *offsets;
+  int64_t T, Hq, Hkv, D, l, P, S, width, items;
+  std::atomic<int64_t> next{0}, done{0};
+
+  void work() {
+    thread_local std::vector<float> row;  // [2 * Hkv, D]: one token's rotated k and its v, interleaved by head
+    row.resize(width);
+    for (int64_t i; (i = next.fetch_add(1)) < items;) {
+      for (int64_t t = i * kRopeTokens; t < std::min(T, (i + 1) * kRopeTokens); ++t) {
+        const float* src = qkv + t * (Hq + 2 * Hkv) * D;
+        const float *c = cos + t * D, *s = sin + t * D;
+        for (int64_t h = 0; h < Hq; ++h) rotate(src + h * D, c, s, q + (t * Hq + h) * D, D);
+        const int64_t at = kv_row_at(l, P, S, width, pages[t], offsets[t]);
+        if (at < 0) continue;
+        for (int64_t h = 0; h < Hkv; ++h) {
+          rotate(src + (Hq + h) * D, c, s, row.data() + 2 * h * D, D);
+          std::memcpy(row.data() + (2 * h + 1) * D, src + (Hq + Hkv + h) * D, sizeof(float) * D);
+        }
+        store_kv_row(pool, bf16, at, row.data(), width);
+      }
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+ffi::Error RopeWriteKv(ffi::ThreadPool thread_pool, ffi::Buffer<ffi::F32> qkv, ffi::Buffer<ffi::F32> cos,
+                       ffi::Buffer<ffi::F32> sin, ffi::AnyBuffer kv, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> pages,
                        ffi::Buffer<ffi::S32> offsets, ffi::ResultBuffer<ffi::F32> q, ffi::Result<ffi::AnyBuffer> out) {
   const auto kv_dims = kv.dimensions();
   const auto q_dims = q->dimensions();
@@ -1172,20 +1208,13 @@ ffi::Error RopeWriteKv(ffi::Buffer<ffi::F32> qkv, ffi::Buffer<ffi::F32> cos, ffi
                                        "pages and offsets [T]");
   const int64_t l = std::clamp<int64_t>(layer.typed_data()[0], 0, L - 1);
   void* pool = writable_pool(kv, out);
-  thread_local std::vector<float> row;  // [2 * Hkv, D]: one token's rotated k and its v, interleaved by head
-  row.resize(width);
-  for (int64_t t = 0; t < T; ++t) {
-    const float* src = qkv.typed_data() + t * (Hq + 2 * Hkv) * D;
-    const float *c = cos.typed_data() + t * D, *s = sin.typed_data() + t * D;
-    for (int64_t h = 0; h < Hq; ++h) rotate(src + h * D, c, s, q->typed_data() + (t * Hq + h) * D, D);
-    const int64_t at = kv_row_at(l, P, S, width, pages.typed_data()[t], offsets.typed_data()[t]);
-    if (at < 0) continue;
-    for (int64_t h = 0; h < Hkv; ++h) {
-      rotate(src + (Hq + h) * D, c, s, row.data() + 2 * h * D, D);
-      std::memcpy(row.data() + (2 * h + 1) * D, src + (Hq + Hkv + h) * D, sizeof(float) * D);
-    }
-    store_kv_row(pool, bf16, at, row.data(), width);
-  }
+  auto shared = std::make_shared<RopeShared>();
+  RopeShared& r = *shared;
+  r.qkv = qkv.typed_data(), r.cos = cos.typed_data(), r.sin = sin.typed_data(), r.q = q->typed_data();
+  r.pool = pool, r.bf16 = bf16, r.pages = pages.typed_data(), r.offsets = offsets.typed_data();
+  r.T = T, r.Hq = Hq, r.Hkv = Hkv, r.D = D, r.l = l, r.P = P, r.S = S, r.width = width;
+  r.items = (T + kRopeTokens - 1) / kRopeTokens;
+  share_work(thread_pool, shared, r.items);
   return ffi::Error::Success();
 }
 
@@ -1201,6 +1230,7 @@ ffi::Error FusionBarrier(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuRopeWriteKv, RopeWriteKv,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()   // qkv [T, (Hq + 2*Hkv) * D]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // cos [T, D]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // sin [T, D]

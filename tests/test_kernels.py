@@ -169,21 +169,29 @@ def test_native_kv_writer_matches_the_scatter_in_place(dtype):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_native_rope_writer_matches_xla_rotation_and_scatter(dtype):
+@pytest.mark.parametrize("T", [5, 150])
+def test_native_rope_writer_matches_xla_rotation_and_scatter(dtype, T):
     """q and k rotated and K/V written in one native pass from the fused projection [q heads | k heads | v heads]
-    against XLA's split, apply_rope and `.at[].set`; a padding token's q is rotated, its K/V not written."""
+    against XLA's split, apply_rope and `.at[].set`; a padding token's q is rotated, its K/V not written. 150
+    tokens: shared out in items of 64 with XLA's pool."""
     import jax
 
     from jaxengine.layers.rope import apply_rope, rope_tables
 
     native()
     rng = np.random.default_rng(11)
-    T, Hq, Hkv, D = 5, 6, 2, 64
-    pool = jnp.asarray(rng.standard_normal((2, 6, 16, 2 * Hkv, D)), dtype)
+    Hq, Hkv, D, P = 6, 2, 64, 6 if T == 5 else 12
+    pool = jnp.asarray(rng.standard_normal((2, P, 16, 2 * Hkv, D)), dtype)
     qkv = jnp.asarray(rng.standard_normal((T, (Hq + 2 * Hkv) * D)), jnp.float32)
     inv_freq = jnp.asarray(1e4 ** -(np.arange(D // 2) / (D // 2)), jnp.float32)
-    cos, sin = rope_tables(jnp.array([3, 17, 0, 250, 9]), inv_freq, 1.0, jnp.float32)
-    pages, offsets = jnp.array([4, 4, 0, 6, 2]), jnp.array([0, 15, 7, 3, 9])  # token 3: padding
+    if T == 5:
+        positions = jnp.array([3, 17, 0, 250, 9])
+        pages, offsets = jnp.array([4, 4, 0, 6, 2]), jnp.array([0, 15, 7, 3, 9])  # token 3: padding
+    else:
+        positions = jnp.asarray(rng.integers(0, 1000, T))
+        slots = rng.permutation(P * 16)[:T]  # each slot written once
+        pages, offsets = jnp.asarray(np.where(np.arange(T) % 50 == 7, P, slots // 16)), jnp.asarray(slots % 16)
+    cos, sin = rope_tables(positions, inv_freq, 1.0, jnp.float32)
     q, k, v = jnp.split(qkv, [Hq * D, (Hq + Hkv) * D], -1)
     want_q = apply_rope(q.reshape(T, Hq, D), cos, sin)
     rows = jnp.stack([apply_rope(k.reshape(T, Hkv, D), cos, sin), v.reshape(T, Hkv, D)], axis=2).reshape(T, 2 * Hkv, D)
