@@ -463,8 +463,9 @@ void tile_values(RowState* const* rows, int count, const v16* weights, const flo
   const int block_pairs = (blocks + 1) / 2;
   thread_local std::vector<__m512i> vt;  // [block pair][chunk][2][16 key pairs]: each a tile of V
   thread_local std::vector<__m512i> wt;  // [block pair][16 rows]: a tile of weights
-  vt.resize(static_cast<size_t>(block_pairs) * kChunks * 2 * 16);
-  wt.resize(static_cast<size_t>(block_pairs) * 16);
+  if (vt.size() < static_cast<size_t>(block_pairs) * kChunks * 2 * 16)  // only grows (no zero-fill again)
+    vt.resize(static_cast<size_t>(block_pairs) * kChunks * 2 * 16);
+  if (wt.size() < static_cast<size_t>(block_pairs) * 16) wt.resize(static_cast<size_t>(block_pairs) * 16);
   for (int b = 0; b < 2 * block_pairs; ++b) {
     int first = kKeyBlock, last = -1;
     if (b < blocks) {
@@ -648,8 +649,12 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
   constexpr int kRows = kD <= 64 ? 4 : kD <= 128 ? 2 : 1;  // rows per pass over V: 16 accumulators at most
   const int64_t v_offset = 2 * h * kD + kD;
   const v16 neg_inf = splat(kNegInf);
-  thread_local std::vector<v16> scores;  // [kRows, blocks]: scores, then weights (0 where masked)
-  scores.resize(static_cast<size_t>(kRows) * blocks);
+  thread_local std::vector<v16> scores;  // [kRows (tiles: count), blocks]: scores, then weights (0 where masked)
+  // Thread-local buffers only grow: a resize that shrank one would zero-fill it again when the next call grows it.
+  auto at_least = [](auto& buffer, size_t size) {
+    if (buffer.size() < size) buffer.resize(size);
+  };
+  at_least(scores, static_cast<size_t>(kRows) * blocks);
   // Many rows (a prefill tile's tokens x the group's query heads) score against K transposed once per block
   // (transpose_keys) instead of reducing 16 partial-sum vectors per row and block (block_scores); a few rows
   // (a decode token's) would not repay the transposes.
@@ -659,7 +664,7 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
   if constexpr (std::is_same_v<T, uint16_t>) {
     if (count >= kTransposeRows) {
       transposed = true;
-      kt.resize(static_cast<size_t>(blocks) * kD / 2);
+      at_least(kt, static_cast<size_t>(blocks) * kD / 2);
       for (int b = 0; b < blocks; ++b)
         transpose_keys<kD>(key_rows + b * kKeyBlock, 2 * h * kD, kt.data() + static_cast<size_t>(b) * kD / 2);
     }
@@ -674,7 +679,7 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
   if constexpr (kD == 64 || kD == 128) {
     if (transposed && amx_enabled()) {
       tiled = true;
-      tiled_scores.resize(static_cast<size_t>((count + kTileRows - 1) / kTileRows * kTileRows) * blocks);
+      at_least(tiled_scores, static_cast<size_t>((count + kTileRows - 1) / kTileRows * kTileRows) * blocks);
       tile_scores<kD>(rows, count, kt.data(), blocks, tiled_scores.data());
     }
   }
@@ -694,11 +699,11 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
 #ifdef JAXENGINE_CPU_TILES
   if constexpr (std::is_same_v<T, uint16_t> && (kD == 64 || kD == 128)) {
     if (tiled) {  // every row's weights, then their values on tiles too (tile_values)
-      scores.resize(static_cast<size_t>(count) * blocks);
+      at_least(scores, static_cast<size_t>(count) * blocks);
       thread_local std::vector<float> corrections;
       thread_local std::vector<char> attends;  // bool, as bytes
-      corrections.resize(count);
-      attends.resize(count);
+      at_least(corrections, count);
+      at_least(attends, count);
       for (int b = 0; b < blocks; ++b) plan.step();
       for (int r = 0; r < count; ++r) {
         v16 top = neg_inf;
