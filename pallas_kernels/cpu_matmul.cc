@@ -87,8 +87,8 @@ constexpr int64_t kTileMinRows = 8;  // cpu.TILE_MIN_ROWS
 // weights stay in L2 across the pairs): a core then reads the pairs of its own rows, which it rounded, and
 // writes its own rows of y, at the price of every core reading every weight. Measured on the AMX Xeon, 30
 // layers of a step's matmuls (distinct weights): 512 rows 67-72 -> 61-62 ms, 1024 rows 141-143 -> 113-116;
-// 256 rows unchanged and 128 rows slower (so not below 512); the gate/up projection (weights 6x its rows'
-// pairs at 512 rows) 59-64 ms ungrouped against 65-67 grouped.
+// 256 rows unchanged and 128 rows slower (so not below 512); with the gate/up projection (weights 6x its
+// rows' pairs at 512 rows) grouped too, 512 rows 65-67 ms against 59-64.
 constexpr int64_t kGroupMinRows = 512;
 constexpr int64_t kGroupRows = 256;
 constexpr int64_t kGroupWeightBytes = int64_t{128} << 10;
@@ -245,7 +245,6 @@ void finish_rows(const Problem& p, const Pending& u, int64_t begin, int64_t end)
 // runs; the pending unit before them is finished on the way.
 void amx_pair(const Problem& p, int64_t m0, int64_t index, bool first_pass, int64_t next, Pending& pending,
               float (*spare)[kPanel]) {
-  const int64_t cols = std::min<int64_t>(kPanel, p.N - index * kPanel);
   const __mmask32 mask = panel_mask(p, index);
   const uint16_t* w = p.w + index * p.K2 * 64;
   const int64_t chunks = p.K2 / 16;
@@ -253,8 +252,8 @@ void amx_pair(const Problem& p, int64_t m0, int64_t index, bool first_pass, int6
   int64_t stride0 = 0, stride1 = 0;
   const uint32_t* a0 = block_pairs(p, m0, stride0);
   const uint32_t* a1 = two ? block_pairs(p, m0 + kTileRows, stride1) : nullptr;
-  const bool direct =
-      !p.gated && !p.stream && cols == kPanel && p.K2 % 16 == 0 && m0 + (two ? 2 : 1) * kTileRows <= p.M;
+  const bool direct = !p.gated && !p.stream && mask == ~__mmask32{0} && p.K2 % 16 == 0 &&
+                      m0 + (two ? 2 : 1) * kTileRows <= p.M;
   const int64_t row_bytes = 4 * p.N;
   const int64_t at = m0 * p.N + index * kPanel;  // the tiles' first element in y (and the residual)
   if (direct && p.residual) {
@@ -422,8 +421,8 @@ struct Shared {
   Problem problem;
   Input input;
   int64_t row_blocks = 0, items = 0;
-  // Items: row groups of group_rows x groups of group_panels panels, item i = (i / panel_groups, i % panel_groups);
-  // one row group of all rows and one panel an item but on the tile path from kGroupMinRows rows (plan).
+  // Items: row groups of group_rows x groups of group_panels panels, item i = (i / panel_groups,
+  // i % panel_groups). Without groups (kGroupMinRows): all rows and one panel an item.
   int64_t panels = 0, group_rows = 0, group_panels = 1, panel_groups = 0;
 
   void plan(int64_t count) {
@@ -433,11 +432,10 @@ struct Shared {
     group_panels = 1;
     const int64_t panel_bytes = p.K2 * 128;
     if (!p.amx || p.M < kGroupMinRows || panels * panel_bytes > 2 * p.M * p.K2p * 4) return;
+    const int64_t per_group = std::max<int64_t>(1, kGroupWeightBytes / panel_bytes);
     group_rows = kGroupRows;
-    panel_groups = (panels + std::max<int64_t>(1, kGroupWeightBytes / panel_bytes) - 1) /
-                   std::max<int64_t>(1, kGroupWeightBytes / panel_bytes);
-    group_panels = (panels + panel_groups - 1) / panel_groups;
-    panel_groups = (panels + group_panels - 1) / group_panels;
+    group_panels = (panels + (panels + per_group - 1) / per_group - 1) / ((panels + per_group - 1) / per_group);
+    panel_groups = (panels + group_panels - 1) / group_panels;  // as even as can be
     items = (p.M + group_rows - 1) / group_rows * panel_groups;
   }
   std::atomic<int64_t> blocks_done{0}, done{0};
