@@ -405,6 +405,13 @@ inline void block_scores_transposed(RowState* const* rows, const __m512i* kt, v1
 }
 #endif
 
+// Grows a thread-local buffer to at least `size` elements, never shrinks it: a resize that shrank it would
+// zero-fill it again when the next call grows it (0.4% of a prefill profile's samples).
+template <class Buffer>
+inline void at_least(Buffer& buffer, size_t size) {
+  if (buffer.size() < size) buffer.resize(size);
+}
+
 #ifdef JAXENGINE_CPU_TILES
 // Every row's 16 scores against every block of a window on AMX tiles, out[r * blocks + b] for r below count
 // rounded up to 16: S = Q K^T with a tile of 16 rows' q (rounded to bfloat16, 32 dimensions) by a tile of the
@@ -456,16 +463,15 @@ void tile_scores(RowState* const* rows, int count, const __m512i* kt, int blocks
 // bfloat16 products as accumulate_window, summed in the tiles' order. Tiles: 0-3 products, 4 weights, 5-6 V.
 template <int kD, class Step>
 void tile_values(RowState* const* rows, int count, const v16* weights, const float* corrections,
-                 const bool* attends, const uint16_t* const* key_rows, int64_t v_offset, int32_t start, int blocks,
+                 const char* attends, const uint16_t* const* key_rows, int64_t v_offset, int32_t start, int blocks,
                  Step step) {
   static_assert(kD == 64 || kD == 128, "four tiles of products per pass: 64 dimensions");
   constexpr int kChunks = kD / 32;  // 32 dimensions: two tiles of V (and of products) per chunk
   const int block_pairs = (blocks + 1) / 2;
   thread_local std::vector<__m512i> vt;  // [block pair][chunk][2][16 key pairs]: each a tile of V
   thread_local std::vector<__m512i> wt;  // [block pair][16 rows]: a tile of weights
-  if (vt.size() < static_cast<size_t>(block_pairs) * kChunks * 2 * 16)  // only grows (no zero-fill again)
-    vt.resize(static_cast<size_t>(block_pairs) * kChunks * 2 * 16);
-  if (wt.size() < static_cast<size_t>(block_pairs) * 16) wt.resize(static_cast<size_t>(block_pairs) * 16);
+  at_least(vt, static_cast<size_t>(block_pairs) * kChunks * 2 * 16);
+  at_least(wt, static_cast<size_t>(block_pairs) * 16);
   for (int b = 0; b < 2 * block_pairs; ++b) {
     int first = kKeyBlock, last = -1;
     if (b < blocks) {
@@ -650,10 +656,6 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
   const int64_t v_offset = 2 * h * kD + kD;
   const v16 neg_inf = splat(kNegInf);
   thread_local std::vector<v16> scores;  // [kRows (tiles: count), blocks]: scores, then weights (0 where masked)
-  // Thread-local buffers only grow: a resize that shrank one would zero-fill it again when the next call grows it.
-  auto at_least = [](auto& buffer, size_t size) {
-    if (buffer.size() < size) buffer.resize(size);
-  };
   at_least(scores, static_cast<size_t>(kRows) * blocks);
   // Many rows (a prefill tile's tokens x the group's query heads) score against K transposed once per block
   // (transpose_keys) instead of reducing 16 partial-sum vectors per row and block (block_scores); a few rows
@@ -701,7 +703,7 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
     if (tiled) {  // every row's weights, then their values on tiles too (tile_values)
       at_least(scores, static_cast<size_t>(count) * blocks);
       thread_local std::vector<float> corrections;
-      thread_local std::vector<char> attends;  // bool, as bytes
+      thread_local std::vector<char> attends;  // whether each row attends to some key of the window
       at_least(corrections, count);
       at_least(attends, count);
       for (int b = 0; b < blocks; ++b) plan.step();
@@ -714,8 +716,8 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
         }
         attends[r] = window_weights(*rows[r], s, top, blocks, corrections[r]);
       }
-      tile_values<kD>(rows, count, scores.data(), corrections.data(), reinterpret_cast<const bool*>(attends.data()),
-                      key_rows, v_offset, start, blocks, [&] { plan.step(); });
+      tile_values<kD>(rows, count, scores.data(), corrections.data(), attends.data(), key_rows, v_offset, start,
+                      blocks, [&] { plan.step(); });
       return;
     }
   }
@@ -744,7 +746,8 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
     }
     float corrections[kRows];  // each row's, applied to its accumulator before the window's values
     bool attends[kRows];
-    for (int r = 0; r < group; ++r) attends[r] = window_weights(*row[r], &scores[r * blocks], top[r], blocks, corrections[r]);
+    for (int r = 0; r < group; ++r)
+      attends[r] = window_weights(*row[r], &scores[r * blocks], top[r], blocks, corrections[r]);
     RowState* active[kRows];  // the rows that attend to some key of the window
     const v16* active_weights[kRows];
     float active_corrections[kRows];
@@ -1152,10 +1155,6 @@ inline void rotate(const float* x, const float* cos, const float* sin, float* y,
   for (int64_t d = half; d < D; ++d) y[d] = x[d] * cos[d] + x[d - half] * sin[d];
 }
 
-// The rotary embedding of this step's q and k straight from the fused projection, with K/V written into
-// their pages as WriteKv writes them: qkv [T, (Hq + 2 Hkv) D] holds each token's q heads, k heads and v heads;
-// cos, sin [T, D] are the rotary tables (scaling included). Returns q [T, Hq, D] rotated, and the pool
-// (aliased). One pass where XLA ran a split, two rotations, the K/V interleave and then the writer.
 // Tokens per work item of RopeWriteKv: a decode step's (up to 64) run on the calling thread; a prefill step's
 // are shared with XLA's pool (512 tokens: 8 items). Measured on the AMX Xeon, prefill alone (256 x 128-token
 // prompts, one output token, 512-token steps): 45.2-47.6 -> 49.0-51.9 requests/s against the calling thread
@@ -1192,9 +1191,14 @@ struct RopeShared {
   }
 };
 
+// The rotary embedding of this step's q and k straight from the fused projection, with K/V written into
+// their pages as WriteKv writes them: qkv [T, (Hq + 2 Hkv) D] holds each token's q heads, k heads and v heads;
+// cos, sin [T, D] are the rotary tables (scaling included). Returns q [T, Hq, D] rotated, and the pool
+// (aliased). One pass where XLA ran a split, two rotations, the K/V interleave and then the writer.
 ffi::Error RopeWriteKv(ffi::ThreadPool thread_pool, ffi::Buffer<ffi::F32> qkv, ffi::Buffer<ffi::F32> cos,
-                       ffi::Buffer<ffi::F32> sin, ffi::AnyBuffer kv, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> pages,
-                       ffi::Buffer<ffi::S32> offsets, ffi::ResultBuffer<ffi::F32> q, ffi::Result<ffi::AnyBuffer> out) {
+                       ffi::Buffer<ffi::F32> sin, ffi::AnyBuffer kv, ffi::Buffer<ffi::S32> layer,
+                       ffi::Buffer<ffi::S32> pages, ffi::Buffer<ffi::S32> offsets, ffi::ResultBuffer<ffi::F32> q,
+                       ffi::Result<ffi::AnyBuffer> out) {
   const auto kv_dims = kv.dimensions();
   const auto q_dims = q->dimensions();
   const bool bf16 = kv.element_type() == ffi::DataType::BF16;

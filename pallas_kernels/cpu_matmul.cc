@@ -23,7 +23,7 @@
 // their output is zero.
 //
 // Where the CPU has AMX-BF16 (Intel Xeon from Sapphire Rapids on) the panels run on its tiles instead
-// (amx_panel) for calls of 8 live rows or more: the same layouts, 16-row blocks, ~6x the register path's speed
+// (amx_item) for calls of 8 live rows or more: the same layouts, 16-row blocks, ~6x the register path's speed
 // at 64 rows.
 
 #include <algorithm>
