@@ -170,3 +170,18 @@ def test_serve_flags_reach_the_app_and_uvicorn(engines, monkeypatch, tmp_path):
         main(["serve", "--ssl-keyfile", str(key)])
     with pytest.raises(SystemExit, match="--ssl-certfile: no such file"):
         main(["serve", "--ssl-keyfile", str(key), "--ssl-certfile", str(tmp_path / "none.pem")])
+
+
+def test_layer_loop_scan_on_cpu_with_bfloat16_weights_is_warned_about():
+    """XLA:CPU converts a scan's stacked bfloat16 weights to float32 at every step (benchmarks/README, session
+    21): the engine says so at start-up where that applies, and only there."""
+    import jax.numpy as jnp
+
+    from jaxengine.engine.llm_engine import scan_warning
+
+    warning = scan_warning("scan", "cpu", jnp.bfloat16)
+    assert warning is not None and "2.7x slower" in warning and "unrolled" in warning
+    assert scan_warning("auto", "cpu", jnp.bfloat16) is None
+    assert scan_warning("unrolled", "cpu", jnp.bfloat16) is None
+    assert scan_warning("scan", "cpu", jnp.float32) is None
+    assert scan_warning("scan", "tpu", jnp.bfloat16) is None
