@@ -2,10 +2,12 @@
 
 from pathlib import Path
 
+import jax.numpy as jnp
 import pytest
 
 from jaxengine.cli import main
 from jaxengine.config import EngineConfig
+from jaxengine.engine.llm_engine import scan_warning
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 
@@ -175,10 +177,6 @@ def test_serve_flags_reach_the_app_and_uvicorn(engines, monkeypatch, tmp_path):
 def test_layer_loop_scan_on_cpu_with_bfloat16_weights_is_warned_about():
     """XLA:CPU converts a scan's stacked bfloat16 weights to float32 at every step (benchmarks/README, session
     21): the engine says so at start-up where that applies, and only there."""
-    import jax.numpy as jnp
-
-    from jaxengine.engine.llm_engine import scan_warning
-
     warning = scan_warning("scan", "cpu", jnp.bfloat16)
     assert warning is not None and "2.7x slower" in warning and "unrolled" in warning
     assert scan_warning("auto", "cpu", jnp.bfloat16) is None

@@ -126,10 +126,8 @@ class _Request:
 
 
 def scan_warning(layer_loop: str, backend: str, param_dtype) -> str | None:
-    """Why layer_loop 'scan' is a poor choice where it is one (logged at start-up), else None: on CPU, XLA
-    converts the stacked bfloat16 weights to float32 before the layer loop at every step and each layer's slice
-    back (measured on a 2-core AMD EPYC, the shared offline workload: 254 tok/s against 670-707 unrolled, and
-    its programs compiled no faster)."""
+    """The start-up warning where layer_loop 'scan' is a poor choice, else None (the measurements:
+    benchmarks/README.md, session 21)."""
     if layer_loop != "scan" or backend != "cpu" or jnp.dtype(param_dtype) != jnp.bfloat16:
         return None
     return ("layer_loop 'scan' on CPU: XLA:CPU converts the stacked bfloat16 weights to float32 before the layer "
