@@ -174,14 +174,26 @@ def matmul_tiles() -> bool:
 PANEL = 32  # output columns per packed panel (cpu_matmul.cc)
 
 
+def _packing(w):
+    """How `pack_bf16` and `pack_gated` rearrange `w`: with jax.numpy where it is traced, else with numpy on
+    the host (at load time: XLA would compile each op for each weight shape, ~1.2 s of a stacked 30-layer
+    model's start-up, and numpy's copies are no slower than the compiled ops). Returns (array module, the
+    result's wrapper: same kind of array as `w`)."""
+    if isinstance(w, jax.core.Tracer):
+        return jnp, lambda out: out
+    return np, (lambda out: out) if isinstance(w, np.ndarray) else jnp.asarray
+
+
 def pack_bf16(w):
     """w [..., K, N] -> bfloat16 [..., ceil(N / 32), ceil(K / 2), 64], the native matmul's layout: panels of
-    32 output columns, each contiguous, holding (w[2k, n], w[2k + 1, n]) pairs (zero-padded)."""
+    32 output columns, each contiguous, holding (w[2k, n], w[2k + 1, n]) pairs (zero-padded). A numpy `w`
+    gives a numpy result, a jax array (traced or not) a jax array."""
+    xp, result = _packing(w)
     *lead, K, N = w.shape
     P, K2 = -(-N // PANEL), -(-K // 2)
-    w = jnp.pad(jnp.asarray(w, jnp.bfloat16), [(0, 0)] * len(lead) + [(0, 2 * K2 - K), (0, P * PANEL - N)])
+    w = xp.pad(xp.asarray(w, jnp.bfloat16), [(0, 0)] * len(lead) + [(0, 2 * K2 - K), (0, P * PANEL - N)])
     w = w.reshape(*lead, K2, 2, P, PANEL)
-    return jnp.moveaxis(w, (-2, -1), (-4, -2)).reshape(*lead, P, K2, 2 * PANEL)
+    return result(xp.moveaxis(w, (-2, -1), (-4, -2)).reshape(*lead, P, K2, 2 * PANEL))
 
 
 GATED = PANEL // 2  # gate (and up) columns per panel of a pack_gated weight
@@ -190,13 +202,15 @@ GATED = PANEL // 2  # gate (and up) columns per panel of a pack_gated weight
 def pack_gated(gate, up):
     """gate, up [..., K, I] (I a multiple of 16) -> the packed weight of `gated_pairs`: `pack_bf16` of their
     columns taken 16 at a time in turn, so that each 32-column panel holds 16 gate columns and the same 16 up
-    columns (the kernel applies the activation to a panel's products while they are in registers)."""
+    columns (the kernel applies the activation to a panel's products while they are in registers). Numpy
+    weights give a numpy result, jax arrays a jax array."""
     *lead, K, I = gate.shape
     if up.shape != gate.shape or I % GATED:
         raise ValueError(f"pack_gated needs gate and up of one shape [..., K, I], I a multiple of {GATED}, got "
                          f"{gate.shape} and {up.shape}")
-    w = jnp.stack([jnp.asarray(x).reshape(*lead, K, I // GATED, GATED) for x in (gate, up)], axis=-2)
-    return pack_bf16(w.reshape(*lead, K, 2 * I))
+    xp, result = _packing(gate if isinstance(gate, jax.core.Tracer) else up)
+    w = xp.stack([xp.asarray(x).reshape(*lead, K, I // GATED, GATED) for x in (gate, up)], axis=-2)
+    return result(pack_bf16(w.reshape(*lead, K, 2 * I)))
 
 
 def unpack_gated(y):
@@ -215,9 +229,12 @@ _PROLOGUES = {None: 0, "rms_norm": 1, "rounded": 2}
 _EPILOGUES = {"store": 0, "gated_pairs": 1}
 
 
-def _native_matmul(x, packed, out, K: int, *, prologue, epilogue, norm, eps, residual, live_rows):
+def _native_matmul(x, packed, out, K: int, *, prologue, epilogue, norm, eps, residual, live_rows, layer):
     """The shared checks and the FFI call of `matmul_bf16` and `gated_pairs` (out: the result's shape and
-    dtype)."""
+    dtype; `packed` one layer's [P, K2, 64], or a stack of them with `layer` naming the one to use)."""
+    if (packed.ndim == 4) != (layer is not None) or (layer is not None and jnp.ndim(layer) != 0):
+        raise ValueError(f"the native matmul takes a scalar layer index with a stacked [L, P, K2, 64] weight and "
+                         f"only there, got weight {packed.shape} and layer {layer!r}")
     if (prologue == "rms_norm") != (norm is not None) or (norm is not None and norm.shape != (K,)):
         raise ValueError(f"the native matmul takes a norm weight [{K}] with the rms_norm prologue and only there")
     if residual is not None and (residual.shape != out.shape or residual.dtype != jnp.float32):
@@ -228,15 +245,18 @@ def _native_matmul(x, packed, out, K: int, *, prologue, epilogue, norm, eps, res
     norm = jnp.zeros((0,), jnp.float32) if norm is None else norm.astype(jnp.float32)
     residual = jnp.zeros((0, 0), jnp.float32) if residual is None else residual
     live_rows = jnp.asarray(x.shape[0] if live_rows is None else live_rows, jnp.int32).reshape(1)
+    layer = jnp.asarray(0 if layer is None else layer, jnp.int32).reshape(1)
     _library()
     call = jax.ffi.ffi_call(_MATMUL_TARGET, out)
-    return call(x, packed, norm, residual, live_rows, prologue=np.int32(_PROLOGUES[prologue]),
+    return call(x, packed, layer, norm, residual, live_rows, prologue=np.int32(_PROLOGUES[prologue]),
                 epilogue=np.int32(_EPILOGUES[epilogue]), eps=np.float32(eps))
 
 
 def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0, residual=None,
-                live_rows=None):
-    """x f32[M, K] @ w -> f32[M, n], `packed` = pack_bf16(w) for w [K, n]: x rounded to bfloat16, products
+                live_rows=None, layer=None):
+    """x f32[M, K] @ w -> f32[M, n], `packed` = pack_bf16(w) for w [K, n] (or pack_bf16 of stacked weights
+    [L, K, n] with `layer` an int32 scalar, may be traced: w is their layer `layer`, read in place): x rounded
+    to bfloat16, products
     accumulated in float32 (what `jnp.dot(x.astype(bfloat16), w, preferred_element_type=float32)` computes,
     up to summation order). `prologue`, applied to x's rows (in float32) before they are rounded:
     - "rms_norm": `norm * (x * rsqrt(mean(x ** 2) + eps))` with `norm` [K] (layers/norms.rms_norm for float32 x);
@@ -248,36 +268,39 @@ def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, ep
     if prologue not in _PROLOGUES:
         raise ValueError(f"matmul_bf16's prologue must be one of {list(_PROLOGUES)}, got {prologue!r}")
     rounded = prologue == "rounded"
-    K = (2 * packed.shape[1] if packed.ndim == 3 else 0) if rounded else x.shape[-1] if x.ndim else 0
-    if x.ndim != 2 or packed.ndim != 3 or packed.shape != (-(-n // PANEL), -(-K // 2), 2 * PANEL) or (
+    one = packed.shape[-3:]  # one layer's
+    K = (2 * one[1] if len(one) == 3 else 0) if rounded else x.shape[-1] if x.ndim else 0
+    if x.ndim != 2 or packed.ndim not in (3, 4) or one != (-(-n // PANEL), -(-K // 2), 2 * PANEL) or (
             x.shape[1] != (rounded_width(K) if rounded else K)):
         raise ValueError(f"matmul_bf16 needs x [M, K] ([M, rounded_width(K)] when rounded) and pack_bf16(w) of a "
-                         f"[K, {n}] w, got {x.shape} and {packed.shape}")
+                         f"[(L,) K, {n}] w, got {x.shape} and {packed.shape}")
     if x.dtype != (jnp.uint32 if rounded else jnp.float32) or packed.dtype != jnp.bfloat16:
         raise ValueError(f"matmul_bf16 needs float32 x (uint32 when rounded) and a bfloat16 packed w, got "
                          f"{x.dtype} and {packed.dtype}")
     return _native_matmul(x, packed, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32), K, prologue=prologue,
-                          epilogue="store", norm=norm, eps=eps, residual=residual, live_rows=live_rows)
+                          epilogue="store", norm=norm, eps=eps, residual=residual, live_rows=live_rows, layer=layer)
 
 
-def gated_pairs(x, packed, *, prologue: str | None = None, norm=None, eps: float = 0.0, live_rows=None):
+def gated_pairs(x, packed, *, prologue: str | None = None, norm=None, eps: float = 0.0, live_rows=None,
+                layer=None):
     """silu(x' @ gate) * (x' @ up) for `packed` = pack_gated(gate, up) (x' = x after the prologue, as in
     `matmul_bf16`), rounded to bfloat16 as the x of `matmul_bf16(..., prologue="rounded")` over the same rows
     and live_rows: uint32 [M, rounded_width(I)], laid out by the kernel's row blocks (an operand, not a matrix
     to read). The activation is applied to the float32 products as they leave the registers, then rounded: the
     numbers that rounding `silu(gate) * up` of the float32 products gives, without their [M, 2I] round trip
-    through memory or the next matmul's rounding pass."""
+    through memory or the next matmul's rounding pass. A stacked `packed` (of [L, K, I] weights) takes
+    `layer` as `matmul_bf16` does."""
     if prologue not in (None, "rms_norm"):
         raise ValueError(f"gated_pairs' prologue must be None or 'rms_norm', got {prologue!r}")
     K = x.shape[-1] if x.ndim else 0
-    if x.ndim != 2 or x.dtype != jnp.float32 or packed.dtype != jnp.bfloat16 or packed.ndim != 3 or (
-            packed.shape[1:] != (-(-K // 2), 2 * PANEL)):
-        raise ValueError(f"gated_pairs needs float32 x [M, K] and pack_gated(gate, up) of [K, I] weights, got "
+    if x.ndim != 2 or x.dtype != jnp.float32 or packed.dtype != jnp.bfloat16 or packed.ndim not in (3, 4) or (
+            packed.shape[-2:] != (-(-K // 2), 2 * PANEL)):
+        raise ValueError(f"gated_pairs needs float32 x [M, K] and pack_gated(gate, up) of [(L,) K, I] weights, got "
                          f"{x.dtype} {x.shape} and {packed.dtype} {packed.shape}")
-    I = packed.shape[0] * PANEL // 2
+    I = packed.shape[-3] * PANEL // 2
     out = jax.ShapeDtypeStruct((x.shape[0], rounded_width(I)), jnp.uint32)
     return _native_matmul(x, packed, out, K, prologue=prologue, epilogue="gated_pairs", norm=norm, eps=eps,
-                          residual=None, live_rows=live_rows)
+                          residual=None, live_rows=live_rows, layer=layer)
 
 
 def _check_logits(x, name: str) -> None:

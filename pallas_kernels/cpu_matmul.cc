@@ -483,15 +483,22 @@ struct Shared {
   }
 };
 
-ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16> w, ffi::Buffer<ffi::F32> norm,
-                  ffi::Buffer<ffi::F32> residual, ffi::Buffer<ffi::S32> live_rows, ffi::Result<ffi::AnyBuffer> y,
-                  int32_t prologue, int32_t epilogue, float eps) {
+ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16> stacked, ffi::Buffer<ffi::S32> layer,
+                  ffi::Buffer<ffi::F32> norm, ffi::Buffer<ffi::F32> residual, ffi::Buffer<ffi::S32> live_rows,
+                  ffi::Result<ffi::AnyBuffer> y, int32_t prologue, int32_t epilogue, float eps) {
   const auto x_dims = x.dimensions();
-  const auto w_dims = w.dimensions();
+  const auto s_dims = stacked.dimensions();
   const auto y_dims = y->dimensions();
-  if (x_dims.size() != 2 || w_dims.size() != 3 || y_dims.size() != 2 || w_dims[2] != 2 * kPanel ||
-      y_dims[0] != x_dims[0])
-    return ffi::Error::InvalidArgument("cpu matmul: x must be [M, K], w packed [P, K2, 64] and y [M, N]");
+  // The weight is one packed [P, K2, 64], or layer `layer` of a stack of them [L, P, K2, 64] (a scanned layer
+  // loop's stacked weight, read in place: no slice of it is copied out).
+  if (x_dims.size() != 2 || (s_dims.size() != 3 && s_dims.size() != 4) || y_dims.size() != 2 ||
+      s_dims.back() != 2 * kPanel || y_dims[0] != x_dims[0])
+    return ffi::Error::InvalidArgument("cpu matmul: x must be [M, K], w packed [(L,) P, K2, 64] and y [M, N]");
+  if (layer.element_count() != 1) return ffi::Error::InvalidArgument("cpu matmul: layer must hold one index");
+  const int64_t layers = s_dims.size() == 4 ? s_dims[0] : 1, index = layer.typed_data()[0];
+  if (index < 0 || index >= layers)
+    return ffi::Error::InvalidArgument("cpu matmul: the layer index is outside the stacked weight");
+  const int64_t* w_dims = s_dims.begin() + (s_dims.size() - 3);  // one layer's [P, K2, 64]
   if (prologue < kPlain || prologue > kRounded) return ffi::Error::InvalidArgument("cpu matmul: unknown prologue");
   if (epilogue != kStore && epilogue != kGatedPairs)
     return ffi::Error::InvalidArgument("cpu matmul: unknown epilogue");
@@ -538,7 +545,8 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16>
       std::memcpy(padded.data() + c * 16 * kTileRows, a + m0 * K2p + c * 16 * R, 4 * 16 * R);
     last_block = padded.data();
   }
-  shared->problem = Problem{a, w.typed_data(), gated ? nullptr : static_cast<float*>(y->untyped_data()),
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(stacked.typed_data()) + index * w_dims[0] * K2 * 2 * kPanel;
+  shared->problem = Problem{a, w, gated ? nullptr : static_cast<float*>(y->untyped_data()),
                             add ? residual.typed_data() : nullptr,
                             gated ? static_cast<uint32_t*>(y->untyped_data()) : nullptr,
                             live, N, K2, K2p, rows, gated_K2p};
@@ -565,8 +573,8 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16>
 #else  // no AVX-512 BF16: cpu.py never calls this (matmul_available() is False); kept for a clear error.
 
 namespace {
-ffi::Error Matmul(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::F32>,
-                  ffi::Buffer<ffi::S32>, ffi::Result<ffi::AnyBuffer>, int32_t, int32_t, float) {
+ffi::Error Matmul(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>,
+                  ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S32>, ffi::Result<ffi::AnyBuffer>, int32_t, int32_t, float) {
   return ffi::Error(ffi::ErrorCode::kUnimplemented, "cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
 }
 }  // namespace
@@ -577,7 +585,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuMatmulBf16, Matmul,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()           // x f32 [M, K] (u32 [M, K2p] pairs: rounded)
-                                  .Arg<ffi::Buffer<ffi::BF16>>()   // w packed [P, K2, 64]
+                                  .Arg<ffi::Buffer<ffi::BF16>>()   // w packed [P, K2, 64] or stacked [L, P, K2, 64]
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // layer i32[1]: the stack's layer (0 for 3-D w)
                                   .Arg<ffi::Buffer<ffi::F32>>()    // norm weight [K] (kRmsNorm; else empty)
                                   .Arg<ffi::Buffer<ffi::F32>>()    // residual [M, N] added to y (or empty)
                                   .Arg<ffi::Buffer<ffi::S32>>()    // live_rows i32[1]: rows past it are zero

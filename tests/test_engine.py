@@ -218,6 +218,27 @@ def test_kv_cache_dtype_follows_the_weights_on_cpu_and_refuses_what_cannot_run(e
         EngineConfig(kv_cache_dtype="fp8")
 
 
+def test_scanned_layers_decode_as_the_unrolled_ones_on_cpu(engines):
+    """`layer_loop: scan` on CPU over bfloat16 weights: where the native matmul runs it reads each layer of the
+    stacked packed weights in place (no slice, no conversion); either way the tokens are the unrolled loop's
+    (the default here), and nothing compiles after warm-up."""
+    from jaxengine.models.loader import native_matmul_applies
+
+    scanned, unrolled = engines("llama", dtype="bfloat16", layer_loop="scan"), engines("llama", dtype="bfloat16")
+    stacked = {engine: not isinstance(next(iter(engine.runner.state["layers"])), int) for engine in (scanned, unrolled)}
+    assert stacked == {scanned: True, unrolled: False}  # per-layer arrays are keyed by the layer's index
+    layers = scanned.runner.state["layers"]  # packed (where the native matmul runs): all layers' [L, P, K2, 64]
+    assert (layers["qkv_proj"].get_value().ndim == 4) if native_matmul_applies() else "qkv_proj" not in layers
+    prompts = random_prompts(scanned.model_config.vocab_size, (3, 33, 70), seed=12)
+    requests = [(f"loop{i}", p, GREEDY) for i, p in enumerate(prompts)]
+    with assert_no_compiles("greedy decoding through the scanned layer loop"):
+        got = run_to_completion(scanned, requests)
+    want = run_to_completion(unrolled, requests)
+    for rid, _, _ in requests:
+        assert got[rid].outputs[0].token_ids == want[rid].outputs[0].token_ids
+    assert scanned.block_manager.num_free_blocks == scanned.block_manager.num_blocks
+
+
 def test_shared_prefixes_under_priority_preemption_match_transformers(engines, model_dirs):
     """The priority policy preempts the lowest-priority request, which may have been scheduled earlier in the same
     step (its chunk is dropped, and its blocks must not be shared). Low-priority prompts start first, high-priority

@@ -320,7 +320,7 @@ def test_native_bf16_matmul_skips_padding_rows(prologue, m, lives):
 
 
 def test_native_bf16_matmul_refuses_other_shapes_and_dtypes():
-    with pytest.raises(ValueError, match=r"x \[M, K\] .* and pack_bf16\(w\) of a \[K, 5\] w"):
+    with pytest.raises(ValueError, match=r"x \[M, K\] .* and pack_bf16\(w\) of a \[\(L,\) K, 5\] w"):
         cpu.matmul_bf16(jnp.zeros((2, 7)), cpu.pack_bf16(jnp.zeros((4, 5))), 5)
     with pytest.raises(ValueError, match=r"x \[M, K\]"):
         cpu.matmul_bf16(jnp.zeros(3), cpu.pack_bf16(jnp.zeros((3, 5))), 5)
@@ -339,7 +339,7 @@ def test_native_bf16_matmul_refuses_other_shapes_and_dtypes():
     with pytest.raises(ValueError, match=r"float32 x \(uint32 when rounded\)"):
         cpu.matmul_bf16(jnp.zeros((2, 16)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, prologue="rounded")
     gate_up = cpu.pack_gated(jnp.zeros((3, 16)), jnp.zeros((3, 16)))
-    with pytest.raises(ValueError, match=r"pack_gated\(gate, up\) of \[K, I\] weights"):
+    with pytest.raises(ValueError, match=r"pack_gated\(gate, up\) of \[\(L,\) K, I\] weights"):
         cpu.gated_pairs(jnp.zeros((2, 5)), gate_up)
     with pytest.raises(ValueError, match="prologue must be None or 'rms_norm'"):
         cpu.gated_pairs(jnp.zeros((2, 3)), gate_up, prologue="rounded")
@@ -347,6 +347,14 @@ def test_native_bf16_matmul_refuses_other_shapes_and_dtypes():
         cpu.pack_gated(jnp.zeros((3, 24)), jnp.zeros((3, 24)))
     with pytest.raises(ValueError, match="live_rows must be a scalar row count"):
         cpu.matmul_bf16(jnp.zeros((2, 3)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, live_rows=jnp.array([1, 2]))
+    stacked = cpu.pack_bf16(jnp.zeros((4, 3, 5)))
+    with pytest.raises(ValueError, match=r"layer index with a stacked \[L, P, K2, 64\] weight and only there"):
+        cpu.matmul_bf16(jnp.zeros((2, 3)), stacked, 5)
+    with pytest.raises(ValueError, match="layer index with a stacked"):
+        cpu.matmul_bf16(jnp.zeros((2, 3)), cpu.pack_bf16(jnp.zeros((3, 5))), 5, layer=0)
+    with pytest.raises(ValueError, match="layer index with a stacked"):
+        cpu.gated_pairs(jnp.zeros((2, 3)), cpu.pack_gated(jnp.zeros((2, 3, 16)), jnp.zeros((2, 3, 16))),
+                        layer=jnp.array([0]))
 
 
 @pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
@@ -429,6 +437,39 @@ def test_native_gated_pairs_feed_a_rounded_matmul(m, k, i, n):
     g, u = cpu.unpack_gated(cpu.matmul_bf16(x, gate_up, 2 * i))
     np.testing.assert_allclose(np.asarray(g), np.asarray(dot(x, gate)), rtol=1e-5, atol=1e-3)
     np.testing.assert_allclose(np.asarray(u), np.asarray(dot(x, up)), rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+def test_native_matmuls_read_a_layer_of_stacked_weights_in_place():
+    """A scanned layer loop hands the native matmul all layers' packed weights and the layer's index (traced):
+    each layer's result is what its own packed weight gives, bit for bit, for the plain matmul and for the
+    gated MLP; an index outside the stack is refused when the program runs."""
+    import jax
+
+    rng = np.random.default_rng(11)
+    L, m, k, i, n = 3, 13, 96, 48, 72
+    x = jnp.asarray(rng.standard_normal((m, k), np.float32))
+    w, gate, up = (jnp.asarray(rng.standard_normal((L, k, c), np.float32)).astype(jnp.bfloat16) for c in (n, i, i))
+    down = jnp.asarray(rng.standard_normal((L, i, n), np.float32)).astype(jnp.bfloat16)
+    stacks = cpu.pack_bf16(w), cpu.pack_gated(gate, up), cpu.pack_bf16(down)
+    assert stacks[0].shape == (L, -(-n // 32), k // 2, 64) and stacks[1].shape == (L, i // 16, k // 2, 64)
+
+    def layer_of(x, w, gate_up, down, layer):
+        pairs = cpu.gated_pairs(x, gate_up, live_rows=9, layer=layer)
+        return cpu.matmul_bf16(x, w, n, layer=layer), cpu.matmul_bf16(pairs, down, n, prologue="rounded",
+                                                                         residual=x[:, :n], live_rows=9, layer=layer)
+
+    def scanned(x, w, gate_up, down):  # as the model's layer loop: the stacks are the scan's constants
+        return jax.lax.scan(lambda c, layer: (c, layer_of(x, w, gate_up, down, layer)), 0,
+                            jnp.arange(L, dtype=jnp.int32))[1]
+
+    got = jax.jit(scanned)(x, *stacks)
+    for layer in range(L):
+        want = jax.jit(lambda x, *ws: layer_of(x, *ws, None))(x, *(s[layer] for s in stacks))
+        for g, e in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(g[layer]), np.asarray(e))
+    with pytest.raises(Exception, match="layer index is outside the stacked weight"):
+        jax.block_until_ready(jax.jit(cpu.matmul_bf16, static_argnums=2)(x, stacks[0], n, layer=L))
 
 
 @pytest.mark.skipif(not cpu.matmul_tiles(), reason="where the matmul runs on registers, the tests above test them")

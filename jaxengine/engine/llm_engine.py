@@ -125,14 +125,15 @@ class _Request:
         return True
 
 
-def scan_warning(layer_loop: str, backend: str, param_dtype) -> str | None:
+def scan_warning(layer_loop: str, backend: str, param_dtype, native_matmul: bool) -> str | None:
     """The start-up warning where layer_loop 'scan' is a poor choice, else None (the measurements:
-    benchmarks/README.md, session 21)."""
-    if layer_loop != "scan" or backend != "cpu" or jnp.dtype(param_dtype) != jnp.bfloat16:
+    benchmarks/README.md, sessions 21 and 22). The native matmul reads a scanned layer's packed weights in
+    place; XLA's dots take slices, and there XLA:CPU converts the stacked weights at every step."""
+    if layer_loop != "scan" or backend != "cpu" or jnp.dtype(param_dtype) != jnp.bfloat16 or native_matmul:
         return None
-    return ("layer_loop 'scan' on CPU: XLA:CPU converts the stacked bfloat16 weights to float32 before the layer "
-            "loop at every step, so steps run ~2.7x slower than with the unrolled loop (layer_loop 'auto' or "
-            "'unrolled'), which compiles as fast")
+    return ("layer_loop 'scan' on CPU over bfloat16 weights that XLA's dots multiply (the native matmul does not "
+            "run here): XLA:CPU converts the stacked weights to float32 before the layer loop at every step, so "
+            "steps run ~1.8x slower than with the unrolled loop (layer_loop 'auto' or 'unrolled')")
 
 
 class LLMEngine:
@@ -151,7 +152,7 @@ class LLMEngine:
                                               attention_backend=self._attention_backend(config, tp),
                                               unstacked=unrolled, native_matmul=True)
         model.kv_dtype = self._kv_cache_dtype(config, model)
-        if warning := scan_warning(config.layer_loop, jax.default_backend(), model.param_dtype):
+        if warning := scan_warning(config.layer_loop, jax.default_backend(), model.param_dtype, model.native_matmul):
             logger.warning(warning)
         self.tokenizer = load_tokenizer(config.tokenizer or model_dir, config.trust_remote_code)
         self.max_model_len = self._max_model_len()

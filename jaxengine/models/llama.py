@@ -2,14 +2,16 @@
 
 Layer weights are loaded stacked on a leading `num_layers` axis (one array per parameter: one transfer, one
 sharding, one Orbax entry) and the layers run under `lax.scan`, which compiles an order of magnitude faster than
-an unrolled Python loop. `unstack_layers()` trades that compile time for speed on CPU: each layer gets its own
-arrays and the loop is unrolled, because XLA:CPU copies a layer's weight slice out of the stacked array before
-every matmul inside the scan. Linear weights are stored `[in, out]` (transposed from Hugging Face's
-`[out, in]`).
+an unrolled Python loop where XLA's ops make up the layer. Packed for the native CPU matmul, the stacked weights
+stay whole and the kernel reads the step's layer in place (XLA:CPU would convert every stacked bfloat16 weight
+to float32 and back at each step to slice it). `unstack_layers()` gives each layer its own arrays and an
+unrolled loop (the CPU default: the native kernels compile as fast either way, and the model loads faster).
+Linear weights are stored `[in, out]` (transposed from Hugging Face's `[out, in]`).
 """
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxengine.layers.attention import attention, kv_writer, select_body, token_slots, write_kv
@@ -25,33 +27,42 @@ def _param(shape, dtype, axes: tuple[str, ...]) -> nnx.Param:
     return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
 
 
-def _dot(x, w, n: int, residual=None, live_rows=None):
+def _stack_index(w, layer):
+    """The layer index the native matmul takes with `w`: a stacked packed weight [L, P, K2, 64] (the scanned
+    layer loop's, read in place) needs it, one layer's [P, K2, 64] does not."""
+    return layer if w.ndim == 4 else None
+
+
+def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
     """x @ w (+ residual) -> [.., n] in the weight's dtype, accumulated in float32 (a bf16 x bf16 -> bf16 dot is
-    far slower on CPU), returned in x's dtype. A packed weight (`pack_for_native_matmul`, 3 dimensions) runs the
-    native CPU kernel: same numbers up to summation order (pallas_kernels/cpu_matmul.cc), the residual added as
-    the result is stored. `live_rows` (i32[]): x's rows from it on are a bucket's padding, which the native
-    kernel skips (they come out zero); XLA's dot computes them like the others."""
-    if w.ndim == 3:
+    far slower on CPU), returned in x's dtype. A packed weight (`pack_for_native_matmul`: 3 dimensions, or 4
+    for all layers' stacked, of which `layer` is used) runs the native CPU kernel: same numbers up to summation
+    order (pallas_kernels/cpu_matmul.cc), the residual added as the result is stored. `live_rows` (i32[]): x's
+    rows from it on are a bucket's padding, which the native kernel skips (they come out zero); XLA's dot
+    computes them like the others."""
+    if w.ndim >= 3:
         from pallas_kernels import cpu
 
+        layer = _stack_index(w, layer)
         if residual is not None and x.dtype == jnp.float32:
-            return cpu.matmul_bf16(x, w, n, residual=residual, live_rows=live_rows)
-        out = cpu.matmul_bf16(x.astype(jnp.float32), w, n, live_rows=live_rows).astype(x.dtype)
+            return cpu.matmul_bf16(x, w, n, residual=residual, live_rows=live_rows, layer=layer)
+        out = cpu.matmul_bf16(x.astype(jnp.float32), w, n, live_rows=live_rows, layer=layer).astype(x.dtype)
     else:
         out = jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32).astype(x.dtype)
     return out if residual is None else residual + out
 
 
-def _normed_dot(h, norm, eps: float, w, n: int, live_rows=None):
+def _normed_dot(h, norm, eps: float, w, n: int, live_rows=None, layer=None):
     """rms_norm(h, norm, eps) @ w; the native CPU matmul normalises the rows on its way in (no separate pass)."""
-    if w.ndim == 3 and h.dtype == jnp.float32:
+    if w.ndim >= 3 and h.dtype == jnp.float32:
         from pallas_kernels import cpu
 
-        return cpu.matmul_bf16(h, w, n, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows)
-    return _dot(rms_norm(h, norm, eps), w, n, live_rows=live_rows)
+        return cpu.matmul_bf16(h, w, n, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows,
+                               layer=_stack_index(w, layer))
+    return _dot(rms_norm(h, norm, eps), w, n, live_rows=live_rows, layer=layer)
 
 
-def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None):
+def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer=None):
     """h + (silu(gate) * up) @ down over rms_norm(h) for a gate/up projection packed by `pallas_kernels.cpu.
     pack_gated`. With float32 rows the native CPU matmul applies the activation to the gate/up products in
     registers and hands the down projection its input already rounded (no [T, 2I] float32 intermediate);
@@ -59,10 +70,12 @@ def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None):
     from pallas_kernels import cpu
 
     if h.dtype == jnp.float32:
-        pairs = cpu.gated_pairs(h, gate_up, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows)
-        return cpu.matmul_bf16(pairs, down, n, prologue="rounded", residual=h, live_rows=live_rows)
-    gate, up = cpu.unpack_gated(_normed_dot(h, norm, eps, gate_up, gate_up.shape[-3] * cpu.PANEL, live_rows))
-    return _dot(jax.nn.silu(gate) * up, down, n, h, live_rows)
+        pairs = cpu.gated_pairs(h, gate_up, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows,
+                                layer=_stack_index(gate_up, layer))
+        return cpu.matmul_bf16(pairs, down, n, prologue="rounded", residual=h, live_rows=live_rows,
+                               layer=_stack_index(down, layer))
+    gate, up = cpu.unpack_gated(_normed_dot(h, norm, eps, gate_up, gate_up.shape[-3] * cpu.PANEL, live_rows, layer))
+    return _dot(jax.nn.silu(gate) * up, down, n, h, live_rows, layer)
 
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -72,11 +85,16 @@ def _packed_axes(stacked: bool) -> tuple[str, ...]:
     return ("layers",) * stacked + ("packed",) * 3
 
 
+def _packed(path, value) -> bool:
+    """nnx filter: a weight packed for the native CPU matmul."""
+    return isinstance(value, nnx.Variable) and "packed" in value.get_metadata().get("logical_axes", ())
+
+
 def _pack(var: nnx.Variable) -> None:
     from pallas_kernels import cpu
 
     stacked = var.get_value().ndim == 3  # [layers, in, out]
-    var.set_value(cpu.pack_bf16(var.get_value()))
+    var.set_value(jnp.asarray(cpu.pack_bf16(np.asarray(var.get_value()))))  # packed on the host
     var.set_metadata("logical_axes", _packed_axes(stacked))
 
 
@@ -87,18 +105,18 @@ def _pack_layer(layer) -> None:
     one `pack_gated` weight (16 columns of each to a panel) for `_gated_mlp`."""
     from pallas_kernels import cpu
 
-    def take(name):
-        value = getattr(layer, name).get_value()
+    def take(name):  # on the host: packing there compiles nothing (cpu.pack_bf16)
+        value = np.asarray(getattr(layer, name).get_value())
         delattr(layer, name)
         return value
 
     stacked = layer.q_proj.get_value().ndim == 3  # [layers, in, out]
     parts = ("q_proj", "k_proj", "v_proj")
     if all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
-        value = jnp.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
-        layer.qkv_proj = nnx.Param(value, logical_axes=_packed_axes(stacked))
+        value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
+        layer.qkv_proj = nnx.Param(jnp.asarray(value), logical_axes=_packed_axes(stacked))
     if layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0:
-        layer.gate_up_proj = nnx.Param(cpu.pack_gated(take("gate_proj"), take("up_proj")),
+        layer.gate_up_proj = nnx.Param(jnp.asarray(cpu.pack_gated(take("gate_proj"), take("up_proj"))),
                                        logical_axes=_packed_axes(stacked))
     for name in _LINEAR:
         if hasattr(layer, name):
@@ -140,7 +158,7 @@ class DecoderLayers(nnx.Module):
         qkv = None
         if hasattr(self, "qkv_proj"):  # fused at packing (pack_for_native_matmul)
             qkv = _normed_dot(h, self.attn_norm[...], cfg.rms_norm_eps, self.qkv_proj[...], q_width + 2 * kv_width,
-                              live)
+                              live, layer)
         if (qkv is not None and not (cfg.qkv_bias or cfg.qk_norm)
                 and kv_writer(kv_cache, qkv.dtype, self.attention_backend) == "cpu"):
             # The native writer rotates q and k on the way: one pass from the fused projection instead of
@@ -153,9 +171,9 @@ class DecoderLayers(nnx.Module):
                 q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], -1)
             else:
                 x = rms_norm(h, self.attn_norm[...], cfg.rms_norm_eps)
-                q, k, v = (_dot(x, self.q_proj[...], q_width, live_rows=live),
-                           _dot(x, self.k_proj[...], kv_width, live_rows=live),
-                           _dot(x, self.v_proj[...], kv_width, live_rows=live))
+                q, k, v = (_dot(x, self.q_proj[...], q_width, live_rows=live, layer=layer),
+                           _dot(x, self.k_proj[...], kv_width, live_rows=live, layer=layer),
+                           _dot(x, self.v_proj[...], kv_width, live_rows=live, layer=layer))
             if cfg.qkv_bias:
                 q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
             q = q.reshape(T, cfg.num_heads, cfg.head_dim)
@@ -170,14 +188,16 @@ class DecoderLayers(nnx.Module):
                       backend=self.attention_backend)
         if cfg.o_bias:
             h = h + self.o_bias[...]
-        h = _dot(o.reshape(T, -1), self.o_proj[...], cfg.hidden_size, residual=h, live_rows=live)
+        h = _dot(o.reshape(T, -1), self.o_proj[...], cfg.hidden_size, residual=h, live_rows=live, layer=layer)
         I = cfg.intermediate_size
         if hasattr(self, "gate_up_proj"):  # fused at packing (pack_for_native_matmul)
             return _gated_mlp(h, self.mlp_norm[...], cfg.rms_norm_eps, self.gate_up_proj[...], self.down_proj[...],
-                              cfg.hidden_size, live), kv_cache
+                              cfg.hidden_size, live, layer), kv_cache
         x = rms_norm(h, self.mlp_norm[...], cfg.rms_norm_eps)
-        gate, up = _dot(x, self.gate_proj[...], I, live_rows=live), _dot(x, self.up_proj[...], I, live_rows=live)
-        return _dot(jax.nn.silu(gate) * up, self.down_proj[...], cfg.hidden_size, residual=h, live_rows=live), kv_cache
+        gate = _dot(x, self.gate_proj[...], I, live_rows=live, layer=layer)
+        up = _dot(x, self.up_proj[...], I, live_rows=live, layer=layer)
+        return _dot(jax.nn.silu(gate) * up, self.down_proj[...], cfg.hidden_size, residual=h, live_rows=live,
+                    layer=layer), kv_cache
 
 
 class LlamaForCausalLM(nnx.Module):
@@ -218,12 +238,15 @@ class LlamaForCausalLM(nnx.Module):
             for i, layer_module in enumerate(self.layers):
                 h, kv_cache = layer_module(h, kv_cache, jnp.int32(i), windows[i], batch, slots, rope)
         else:
-            graphdef, stacked = nnx.split(self.layers)
+            # Packed weights (the native CPU matmul's) stay whole: the kernel reads the step's layer in place,
+            # as the attention reads the KV cache's. Sliced per step instead, XLA:CPU converted every stacked
+            # bfloat16 weight to float32 and back at each model step (steps ~2.7x slower than unrolled).
+            graphdef, in_place, stacked = nnx.split(self.layers, _packed, ...)
 
             def one_layer(carry, xs):
                 h, kv_cache = carry
                 state, layer, window = xs
-                layer_module = nnx.merge(graphdef, state)
+                layer_module = nnx.merge(graphdef, in_place, state)
                 return layer_module(h, kv_cache, layer, window, batch, slots, rope), None
 
             layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
@@ -253,7 +276,7 @@ class LlamaForCausalLM(nnx.Module):
         for layer in (self.layers if self.layers_unstacked else [self.layers]):
             _pack_layer(layer)
         if not hasattr(self, "lm_head"):
-            self.lm_head = nnx.Param(self.embed[...].T, logical_axes=("embed", "vocab"))
+            self.lm_head = nnx.Param(np.asarray(self.embed[...]).T, logical_axes=("embed", "vocab"))
         _pack(self.lm_head)
 
     def attention_body(self, page_size: int) -> str:
@@ -267,8 +290,8 @@ class LlamaForCausalLM(nnx.Module):
 
     def unstack_layers(self) -> None:
         """Gives each layer its own parameter arrays (slices of the stacked ones, which are then freed; each
-        keeps its sharding) and so an unrolled layer loop. Faster on CPU (see the module docstring); each
-        model program then compiles several times slower. Checkpoints are written from the stacked layout."""
+        keeps its sharding) and so an unrolled layer loop (see the module docstring for when it pays).
+        Checkpoints are written from the stacked layout."""
         if self.layers_unstacked:
             return
         graphdef, stacked = nnx.split(self.layers)
