@@ -184,6 +184,12 @@ def _packing(w):
     return np, (lambda out: out) if isinstance(w, np.ndarray) else jnp.asarray
 
 
+def _bitcast(xp, x, dtype):
+    """x's bits as `dtype` (numpy's view, jax's bitcast; a narrower dtype splits the last axis's elements: the
+    caller reshapes)."""
+    return np.ascontiguousarray(x).view(dtype) if xp is np else jax.lax.bitcast_convert_type(x, dtype)
+
+
 def pack_bf16(w):
     """w [..., K, N] -> bfloat16 [..., ceil(N / 32), ceil(K / 2), 64], the native matmul's layout: panels of
     32 output columns, each contiguous, holding (w[2k, n], w[2k + 1, n]) pairs (zero-padded). A numpy `w`
@@ -191,9 +197,14 @@ def pack_bf16(w):
     xp, result = _packing(w)
     *lead, K, N = w.shape
     P, K2 = -(-N // PANEL), -(-K // 2)
-    w = xp.pad(xp.asarray(w, jnp.bfloat16), [(0, 0)] * len(lead) + [(0, 2 * K2 - K), (0, P * PANEL - N)])
-    w = w.reshape(*lead, K2, 2, P, PANEL)
-    return result(xp.moveaxis(w, (-2, -1), (-4, -2)).reshape(*lead, P, K2, 2 * PANEL))
+    bits = _bitcast(xp, xp.asarray(w, jnp.bfloat16), np.uint16)
+    if 2 * K2 != K or P * PANEL != N:
+        bits = xp.pad(bits, [(0, 0)] * len(lead) + [(0, 2 * K2 - K), (0, P * PANEL - N)])
+    # Each pair one 32-bit word, w[2k, n] in its low half (first in memory); then whole words move to their
+    # panels (an element-wise interleave of the two rows took numpy twice as long).
+    pairs = bits[..., 0::2, :].astype(np.uint32) | (bits[..., 1::2, :].astype(np.uint32) << 16)
+    panels = xp.moveaxis(pairs.reshape(*lead, K2, P, PANEL), -2, -3)  # [..., P, K2, 32]
+    return result(_bitcast(xp, panels, jnp.bfloat16).reshape(*lead, P, K2, 2 * PANEL))
 
 
 GATED = PANEL // 2  # gate (and up) columns per panel of a pack_gated weight

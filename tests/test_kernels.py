@@ -275,6 +275,7 @@ def test_native_bf16_matmul_matches_xla(m, k, n):
     expected = jnp.dot(x.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
     packed = cpu.pack_bf16(w)
     assert packed.shape == (-(-n // 32), -(-k // 2), 64)
+    np.testing.assert_array_equal(np.asarray(jax.jit(cpu.pack_bf16)(w)), np.asarray(packed))  # traced: same bits
     got = jax.jit(cpu.matmul_bf16, static_argnums=2)(x, packed, n)
     assert got.shape == (m, n) and got.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-5 * np.sqrt(k))
@@ -453,6 +454,9 @@ def test_native_matmuls_read_a_layer_of_stacked_weights_in_place():
     down = jnp.asarray(rng.standard_normal((L, i, n), np.float32)).astype(jnp.bfloat16)
     stacks = cpu.pack_bf16(w), cpu.pack_gated(gate, up), cpu.pack_bf16(down)
     assert stacks[0].shape == (L, -(-n // 32), k // 2, 64) and stacks[1].shape == (L, i // 16, k // 2, 64)
+    # Packed on the host (concrete weights) or traced (jax.numpy): the same bits.
+    np.testing.assert_array_equal(np.asarray(jax.jit(cpu.pack_bf16)(w)), np.asarray(stacks[0]))
+    np.testing.assert_array_equal(np.asarray(jax.jit(cpu.pack_gated)(gate, up)), np.asarray(stacks[1]))
 
     def layer_of(x, w, gate_up, down, layer):
         pairs = cpu.gated_pairs(x, gate_up, live_rows=9, layer=layer)

@@ -1,6 +1,7 @@
 """`LLMEngine`: requests in, `RequestOutput`s out, one scheduler step at a time."""
 
 import collections
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -148,13 +149,17 @@ class LLMEngine:
         check_layout(checkpoint_config, tp, config.data_parallel_size, len(jax.devices()))
         self.mesh = make_mesh(tp, devices)
         unrolled = config.layer_loop == "unrolled" or (config.layer_loop == "auto" and jax.default_backend() == "cpu")
+        # The tokenizer loads (importing transformers: ~0.9 s of a warm start) while the weights do.
+        tokenizer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxengine-tokenizer")
+        tokenizer_loaded = tokenizer.submit(load_tokenizer, config.tokenizer or model_dir, config.trust_remote_code)
+        tokenizer.shutdown(wait=False)
         model, self.model_config = load_model(model_dir, config.dtype, progress=progress, mesh=self.mesh,
                                               attention_backend=self._attention_backend(config, tp),
                                               unstacked=unrolled, native_matmul=True)
         model.kv_dtype = self._kv_cache_dtype(config, model)
         if warning := scan_warning(config.layer_loop, jax.default_backend(), model.param_dtype, model.native_matmul):
             logger.warning(warning)
-        self.tokenizer = load_tokenizer(config.tokenizer or model_dir, config.trust_remote_code)
+        self.tokenizer = tokenizer_loaded.result()
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(model_dir)
         self.default_sampling = generation_defaults(model_dir, config.generation_config,
