@@ -268,7 +268,8 @@ def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, ep
     """x f32[M, K] @ w -> f32[M, n], `packed` = pack_bf16(w) for w [K, n] (or pack_bf16 of stacked weights
     [L, K, n] with `layer` an int32 scalar, may be traced: w is their layer `layer`, read in place): x rounded
     to bfloat16, products accumulated in float32 (what `jnp.dot(x.astype(bfloat16), w,
-    preferred_element_type=float32)` computes, up to summation order). `prologue`, applied to x's rows (in float32) before they are rounded:
+    preferred_element_type=float32)` computes, up to summation order). `prologue`, applied to x's rows (in
+    float32) before they are rounded:
     - "rms_norm": `norm * (x * rsqrt(mean(x ** 2) + eps))` with `norm` [K] (layers/norms.rms_norm for float32 x);
     - "rounded": x is already rounded, uint32 [M, rounded_width(K)]: `gated_pairs`' result for the same M and
       live_rows (K from the packed weight).
