@@ -84,6 +84,55 @@ def test_past_its_size_cap_the_least_recently_used_programs_go(tmp_path):
     np.testing.assert_array_equal(np.asarray(hit(jnp.arange(8.0))), np.arange(8.0) + 1)
 
 
+def test_a_warm_load_of_stacked_layers_takes_its_programs_from_the_cache(model_dirs, tmp_path):
+    """Stacked layers (a scanned layer loop: the accelerators' default) are filled on the device one layer at a
+    time by small programs, which the executable cache keeps: a second load compiles nothing and gives the
+    same weights, on one device and on a mesh."""
+    import numpy as np
+    from flax import nnx
+
+    from jaxengine.compile_counter import compile_count
+    from jaxengine.models.loader import load_model
+    from jaxengine.parallel.sharding import make_mesh
+    from jaxengine.runner.executables import ExecutableCache
+
+    def load(cache, mesh):
+        before = compile_count()
+        model, _ = load_model(model_dirs["llama"], progress=False, mesh=mesh, executables=cache)
+        assert not model.layers_unstacked
+        weights = {path: (np.asarray(v.get_value()), v.get_value().sharding) for path, v in
+                   nnx.to_flat_state(nnx.state(model))}
+        return compile_count() - before, weights
+
+    for mesh in (None, make_mesh(2, None)):
+        directory = tmp_path / ("mesh" if mesh else "one")
+        cold_cache, warm_cache = ExecutableCache(directory), ExecutableCache(directory)
+        _, cold = load(cold_cache, mesh)
+        stored = len(list(directory.glob("*.jaxexec")))
+        compiles, warm = load(warm_cache, mesh)
+        assert stored > 0 and cold_cache.hits == 0
+        assert compiles == 0 and warm_cache.hits == stored
+        assert cold.keys() == warm.keys()
+        for path, (value, sharding) in cold.items():
+            np.testing.assert_array_equal(warm[path][0], value)
+            assert warm[path][1] == sharding, path
+
+
+def test_loading_unstacked_layers_compiles_nothing(model_dirs):
+    """The CPU default (an unrolled layer loop): every tensor goes to the device as it is, or packed on the host
+    for the native matmul, so a load runs no program at all (a jnp.asarray of a host array would compile one
+    per shape)."""
+    from pallas_kernels import cpu
+    from jaxengine.compile_counter import compile_count
+    from jaxengine.models.loader import load_model
+
+    for dtype in ("float32", "bfloat16") if cpu.matmul_available() else ("float32",):
+        before = compile_count()
+        model, _ = load_model(model_dirs["llama"], dtype, progress=False, unstacked=True, native_matmul=True)
+        assert model.native_matmul == (dtype == "bfloat16")
+        assert compile_count() == before, dtype
+
+
 def _load_kernels(cache, **env) -> subprocess.CompletedProcess:
     """`pallas_kernels.cpu.available()` in a fresh process whose kernel cache is `cache`."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAXENGINE_KERNEL_CACHE=str(cache), **env)

@@ -23,6 +23,7 @@ from jaxengine.models.loader import load_config, load_model, resolve_model_dir
 from jaxengine.parallel.multihost import CommandChannel, is_leader
 from jaxengine.parallel.sharding import check_layout, make_mesh
 from jaxengine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from jaxengine.runner.executables import ExecutableCache
 from jaxengine.runner.model_runner import MAX_BANNED, MAX_LOGIT_BIAS, ModelRunner
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 
@@ -30,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 
 def enable_compilation_cache(cache_dir: str | None) -> Path | None:
-    """Where the runner keeps its compiled programs across processes (`executables/` in `cache_dir`), or None.
+    """Where the engine keeps its compiled programs across processes (`executables/` in `cache_dir`), or None.
     Multi-process engines compile with the other processes: they get JAX's persistent compilation cache
     instead (unless the process set its own). One cache, not both: see jaxengine/runner/executables.py."""
     if not cache_dir:
@@ -142,6 +143,8 @@ class LLMEngine:
         """`devices`: where this engine runs (default: the first tensor_parallel_size devices)."""
         self.config = config
         executables = enable_compilation_cache(config.compilation_cache_dir)
+        if executables is not None:
+            executables = ExecutableCache(executables, int(config.compilation_cache_max_gib * (1 << 30)) or None)
         model_dir = (resolve_model_dir(config.model, config.trust_remote_code, config.revision, config.download_dir)
                      if config.model else _demo_model_dir())
         tp = config.tensor_parallel_size
@@ -155,7 +158,7 @@ class LLMEngine:
         tokenizer.shutdown(wait=False)
         model, self.model_config = load_model(model_dir, config.dtype, progress=progress, mesh=self.mesh,
                                               attention_backend=self._attention_backend(config, tp),
-                                              unstacked=unrolled, native_matmul=True)
+                                              unstacked=unrolled, native_matmul=True, executables=executables)
         model.kv_dtype = self._kv_cache_dtype(config, model)
         if warning := scan_warning(config.layer_loop, jax.default_backend(), model.param_dtype, model.native_matmul):
             logger.warning(warning)
@@ -177,8 +180,7 @@ class LLMEngine:
                                   max_num_batched_tokens=config.max_num_batched_tokens, mesh=self.mesh,
                                   min_token_bucket=config.min_token_bucket, max_logprobs=config.max_logprobs,
                                   channel=CommandChannel() if jax.process_count() > 1 and is_leader() else None,
-                                  executable_cache=executables,
-                                  executable_cache_max_bytes=int(config.compilation_cache_max_gib * (1 << 30)) or None)
+                                  executable_cache=executables)
         logger.info("KV cache: %d blocks of %d tokens (%d tokens); at most %.1f requests of max_model_len=%d at once",
                     num_blocks, config.block_size, num_blocks * config.block_size,
                     num_blocks * config.block_size / self.max_model_len, self.max_model_len)

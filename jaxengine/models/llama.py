@@ -94,7 +94,7 @@ def _pack(var: nnx.Variable) -> None:
     from pallas_kernels import cpu
 
     stacked = var.get_value().ndim == 3  # [layers, in, out]
-    var.set_value(jnp.asarray(cpu.pack_bf16(np.asarray(var.get_value()))))  # packed on the host
+    var.set_value(jax.device_put(cpu.pack_bf16(np.asarray(var.get_value()))))  # packed on the host
     var.set_metadata("logical_axes", _packed_axes(stacked))
 
 
@@ -114,9 +114,9 @@ def _pack_layer(layer) -> None:
     parts = ("q_proj", "k_proj", "v_proj")
     if all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
         value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
-        layer.qkv_proj = nnx.Param(jnp.asarray(value), logical_axes=_packed_axes(stacked))
+        layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(stacked))
     if layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0:
-        layer.gate_up_proj = nnx.Param(jnp.asarray(cpu.pack_gated(take("gate_proj"), take("up_proj"))),
+        layer.gate_up_proj = nnx.Param(jax.device_put(cpu.pack_gated(take("gate_proj"), take("up_proj"))),
                                        logical_axes=_packed_axes(stacked))
     for name in _LINEAR:
         if hasattr(layer, name):

@@ -21,6 +21,7 @@ from jaxengine.models.registry import get_architecture
 from jaxengine.models import orbax_io
 from jaxengine.models.safetensors_io import read_safetensors
 from jaxengine.parallel.sharding import kv_head_repeats, named_sharding
+from jaxengine.runner.executables import signature
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,8 @@ def native_matmul_applies(mesh=None) -> bool:
 
 
 def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, mesh=None,
-               attention_backend: str = "auto", unstacked: bool = False, native_matmul: bool = False):
+               attention_backend: str = "auto", unstacked: bool = False, native_matmul: bool = False,
+               executables=None):
     """Returns (model, ModelConfig). Weights go from memory-mapped safetensors to the device one parameter
     at a time (on a mesh, each device receives only its shard); the model is never initialised with real
     arrays. On a mesh with more devices on 'model' than the model has KV heads, each KV head is repeated
@@ -112,7 +114,8 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     own arrays (`LlamaForCausalLM.unstack_layers`), filled straight from the checkpoint's tensors.
     `native_matmul`: where `native_matmul_applies`, bfloat16 weights are packed for the native CPU matmul
     (and `auto` keeps a bfloat16 checkpoint in bfloat16; `LlamaForCausalLM.pack_for_native_matmul`). For
-    serving; a model to convert and save keeps the checkpoint's layout."""
+    serving; a model to convert and save keeps the checkpoint's layout. `executables`: an ExecutableCache
+    (jaxengine.runner.executables) that keeps the programs filling stacked layers across starts."""
     start = time.perf_counter()
     model_dir = resolve_model_dir(model)
     model_class, cfg = load_config(model_dir)
@@ -142,7 +145,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
         loaded = orbax_io.restore(model_dir, flat, targets, shardings, _KV_PARAMS, repeats, checkpoint_kv_heads)
     else:
         loaded = _fill(checkpoint_files(model_dir), hf_weight_map(cfg), targets, shardings, cfg, progress,
-                       kv_repeat=(checkpoint_kv_heads, repeats))
+                       kv_repeat=(checkpoint_kv_heads, repeats), executables=executables)
     state = nnx.from_flat_state([(path, var.replace(loaded[path])) for path, var in flat])
     loaded_model = nnx.merge(graphdef, state)
     if unstacked:
@@ -167,9 +170,48 @@ def _repeat_kv_heads(array: np.ndarray, kv_heads: int, repeats: int) -> np.ndarr
 
 
 @functools.partial(jax.jit, donate_argnums=0)
-def _set_layer(stacked: jax.Array, piece: jax.Array, layer: int) -> jax.Array:
-    """Writes one layer's tensor into the stacked parameter in place (donated), keeping its sharding."""
+def _set_layer(stacked: jax.Array, piece: jax.Array, layer) -> jax.Array:
+    """Writes one layer's tensor into the stacked parameter (donated: in place), keeping its sharding."""
     return jax.lax.dynamic_update_index_in_dim(stacked, piece, layer, axis=0)
+
+
+def _new_stack(piece: jax.Array, layer, *, layers: int) -> jax.Array:
+    """A stacked parameter of `layers` layers holding `piece` at `layer`, zeros elsewhere."""
+    return jax.lax.dynamic_update_index_in_dim(jnp.zeros((layers, *piece.shape), piece.dtype), piece, layer, 0)
+
+
+@functools.cache
+def _new_stack_program(layers: int, sharding):
+    """_new_stack for `layers` layers, its result placed by `sharding` (None: the default device)."""
+    return jax.jit(functools.partial(_new_stack, layers=layers), out_shardings=sharding)
+
+
+class _Stacker:
+    """Runs the two small programs that fill stacked parameters layer by layer (a layer's index is traced: one
+    program of each per weight shape). Each compiles well under the persistent cache's floor, so JAX's cache
+    would not keep them, and at every start: with an executable cache they are stored there and loaded on the
+    next start, as the runner's programs are."""
+
+    def __init__(self, executables=None):
+        self.executables = executables  # an ExecutableCache (jaxengine.runner.executables), or None
+        self._programs = {}
+
+    def new(self, piece: jax.Array, layer: int, layers: int, sharding) -> jax.Array:
+        return self._run(f"loader.new_stack[{layers}, {sharding}]", _new_stack_program(layers, sharding), (piece,),
+                         layer)
+
+    def set(self, stacked: jax.Array, piece: jax.Array, layer: int) -> jax.Array:
+        return self._run("loader.set_layer", _set_layer, (stacked, piece), layer)
+
+    def _run(self, name: str, jitted, arrays: tuple, layer: int):
+        layer = np.int32(layer)
+        if self.executables is None:
+            return jitted(*arrays, layer)
+        key = (name, signature(arrays))
+        if key not in self._programs:
+            self._programs[key] = self.executables.get(f"{name} with a layer i32[]", key[1],
+                                                       lambda: jitted.lower(*arrays, layer))
+        return self._programs[key](*arrays, layer)
 
 
 def _layer_sharding(sharding, layer):
@@ -179,11 +221,11 @@ def _layer_sharding(sharding, layer):
     return NamedSharding(sharding.mesh, PartitionSpec(*sharding.spec[1:]))
 
 
-def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat) -> dict:
+def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, executables=None) -> dict:
     """Streams tensors file by file: each goes from the memory map straight to its devices (only its shard
     to each), and per-layer tensors are written into their stacked parameter on device (or become the
     layer's own parameter when the targets are unstacked), so host memory peaks near one tensor."""
-    done, seen = {}, set()
+    done, seen, stacker = {}, set(), _Stacker(executables)
     headers = [read_safetensors(f) for f in files]
     bar = tqdm(total=sum(len(h) for h in headers), desc="Loading weights", unit="tensor", disable=not progress)
     for file, tensors in zip(files, headers):
@@ -215,10 +257,10 @@ def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat) -> di
             piece = jax.device_put(np.asarray(source, dtype=target.dtype), _layer_sharding(sharding, layer))
             if layer is None:
                 done[path] = piece
+            elif path not in done:
+                done[path] = stacker.new(piece, layer, target.shape[0], sharding)
             else:
-                if path not in done:
-                    done[path] = jnp.zeros(target.shape, target.dtype, device=sharding)
-                done[path] = _set_layer(done[path], piece, layer)
+                done[path] = stacker.set(done[path], piece, layer)
     bar.close()
     missing = sorted(set(weight_map) - seen)
     if missing:

@@ -76,11 +76,10 @@ def _prompt_logprobs(graphdef, state_treedef, native, state_leaves, hidden, batc
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int,
                  max_num_batched_tokens: int, mesh, min_token_bucket: int = 1, max_logprobs: int = 20,
-                 channel: multihost.CommandChannel | None = None, executable_cache: str | None = None,
-                 executable_cache_max_bytes: int | None = None):
+                 channel: multihost.CommandChannel | None = None,
+                 executable_cache: ExecutableCache | None = None):
         """`channel`: on the leader of a multi-process mesh, every device command is sent through it first.
-        `executable_cache`: a directory where compiled programs are kept across processes (one process only),
-        at most `executable_cache_max_bytes` of them (None: no cap)."""
+        `executable_cache`: where compiled programs are kept across processes (one process only)."""
         graphdef, self.state = nnx.split(model)
         self._state_leaves, state_treedef = jax.tree.flatten(self.state)
         self.vocab_size = vocab = model.cfg.vocab_size
@@ -88,7 +87,7 @@ class ModelRunner:
         self.attention_body = model.attention_body(block_size)
         self._model_key = f"{graphdef!r}|{self.attention_body}"  # what the model programs close over
         self._native_sampler = native_sampler(mesh)
-        self._cache = ExecutableCache(executable_cache, executable_cache_max_bytes) if executable_cache else None
+        self._cache = executable_cache
         self.channel = channel
         self.replicated = replicated(mesh)
         kv_shape = model.kv_cache_shape(num_blocks, block_size)
