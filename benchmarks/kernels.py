@@ -9,13 +9,13 @@ Bodies default to what the backend runs natively (tpu on TPU, gpu on GPU, refere
 import argparse
 import json
 import platform
-import subprocess
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxengine.bench import source_commit
 from pallas_kernels import gpu, tpu
 from pallas_kernels.reference import ragged_paged_attention as reference
 
@@ -75,8 +75,7 @@ def main() -> None:
                 flops = 4 * pairs * Q_HEADS * HEAD_DIM
                 results.append({"body": body, "kind": "prefill", "page_size": page_size, "context": context,
                                 "q_len": prefill_len, "seconds": t, "tflop_per_s": flops / t / 1e12})
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(json.dumps({"benchmark": "kernels", "commit": commit, "backend": jax.default_backend(),
+    print(json.dumps({"benchmark": "kernels", "commit": source_commit(), "backend": jax.default_backend(),
                       "devices": [d.device_kind for d in jax.devices()], "machine": platform.node(),
                       "dtype": dtype.name, "results": results}))
 

@@ -34,10 +34,21 @@ PROBE_LIMIT = 1 << 22  # ids /detokenize is probed below (the largest vocabulari
 SAMPLING_FLAGS = ("top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
 
 
+def source_commit(directory: str | None = None) -> str | None:
+    """The commit of the checkout holding `directory` (default: this code's), with "-dirty" where tracked files
+    differ from it; None outside a git checkout."""
+    def git(*command):
+        return subprocess.run(["git", *command], capture_output=True, text=True,
+                              cwd=directory or os.path.dirname(__file__))
+
+    commit = git("rev-parse", "--short", "HEAD").stdout.strip()
+    if not commit:
+        return None
+    return commit + ("-dirty" if git("diff", "--quiet", "HEAD").returncode == 1 else "")
+
+
 def _context(config=None) -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=os.path.dirname(__file__)).stdout.strip()
-    out = {"commit": commit or None, "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+    out = {"commit": source_commit(), "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                                  "python": platform.python_version()}}
     if config is not None:
         out["config"] = dataclasses.asdict(config)

@@ -297,3 +297,25 @@ def test_bench_startup_times_a_cold_and_a_warm_server(model_dirs, capsys):
     assert result["cold_cache_s"] > 0 and len(result["warm_runs_s"]) == 1 and result["warm_cache_s"] > 0
     with pytest.raises(SystemExit, match="exited with 2 before it was ready(.|\n)*--no-such-flag"):
         main(["bench", "startup", "--runs", "1", *engine, "--no-such-flag"])
+
+
+def test_results_name_the_commit_and_whether_the_tree_differs_from_it(tmp_path):
+    import subprocess
+
+    from jaxengine.bench import source_commit
+
+    def git(*command):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *command], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    assert source_commit(str(tmp_path)) is None  # not a checkout
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("commit", "-q", "-m", "one")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / "notes.txt").write_text("untracked")
+    assert source_commit(str(tmp_path)) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert source_commit(str(tmp_path)) == head + "-dirty"
