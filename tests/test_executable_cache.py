@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 WORKER = Path(__file__).with_name("startup_worker.py")
+LOAD_WORKER = Path(__file__).with_name("load_worker.py")
 ROOT = Path(__file__).parent.parent
 
 
@@ -86,36 +87,23 @@ def test_past_its_size_cap_the_least_recently_used_programs_go(tmp_path):
 
 def test_a_warm_load_of_stacked_layers_takes_its_programs_from_the_cache(model_dirs, tmp_path):
     """Stacked layers (a scanned layer loop: the accelerators' default) are filled on the device one layer at a
-    time by small programs, which the executable cache keeps: a second load compiles nothing and gives the
-    same weights, on one device and on a mesh."""
-    import numpy as np
-    from flax import nnx
+    time by small programs, which the executable cache keeps: a second process's load compiles nothing and gives
+    the same weights, on one device and on meshes. On a one-device mesh q's and o's programs differ only in their
+    shardings' names and XLA compiles one for both: the cache stores it under each name."""
+    def loads():
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env.pop("XLA_FLAGS", None)
+        result = subprocess.run([sys.executable, str(LOAD_WORKER), str(model_dirs["llama"]), str(tmp_path)],
+                                capture_output=True, text=True, env=env, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return [json.loads(line) for line in result.stdout.strip().splitlines()]
 
-    from jaxengine.compile_counter import compile_count
-    from jaxengine.models.loader import load_model
-    from jaxengine.parallel.sharding import make_mesh
-    from jaxengine.runner.executables import ExecutableCache
-
-    def load(cache, mesh):
-        before = compile_count()
-        model, _ = load_model(model_dirs["llama"], progress=False, mesh=mesh, executables=cache)
-        assert not model.layers_unstacked
-        weights = {path: (np.asarray(v.get_value()), v.get_value().sharding) for path, v in
-                   nnx.to_flat_state(nnx.state(model))}
-        return compile_count() - before, weights
-
-    for mesh in (None, make_mesh(2, None)):
-        directory = tmp_path / ("mesh" if mesh else "one")
-        cold_cache, warm_cache = ExecutableCache(directory), ExecutableCache(directory)
-        _, cold = load(cold_cache, mesh)
-        stored = len(list(directory.glob("*.jaxexec")))
-        compiles, warm = load(warm_cache, mesh)
-        assert stored > 0 and cold_cache.hits == 0
-        assert compiles == 0 and warm_cache.hits == stored
-        assert cold.keys() == warm.keys()
-        for path, (value, sharding) in cold.items():
-            np.testing.assert_array_equal(warm[path][0], value)
-            assert warm[path][1] == sharding, path
+    cold, warm = loads(), loads()
+    assert [load["mesh"] for load in cold] == [load["mesh"] for load in warm] == [0, 1, 2]
+    for before, after in zip(cold, warm):
+        assert before["stacked"] and before["entries"] > 0 and before["hits"] == 0
+        assert after["compiles"] == 0 and after["hits"] == after["entries"] == before["entries"]
+        assert after["weights"] == before["weights"]
 
 
 def test_loading_unstacked_layers_compiles_nothing(model_dirs):

@@ -9,9 +9,11 @@ graph definition, i.e. its architecture, config and static settings) and the sha
 devices of every argument. Single-process engines only: a multi-host program is compiled with the others.
 
 An executable that JAX's persistent cache loaded cannot be serialized again (XLA:CPU then writes it without
-its kernels: "Function ... not found" when it runs), so only a program that XLA compiled in this call is
-stored; one that came from a JAX cache (persistent, or in memory after such a load) is not. The engine
-turns JAX's persistent cache on only where this one is off; a process may still turn it on itself.
+its kernels: "Function ... not found" when it runs), so only a program that XLA compiled in this process is
+stored: one compiled in this call, or, while JAX's persistent cache is off, one JAX's in-memory cache returns
+(an identical program under another name, e.g. two weights' loader programs whose shardings differ only in
+name on one device); with that cache on, an in-memory hit may be a persistent load, and is not stored. The
+engine turns JAX's persistent cache on only where this one is off; a process may still turn it on itself.
 
 Entries of old versions (of jax, of this code, of a model's settings) are never hit again. With a size cap,
 storing a program removes the least recently used entries past it: a hit refreshes an entry's modification
@@ -97,7 +99,10 @@ class ExecutableCache:
                 logger.warning("could not load the cached program %s (%s): %s; compiling it", name, path.name, e)
         compiles, cache_hits = compile_count(), persistent_cache_hit_count()
         compiled = lower().compile()
-        if compile_count() > compiles and persistent_cache_hit_count() == cache_hits:  # see the module docstring
+        # Stored only if XLA compiled it in this process (see the module docstring): this call compiled it, or
+        # JAX's in-memory cache returned it (another name's identical program) while JAX's persistent cache is off.
+        persistent = jax.config.jax_enable_compilation_cache and bool(jax.config.jax_compilation_cache_dir)
+        if persistent_cache_hit_count() == cache_hits and (compile_count() > compiles or not persistent):
             self._store(path, compiled)
         return compiled
 
