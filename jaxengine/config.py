@@ -33,7 +33,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     seed: int = 0
     attention_backend: str = "auto"  # auto | reference | pallas | native (see jaxengine/layers/attention.py)
-    layer_loop: str = "auto"  # auto | scan | unrolled; auto = unrolled on CPU (loads faster, runs as fast; README)
+    layer_loop: str = "auto"  # auto | scan | unrolled; auto = scan, but unrolled on CPU without the native matmul
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     max_logprobs: int = 20  # the most `logprobs` a request may ask for

@@ -220,13 +220,20 @@ def test_kv_cache_dtype_follows_the_weights_on_cpu_and_refuses_what_cannot_run(e
 
 def test_scanned_layers_decode_as_the_unrolled_ones_on_cpu(engines):
     """`layer_loop: scan` on CPU over bfloat16 weights: where the native matmul runs it reads each layer of the
-    stacked packed weights in place (no slice, no conversion); either way the tokens are the unrolled loop's
-    (the default here), and nothing compiles after warm-up."""
+    stacked packed weights in place (no slice, no conversion); either way the tokens are the unrolled loop's,
+    and nothing compiles after warm-up. `auto` scans where the native matmul runs, and unrolls where XLA's dots
+    take the weights (bfloat16 without the native matmul, float32)."""
     from jaxengine.models.loader import native_matmul_applies
 
-    scanned, unrolled = engines("llama", dtype="bfloat16", layer_loop="scan"), engines("llama", dtype="bfloat16")
-    stacked = {engine: not isinstance(next(iter(engine.runner.state["layers"])), int) for engine in (scanned, unrolled)}
-    assert stacked == {scanned: True, unrolled: False}  # per-layer arrays are keyed by the layer's index
+    scanned = engines("llama", dtype="bfloat16", layer_loop="scan")
+    unrolled = engines("llama", dtype="bfloat16", layer_loop="unrolled")
+    auto, auto_float32 = engines("llama", dtype="bfloat16"), engines("llama")  # the shared engines: float32
+
+    def is_stacked(engine):  # per-layer arrays are keyed by the layer's index
+        return not isinstance(next(iter(engine.runner.state["layers"])), int)
+
+    assert is_stacked(scanned) and not is_stacked(unrolled) and not is_stacked(auto_float32)
+    assert is_stacked(auto) == native_matmul_applies()
     layers = scanned.runner.state["layers"]  # packed (where the native matmul runs): all layers' [L, P, K2, 64]
     assert (layers["qkv_proj"].get_value().ndim == 4) if native_matmul_applies() else "qkv_proj" not in layers
     prompts = random_prompts(scanned.model_config.vocab_size, (3, 33, 70), seed=12)

@@ -104,6 +104,16 @@ def native_matmul_applies(mesh=None) -> bool:
     return cpu.matmul_available()
 
 
+def weight_dtypes(model_dir: Path, cfg: ModelConfig, dtype: str, mesh=None, native_matmul: bool = False):
+    """(compute dtype, weight dtype, whether the native CPU matmul takes the weights) of a checkpoint loaded
+    with the `dtype` setting (load_model's `native_matmul`: where it may)."""
+    if dtype == "auto" and orbax_io.is_orbax_checkpoint(model_dir):
+        dtype = orbax_io.checkpoint_dtype(model_dir)
+    native = native_matmul and native_matmul_applies(mesh)
+    jdtype, param_dtype = resolve_dtypes(dtype, cfg, native_bf16=native)
+    return jdtype, param_dtype, native and param_dtype == jnp.bfloat16  # not with an explicit float32
+
+
 def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, mesh=None,
                attention_backend: str = "auto", unstacked: bool = False, native_matmul: bool = False,
                executables=None):
@@ -120,11 +130,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     model_dir = resolve_model_dir(model)
     model_class, cfg = load_config(model_dir)
     orbax = orbax_io.is_orbax_checkpoint(model_dir)
-    if orbax and dtype == "auto":
-        dtype = orbax_io.checkpoint_dtype(model_dir)
-    native_matmul = native_matmul and native_matmul_applies(mesh)
-    jdtype, param_dtype = resolve_dtypes(dtype, cfg, native_bf16=native_matmul)
-    native_matmul = native_matmul and param_dtype == jnp.bfloat16  # not with an explicit float32
+    jdtype, param_dtype, native_matmul = weight_dtypes(model_dir, cfg, dtype, mesh, native_matmul)
     repeats = kv_head_repeats(cfg, mesh.shape["model"]) if mesh is not None else 1
     checkpoint_kv_heads = cfg.num_kv_heads
     cfg = dataclasses.replace(cfg, num_kv_heads=cfg.num_kv_heads * repeats)
