@@ -86,10 +86,11 @@ def test_past_its_size_cap_the_least_recently_used_programs_go(tmp_path):
 
 
 def test_a_warm_load_of_stacked_layers_takes_its_programs_from_the_cache(model_dirs, tmp_path):
-    """Stacked layers (a scanned layer loop: the accelerators' default) are filled on the device one layer at a
-    time by small programs, which the executable cache keeps: a second process's load compiles nothing and gives
-    the same weights, on one device and on meshes. On a one-device mesh q's and o's programs differ only in their
-    shardings' names and XLA compiles one for both: the cache stores it under each name."""
+    """Stacked layers (a scanned layer loop: the default, but for CPUs where XLA's dots take the weights) are
+    filled on the device one layer at a time by small programs, which the executable cache keeps: a second
+    process's load compiles nothing and gives the same weights, on one device and on meshes. On a one-device
+    mesh q's and o's programs differ only in their shardings' names and XLA compiles one for both: the cache
+    stores it under each name."""
     def loads():
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         env.pop("XLA_FLAGS", None)
@@ -107,9 +108,9 @@ def test_a_warm_load_of_stacked_layers_takes_its_programs_from_the_cache(model_d
 
 
 def test_loading_unstacked_layers_compiles_nothing(model_dirs):
-    """The CPU default (an unrolled layer loop): every tensor goes to the device as it is, or packed on the host
-    for the native matmul, so a load runs no program at all (a jnp.asarray of a host array would compile one
-    per shape)."""
+    """An unrolled layer loop (the default on CPU where XLA's dots take the weights): every tensor goes to the
+    device as it is, or packed on the host for the native matmul, so a load runs no program at all (a
+    jnp.asarray of a host array would compile one per shape)."""
     from pallas_kernels import cpu
     from jaxengine.compile_counter import compile_count
     from jaxengine.models.loader import load_model

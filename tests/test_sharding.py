@@ -52,7 +52,7 @@ def test_weights_and_kv_cache_are_sharded(llama8, sharded_engines):
     engine = sharded_engines(llama8, tensor_parallel_size=4)
     cfg, runner = engine.model_config, engine.runner
     assert cfg.num_kv_heads == 4  # 2 checkpoint KV heads, each repeated twice for 4 devices
-    assert len(runner.state["layers"]) == 2  # on CPU each layer has its own arrays (unrolled layer loop)
+    assert len(runner.state["layers"]) == 2  # a CPU mesh (XLA's dots): each layer its own arrays, unrolled
     for params in runner.state["layers"].values():
         q_proj = params["q_proj"][...]
         assert {s.data.shape for s in q_proj.addressable_shards} == {(64, 8 * 8 // 4)}
