@@ -177,9 +177,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | list[str] | N
         if req.prompt is not None:
             ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         else:
-            ids = list(tok.apply_chat_template([{"role": m.role, "content": m.text()} for m in req.messages],
-                                               tokenize=True, add_generation_prompt=req.add_generation_prompt,
-                                               return_dict=False))
+            ids = serving.chat_prompt(req)
         return {"tokens": ids, "count": len(ids), "max_model_len": engine.engine.max_model_len}
 
     @app.post("/detokenize")

@@ -11,7 +11,7 @@ from jaxengine.outputs import RequestOutput
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 from server.engine_client import AsyncEngine, EngineDeadError
 from server.errors import APIError, error_body
-from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, TokenizeRequest
 
 
 def sampling_params(req: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
@@ -266,7 +266,8 @@ class Serving:
 
     # --- chat ----------------------------------------------------------------------------------------
 
-    def _chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+    def chat_prompt(self, req: ChatCompletionRequest | TokenizeRequest) -> list[int]:
+        """The token ids of a request's messages in the chat template (chat completions, /tokenize)."""
         if self.tokenizer.chat_template is None:
             raise APIError("this model's tokenizer has no chat template; use /v1/completions", param="messages")
         messages = [{"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
@@ -287,7 +288,7 @@ class Serving:
                            param="response_format")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs requires logprobs=true", param="top_logprobs")
-        ids = self._chat_prompt(req)
+        ids = self.chat_prompt(req)
         params = sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
                                  logprobs=(req.top_logprobs or 0) if req.logprobs else None,
                                  prompt_logprobs=req.prompt_logprobs, defaults=self.engine.engine.default_sampling)

@@ -140,7 +140,15 @@ def test_health_version_tokenize_detokenize(http):
     assert http.post("/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"] == "def f(x):"
     chat = http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
     assert chat["count"] > 2
+    # As chat completions template them (continue_final_message: no generation prompt after the last message).
+    ask = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"}]}
+    ids = http.post("/tokenize", json=ask | {"continue_final_message": True}).json()["tokens"]
+    assert http.post("/detokenize", json={"tokens": ids}).json()["prompt"].endswith("Hello")
     assert_error(http.post("/detokenize", json={"tokens": [10 ** 7]}), 400, "tokens")
+    assert_error(http.post("/tokenize", json={"messages": []}), 400, "messages")  # was a 500 (the template's error)
+    assert_error(http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}],
+                                              "chat_template_kwargs": {"tokenize": False}}), 400, "messages")
+    assert http.get("/health").status_code == 200
 
 
 def metric_values(http) -> dict[tuple[str, str], float]:
