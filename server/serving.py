@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -12,6 +13,19 @@ from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 from server.engine_client import AsyncEngine, EngineDeadError
 from server.errors import APIError, error_body
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, TokenizeRequest
+
+
+def _refused_field(message: str, req: SamplingFields) -> str | None:
+    """The request field an engine refusal is about (its error's `param`): the engine's messages begin with its
+    name for the field (prompt_token_ids is the request's prompt, or a chat's messages; a chat's logprobs count
+    is its top_logprobs); None where that is no field of the request."""
+    name = re.match(r"\w*", message).group()
+    chat = isinstance(req, ChatCompletionRequest)
+    if name.startswith("prompt") and name != "prompt_logprobs":
+        return "messages" if chat else "prompt"
+    if chat and name == "logprobs":
+        return "top_logprobs"
+    return name if name in type(req).model_fields else None
 
 
 def sampling_params(req: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
@@ -95,11 +109,11 @@ class Serving:
             raise APIError(f"model {name!r} does not exist; this server serves {self.model_name!r}", status=404,
                            param="model", code="model_not_found")
 
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+    def _validate(self, ids: list[int], params: SamplingParams, req: SamplingFields) -> None:
         try:
             self.engine.engine.validate(ids, params)
         except ValueError as e:
-            raise APIError(str(e), param="prompt" if "prompt" in str(e) else None) from None
+            raise APIError(str(e), param=_refused_field(str(e), req)) from None
 
     async def _finals(self, request_id: str, prompts, params: SamplingParams, req) -> dict[int, RequestOutput]:
         """Each prompt's final output, for a response that is not streamed. A refusal when the engine admits the
@@ -180,7 +194,7 @@ class Serving:
                                  prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None
                                  else req.prompt_logprobs, defaults=self.engine.engine.default_sampling)
         for _, ids in prompts:
-            self._validate(ids, params)
+            self._validate(ids, params, req)
         request_id = req.request_id or f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if req.stream and not echo_only:
@@ -292,7 +306,7 @@ class Serving:
         params = sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
                                  logprobs=(req.top_logprobs or 0) if req.logprobs else None,
                                  prompt_logprobs=req.prompt_logprobs, defaults=self.engine.engine.default_sampling)
-        self._validate(ids, params)
+        self._validate(ids, params, req)
         request_id = req.request_id or f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         prompts = [(None, ids)]

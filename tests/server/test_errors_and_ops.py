@@ -37,7 +37,11 @@ def assert_error(response, status, param=None):
     ({"prompt": "hi", "best_of": 3}, "best_of"),
     ({"prompt": "hi", "frobnicate": True}, "frobnicate"),
     ({"prompt": "hi", "logit_bias": {"not-a-token": 1}}, "logit_bias"),
-    ({"prompt": "hi", "logprobs": 50}, None),
+    ({"prompt": "hi", "logprobs": 50}, "logprobs"),  # the engine's refusals name the field too
+    ({"prompt": "hi", "prompt_logprobs": 50}, "prompt_logprobs"),
+    ({"prompt": "hi", "stop_token_ids": [10 ** 7]}, "stop_token_ids"),
+    ({"prompt": "hi", "logit_bias": {"10000000": 1}}, "logit_bias"),
+    ({"prompt": "hi", "allowed_token_ids": [10 ** 7]}, "allowed_token_ids"),
     ({"prompt": [1, 2, 999999]}, "prompt"),
     ({"prompt": "word " * 600, "max_tokens": 5}, "prompt"),
     ({"prompt": ""}, "prompt"),
@@ -55,6 +59,9 @@ def test_invalid_completion_requests_get_400(http, body, param):
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
     ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 50}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"10000000": 1}}, "logit_bias"),
 ])
 def test_invalid_chat_requests_get_400(http, body, param):
     assert_error(http.post("/v1/chat/completions", json=body), 400, param)
