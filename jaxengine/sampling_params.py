@@ -3,8 +3,10 @@
 import dataclasses
 import enum
 import math
+import numbers
 
 FLOAT32_MAX = 3.4028234663852886e38  # the device holds temperature and repetition_penalty as float32
+MAX_N = 1024  # the most sequences one request may ask for: each is built when the request is added
 INT32_MAX = 2**31 - 1
 
 
@@ -12,6 +14,14 @@ class RequestOutputKind(enum.Enum):
     CUMULATIVE = 0
     DELTA = 1
     FINAL_ONLY = 2
+
+
+_BOOLS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
+          "detokenize")
+_NUMBERS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+_INTEGERS = ("n", "top_k", "min_tokens")
+_OPTIONAL_INTEGERS = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
+_TOKEN_LISTS = ("stop_token_ids", "allowed_token_ids")
 
 
 # Parameters vLLM has that this engine does not honour yet, with the value that means "off".
@@ -43,8 +53,9 @@ class SamplingParams:
     detokenize: bool = True  # False: token ids only (empty text, logprobs without their decoded tokens), as vLLM
 
     def __post_init__(self):
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        self._check_types()
+        if not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
         if not 0 <= self.temperature <= FLOAT32_MAX:  # NaN fails too
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -57,6 +68,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be None or an integer >= 0, got {value!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.stop is not None and not isinstance(self.stop, (list, tuple)):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
         self.stop = list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
@@ -92,6 +105,50 @@ class SamplingParams:
             raise ValueError(f"detokenize must be true or false, got {self.detokenize!r}")
         if not self.detokenize and self.stop:
             raise ValueError("stop strings are matched in the text: they need detokenize=True (stop_token_ids do not)")
+
+    def _check_types(self) -> None:
+        """Each field's type (a wrong one would otherwise surface inside an engine step): numpy's integers and
+        floats are taken as Python's."""
+        def fail(name, what):
+            raise ValueError(f"{name} must be {what}, got {getattr(self, name)!r}")
+
+        def integer(value):
+            return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+        for name in _BOOLS:
+            if not isinstance(getattr(self, name), bool):
+                fail(name, "true or false")
+        for name in _NUMBERS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                fail(name, "a number")
+            setattr(self, name, float(value))
+        for name in _INTEGERS + _OPTIONAL_INTEGERS:
+            value = getattr(self, name)
+            if value is None and name in _OPTIONAL_INTEGERS:
+                continue
+            if not integer(value):
+                fail(name, "an integer" + (" or None" if name in _OPTIONAL_INTEGERS else ""))
+            setattr(self, name, int(value))
+        for name in _TOKEN_LISTS:
+            value = getattr(self, name)
+            if value is not None:
+                if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+                    fail(name, "a list of token ids")
+                value = list(value)
+                if not all(integer(t) for t in value):
+                    fail(name, "a list of token ids")
+                setattr(self, name, [int(t) for t in value])
+        if self.bad_words is not None and (isinstance(self.bad_words, str) or not hasattr(self.bad_words, "__iter__")
+                                           or not all(isinstance(w, str) for w in self.bad_words)):
+            fail("bad_words", "a list of strings")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    integer(t) and isinstance(b, numbers.Real) and not isinstance(b, bool)
+                    for t, b in self.logit_bias.items()):
+                fail("logit_bias", "a dict of token id -> bias")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            fail("output_kind", "a RequestOutputKind")
 
     @property
     def needs_slot_state(self) -> bool:

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jaxengine.sampling_params import MAX_N
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -19,7 +21,7 @@ class SamplingFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     model: str | None = None
-    n: int = Field(1, ge=1, le=128)
+    n: int = Field(1, ge=1, le=MAX_N)
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     stop: str | list[str] | None = None

@@ -69,6 +69,7 @@ def test_stop_token_ids_and_eos(engines):
 @pytest.mark.parametrize("kwargs,field", [
     (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_p=1.5), "top_p"),
     (dict(top_k=-2), "top_k"), (dict(max_tokens=0), "max_tokens"), (dict(n=0), "n"),
+    (dict(n=10 ** 9), "n"),  # each sequence is built when the request is added: this once hung the engine
     (dict(min_p=1.5), "min_p"), (dict(logprobs=-1), "logprobs"), (dict(stop=[""]), "stop"),
     (dict(repetition_penalty=0), "repetition_penalty"), (dict(presence_penalty=2.5), "presence_penalty"),
     (dict(frequency_penalty=-3), "frequency_penalty"), (dict(allowed_token_ids=[]), "allowed_token_ids"),
@@ -76,10 +77,25 @@ def test_stop_token_ids_and_eos(engines):
     (dict(prompt_logprobs=-1), "prompt_logprobs"), (dict(temperature=float("nan")), "temperature"),
     (dict(temperature=float("inf")), "temperature"), (dict(temperature=1e300), "temperature"),
     (dict(repetition_penalty=float("nan")), "repetition_penalty"), (dict(logit_bias={5: float("nan")}), "logit_bias"),
+    # Wrong types are refused when the parameters are made (a dict for skip_special_tokens once failed in a step).
+    (dict(skip_special_tokens={}), "skip_special_tokens"), (dict(ignore_eos=None), "ignore_eos"),
+    (dict(temperature="0.5"), "temperature"), (dict(top_k=2.5), "top_k"), (dict(seed=1.5), "seed"),
+    (dict(max_tokens="8"), "max_tokens"), (dict(stop=2), "stop"), (dict(stop_token_ids=[1.5]), "stop_token_ids"),
+    (dict(allowed_token_ids=5), "allowed_token_ids"), (dict(logit_bias=[1]), "logit_bias"),
+    (dict(logit_bias={"5": 1}), "logit_bias"), (dict(bad_words="word"), "bad_words"), (dict(output_kind=1), "output_kind"),
 ])
 def test_bad_or_unsupported_sampling_params_are_refused(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_sampling_params_take_numpy_numbers_as_python_ones():
+    params = SamplingParams(n=np.int64(2), temperature=np.float32(0.5), seed=np.int64(7), max_tokens=np.int32(9),
+                            stop_token_ids=np.array([3, 4]), allowed_token_ids=(5, 6), logit_bias={np.int64(5): 1})
+    assert (params.n, params.temperature, params.seed, params.max_tokens) == (2, 0.5, 7, 9)
+    assert type(params.n) is int and type(params.temperature) is float and type(params.max_tokens) is int
+    assert params.stop_token_ids == [3, 4] and all(type(t) is int for t in params.stop_token_ids)
+    assert params.allowed_token_ids == [5, 6] and params.logit_bias == {5: 1.0}
 
 
 def test_a_top_k_beyond_the_device_int32_keeps_every_token(engines):
