@@ -5,9 +5,12 @@ from pathlib import Path
 
 import yaml
 
+from jaxengine.validation import check_field_types
+
 SCHEDULING_POLICIES = ("fcfs", "priority")
 LAYER_LOOPS = ("auto", "scan", "unrolled")
 ATTENTION_BACKENDS = ("auto", "reference", "pallas", "native")  # see jaxengine/layers/attention.py
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # see jaxengine/models/loader.py: resolve_dtypes
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")  # see LLMEngine._kv_cache_dtype
 
 
@@ -52,16 +55,35 @@ class EngineConfig:
     override_generation_config: dict | None = None  # merged over the above, e.g. {"temperature": 0.5}
 
     def __post_init__(self):
+        check_field_types(
+            self, bools=("trust_remote_code", "enable_prefix_caching", "async_scheduling", "warmup"),
+            integers=("block_size", "max_num_seqs", "max_num_batched_tokens", "min_token_bucket", "seed",
+                      "tensor_parallel_size", "data_parallel_size", "max_logprobs"),
+            optional_integers=("max_model_len", "num_kv_blocks"),
+            finite_reals=("kv_cache_memory_fraction", "kv_cache_gib", "compilation_cache_max_gib"),
+            strings=("dtype", "kv_cache_dtype", "scheduling_policy", "attention_backend", "layer_loop"),
+            optional_strings=("revision",),
+            optional_paths=("model", "tokenizer", "download_dir", "compilation_cache_dir", "profiler_dir",
+                            "generation_config"))
+        if self.generation_config is None:
+            raise ValueError("generation_config must be 'auto', 'vllm' or a directory, got None")
+        if self.override_generation_config is not None and not isinstance(self.override_generation_config, dict):
+            raise ValueError(f"override_generation_config must be a dict or None, got {self.override_generation_config!r}")
         if self.model is None and (self.revision is not None or self.download_dir is not None):
             raise ValueError("revision and download_dir apply to a hub id given as model")
-        positive = ("block_size", "max_num_seqs", "max_num_batched_tokens", "min_token_bucket")
+        positive = ("block_size", "max_num_seqs", "max_num_batched_tokens", "min_token_bucket", "tensor_parallel_size",
+                    "data_parallel_size")
         for name in positive:
-            if int(getattr(self, name)) < 1:
+            if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                              f"got {self.attention_backend!r}")

@@ -5,6 +5,8 @@ import enum
 import math
 import numbers
 
+from jaxengine.validation import check_field_types, is_integer
+
 FLOAT32_MAX = 3.4028234663852886e38  # the device holds temperature and repetition_penalty as float32
 MAX_N = 1024  # the most sequences one request may ask for: each is built when the request is added
 INT32_MAX = 2**31 - 1
@@ -107,36 +109,19 @@ class SamplingParams:
             raise ValueError("stop strings are matched in the text: they need detokenize=True (stop_token_ids do not)")
 
     def _check_types(self) -> None:
-        """Each field's type (a wrong one would otherwise surface inside an engine step): numpy's integers and
-        floats are taken as Python's."""
+        check_field_types(self, bools=_BOOLS, integers=_INTEGERS, optional_integers=_OPTIONAL_INTEGERS,
+                          reals=_NUMBERS)
+
         def fail(name, what):
             raise ValueError(f"{name} must be {what}, got {getattr(self, name)!r}")
 
-        def integer(value):
-            return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-        for name in _BOOLS:
-            if not isinstance(getattr(self, name), bool):
-                fail(name, "true or false")
-        for name in _NUMBERS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                fail(name, "a number")
-            setattr(self, name, float(value))
-        for name in _INTEGERS + _OPTIONAL_INTEGERS:
-            value = getattr(self, name)
-            if value is None and name in _OPTIONAL_INTEGERS:
-                continue
-            if not integer(value):
-                fail(name, "an integer" + (" or None" if name in _OPTIONAL_INTEGERS else ""))
-            setattr(self, name, int(value))
         for name in _TOKEN_LISTS:
             value = getattr(self, name)
             if value is not None:
                 if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
                     fail(name, "a list of token ids")
                 value = list(value)
-                if not all(integer(t) for t in value):
+                if not all(is_integer(t) for t in value):
                     fail(name, "a list of token ids")
                 setattr(self, name, [int(t) for t in value])
         if self.bad_words is not None and (isinstance(self.bad_words, str) or not hasattr(self.bad_words, "__iter__")
@@ -144,7 +129,7 @@ class SamplingParams:
             fail("bad_words", "a list of strings")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict) or not all(
-                    integer(t) and isinstance(b, numbers.Real) and not isinstance(b, bool)
+                    is_integer(t) and isinstance(b, numbers.Real) and not isinstance(b, bool)
                     for t, b in self.logit_bias.items()):
                 fail("logit_bias", "a dict of token id -> bias")
         if not isinstance(self.output_kind, RequestOutputKind):

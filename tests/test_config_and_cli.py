@@ -53,6 +53,13 @@ def test_unknown_flags_of_vllm_settings_get_the_same_hints(capsys):
     (dict(scheduling_policy="lifo"), "scheduling_policy must be one of"),
     (dict(max_num_seqs=64, max_num_batched_tokens=32), "max_num_batched_tokens"),
     (dict(kv_cache_memory_fraction=1.5), "kv_cache_memory_fraction"),
+    # Types are checked when the config is made, not found later in the engine.
+    (dict(block_size=7.5), "block_size must be an integer"), (dict(max_model_len="512"), "max_model_len"),
+    (dict(kv_cache_gib=float("nan")), "kv_cache_gib must be a finite number"),
+    (dict(enable_prefix_caching="no"), "enable_prefix_caching must be true or false"),
+    (dict(tensor_parallel_size=0), "tensor_parallel_size must be >= 1"), (dict(seed=-1), "seed must be >= 0"),
+    (dict(dtype="fp8"), "dtype must be one of"), (dict(tokenizer=5), "tokenizer must be a path"),
+    (dict(override_generation_config=[1]), "override_generation_config"),
 ])
 def test_invalid_engine_settings_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
