@@ -65,13 +65,27 @@ class LLM:
         return self._run(order, use_tqdm)
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, *, use_tqdm: bool = True,
-             add_generation_prompt: bool = True, chat_template: str | None = None) -> list[RequestOutput]:
-        """One conversation (a list of {role, content}) or a list of conversations."""
+             add_generation_prompt: bool = True, chat_template: str | None = None,
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """One conversation (a list of {role, content}) or a list of conversations. A message's content is a
+        string, None or a list of text parts ({"type": "text", "text": ...}, joined); other parts are refused.
+        `continue_final_message`: the last message is continued (no generation prompt after it), as in vLLM."""
+        if not isinstance(messages, list):
+            raise ValueError(f"messages must be a conversation (a list of {{role, content}} dicts) or a list of "
+                             f"them, got {type(messages).__name__}")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
-        prompts = [{"prompt_token_ids": list(tok.apply_chat_template(
-            c, tokenize=True, add_generation_prompt=add_generation_prompt, chat_template=chat_template,
-            return_dict=False))} for c in conversations]
+        prompts = []
+        for conversation in conversations:
+            conversation = _chat_messages(conversation)
+            try:
+                ids = tok.apply_chat_template(
+                    conversation, tokenize=True, return_dict=False, chat_template=chat_template,
+                    add_generation_prompt=add_generation_prompt and not continue_final_message,
+                    continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
+            except Exception as e:  # the template's own errors (roles it refuses, unknown kwargs)
+                raise ValueError(f"messages: could not apply the chat template: {e}") from None
+            prompts.append({"prompt_token_ids": list(ids)})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run(self, order: dict[str, int], use_tqdm: bool) -> list[RequestOutput]:
@@ -83,3 +97,27 @@ class LLM:
                         results[order[out.request_id]] = out
                         bar.update(1)
         return results
+
+
+def _chat_messages(conversation) -> list[dict]:
+    """A conversation's messages as the chat template takes them: text content only (a list of text parts is
+    joined, as the server does); a ValueError naming messages for anything else."""
+    if not isinstance(conversation, list) or not conversation:
+        raise ValueError(f"messages: a conversation must be a non-empty list of {{role, content}} dicts, "
+                         f"got {conversation!r:.100}")
+    out = []
+    for message in conversation:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError(f"messages: each message must be a dict with a string role, got {message!r:.100}")
+        content = message.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                kinds = sorted({str(p.get("type")) if isinstance(p, dict) else type(p).__name__ for p in content})
+                raise ValueError(f"messages: only text content parts are supported, got parts of type {kinds}")
+            content = "".join(p["text"] for p in content)
+        elif content is not None and not isinstance(content, str):
+            raise ValueError(f"messages: a message's content must be a string, a list of text parts or None, "
+                             f"got {type(content).__name__}")
+        out.append(message | {"content": content})
+    return out

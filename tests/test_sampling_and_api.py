@@ -214,3 +214,23 @@ def test_llm_chat_applies_the_chat_template(llm):
                                                         return_dict=False)
     assert out.prompt_token_ids == list(expected)
     assert len(out.outputs[0].token_ids) == 4
+    # Text parts are joined, as the server does; continue_final_message leaves off the generation prompt.
+    parts = [{"role": "user", "content": [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]}]
+    joined = llm.chat(parts, SamplingParams(max_tokens=1), use_tqdm=False)[0]
+    assert joined.prompt_token_ids == llm.chat([messages[1]], SamplingParams(max_tokens=1), use_tqdm=False)[0] \
+        .prompt_token_ids
+    reply = messages + [{"role": "assistant", "content": "Hello"}]
+    continued = llm.chat(reply, SamplingParams(max_tokens=1), use_tqdm=False, continue_final_message=True)[0]
+    assert llm.get_tokenizer().decode(continued.prompt_token_ids).endswith("Hello")
+
+
+@pytest.mark.parametrize("messages", [
+    "hi", None, 5, [[]], [{"content": "no role"}], [{"role": "user", "content": 5}],
+    [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],  # not dropped silently
+])
+def test_llm_chat_refuses_what_it_cannot_template(llm, messages):
+    with pytest.raises(ValueError, match="messages"):
+        llm.chat(messages, SamplingParams(max_tokens=1), use_tqdm=False)
+    with pytest.raises(ValueError, match="messages: could not apply the chat template"):
+        llm.chat([{"role": "user", "content": "x"}], use_tqdm=False, chat_template_kwargs={"tokenize": False})
+    assert not llm.engine.has_unfinished_requests()
