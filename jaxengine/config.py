@@ -68,7 +68,8 @@ class EngineConfig:
         if self.generation_config is None:
             raise ValueError("generation_config must be 'auto', 'vllm' or a directory, got None")
         if self.override_generation_config is not None and not isinstance(self.override_generation_config, dict):
-            raise ValueError(f"override_generation_config must be a dict or None, got {self.override_generation_config!r}")
+            raise ValueError(f"override_generation_config must be a dict or None, "
+                             f"got {self.override_generation_config!r}")
         if self.model is None and (self.revision is not None or self.download_dir is not None):
             raise ValueError("revision and download_dir apply to a hub id given as model")
         positive = ("block_size", "max_num_seqs", "max_num_batched_tokens", "min_token_bucket", "tensor_parallel_size",

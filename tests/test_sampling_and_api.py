@@ -82,7 +82,8 @@ def test_stop_token_ids_and_eos(engines):
     (dict(temperature="0.5"), "temperature"), (dict(top_k=2.5), "top_k"), (dict(seed=1.5), "seed"),
     (dict(max_tokens="8"), "max_tokens"), (dict(stop=2), "stop"), (dict(stop_token_ids=[1.5]), "stop_token_ids"),
     (dict(allowed_token_ids=5), "allowed_token_ids"), (dict(logit_bias=[1]), "logit_bias"),
-    (dict(logit_bias={"5": 1}), "logit_bias"), (dict(bad_words="word"), "bad_words"), (dict(output_kind=1), "output_kind"),
+    (dict(logit_bias={"5": 1}), "logit_bias"), (dict(bad_words="word"), "bad_words"),
+    (dict(output_kind=1), "output_kind"),
 ])
 def test_bad_or_unsupported_sampling_params_are_refused(kwargs, field):
     with pytest.raises(ValueError, match=field):
