@@ -5,7 +5,7 @@ from pathlib import Path
 
 import yaml
 
-from jaxengine.validation import check_field_types
+from jaxengine.validation import check_field_types, field_error
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
 LAYER_LOOPS = ("auto", "scan", "unrolled")
@@ -68,8 +68,7 @@ class EngineConfig:
         if self.generation_config is None:
             raise ValueError("generation_config must be 'auto', 'vllm' or a directory, got None")
         if self.override_generation_config is not None and not isinstance(self.override_generation_config, dict):
-            raise ValueError(f"override_generation_config must be a dict or None, "
-                             f"got {self.override_generation_config!r}")
+            raise field_error(self, "override_generation_config", "a dict or None")
         if self.model is None and (self.revision is not None or self.download_dir is not None):
             raise ValueError("revision and download_dir apply to a hub id given as model")
         positive = ("block_size", "max_num_seqs", "max_num_batched_tokens", "min_token_bucket", "tensor_parallel_size",

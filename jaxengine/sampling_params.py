@@ -5,7 +5,7 @@ import enum
 import math
 import numbers
 
-from jaxengine.validation import check_field_types, is_integer
+from jaxengine.validation import check_field_types, field_error, is_integer
 
 FLOAT32_MAX = 3.4028234663852886e38  # the device holds temperature and repetition_penalty as float32
 MAX_N = 1024  # the most sequences one request may ask for: each is built when the request is added
@@ -56,7 +56,7 @@ class SamplingParams:
 
     def __post_init__(self):
         self._check_types()
-        if not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+        if not 1 <= self.n <= MAX_N:
             raise ValueError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
         if not 0 <= self.temperature <= FLOAT32_MAX:  # NaN fails too
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
@@ -66,7 +66,7 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
+            if value is not None and value < 0:
                 raise ValueError(f"{name} must be None or an integer >= 0, got {value!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
@@ -75,7 +75,7 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+        if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
@@ -89,22 +89,16 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not 0 < self.repetition_penalty <= FLOAT32_MAX:
             raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
-        if self.allowed_token_ids is not None:
-            self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]
-            if not self.allowed_token_ids:
-                raise ValueError("allowed_token_ids must not be empty")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise ValueError("allowed_token_ids must not be empty")
         if self.top_k == -1:
             self.top_k = 0
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if self.top_k < 0:
             raise ValueError(f"top_k must be -1, 0 (off) or a positive integer, got {self.top_k!r}")
         self.top_k = min(self.top_k, INT32_MAX)  # the device's int32; a top_k of the vocabulary or more keeps all
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
         self.stop_token_ids = list(self.stop_token_ids or [])
-        if not isinstance(self.detokenize, bool):
-            raise ValueError(f"detokenize must be true or false, got {self.detokenize!r}")
         if not self.detokenize and self.stop:
             raise ValueError("stop strings are matched in the text: they need detokenize=True (stop_token_ids do not)")
 
@@ -113,7 +107,7 @@ class SamplingParams:
                           reals=_NUMBERS)
 
         def fail(name, what):
-            raise ValueError(f"{name} must be {what}, got {getattr(self, name)!r}")
+            raise field_error(self, name, what)
 
         for name in _TOKEN_LISTS:
             value = getattr(self, name)

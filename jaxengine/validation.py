@@ -11,11 +11,16 @@ def is_integer(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def field_error(obj, name: str, what: str) -> ValueError:
+    """The error for `obj`'s field `name` not being `what`."""
+    return ValueError(f"{name} must be {what}, got {getattr(obj, name)!r}")
+
+
 def check_field_types(obj, *, bools=(), integers=(), optional_integers=(), reals=(), finite_reals=(),
                       optional_strings=(), strings=(), optional_paths=()) -> None:
     """`optional_paths`: a string, an os.PathLike (stored as its string) or None."""
     def fail(name, what):
-        raise ValueError(f"{name} must be {what}, got {getattr(obj, name)!r}")
+        raise field_error(obj, name, what)
 
     for name in bools:
         if not isinstance(getattr(obj, name), bool):

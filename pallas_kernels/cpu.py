@@ -178,10 +178,11 @@ def _packing(w):
     """How `pack_bf16` and `pack_gated` rearrange `w`: with jax.numpy where it is traced, else with numpy on
     the host (at load time: XLA would compile each op for each weight shape, ~1.2 s of a stacked 30-layer
     model's start-up, and numpy's copies are no slower than the compiled ops). Returns (array module, the
-    result's wrapper: same kind of array as `w`)."""
+    result's wrapper: same kind of array as `w`; `device_put`, as `jnp.asarray` of a host array compiles a copy
+    program per shape)."""
     if isinstance(w, jax.core.Tracer):
         return jnp, lambda out: out
-    return np, (lambda out: out) if isinstance(w, np.ndarray) else jnp.asarray
+    return np, (lambda out: out) if isinstance(w, np.ndarray) else jax.device_put
 
 
 def _bitcast(xp, x, dtype):

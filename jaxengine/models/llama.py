@@ -5,7 +5,7 @@ sharding, one Orbax entry) and the layers run under `lax.scan`, which compiles a
 an unrolled Python loop where XLA's ops make up the layer. Packed for the native CPU matmul, the stacked weights
 stay whole and the kernel reads the step's layer in place (XLA:CPU would convert every stacked bfloat16 weight
 to float32 and back at each step to slice it). `unstack_layers()` gives each layer its own arrays and an
-unrolled loop (the CPU default: the native kernels compile as fast either way, and the model loads faster).
+unrolled loop (the CPU default where XLA's dots take the weights: its steps run faster there).
 Linear weights are stored `[in, out]` (transposed from Hugging Face's `[out, in]`).
 """
 
