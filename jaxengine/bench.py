@@ -326,9 +326,9 @@ def _request_body(args, model: str, chat: bool, req: BenchRequest, extra: dict) 
     return body | extra
 
 
-async def _wait_until_ready(client, url: str, chat: bool, body: dict, headers: dict, timeout: float) -> dict:
-    """--ready-check-timeout-sec: the first request, sent until it succeeds (the server may still be starting)."""
-    deadline = time.monotonic() + timeout
+async def _wait_until_ready(client, url: str, chat: bool, body: dict, headers: dict, deadline: float) -> dict:
+    """--ready-check-timeout-sec: the first request, sent until it succeeds (the server may still be starting) or
+    `deadline` (time.monotonic) passes; the /v1/models wait before it spent part of the same time."""
     while True:
         result = await _one_request(client, url, chat, body, headers)
         if result["success"] or time.monotonic() > deadline:
@@ -348,7 +348,7 @@ async def _profile_call(client, base_url: str, action: str, headers: dict) -> No
                          f"{response.text[:300]}")
 
 
-async def _serve_load(args, base_url, url, chat, bodies, headers, times):
+async def _serve_load(args, base_url, url, chat, bodies, headers, times, ready_deadline):
     limit = asyncio.Semaphore(args.max_concurrency or len(bodies))
     bar = tqdm(total=len(bodies), disable=args.disable_tqdm, file=sys.stderr)
 
@@ -363,7 +363,7 @@ async def _serve_load(args, base_url, url, chat, bodies, headers, times):
             return result
 
         if args.ready_check_timeout_sec > 0:
-            first = await _wait_until_ready(client, url, chat, bodies[0], headers, args.ready_check_timeout_sec)
+            first = await _wait_until_ready(client, url, chat, bodies[0], headers, ready_deadline)
             if not first["success"]:
                 raise ValueError(f"--ready-check-timeout-sec: the first request did not succeed within "
                                  f"{args.ready_check_timeout_sec} s; the last error: {first['error']}")
@@ -438,9 +438,8 @@ def _random_vocab(args, base_url: str, models: list[dict], headers: dict) -> int
     return max(tokenizer.get_vocab().values()) + 1
 
 
-def _models(base_url: str, headers: dict, wait: float, verify: bool = True) -> list[dict]:
-    """The server's /v1/models list; asked again for up to `wait` seconds (--ready-check-timeout-sec)."""
-    deadline = time.monotonic() + wait
+def _models(base_url: str, headers: dict, deadline: float, verify: bool = True) -> list[dict]:
+    """The server's /v1/models list; asked again until `deadline` (time.monotonic; --ready-check-timeout-sec)."""
     while True:
         try:
             response = httpx.get(base_url + "/v1/models", headers=headers, timeout=30, verify=verify)
@@ -491,7 +490,9 @@ def serve(args) -> None:
         at_least("--max-concurrency", args.max_concurrency)
     if args.logprobs is not None:
         at_least("--logprobs", args.logprobs, 0)
-    models = _models(base_url, headers, args.ready_check_timeout_sec, verify=not args.insecure)
+    # --ready-check-timeout-sec bounds both waits together: /v1/models, then the first request.
+    ready_deadline = time.monotonic() + args.ready_check_timeout_sec
+    models = _models(base_url, headers, ready_deadline, verify=not args.insecure)
     model = args.model or models[0]["id"]
     vocab = _random_vocab(args, base_url, models, headers) if args.dataset_name in ID_DATASETS else 0
     why = f"the {args.dataset_name} dataset needs the model's tokenizer to count tokens"
@@ -502,7 +503,8 @@ def serve(args) -> None:
                          "a text dataset (sharegpt, custom, or json with string prompts)")
     bodies = [_request_body(args, args.served_model_name or model, chat, req, extra) for req in requests]
     times = send_times(len(requests), args.request_rate, args.burstiness, args.seed, ramp_up)
-    results, wall = asyncio.run(_serve_load(args, base_url, base_url + endpoint, chat, bodies, headers, times))
+    results, wall = asyncio.run(_serve_load(args, base_url, base_url + endpoint, chat, bodies, headers, times,
+                                             ready_deadline))
     done = [(req, r) for req, r in zip(requests, results) if r["success"]]
     errors = [r["error"] for r in results if not r["success"]]
     out_tokens = sum(r["tokens"] for _, r in done)

@@ -140,6 +140,29 @@ def test_bench_serve_sends_the_api_key_and_waits_for_the_server(live_with_key, a
     wait_until_idle(async_engine.engine)
 
 
+def test_bench_serve_ready_check_timeout_bounds_both_waits_together(live, monkeypatch):
+    """/v1/models and then the first request are retried against one deadline, not one timeout each."""
+    from jaxengine import bench
+
+    deadlines = []
+    models = bench._models
+
+    def asked_models(base_url, headers, deadline, verify=True):
+        deadlines.append(deadline)
+        return models(base_url, headers, deadline, verify)
+
+    async def never_ready(client, url, chat, body, headers, deadline):
+        deadlines.append(deadline)
+        return {"success": False, "error": "still starting"}
+
+    monkeypatch.setattr(bench, "_models", asked_models)
+    monkeypatch.setattr(bench, "_wait_until_ready", never_ready)
+    with pytest.raises(SystemExit, match="--ready-check-timeout-sec: the first request did not succeed.*starting"):
+        main(["bench", "serve", "--base-url", live.url, "--num-prompts", "2", "--input-len", "5", "--output-len", "2",
+              "--ready-check-timeout-sec", "30"])
+    assert len(deadlines) == 2 and deadlines[0] == deadlines[1]
+
+
 def test_bench_serve_random_ids_where_detokenize_bounds_nothing(live, async_engine, model_dirs, monkeypatch,
                                                                 capsys):
     """vLLM's /detokenize decodes any id, so the probe finds no bound: the ids then come from the tokenizer's range
