@@ -54,6 +54,7 @@ class LLM:
             raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
         priority = priority or [0] * len(prompts)
         tokenized = [self.engine.tokenize_prompt(p) for p in prompts]
+        tokenized = [(text, self.engine.truncate_prompt(ids, p)) for (text, ids), p in zip(tokenized, params)]
         for (_, ids), p in zip(tokenized, params):  # every prompt is checked before any is scheduled
             self.engine.validate(ids, p)
         order = {}

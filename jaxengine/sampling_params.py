@@ -22,7 +22,7 @@ _BOOLS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", 
           "detokenize")
 _NUMBERS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 _INTEGERS = ("n", "top_k", "min_tokens")
-_OPTIONAL_INTEGERS = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
+_OPTIONAL_INTEGERS = ("seed", "max_tokens", "logprobs", "prompt_logprobs", "truncate_prompt_tokens")
 _TOKEN_LISTS = ("stop_token_ids", "allowed_token_ids")
 
 
@@ -53,6 +53,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     detokenize: bool = True  # False: token ids only (empty text, logprobs without their decoded tokens), as vLLM
+    # k: the prompt's last k tokens only (left truncation); -1: as many as the engine's max_model_len lets a
+    # request generate after (max_model_len - 1). Applied by the engine, which knows max_model_len.
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self):
         self._check_types()
@@ -75,6 +78,10 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        if self.truncate_prompt_tokens is not None and not (self.truncate_prompt_tokens == -1
+                                                            or self.truncate_prompt_tokens >= 1):
+            raise ValueError(f"truncate_prompt_tokens must be None, -1 or an integer >= 1, got "
+                             f"{self.truncate_prompt_tokens!r}")
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:

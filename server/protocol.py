@@ -45,6 +45,7 @@ class SamplingFields(BaseModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = Field(None, ge=0)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
     priority: int = 0
     cache_salt: str | None = None
     request_id: str | None = None

@@ -51,6 +51,7 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, logprobs: in
         ignore_eos=req.ignore_eos, skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output,
+        truncate_prompt_tokens=req.truncate_prompt_tokens,
         max_tokens=defaults.get("max_tokens") if max_tokens is None else max_tokens, logprobs=logprobs,
         prompt_logprobs=prompt_logprobs, output_kind=RequestOutputKind.CUMULATIVE)
     try:
@@ -109,11 +110,20 @@ class Serving:
             raise APIError(f"model {name!r} does not exist; this server serves {self.model_name!r}", status=404,
                            param="model", code="model_not_found")
 
-    def _validate(self, ids: list[int], params: SamplingParams, req: SamplingFields) -> None:
+    def _admitted(self, prompts: list[tuple[str | None, list[int]]], params: SamplingParams,
+                  req: SamplingFields) -> list[tuple[str | None, list[int]]]:
+        """The prompts as the engine will run them (truncate_prompt_tokens applied; a cut prompt loses its text,
+        so echo and usage show what the model saw), each checked by the engine before any is submitted."""
+        engine = self.engine.engine
+        admitted = []
         try:
-            self.engine.engine.validate(ids, params)
+            for text, ids in prompts:
+                kept = engine.truncate_prompt(ids, params)
+                engine.validate(kept, params)
+                admitted.append((text if len(kept) == len(ids) else None, kept))
         except ValueError as e:
             raise APIError(str(e), param=_refused_field(str(e), req)) from None
+        return admitted
 
     async def _finals(self, request_id: str, prompts, params: SamplingParams, req) -> dict[int, RequestOutput]:
         """Each prompt's final output, for a response that is not streamed. A refusal when the engine admits the
@@ -193,8 +203,7 @@ class Serving:
         params = sampling_params(req, max_tokens=max(max_tokens, 1), logprobs=req.logprobs,
                                  prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None
                                  else req.prompt_logprobs, defaults=self.engine.engine.default_sampling)
-        for _, ids in prompts:
-            self._validate(ids, params, req)
+        prompts = self._admitted(prompts, params, req)
         request_id = req.request_id or f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if req.stream and not echo_only:
@@ -306,10 +315,10 @@ class Serving:
         params = sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
                                  logprobs=(req.top_logprobs or 0) if req.logprobs else None,
                                  prompt_logprobs=req.prompt_logprobs, defaults=self.engine.engine.default_sampling)
-        self._validate(ids, params, req)
+        prompts = self._admitted([(None, ids)], params, req)
+        ids = prompts[0][1]
         request_id = req.request_id or f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
-        prompts = [(None, ids)]
         if req.stream:
             return _sse_stream(self._stream_chat(request_id, created, prompts, params, req))
         final = (await self._finals(request_id, prompts, params, req))[0]

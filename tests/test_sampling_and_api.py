@@ -83,7 +83,9 @@ def test_stop_token_ids_and_eos(engines):
     (dict(max_tokens="8"), "max_tokens"), (dict(stop=2), "stop"), (dict(stop_token_ids=[1.5]), "stop_token_ids"),
     (dict(allowed_token_ids=5), "allowed_token_ids"), (dict(logit_bias=[1]), "logit_bias"),
     (dict(logit_bias={"5": 1}), "logit_bias"), (dict(bad_words="word"), "bad_words"),
-    (dict(output_kind=1), "output_kind"),
+    (dict(output_kind=1), "output_kind"), (dict(truncate_prompt_tokens=0), "truncate_prompt_tokens"),
+    (dict(truncate_prompt_tokens=-2), "truncate_prompt_tokens"),
+    (dict(truncate_prompt_tokens=2.5), "truncate_prompt_tokens"),
 ])
 def test_bad_or_unsupported_sampling_params_are_refused(kwargs, field):
     with pytest.raises(ValueError, match=field):
@@ -133,6 +135,26 @@ def test_max_tokens_past_the_context_stops_at_max_model_len(engines):
     out = sample_tokens(engine, "past-context", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
                         prompt=[5] * 500)[0]
     assert len(out.token_ids) == 12 and out.finish_reason == "length"
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(engines):
+    """As vLLM: k keeps the last k prompt tokens; -1 the most that leaves room to generate (max_model_len - 1);
+    a k above max_model_len is refused."""
+    engine = engines("mistral")  # max_model_len 512
+    greedy = dict(temperature=0, max_tokens=4, ignore_eos=True)
+    prompt = random_prompts(300, [40], seed=11)[0]
+    cut = run_to_completion(engine, [("cut", prompt, SamplingParams(truncate_prompt_tokens=9, **greedy))])["cut"]
+    tail = run_to_completion(engine, [("tail", prompt[-9:], SamplingParams(**greedy))])["tail"]
+    assert cut.prompt_token_ids == prompt[-9:] and cut.outputs[0].token_ids == tail.outputs[0].token_ids
+    short = run_to_completion(engine, [("short", prompt[:5], SamplingParams(truncate_prompt_tokens=9, **greedy))])
+    assert short["short"].prompt_token_ids == prompt[:5]  # shorter than k: kept whole
+    long_prompt = random_prompts(300, [600], seed=12)[0]
+    whole = run_to_completion(engine, [("whole", long_prompt, SamplingParams(truncate_prompt_tokens=-1, **greedy))])
+    assert whole["whole"].prompt_token_ids == long_prompt[-511:] and len(whole["whole"].outputs[0].token_ids) == 1
+    with pytest.raises(ValueError, match="truncate_prompt_tokens=513 is greater than max_model_len=512"):
+        engine.add_request("too-far", prompt, SamplingParams(truncate_prompt_tokens=513))
+    assert not engine.has_unfinished_requests()
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
@@ -205,6 +227,16 @@ def test_llm_generate_returns_outputs_in_input_order(llm):
 def test_llm_generate_validates_every_prompt_before_scheduling_any(llm):
     with pytest.raises(ValueError, match="prompt is empty"):
         llm.generate(["fine", ""], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_llm_generate_truncates_before_it_checks_the_length(llm):
+    """A prompt past max_model_len passes with truncate_prompt_tokens; RequestOutput.prompt keeps the text given."""
+    text = "import json " * 400
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate(text, SamplingParams(max_tokens=2), use_tqdm=False)
+    out = llm.generate(text, SamplingParams(max_tokens=2, truncate_prompt_tokens=16), use_tqdm=False)[0]
+    assert out.prompt == text and out.prompt_token_ids == llm.get_tokenizer().encode(text)[-16:]
     assert not llm.engine.has_unfinished_requests()
 
 

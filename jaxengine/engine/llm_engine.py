@@ -292,6 +292,17 @@ class LLMEngine:
             return None, [int(t) for t in prompt]
         raise ValueError(f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
 
+    def truncate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> list[int]:
+        """The prompt as `params.truncate_prompt_tokens` keeps it: its last k tokens (-1: max_model_len - 1, the
+        longest prompt that leaves room for a token). A k above max_model_len is refused, as in vLLM."""
+        k = params.truncate_prompt_tokens
+        if k is None:
+            return prompt_token_ids
+        if k > self.max_model_len:
+            raise ValueError(f"truncate_prompt_tokens={k} is greater than max_model_len={self.max_model_len}")
+        k = self.max_model_len - 1 if k == -1 else k
+        return prompt_token_ids[-k:] if len(prompt_token_ids) > k else prompt_token_ids
+
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         vocab = self.model_config.vocab_size
         n = len(prompt_token_ids)
@@ -327,6 +338,7 @@ class LLMEngine:
                     arrival_time: float | None = None, cache_salt: str | None = None) -> None:
         params = params or SamplingParams()
         text, token_ids = self.tokenize_prompt(prompt)
+        token_ids = self.truncate_prompt(token_ids, params)  # RequestOutput.prompt keeps the text given, as vLLM
         self.validate(token_ids, params)
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")

@@ -46,6 +46,9 @@ def assert_error(response, status, param=None):
     ({"prompt": "word " * 600, "max_tokens": 5}, "prompt"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
+    ({"prompt": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"prompt": "hi", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+    ({"prompt": "hi", "truncate_prompt_tokens": 513}, "truncate_prompt_tokens"),  # above max_model_len
 ])
 def test_invalid_completion_requests_get_400(http, body, param):
     assert_error(http.post("/v1/completions", json=body), 400, param)
@@ -62,6 +65,7 @@ def test_invalid_completion_requests_get_400(http, body, param):
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 50}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"10000000": 1}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "x"}], "truncate_prompt_tokens": 600}, "truncate_prompt_tokens"),
 ])
 def test_invalid_chat_requests_get_400(http, body, param):
     assert_error(http.post("/v1/chat/completions", json=body), 400, param)
@@ -192,6 +196,7 @@ class FaultyEngine:
         self.engine = engine
         self.tokenizer, self.max_model_len = engine.tokenizer, engine.max_model_len
         self.model_config, self.validate = engine.model_config, engine.validate
+        self.truncate_prompt = engine.truncate_prompt
         self.default_sampling, self.config = engine.default_sampling, engine.config
         self.pending = []
 
@@ -231,9 +236,9 @@ _values = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integers(-1
 _COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop", "seed",
                       "logprobs", "echo", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
                       "min_tokens", "ignore_eos", "stop_token_ids", "allowed_token_ids", "bad_words", "priority",
-                      "prompt_logprobs", "stream", "best_of", "suffix", "unknown"]
+                      "prompt_logprobs", "stream", "best_of", "suffix", "truncate_prompt_tokens", "unknown"]
 _CHAT_FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "logprobs", "top_logprobs",
-                "n", "stop", "seed", "stream", "response_format", "top_k", "min_p"]
+                "n", "stop", "seed", "stream", "response_format", "top_k", "min_p", "truncate_prompt_tokens"]
 
 
 def _bodies(fields, required):

@@ -149,6 +149,24 @@ def test_vllm_extra_fields_are_honoured(client):
     assert out.choices[0].text == greedy.choices[0].text
 
 
+def test_truncate_prompt_tokens_runs_the_prompts_tail(client, async_engine):
+    """vLLM's truncate_prompt_tokens: the prompt's last k tokens are what runs, is echoed and is counted."""
+    tokenizer = async_engine.engine.tokenizer
+    text = "word salad " * 300  # past max_model_len (512): refused whole
+    tail = tokenizer.encode(text)[-8:]
+    cut = client.completions.create(model=MODEL, prompt=text, max_tokens=3, temperature=0, echo=True, logprobs=1,
+                                    extra_body={"truncate_prompt_tokens": 8, "ignore_eos": True})
+    direct = client.completions.create(model=MODEL, prompt=tail, max_tokens=3, temperature=0, echo=True, logprobs=1,
+                                       extra_body={"ignore_eos": True})
+    assert cut.usage.prompt_tokens == 8 and cut.choices[0].text == direct.choices[0].text
+    assert cut.choices[0].text.startswith(tokenizer.decode(tail))
+    assert cut.choices[0].logprobs.token_logprobs == direct.choices[0].logprobs.token_logprobs
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=2, stream=True,
+        stream_options={"include_usage": True}, extra_body={"truncate_prompt_tokens": -1}))
+    assert chunks[-1].usage.prompt_tokens == 511 and chunks[-1].usage.completion_tokens == 1  # max_model_len - 1
+
+
 def batched_steps(http) -> float:
     """How many engine steps so far ran more than one request, from /metrics."""
     families = {f.name: f for f in text_string_to_metric_families(http.get("/metrics").text)}
