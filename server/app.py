@@ -3,6 +3,7 @@
 import asyncio
 import hashlib
 import hmac
+import logging
 import uuid
 
 from fastapi import FastAPI, Request
@@ -19,6 +20,8 @@ from server.errors import APIError, error_body, error_response
 from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, StartProfileRequest,
                              TokenizeRequest)
 from server.serving import Serving
+
+logger = logging.getLogger(__name__)
 
 
 class RequireKey:
@@ -69,6 +72,35 @@ class RequestIdHeaders:
         await self.app(scope, receive, send_with_id)
 
 
+class UnexpectedErrors:
+    """A bug in a route (an exception no handler answers) becomes a 500 with an OpenAI error body, its traceback
+    logged. Starlette's own answer is a plain-text 500 that also drops the keep-alive connection (it re-raises
+    the error to the server). A stream that has begun is left to end as the server ends it."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as err:  # noqa: BLE001 - answered, and logged with its traceback
+            if started:
+                raise
+            logger.exception("unexpected error in %s %s", scope.get("method"), scope.get("path"))
+            body = error_body(f"internal error: {type(err).__name__}: {err}", 500)
+            await JSONResponse(body, status_code=500)(scope, receive, send)
+
+
 CORS_DEFAULTS = {"allow_origins": [], "allow_credentials": False, "allow_methods": ["*"], "allow_headers": ["*"]}
 
 
@@ -83,6 +115,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | list[str] | N
 
     # Each middleware added wraps those before it. The key is checked innermost: a browser's preflight (which
     # carries no key) is answered by CORS, and a refused key's 401 carries the CORS and request id headers.
+    app.add_middleware(UnexpectedErrors)  # innermost: its 500 gets the CORS and request id headers
     if api_key is not None:
         keys = [api_key] if isinstance(api_key, str) else list(api_key)
         if not keys or not all(keys):
@@ -115,6 +148,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | list[str] | N
     @app.exception_handler(EngineDeadError)
     async def engine_dead(_, err: EngineDeadError):
         return JSONResponse(error_body(str(err), 500), status_code=500)
+
 
     def respond(result):
         if isinstance(result, dict):

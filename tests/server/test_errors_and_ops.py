@@ -230,6 +230,19 @@ def test_a_dead_engine_loop_fails_requests_promptly_and_health_reports_it(engine
         server.stop()
 
 
+def test_an_unexpected_error_in_a_handler_is_a_500_error_body(http, async_engine, monkeypatch):
+    """A bug (here injected into the engine's checks) answers with an OpenAI error body; the server goes on."""
+    def broken(ids, params):
+        raise RuntimeError("injected bug")
+
+    monkeypatch.setattr(async_engine.engine, "validate", broken)
+    error = assert_error(http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}), 500)
+    assert error["message"] == "internal error: RuntimeError: injected bug" and error["type"] == "InternalServerError"
+    monkeypatch.undo()
+    assert http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+    wait_until_idle(async_engine.engine)
+
+
 _values = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integers(-10 ** 12, 10 ** 12),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
                     st.lists(st.integers(-3, 400), max_size=4), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
