@@ -91,6 +91,7 @@ def _serve(args) -> None:
     from server.app import build_app
     from server.engine_client import AsyncEngine
     from server.metrics import EngineMetrics
+    from server.serving import load_chat_template
 
     AsyncEngine.check_max_log_len(args.max_log_len)
     if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
@@ -98,6 +99,7 @@ def _serve(args) -> None:
     for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):
         if path is not None and not os.path.isfile(path):
             raise FileNotFoundError(f"{flag}: no such file {path!r}")
+    chat_template = None if args.chat_template is None else load_chat_template(args.chat_template)
     config = engine_config(args)
     if args.distributed:
         multihost.initialize(args.coordinator_address, args.num_processes, args.process_id,
@@ -113,7 +115,8 @@ def _serve(args) -> None:
     cors = {"allow_origins": args.allowed_origins, "allow_credentials": args.allow_credentials,
             "allow_methods": args.allowed_methods, "allow_headers": args.allowed_headers}
     app = build_app(async_engine, name, api_key=args.api_key or os.environ.get("JAXENGINE_API_KEY") or None,
-                    request_id_headers=args.enable_request_id_headers, cors=cors)
+                    request_id_headers=args.enable_request_id_headers, cors=cors, chat_template=chat_template,
+                    trust_request_chat_template=args.trust_request_chat_template)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                     ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
@@ -157,6 +160,10 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
     serve.add_argument("--ssl-keyfile", default=None, help="serve https with this private key (and --ssl-certfile)")
     serve.add_argument("--ssl-certfile", default=None, help="the certificate for --ssl-keyfile")
+    serve.add_argument("--chat-template", default=None,
+                       help="a Jinja chat template (its file, or the template itself) over the tokenizer's")
+    serve.add_argument("--trust-request-chat-template", action="store_true",
+                       help="take a chat request's own chat_template (refused otherwise, as in vLLM)")
     serve.add_argument("--uvicorn-log-level", default="info",
                        choices=("critical", "error", "warning", "info", "debug", "trace"))
     serve.add_argument("--allowed-origins", type=json_strings, default=[],

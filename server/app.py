@@ -105,12 +105,14 @@ CORS_DEFAULTS = {"allow_origins": [], "allow_credentials": False, "allow_methods
 
 
 def build_app(engine: AsyncEngine, model_name: str, api_key: str | list[str] | None = None,
-              request_id_headers: bool = False, cors: dict | None = None) -> FastAPI:
+              request_id_headers: bool = False, cors: dict | None = None, chat_template: str | None = None,
+              trust_request_chat_template: bool = False) -> FastAPI:
     """`api_key`: the key, or keys, any of which a /v1 request must bear. `cors`: Starlette CORSMiddleware's
     settings, as vLLM's --allowed-origins, --allow-credentials, --allowed-methods and --allowed-headers set them
-    (default CORS_DEFAULTS: no cross-origin browser access)."""
+    (default CORS_DEFAULTS: no cross-origin browser access). `chat_template` (the template's text) and
+    `trust_request_chat_template`: see Serving."""
     app = FastAPI(title="jaxengine", version=jaxengine.__version__)
-    serving = Serving(engine, model_name)
+    serving = Serving(engine, model_name, chat_template, trust_request_chat_template)
     app.state.engine, app.state.serving = engine, serving
 
     # Each middleware added wraps those before it. The key is checked innermost: a browser's preflight (which
@@ -209,7 +211,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | list[str] | N
         if (req.prompt is None) == (req.messages is None):
             raise APIError("give exactly one of prompt or messages", param="prompt")
         if req.prompt is not None:
-            ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
         else:
             ids = serving.chat_prompt(req)
         return {"tokens": ids, "count": len(ids), "max_model_len": engine.engine.max_model_len}

@@ -58,6 +58,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0)
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1)
+    add_special_tokens: bool = True  # vLLM's: the tokenizer's BOS (and the like) around a text prompt
 
 
 class TextPart(BaseModel):
@@ -93,6 +94,8 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict | None = None
+    chat_template: str | None = None  # taken only from a server started with --trust-request-chat-template
+    add_special_tokens: bool = False  # vLLM's: special tokens added on top of what the template writes
 
 
 class StartProfileRequest(BaseModel):
@@ -107,10 +110,11 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages (as vLLM's)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict | None = None
+    chat_template: str | None = None
 
 
 class DetokenizeRequest(BaseModel):

@@ -7,6 +7,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from jaxengine.outputs import RequestOutput
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
@@ -99,11 +100,41 @@ async def _sse_stream(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
     yield _sse("[DONE]")
 
 
+def load_chat_template(value: str) -> str:
+    """--chat-template, as vLLM reads it: a file's path, or the Jinja template itself."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path.read_text()
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
+
+
 class Serving:
-    def __init__(self, engine: AsyncEngine, model_name: str):
+    def __init__(self, engine: AsyncEngine, model_name: str, chat_template: str | None = None,
+                 trust_request_chat_template: bool = False):
+        """`chat_template`: the template for chat requests over the tokenizer's (--chat-template);
+        `trust_request_chat_template`: a request's own `chat_template` is taken (otherwise refused, as vLLM)."""
         self.engine = engine
         self.model_name = model_name
         self.tokenizer = engine.engine.tokenizer
+        self.chat_template = chat_template
+        self.trust_request_chat_template = trust_request_chat_template
+        if chat_template is not None:
+            self._check_template_syntax(chat_template)
+
+    def _check_template_syntax(self, template: str) -> None:
+        """A server's template that cannot be parsed fails at start, not on every chat request. Errors that
+        depend on the conversation (a template's raise_exception on role order, say) are left to requests."""
+        import jinja2
+
+        try:
+            self.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], chat_template=template,
+                                               tokenize=False)
+        except jinja2.TemplateSyntaxError as e:
+            raise ValueError(f"--chat-template: the template does not parse: {e}") from None
+        except Exception:  # noqa: BLE001 - parsed; this conversation is not one it accepts
+            pass
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
@@ -175,14 +206,15 @@ class Serving:
 
     # --- completions ---------------------------------------------------------------------------------
 
-    def _completion_prompts(self, prompt) -> list[tuple[str | None, list[int]]]:
+    def _completion_prompts(self, prompt, add_special_tokens: bool) -> list[tuple[str | None, list[int]]]:
         if isinstance(prompt, str):
             prompt = [prompt]
         elif prompt and isinstance(prompt[0], int):
             prompt = [prompt]
         if not prompt:
             raise APIError("prompt must not be empty", param="prompt")
-        return [(p, self.tokenizer.encode(p)) if isinstance(p, str) else (None, list(p)) for p in prompt]
+        return [(p, self.tokenizer.encode(p, add_special_tokens=add_special_tokens)) if isinstance(p, str)
+                else (None, list(p)) for p in prompt]
 
     async def completion(self, req: CompletionRequest):
         self.check_model(req.model)
@@ -191,7 +223,7 @@ class Serving:
         if req.best_of is not None and req.best_of != req.n:
             raise APIError("best_of must equal n (beam search and best-of ranking are not supported)",
                            param="best_of")
-        prompts = self._completion_prompts(req.prompt)
+        prompts = self._completion_prompts(req.prompt, req.add_special_tokens)
         # An explicit null is the default 16, as vLLM reads it (the generation config's limit is chat's only).
         max_tokens = 16 if req.max_tokens is None else req.max_tokens
         # echo with max_tokens 0, as vLLM: the prompt comes back (with its logprobs if asked: how eval harnesses
@@ -290,19 +322,27 @@ class Serving:
     # --- chat ----------------------------------------------------------------------------------------
 
     def chat_prompt(self, req: ChatCompletionRequest | TokenizeRequest) -> list[int]:
-        """The token ids of a request's messages in the chat template (chat completions, /tokenize)."""
-        if self.tokenizer.chat_template is None:
-            raise APIError("this model's tokenizer has no chat template; use /v1/completions", param="messages")
+        """The token ids of a request's messages in the chat template (chat completions, /tokenize): the
+        request's template (where trusted), else the server's --chat-template, else the tokenizer's. As vLLM,
+        the template's text is tokenized with add_special_tokens (default False: the template writes them)."""
+        if req.chat_template is not None and not self.trust_request_chat_template:
+            raise APIError("a request's chat_template is taken only from a server started with "
+                           "--trust-request-chat-template", param="chat_template")
+        template = req.chat_template or self.chat_template
+        if template is None and self.tokenizer.chat_template is None:
+            raise APIError("this model's tokenizer has no chat template; start the server with --chat-template, "
+                           "or use /v1/completions", param="messages")
         messages = [{"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
                     for m in req.messages]
         try:
-            ids = self.tokenizer.apply_chat_template(
-                messages, tokenize=True, add_generation_prompt=req.add_generation_prompt and not
-                req.continue_final_message, continue_final_message=req.continue_final_message, return_dict=False,
+            text = self.tokenizer.apply_chat_template(
+                messages, chat_template=template, tokenize=False, add_generation_prompt=req.add_generation_prompt
+                and not req.continue_final_message, continue_final_message=req.continue_final_message,
                 **(req.chat_template_kwargs or {}))
-        except Exception as e:  # template errors are the request's fault (roles, kwargs)
-            raise APIError(f"could not apply the chat template: {e}", param="messages") from None
-        return list(ids)
+        except Exception as e:  # template errors are the request's fault (roles, kwargs, its own template)
+            param = "chat_template" if req.chat_template is not None else "messages"
+            raise APIError(f"could not apply the chat template: {e}", param=param) from None
+        return self.tokenizer.encode(text, add_special_tokens=bool(req.add_special_tokens))
 
     async def chat(self, req: ChatCompletionRequest):
         self.check_model(req.model)
