@@ -328,7 +328,7 @@ class Serving:
         if req.chat_template is not None and not self.trust_request_chat_template:
             raise APIError("a request's chat_template is taken only from a server started with "
                            "--trust-request-chat-template", param="chat_template")
-        template = req.chat_template or self.chat_template
+        template = self.chat_template if req.chat_template is None else req.chat_template
         if template is None and self.tokenizer.chat_template is None:
             raise APIError("this model's tokenizer has no chat template; start the server with --chat-template, "
                            "or use /v1/completions", param="messages")
