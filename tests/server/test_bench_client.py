@@ -104,18 +104,20 @@ def test_bench_serve_takes_vllm_bench_serve_options(live, async_engine, tmp_path
     """--extra-body (merged last), --logprobs, --header, --served-model-name, --goodput, --label, --metadata,
     --save-detailed, --append-result and --disable-tqdm, as `vllm bench serve` reads them."""
     argv = ["bench", "serve", "--base-url", live.url, "--num-prompts", "4", "--input-len", "6", "--output-len", "5",
-            "--ignore-eos", "--extra-body", '{"max_tokens": 3, "temperature": 0.5}', "--logprobs", "2",
+            "--ignore-eos", "--extra-body", '{"max_tokens": 3, "temperature": 0.5, "seed": 1}', "--logprobs", "2",
             "--header", "x-bench=1", "--served-model-name", MODEL, "--request-rate", "200", "--burstiness", "inf",
             "--label", "mine", "--metadata", "tp=1", "note=a b", "--save-detailed", "--disable-tqdm",
             "--append-result", "--result-dir", str(tmp_path / "out"), "--result-filename", "r.json"]
     main(argv + ["--goodput", "ttft:100000", "tpot:100000", "e2el:100000"])
     result = _result(capsys)
     assert result["completed"] == 4 and result["total_output_tokens"] == 4 * 3  # the body's max_tokens won
-    assert result["sampling"] == {"temperature": 0.0} and result["extra_body"] == {"max_tokens": 3, "temperature": 0.5}
+    assert result["sampling"] == {"temperature": 0.0}
+    assert result["extra_body"] == {"max_tokens": 3, "temperature": 0.5, "seed": 1}
     assert result["label"] == "mine" and result["tp"] == "1" and result["note"] == "a b"
     assert result["request_goodput"] == result["request_throughput"]  # every request met the objectives
     assert result["output_lens"] == [3] * 4 and result["errors"] == [""] * 4 and len(result["itls"]) == 4
     assert all(len(itl) == 2 for itl in result["itls"]) and all(0 < t for t in result["ttfts"])
+    # Seeded: an unseeded draw of 3 tokens from the tiny model now and then decodes to no text at all.
     assert result["input_lens"] == [6] * 4 and all(isinstance(t, str) and t for t in result["generated_texts"])
     starts = result["start_times"]  # evenly spaced at 200 req/s: the first after one gap
     assert starts == sorted(starts) and starts[0] >= 0.004 and starts[-1] >= 0.019
