@@ -116,7 +116,8 @@ def _serve(args) -> None:
             "allow_methods": args.allowed_methods, "allow_headers": args.allowed_headers}
     app = build_app(async_engine, name, api_key=args.api_key or os.environ.get("JAXENGINE_API_KEY") or None,
                     request_id_headers=args.enable_request_id_headers, cors=cors, chat_template=chat_template,
-                    trust_request_chat_template=args.trust_request_chat_template)
+                    trust_request_chat_template=args.trust_request_chat_template,
+                    return_tokens_as_token_ids=args.return_tokens_as_token_ids)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                     ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
@@ -164,6 +165,8 @@ def main(argv: list[str] | None = None) -> None:
                        help="a Jinja chat template (its file, or the template itself) over the tokenizer's")
     serve.add_argument("--trust-request-chat-template", action="store_true",
                        help="take a chat request's own chat_template (refused otherwise, as in vLLM)")
+    serve.add_argument("--return-tokens-as-token-ids", action="store_true",
+                       help="logprobs name tokens 'token_id:N' (a request's return_tokens_as_token_ids overrides)")
     serve.add_argument("--uvicorn-log-level", default="info",
                        choices=("critical", "error", "warning", "info", "debug", "trace"))
     serve.add_argument("--allowed-origins", type=json_strings, default=[],

@@ -49,6 +49,7 @@ class SamplingFields(BaseModel):
     priority: int = 0
     cache_salt: str | None = None
     request_id: str | None = None
+    return_tokens_as_token_ids: bool | None = None  # None: the server's --return-tokens-as-token-ids
 
 
 class CompletionRequest(SamplingFields):

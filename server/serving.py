@@ -112,10 +112,12 @@ def load_chat_template(value: str) -> str:
 
 class Serving:
     def __init__(self, engine: AsyncEngine, model_name: str, chat_template: str | None = None,
-                 trust_request_chat_template: bool = False):
+                 trust_request_chat_template: bool = False, return_tokens_as_token_ids: bool = False):
         """`chat_template`: the template for chat requests over the tokenizer's (--chat-template);
-        `trust_request_chat_template`: a request's own `chat_template` is taken (otherwise refused, as vLLM)."""
+        `trust_request_chat_template`: a request's own `chat_template` is taken (otherwise refused, as vLLM);
+        `return_tokens_as_token_ids`: the default of the requests' field (--return-tokens-as-token-ids)."""
         self.engine = engine
+        self.return_tokens_as_token_ids = return_tokens_as_token_ids
         self.model_name = model_name
         self.tokenizer = engine.engine.tokenizer
         self.chat_template = chat_template
@@ -248,12 +250,13 @@ class Serving:
                     ids, lps, text, finish, stop = [], [] if c.logprobs is not None else None, "", "length", None
                 else:
                     ids, lps, text, finish, stop = c.token_ids, c.logprobs, c.text, c.finish_reason, c.stop_reason
-                logprobs = self._completion_logprobs(ids, lps, 0)
+                logprobs = self._completion_logprobs(ids, lps, 0, self._as_ids(req))
                 if req.echo:
                     echo_text = prompts[i][0] if prompts[i][0] is not None else self.tokenizer.decode(prompts[i][1])
                     text = echo_text + text
                     if logprobs is not None:
-                        logprobs = self._merge_echo_logprobs(prompts[i][1], finals[i].prompt_logprobs, logprobs)
+                        logprobs = self._merge_echo_logprobs(prompts[i][1], finals[i].prompt_logprobs, logprobs,
+                                                             self._as_ids(req))
                 choices.append({"index": i * req.n + c.index, "text": text, "logprobs": logprobs,
                                 "finish_reason": finish, "stop_reason": stop})
         usage = _usage([p[1] for p in prompts], {} if echo_only else finals)
@@ -269,28 +272,40 @@ class Serving:
         for chunk in _usage_chunks(req, base, lambda: usage):
             yield chunk
 
-    def _completion_logprobs(self, token_ids, logprobs, offset) -> dict | None:
+    def _as_ids(self, req: SamplingFields) -> bool:
+        """vLLM's return_tokens_as_token_ids: logprobs name their tokens "token_id:N" (two tokens that decode to
+        the same text stay apart); the request's choice, else the server's."""
+        given = req.return_tokens_as_token_ids
+        return self.return_tokens_as_token_ids if given is None else given
+
+    @staticmethod
+    def _name(token: int, piece: str, as_ids: bool) -> str:
+        return f"token_id:{token}" if as_ids else piece
+
+    def _completion_logprobs(self, token_ids, logprobs, offset, as_ids: bool) -> dict | None:
+        """text_offset counts the text's characters either way (as_ids renames the tokens only)."""
         if logprobs is None:
             return None
         tokens, token_lps, tops, offsets = [], [], [], []
         for tok, entry in zip(token_ids, logprobs):
             piece = self.tokenizer.decode([tok])
-            tokens.append(piece)
+            tokens.append(self._name(tok, piece, as_ids))
             token_lps.append(entry[tok].logprob)
-            tops.append({lp.decoded_token: lp.logprob for t, lp in entry.items()})
+            tops.append({self._name(t, lp.decoded_token, as_ids): lp.logprob for t, lp in entry.items()})
             offsets.append(offset)
             offset += len(piece)
         return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
-    def _merge_echo_logprobs(self, prompt_ids, prompt_logprobs, generated: dict) -> dict:
+    def _merge_echo_logprobs(self, prompt_ids, prompt_logprobs, generated: dict, as_ids: bool) -> dict:
         pieces = [self.tokenizer.decode([t]) for t in prompt_ids]
         offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
         shift = sum(len(p) for p in pieces)
         return {
-            "tokens": pieces + generated["tokens"],
+            "tokens": [self._name(t, p, as_ids) for t, p in zip(prompt_ids, pieces)] + generated["tokens"],
             "token_logprobs": [None if e is None else e[t].logprob for t, e in zip(prompt_ids, prompt_logprobs)]
             + generated["token_logprobs"],
-            "top_logprobs": [None if e is None else {lp.decoded_token: lp.logprob for lp in e.values()}
+            "top_logprobs": [None if e is None else {self._name(t, lp.decoded_token, as_ids): lp.logprob
+                                                     for t, lp in e.items()}
                              for e in prompt_logprobs] + generated["top_logprobs"],
             "text_offset": offsets + [o + shift for o in generated["text_offset"]],
         }
@@ -310,7 +325,7 @@ class Serving:
                     text = (prompts[i][0] or self.tokenizer.decode(prompts[i][1])) + text
                 if not text and c.finish_reason is None and len(c.token_ids) == ntok:
                     continue
-                logprobs = self._completion_logprobs(c.token_ids[ntok:], c.logprobs[ntok:], chars) \
+                logprobs = self._completion_logprobs(c.token_ids[ntok:], c.logprobs[ntok:], chars, self._as_ids(req)) \
                     if c.logprobs is not None else None
                 sent[(i, c.index)] = (len(c.text), len(c.token_ids))
                 yield base | {"choices": [{"index": i * req.n + c.index, "text": text, "logprobs": logprobs,
@@ -363,24 +378,25 @@ class Serving:
             return _sse_stream(self._stream_chat(request_id, created, prompts, params, req))
         final = (await self._finals(request_id, prompts, params, req))[0]
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": self._chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0),
+                    "logprobs": self._chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0, self._as_ids(req)),
                     "finish_reason": c.finish_reason,
                     "stop_reason": c.stop_reason} for c in final.outputs]
         return {"id": request_id, "object": "chat.completion", "created": created, "model": self.model_name,
                 "choices": choices, "usage": _usage([ids], {0: final})}
 
-    def _token_info(self, token: int, logprob: float) -> dict:
+    def _token_info(self, token: int, logprob: float, as_ids: bool) -> dict:
+        """`bytes`: the token's text's UTF-8 bytes, also where as_ids names it "token_id:N"."""
         piece = self.tokenizer.decode([token])
-        return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
+        return {"token": self._name(token, piece, as_ids), "logprob": logprob, "bytes": list(piece.encode())}
 
-    def _chat_logprobs(self, token_ids, logprobs, top_n: int) -> dict | None:
+    def _chat_logprobs(self, token_ids, logprobs, top_n: int, as_ids: bool) -> dict | None:
         if logprobs is None:
             return None
         content = []
         for tok, entry in zip(token_ids, logprobs):
             ranked = sorted(entry.items(), key=lambda kv: kv[1].rank)[:top_n]  # ranks 1..top_n
-            content.append(self._token_info(tok, entry[tok].logprob)
-                           | {"top_logprobs": [self._token_info(t, lp.logprob) for t, lp in ranked]})
+            content.append(self._token_info(tok, entry[tok].logprob, as_ids)
+                           | {"top_logprobs": [self._token_info(t, lp.logprob, as_ids) for t, lp in ranked]})
         return {"content": content}
 
     async def _stream_chat(self, request_id, created, prompts, params, req) -> AsyncIterator[dict]:
@@ -399,7 +415,8 @@ class Serving:
                 text = c.text[chars:]
                 if not text and c.finish_reason is None:
                     continue
-                logprobs = self._chat_logprobs(c.token_ids[ntok:], c.logprobs[ntok:], req.top_logprobs or 0) \
+                logprobs = self._chat_logprobs(c.token_ids[ntok:], c.logprobs[ntok:], req.top_logprobs or 0,
+                                               self._as_ids(req)) \
                     if c.logprobs is not None else None
                 sent[c.index] = (len(c.text), len(c.token_ids))
                 yield base | {"choices": [{"index": c.index, "delta": {"content": text} if text else {},

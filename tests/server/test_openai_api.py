@@ -123,6 +123,55 @@ def test_chat_logprobs(client):
         assert item.logprob == pytest.approx(item.top_logprobs[0].logprob)  # greedy picks the top token
 
 
+def test_return_tokens_as_token_ids_names_logprobs_tokens_by_id(client, async_engine):
+    """vLLM's return_tokens_as_token_ids: "token_id:N" for every token of the logprobs (echoed prompt, samples,
+    top candidates); logprobs and text offsets as without it."""
+    tok = async_engine.engine.tokenizer
+    kwargs = dict(model=MODEL, prompt="a b", max_tokens=4, temperature=0, logprobs=2, echo=True)
+    plain = client.completions.create(**kwargs, extra_body={"ignore_eos": True}).choices[0].logprobs
+    named = client.completions.create(**kwargs, extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+    lp = named.choices[0].logprobs
+    ids = [int(t.removeprefix("token_id:")) for t in lp.tokens]
+    prompt = tok.encode("a b")
+    assert all(t.startswith("token_id:") for t in lp.tokens) and ids[:len(prompt)] == prompt
+    assert [tok.decode([i]) for i in ids] == plain.tokens
+    assert lp.token_logprobs == plain.token_logprobs and lp.text_offset == plain.text_offset
+    assert all(key.startswith("token_id:") for top in lp.top_logprobs if top for key in top)
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": "q"}], max_tokens=3, temperature=0,
+                logprobs=True, top_logprobs=2)
+    for stream in (False, True):
+        out = client.chat.completions.create(**chat, stream=stream, extra_body={"return_tokens_as_token_ids": True,
+                                                                                "ignore_eos": True})
+        items = [i for c in out if c.choices[0].logprobs for i in c.choices[0].logprobs.content] if stream \
+            else out.choices[0].logprobs.content
+        assert len(items) == 3
+        for item in items:
+            token = int(item.token.removeprefix("token_id:"))
+            assert item.bytes == list(tok.decode([token]).encode())  # the token's own bytes
+            assert all(t.token.startswith("token_id:") for t in item.top_logprobs)
+    wait_until_idle(async_engine.engine)
+
+
+def test_return_tokens_as_token_ids_server_default(async_engine):
+    """--return-tokens-as-token-ids makes it every request's default; a request's false overrides it."""
+    import httpx
+
+    from server.app import build_app
+    from tests.server.conftest import LiveServer
+
+    server = LiveServer(build_app(async_engine, MODEL, return_tokens_as_token_ids=True))
+    try:
+        body = {"prompt": "a", "max_tokens": 2, "logprobs": 1, "ignore_eos": True}
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            named = c.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]["tokens"]
+            plain = c.post("/v1/completions", json=body | {"return_tokens_as_token_ids": False}).json()
+        assert all(t.startswith("token_id:") for t in named)
+        assert not any(t.startswith("token_id:") for t in plain["choices"][0]["logprobs"]["tokens"])
+    finally:
+        server.stop()
+    wait_until_idle(async_engine.engine)
+
+
 def test_stop_string(client):
     free = client.completions.create(model=MODEL, prompt="def g(", max_tokens=20, temperature=0,
                                      extra_body={"ignore_eos": True}).choices[0].text
