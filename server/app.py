@@ -24,13 +24,30 @@ from server.serving import Serving
 logger = logging.getLogger(__name__)
 
 
-class RequireKey:
+class _HttpMiddleware:
+    """A plain ASGI middleware over HTTP requests (`http`); other scopes (lifespan) pass straight through.
+    Starlette's `@app.middleware("http")` would pass each streamed chunk through a memory stream and a task
+    switch of its own."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            await self.http(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def http(self, scope, receive, send):
+        raise NotImplementedError
+
+
+class RequireKey(_HttpMiddleware):
     """Every /v1 route needs `Authorization: Bearer <key>` with one of the keys (the scheme in any case, as
-    vLLM's server reads it). A plain ASGI middleware: Starlette's `@app.middleware("http")` passes each streamed
-    chunk through a memory stream and a task switch of its own."""
+    vLLM's server reads it)."""
 
     def __init__(self, app, api_keys: list[str]):
-        self.app = app
+        super().__init__(app)
         self.digests = [hashlib.sha256(key.encode()).digest() for key in api_keys]
 
     def _valid(self, header: bytes) -> bool:
@@ -39,8 +56,8 @@ class RequireKey:
         matches = [hmac.compare_digest(digest, expected) for expected in self.digests]  # every key, every time
         return scheme.lower() == "bearer" and any(matches)
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+    async def http(self, scope, receive, send):
+        if scope["path"].startswith("/v1"):
             given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
             if not self._valid(given):
                 response = error_response(APIError("missing or invalid API key: send 'Authorization: Bearer <key>'",
@@ -50,17 +67,11 @@ class RequireKey:
         await self.app(scope, receive, send)
 
 
-class RequestIdHeaders:
+class RequestIdHeaders(_HttpMiddleware):
     """`--enable-request-id-headers`, as vLLM's: every HTTP response carries an `X-Request-Id` header, the
     request's own where it sent one, otherwise a fresh random id (as vLLM's, not the id in the body)."""
 
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope, receive, send):
         given = next((value for name, value in scope["headers"] if name == b"x-request-id"), None)
         request_id = given or uuid.uuid4().hex.encode()
 
@@ -72,18 +83,12 @@ class RequestIdHeaders:
         await self.app(scope, receive, send_with_id)
 
 
-class UnexpectedErrors:
+class UnexpectedErrors(_HttpMiddleware):
     """A bug in a route (an exception no handler answers) becomes a 500 with an OpenAI error body, its traceback
     logged. Starlette's own answer is a plain-text 500 that also drops the keep-alive connection (it re-raises
     the error to the server). A stream that has begun is left to end as the server ends it."""
 
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope, receive, send):
         started = False
 
         async def watched(message):
