@@ -107,14 +107,14 @@ def _serve(args) -> None:
         if not multihost.is_leader():  # followers run the leader's device commands until it stops
             LLMEngine(config).runner.follow()
             return
-    name = args.served_model_name or config.model or "jaxengine-demo"
+    names = args.served_model_name or [config.model or "jaxengine-demo"]
     engine = create_engine(config)
-    async_engine = AsyncEngine(engine, EngineMetrics(name),
+    async_engine = AsyncEngine(engine, EngineMetrics(names[0]),
                                log_stats_interval=None if args.disable_log_stats else 10.0,
                                log_requests=args.enable_log_requests, max_log_len=args.max_log_len)
     cors = {"allow_origins": args.allowed_origins, "allow_credentials": args.allow_credentials,
             "allow_methods": args.allowed_methods, "allow_headers": args.allowed_headers}
-    app = build_app(async_engine, name, api_key=args.api_key or os.environ.get("JAXENGINE_API_KEY") or None,
+    app = build_app(async_engine, names, api_key=args.api_key or os.environ.get("JAXENGINE_API_KEY") or None,
                     request_id_headers=args.enable_request_id_headers, cors=cors, chat_template=chat_template,
                     trust_request_chat_template=args.trust_request_chat_template,
                     return_tokens_as_token_ids=args.return_tokens_as_token_ids)
@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", nargs="+", default=None,
                        help="require 'Authorization: Bearer KEY' with one of these keys (or JAXENGINE_API_KEY)")
-    serve.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
+    serve.add_argument("--served-model-name", nargs="+", default=None,
+                       help="the model name(s) clients may send, the first in responses (default: --model)")
     serve.add_argument("--ssl-keyfile", default=None, help="serve https with this private key (and --ssl-certfile)")
     serve.add_argument("--ssl-certfile", default=None, help="the certificate for --ssl-keyfile")
     serve.add_argument("--chat-template", default=None,

@@ -109,10 +109,11 @@ class UnexpectedErrors(_HttpMiddleware):
 CORS_DEFAULTS = {"allow_origins": [], "allow_credentials": False, "allow_methods": ["*"], "allow_headers": ["*"]}
 
 
-def build_app(engine: AsyncEngine, model_name: str, api_key: str | list[str] | None = None,
+def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | list[str] | None = None,
               request_id_headers: bool = False, cors: dict | None = None, chat_template: str | None = None,
               trust_request_chat_template: bool = False, return_tokens_as_token_ids: bool = False) -> FastAPI:
-    """`api_key`: the key, or keys, any of which a /v1 request must bear. `cors`: Starlette CORSMiddleware's
+    """`model_name`: the served name, or names (vLLM's --served-model-name: requests may name any, responses
+    carry the first). `api_key`: the key, or keys, any of which a /v1 request must bear. `cors`: Starlette CORSMiddleware's
     settings, as vLLM's --allowed-origins, --allow-credentials, --allowed-methods and --allowed-headers set them
     (default CORS_DEFAULTS: no cross-origin browser access). `chat_template` (the template's text) and
     `trust_request_chat_template`, `return_tokens_as_token_ids`: see Serving."""
@@ -178,9 +179,10 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | list[str] | N
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
-                                            "owned_by": "jaxengine", "root": model_name,
-                                            "max_model_len": engine.engine.max_model_len}]}
+        root = engine.engine.config.model or serving.model_name
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "jaxengine",
+                                            "root": root, "max_model_len": engine.engine.max_model_len}
+                                           for name in serving.model_names]}
 
     @app.get("/health")
     @app.api_route("/ping", methods=["GET", "POST"])  # vLLM's (SageMaker's) name for the same check

@@ -111,14 +111,18 @@ def load_chat_template(value: str) -> str:
 
 
 class Serving:
-    def __init__(self, engine: AsyncEngine, model_name: str, chat_template: str | None = None,
+    def __init__(self, engine: AsyncEngine, model_name: str | list[str], chat_template: str | None = None,
                  trust_request_chat_template: bool = False, return_tokens_as_token_ids: bool = False):
-        """`chat_template`: the template for chat requests over the tokenizer's (--chat-template);
+        """`model_name`: the served name or names (requests may name any; responses carry the first).
+        `chat_template`: the template for chat requests over the tokenizer's (--chat-template);
         `trust_request_chat_template`: a request's own `chat_template` is taken (otherwise refused, as vLLM);
         `return_tokens_as_token_ids`: the default of the requests' field (--return-tokens-as-token-ids)."""
         self.engine = engine
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
-        self.model_name = model_name
+        self.model_names = [model_name] if isinstance(model_name, str) else list(model_name)
+        if not self.model_names or not all(isinstance(n, str) and n for n in self.model_names):
+            raise ValueError(f"served model names must be non-empty strings, got {model_name!r}")
+        self.model_name = self.model_names[0]
         self.tokenizer = engine.engine.tokenizer
         self.chat_template = chat_template
         self.trust_request_chat_template = trust_request_chat_template
@@ -139,8 +143,9 @@ class Serving:
             pass
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
-            raise APIError(f"model {name!r} does not exist; this server serves {self.model_name!r}", status=404,
+        if name is not None and name not in self.model_names:
+            served = ", ".join(map(repr, self.model_names))
+            raise APIError(f"model {name!r} does not exist; this server serves {served}", status=404,
                            param="model", code="model_not_found")
 
     def _admitted(self, prompts: list[tuple[str | None, list[int]]], params: SamplingParams,

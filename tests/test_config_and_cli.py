@@ -131,8 +131,8 @@ def test_serve_cors_flags_take_json_lists_of_strings(capsys):
 
 def test_serve_flags_reach_the_app_and_uvicorn(engines, monkeypatch, tmp_path):
     """`jaxengine serve`'s own flags, wired through (uvicorn and the engine faked: no server runs, no request is
-    generated): the served name, the API key, CORS, request id headers, the stats log, request logging, TLS, the
-    log level, and a profile left running, written at shutdown."""
+    generated): the served names, the API key, CORS, request id headers, the stats log, request logging, TLS, the
+    log level, a profile left running (written at shutdown), the chat template flags and token ids in logprobs."""
     import uvicorn
     from fastapi.testclient import TestClient
 
@@ -163,12 +163,17 @@ def test_serve_flags_reach_the_app_and_uvicorn(engines, monkeypatch, tmp_path):
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     key.write_text("k")
     cert.write_text("c")
-    main(["serve", "--served-model-name", "mine", "--api-key", "k", "--allowed-origins", '["http://ui.example"]',
+    main(["serve", "--served-model-name", "mine", "alias", "--api-key", "k", "--allowed-origins", '["http://ui.example"]',
           "--enable-request-id-headers", "--disable-log-stats", "--ssl-keyfile", str(key), "--ssl-certfile",
           str(cert), "--uvicorn-log-level", "warning", "--port", "8123", "--enable-log-requests", "--max-log-len", "9",
-          "--profiler-dir", str(tmp_path / "traces")])
+          "--profiler-dir", str(tmp_path / "traces"), "--chat-template", "{{ messages[0]['content'] }}",
+          "--trust-request-chat-template", "--return-tokens-as-token-ids"])
     assert ran["ssl_keyfile"] == str(key) and ran["ssl_certfile"] == str(cert) and ran["log_level"] == "warning"
-    assert ran["port"] == 8123 and ran["models"] == ["mine"] and ran["stats"] is None and ran["log_requests"] == (True, 9)
+    assert ran["port"] == 8123 and ran["models"] == ["mine", "alias"] and ran["stats"] is None
+    assert ran["log_requests"] == (True, 9)
+    serving = ran["app"].state.serving
+    assert serving.chat_template == "{{ messages[0]['content'] }}" and serving.trust_request_chat_template
+    assert serving.return_tokens_as_token_ids and serving.model_name == "mine"
     assert ran["keyless"].status_code == 401 and "x-request-id" in ran["keyless"].headers
     assert ran["preflight"].headers["access-control-allow-origin"] == "http://ui.example"
     # The profile left running was written when the server stopped.

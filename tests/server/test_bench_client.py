@@ -168,17 +168,27 @@ def test_bench_serve_ready_check_timeout_bounds_both_waits_together(live, monkey
 def test_bench_serve_random_ids_where_detokenize_bounds_nothing(live, async_engine, model_dirs, monkeypatch,
                                                                 capsys):
     """vLLM's /detokenize decodes any id, so the probe finds no bound: the ids then come from the tokenizer's range
-    (the range vLLM's server accepts), or the tool asks for --tokenizer / --vocab-size."""
+    (the range vLLM's server accepts): --tokenizer, else the model's directory where /v1/models names it as the
+    model's root (as ours and vLLM's do), or the tool asks for --tokenizer / --vocab-size."""
     from jaxengine import bench
     from jaxengine.engine.llm_engine import load_tokenizer
 
     assert bench._vocab_from_detokenize(live.url) == async_engine.engine.model_config.vocab_size  # ours bounds it
     monkeypatch.setattr(bench, "_vocab_from_detokenize", lambda url, headers=None, verify=True: bench.PROBE_LIMIT)
+    argv = ["bench", "serve", "--base-url", live.url, "--num-prompts", "3", "--input-len", "6", "--output-len", "2",
+            "--ignore-eos"]
+    main(argv)  # the tokenizer of /v1/models' root, the served model's directory
+    assert _result(capsys)["completed"] == 3
+    models = bench._models
+
+    def rootless(*args, **kwargs):
+        return [{"id": m["id"]} for m in models(*args, **kwargs)]
+
+    monkeypatch.setattr(bench, "_models", rootless)
     with pytest.raises(SystemExit, match="--tokenizer.*--vocab-size|--vocab-size.*--tokenizer"):
         main(["bench", "serve", "--base-url", live.url, "--num-prompts", "2"])
     capsys.readouterr()
-    main(["bench", "serve", "--base-url", live.url, "--num-prompts", "3", "--input-len", "6", "--output-len", "2",
-          "--tokenizer", str(model_dirs["qwen2"]), "--ignore-eos"])
+    main(argv + ["--tokenizer", str(model_dirs["qwen2"])])
     assert _result(capsys)["completed"] == 3
     assert max(load_tokenizer(model_dirs["qwen2"]).get_vocab().values()) + 1 < async_engine.engine.model_config.vocab_size
     wait_until_idle(async_engine.engine)

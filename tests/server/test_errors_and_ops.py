@@ -80,6 +80,23 @@ def test_an_unknown_model_gets_404(http):
         assert error["code"] == "model_not_found" and error["type"] == "NotFoundError"
 
 
+def test_several_served_model_names_answer_to_any_and_respond_with_the_first(async_engine):
+    """vLLM's --served-model-name a b: /v1/models lists both, a request may name either, responses carry the first."""
+    server = LiveServer(build_app(async_engine, [MODEL, "alias"]))
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            assert [m["id"] for m in c.get("/v1/models").json()["data"]] == [MODEL, "alias"]
+            out = c.post("/v1/completions", json={"model": "alias", "prompt": "x", "max_tokens": 1})
+            assert out.status_code == 200 and out.json()["model"] == MODEL
+            error = assert_error(c.post("/v1/completions", json={"model": "other", "prompt": "x"}), 404, "model")
+            assert f"'{MODEL}', 'alias'" in error["message"]
+    finally:
+        server.stop()
+    with pytest.raises(ValueError, match="served model names"):
+        build_app(async_engine, [])
+    wait_until_idle(async_engine.engine)
+
+
 def test_malformed_json_gets_400(http):
     error = assert_error(http.post("/v1/completions", content=b'{"prompt": "x",',
                                    headers={"content-type": "application/json"}), 400)
