@@ -239,9 +239,14 @@ class Serving:
         if echo_only and not req.echo:
             raise APIError("max_tokens must be at least 1 (0 only with echo: the prompt and its logprobs come back)",
                            param="max_tokens")
+        self._check_prompt_logprobs(req)
+        # The prompt's logprobs serve echo (as many as logprobs asks) and the prompt_logprobs field (as many as
+        # it asks): the engine computes the larger count, each use keeps its own.
+        echo_logprobs = req.logprobs if req.echo else None
+        wanted = [n for n in (echo_logprobs, req.prompt_logprobs) if n is not None]
         params = sampling_params(req, max_tokens=max(max_tokens, 1), logprobs=req.logprobs,
-                                 prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None
-                                 else req.prompt_logprobs, defaults=self.engine.engine.default_sampling)
+                                 prompt_logprobs=max(wanted) if wanted else None,
+                                 defaults=self.engine.engine.default_sampling)
         prompts = self._admitted(prompts, params, req)
         request_id = req.request_id or f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
@@ -257,13 +262,13 @@ class Serving:
                     ids, lps, text, finish, stop = c.token_ids, c.logprobs, c.text, c.finish_reason, c.stop_reason
                 logprobs = self._completion_logprobs(ids, lps, 0, self._as_ids(req))
                 if req.echo:
-                    echo_text = prompts[i][0] if prompts[i][0] is not None else self.tokenizer.decode(prompts[i][1])
-                    text = echo_text + text
+                    text = self._echo_text(prompts[i]) + text
                     if logprobs is not None:
                         logprobs = self._merge_echo_logprobs(prompts[i][1], finals[i].prompt_logprobs, logprobs,
-                                                             self._as_ids(req))
+                                                             req)
                 choices.append({"index": i * req.n + c.index, "text": text, "logprobs": logprobs,
-                                "finish_reason": finish, "stop_reason": stop})
+                                "finish_reason": finish, "stop_reason": stop}
+                               | self._prompt_logprobs_field(prompts[i][1], finals[i].prompt_logprobs, req))
         usage = _usage([p[1] for p in prompts], {} if echo_only else finals)
         base = {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name}
         if req.stream:  # echo_only: the whole prompt in one chunk per choice
@@ -301,7 +306,21 @@ class Serving:
             offset += len(piece)
         return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
-    def _merge_echo_logprobs(self, prompt_ids, prompt_logprobs, generated: dict, as_ids: bool) -> dict:
+    def _echo_text(self, prompt: tuple[str | None, list[int]]) -> str:
+        return prompt[0] if prompt[0] is not None else self.tokenizer.decode(prompt[1])
+
+    def _echo_shift(self, prompt_ids: list[int]) -> int:
+        """Where the generated tokens' text offsets start after an echoed prompt: its tokens' pieces."""
+        return sum(len(self.tokenizer.decode([t])) for t in prompt_ids)
+
+    @staticmethod
+    def _top(entry: dict, token: int, n: int) -> dict:
+        """A prompt position's entry cut to the top n and the prompt's own token (the engine computes the larger
+        of echo's and prompt_logprobs' counts)."""
+        return {t: lp for t, lp in entry.items() if lp.rank <= n or t == token}
+
+    def _merge_echo_logprobs(self, prompt_ids, prompt_logprobs, generated: dict, req: CompletionRequest) -> dict:
+        as_ids, n = self._as_ids(req), req.logprobs
         pieces = [self.tokenizer.decode([t]) for t in prompt_ids]
         offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
         shift = sum(len(p) for p in pieces)
@@ -310,14 +329,31 @@ class Serving:
             "token_logprobs": [None if e is None else e[t].logprob for t, e in zip(prompt_ids, prompt_logprobs)]
             + generated["token_logprobs"],
             "top_logprobs": [None if e is None else {self._name(t, lp.decoded_token, as_ids): lp.logprob
-                                                     for t, lp in e.items()}
-                             for e in prompt_logprobs] + generated["top_logprobs"],
+                                                     for t, lp in self._top(e, token, n).items()}
+                             for token, e in zip(prompt_ids, prompt_logprobs)] + generated["top_logprobs"],
             "text_offset": offsets + [o + shift for o in generated["text_offset"]],
         }
 
+    @staticmethod
+    def _check_prompt_logprobs(req: SamplingFields) -> None:
+        if req.prompt_logprobs is not None and req.stream:
+            raise APIError("prompt_logprobs are not available with stream=true (as in vLLM)", param="prompt_logprobs")
+
+    def _prompt_logprobs_field(self, prompt_ids, prompt_logprobs, req: SamplingFields) -> dict:
+        """vLLM's `prompt_logprobs` response field, where the request asked for it: per prompt token, None for the
+        first, else {token id: {logprob, rank, decoded_token}} for the top prompt_logprobs and the token itself."""
+        if req.prompt_logprobs is None:
+            return {}
+        as_ids = self._as_ids(req)
+        return {"prompt_logprobs": [
+            None if e is None else {str(t): {"logprob": lp.logprob, "rank": lp.rank,
+                                             "decoded_token": self._name(t, lp.decoded_token, as_ids)}
+                                    for t, lp in self._top(e, token, req.prompt_logprobs).items()}
+            for token, e in zip(prompt_ids, prompt_logprobs)]}
+
     async def _stream_completion(self, request_id, created, prompts, params, req) -> AsyncIterator[dict]:
         sent: dict[tuple[int, int], tuple[int, int]] = {}  # (prompt, sample) -> (chars, tokens) sent
-        finals = {}
+        finals, shifts, as_ids = {}, {}, self._as_ids(req)  # shifts: an echoed prompt's text offset, by prompt
         base = {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name}
         async for i, out in self._run_all(request_id, prompts, params, req):
             if out.finished:
@@ -327,11 +363,19 @@ class Serving:
                 first = (i, c.index) not in sent
                 text = c.text[chars:]
                 if req.echo and first:
-                    text = (prompts[i][0] or self.tokenizer.decode(prompts[i][1])) + text
+                    text = self._echo_text(prompts[i]) + text
                 if not text and c.finish_reason is None and len(c.token_ids) == ntok:
                     continue
-                logprobs = self._completion_logprobs(c.token_ids[ntok:], c.logprobs[ntok:], chars, self._as_ids(req)) \
-                    if c.logprobs is not None else None
+                logprobs = None
+                if c.logprobs is not None:
+                    new = (c.token_ids[ntok:], c.logprobs[ntok:])
+                    if req.echo and first:  # the echoed prompt's own logprobs first, as without streaming
+                        logprobs = self._merge_echo_logprobs(prompts[i][1], out.prompt_logprobs,
+                                                             self._completion_logprobs(*new, 0, as_ids), req)
+                    else:  # after an echo, text offsets count the echoed prompt's pieces first
+                        if req.echo and i not in shifts:
+                            shifts[i] = self._echo_shift(prompts[i][1])
+                        logprobs = self._completion_logprobs(*new, shifts.get(i, 0) + chars, as_ids)
                 sent[(i, c.index)] = (len(c.text), len(c.token_ids))
                 yield base | {"choices": [{"index": i * req.n + c.index, "text": text, "logprobs": logprobs,
                                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]} \
@@ -371,6 +415,7 @@ class Serving:
                            param="response_format")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs requires logprobs=true", param="top_logprobs")
+        self._check_prompt_logprobs(req)
         ids = self.chat_prompt(req)
         params = sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
                                  logprobs=(req.top_logprobs or 0) if req.logprobs else None,
@@ -387,7 +432,8 @@ class Serving:
                     "finish_reason": c.finish_reason,
                     "stop_reason": c.stop_reason} for c in final.outputs]
         return {"id": request_id, "object": "chat.completion", "created": created, "model": self.model_name,
-                "choices": choices, "usage": _usage([ids], {0: final})}
+                "choices": choices, "usage": _usage([ids], {0: final})} \
+            | self._prompt_logprobs_field(ids, final.prompt_logprobs, req)
 
     def _token_info(self, token: int, logprob: float, as_ids: bool) -> dict:
         """`bytes`: the token's text's UTF-8 bytes, also where as_ids names it "token_id:N"."""

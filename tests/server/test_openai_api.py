@@ -1,6 +1,7 @@
 """The server through the official openai SDK: completions and chat, streaming and not."""
 
 import concurrent.futures
+import json
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -92,6 +93,51 @@ def test_completion_logprobs_and_echo(client):
     assert len(lp.tokens) == prompt_len + 4
     assert lp.token_logprobs[0] is None and all(v <= 0 for v in lp.token_logprobs[1:])
     assert out.choices[0].text.startswith("a b")
+
+
+def test_prompt_logprobs_come_back_in_the_response(http, async_engine):
+    """vLLM's prompt_logprobs field: per prompt token (None first), the top N and the token itself, keyed by id;
+    with echo and logprobs too, each keeps its own count; refused with streaming, as in vLLM."""
+    tok = async_engine.engine.tokenizer
+    prompt = tok.encode("a b c d")
+    body = {"prompt": prompt, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    choice = http.post("/v1/completions", json=body | {"prompt_logprobs": 2}).json()["choices"][0]
+    lps = choice["prompt_logprobs"]
+    assert len(lps) == len(prompt) and lps[0] is None
+    for token, entry in zip(prompt[1:], lps[1:]):
+        assert str(token) in entry and 2 <= len(entry) <= 3
+        assert {e["rank"] for e in entry.values()} >= {1, 2} and all(e["logprob"] <= 0 for e in entry.values())
+        assert entry[str(token)]["decoded_token"] == tok.decode([token])
+    both = http.post("/v1/completions", json=body | {"prompt_logprobs": 3, "echo": True, "logprobs": 1}).json()
+    echoed = both["choices"][0]["logprobs"]
+    assert all(top is None or len(top) <= 2 for top in echoed["top_logprobs"][:len(prompt)])  # logprobs' 1
+    assert all(e is None or len(e) >= 3 for e in both["choices"][0]["prompt_logprobs"])  # prompt_logprobs' 3
+    assert echoed["token_logprobs"][1:len(prompt)] == [e[str(t)]["logprob"] for t, e in zip(prompt[1:], lps[1:])]
+    chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                                                     "prompt_logprobs": 0}).json()
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"] and chat["prompt_logprobs"][0] is None
+    assert all(len(e) == 1 for e in chat["prompt_logprobs"][1:])  # just the prompt's token
+    for route, streamed in (("/v1/completions", body), ("/v1/chat/completions",
+                                                        {"messages": [{"role": "user", "content": "hi"}]})):
+        refused = http.post(route, json=streamed | {"prompt_logprobs": 1, "stream": True})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt_logprobs"
+    wait_until_idle(async_engine.engine)
+
+
+def test_a_streamed_echo_has_the_prompts_logprobs_as_without_streaming(http, async_engine):
+    body = {"prompt": "a b c", "max_tokens": 4, "temperature": 0, "ignore_eos": True, "echo": True, "logprobs": 2}
+    whole = http.post("/v1/completions", json=body).json()["choices"][0]
+    merged = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    text = ""
+    with http.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                text += choice["text"]
+                for key in merged:
+                    merged[key] += choice["logprobs"][key] if choice["logprobs"] else []
+    assert text == whole["text"] and merged == whole["logprobs"]
+    wait_until_idle(async_engine.engine)
 
 
 def test_echo_with_max_tokens_0_scores_the_prompt(client, http):
