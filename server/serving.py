@@ -239,7 +239,7 @@ class Serving:
         if echo_only and not req.echo:
             raise APIError("max_tokens must be at least 1 (0 only with echo: the prompt and its logprobs come back)",
                            param="max_tokens")
-        self._check_prompt_logprobs(req)
+        self._check_streaming_fields(req)
         # The prompt's logprobs serve echo (as many as logprobs asks) and the prompt_logprobs field (as many as
         # it asks): the engine computes the larger count, each use keeps its own.
         echo_logprobs = req.logprobs if req.echo else None
@@ -335,9 +335,12 @@ class Serving:
         }
 
     @staticmethod
-    def _check_prompt_logprobs(req: SamplingFields) -> None:
+    def _check_streaming_fields(req: SamplingFields) -> None:
+        """As vLLM: prompt_logprobs only without streaming, stream_options only with it."""
         if req.prompt_logprobs is not None and req.stream:
             raise APIError("prompt_logprobs are not available with stream=true (as in vLLM)", param="prompt_logprobs")
+        if req.stream_options is not None and not req.stream:
+            raise APIError("stream_options are only taken with stream=true", param="stream_options")
 
     def _prompt_logprobs_field(self, prompt_ids, prompt_logprobs, req: SamplingFields) -> dict:
         """vLLM's `prompt_logprobs` response field, where the request asked for it: per prompt token, None for the
@@ -415,7 +418,7 @@ class Serving:
                            param="response_format")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs requires logprobs=true", param="top_logprobs")
-        self._check_prompt_logprobs(req)
+        self._check_streaming_fields(req)
         ids = self.chat_prompt(req)
         params = sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
                                  logprobs=(req.top_logprobs or 0) if req.logprobs else None,

@@ -49,6 +49,7 @@ def assert_error(response, status, param=None):
     ({"prompt": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"prompt": "hi", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({"prompt": "hi", "truncate_prompt_tokens": 513}, "truncate_prompt_tokens"),  # above max_model_len
+    ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),  # without stream, as vLLM
 ])
 def test_invalid_completion_requests_get_400(http, body, param):
     assert_error(http.post("/v1/completions", json=body), 400, param)
@@ -66,6 +67,7 @@ def test_invalid_completion_requests_get_400(http, body, param):
     ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"10000000": 1}}, "logit_bias"),
     ({"messages": [{"role": "user", "content": "x"}], "truncate_prompt_tokens": 600}, "truncate_prompt_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": False, "stream_options": {}}, "stream_options"),
 ])
 def test_invalid_chat_requests_get_400(http, body, param):
     assert_error(http.post("/v1/chat/completions", json=body), 400, param)
