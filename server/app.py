@@ -113,10 +113,10 @@ def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | l
               request_id_headers: bool = False, cors: dict | None = None, chat_template: str | None = None,
               trust_request_chat_template: bool = False, return_tokens_as_token_ids: bool = False) -> FastAPI:
     """`model_name`: the served name, or names (vLLM's --served-model-name: requests may name any, responses
-    carry the first). `api_key`: the key, or keys, any of which a /v1 request must bear. `cors`: Starlette CORSMiddleware's
-    settings, as vLLM's --allowed-origins, --allow-credentials, --allowed-methods and --allowed-headers set them
-    (default CORS_DEFAULTS: no cross-origin browser access). `chat_template` (the template's text) and
-    `trust_request_chat_template`, `return_tokens_as_token_ids`: see Serving."""
+    carry the first). `api_key`: the key, or keys, any of which a /v1 request must bear. `cors`: Starlette
+    CORSMiddleware's settings, as vLLM's --allowed-origins, --allow-credentials, --allowed-methods and
+    --allowed-headers set them (default CORS_DEFAULTS: no cross-origin browser access). `chat_template` (the
+    template's text), `trust_request_chat_template` and `return_tokens_as_token_ids`: see Serving."""
     app = FastAPI(title="jaxengine", version=jaxengine.__version__)
     serving = Serving(engine, model_name, chat_template, trust_request_chat_template, return_tokens_as_token_ids)
     app.state.engine, app.state.serving = engine, serving
@@ -156,7 +156,6 @@ def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | l
     @app.exception_handler(EngineDeadError)
     async def engine_dead(_, err: EngineDeadError):
         return JSONResponse(error_body(str(err), 500), status_code=500)
-
 
     def respond(result):
         if isinstance(result, dict):

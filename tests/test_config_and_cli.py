@@ -163,7 +163,8 @@ def test_serve_flags_reach_the_app_and_uvicorn(engines, monkeypatch, tmp_path):
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     key.write_text("k")
     cert.write_text("c")
-    main(["serve", "--served-model-name", "mine", "alias", "--api-key", "k", "--allowed-origins", '["http://ui.example"]',
+    main(["serve", "--served-model-name", "mine", "alias", "--api-key", "k",
+          "--allowed-origins", '["http://ui.example"]',
           "--enable-request-id-headers", "--disable-log-stats", "--ssl-keyfile", str(key), "--ssl-certfile",
           str(cert), "--uvicorn-log-level", "warning", "--port", "8123", "--enable-log-requests", "--max-log-len", "9",
           "--profiler-dir", str(tmp_path / "traces"), "--chat-template", "{{ messages[0]['content'] }}",

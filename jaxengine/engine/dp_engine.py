@@ -31,8 +31,8 @@ class DataParallelEngine:
         first = self.replicas[0]
         self.config, self.tokenizer, self.model_config = config, first.tokenizer, first.model_config
         self.max_model_len, self.default_sampling = first.max_model_len, first.default_sampling
-        self.validate, self.tokenize_prompt, self.truncate_prompt = first.validate, first.tokenize_prompt, \
-            first.truncate_prompt
+        self.validate, self.tokenize_prompt = first.validate, first.tokenize_prompt
+        self.truncate_prompt = first.truncate_prompt
         self._owner: dict[str, LLMEngine] = {}
 
     @staticmethod
