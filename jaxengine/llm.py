@@ -80,13 +80,13 @@ class LLM:
         for conversation in conversations:
             conversation = _chat_messages(conversation)
             try:
-                ids = tok.apply_chat_template(
-                    conversation, tokenize=True, return_dict=False, chat_template=chat_template,
-                    add_generation_prompt=add_generation_prompt and not continue_final_message,
-                    continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
+                ids = chat_prompt_ids(tok, conversation, chat_template=chat_template,
+                                      add_generation_prompt=add_generation_prompt,
+                                      continue_final_message=continue_final_message,
+                                      chat_template_kwargs=chat_template_kwargs)
             except Exception as e:  # the template's own errors (roles it refuses, unknown kwargs)
                 raise ValueError(f"messages: could not apply the chat template: {e}") from None
-            prompts.append({"prompt_token_ids": list(ids)})
+            prompts.append({"prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run(self, order: dict[str, int], use_tqdm: bool) -> list[RequestOutput]:
@@ -98,6 +98,20 @@ class LLM:
                         results[order[out.request_id]] = out
                         bar.update(1)
         return results
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict], *, chat_template: str | None = None,
+                    add_generation_prompt: bool = True, continue_final_message: bool = False,
+                    chat_template_kwargs: dict | None = None, add_special_tokens: bool = False) -> list[int]:
+    """A conversation's prompt token ids, as vLLM makes them (LLM.chat and the server's chat route): the chat
+    template's text (`chat_template` over the tokenizer's own; with continue_final_message the last message is
+    continued, so no generation prompt follows it), tokenized with `add_special_tokens` (default False: the
+    template writes them). The template's errors are raised as they are."""
+    text = tokenizer.apply_chat_template(
+        messages, chat_template=chat_template, tokenize=False,
+        add_generation_prompt=add_generation_prompt and not continue_final_message,
+        continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 def _chat_messages(conversation) -> list[dict]:

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from jaxengine.llm import chat_prompt_ids
 from jaxengine.outputs import RequestOutput
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 from server.engine_client import AsyncEngine, EngineDeadError
@@ -390,8 +391,8 @@ class Serving:
 
     def chat_prompt(self, req: ChatCompletionRequest | TokenizeRequest) -> list[int]:
         """The token ids of a request's messages in the chat template (chat completions, /tokenize): the
-        request's template (where trusted), else the server's --chat-template, else the tokenizer's. As vLLM,
-        the template's text is tokenized with add_special_tokens (default False: the template writes them)."""
+        request's template (where trusted), else the server's --chat-template, else the tokenizer's; tokenized
+        as jaxengine.llm.chat_prompt_ids does for LLM.chat."""
         if req.chat_template is not None and not self.trust_request_chat_template:
             raise APIError("a request's chat_template is taken only from a server started with "
                            "--trust-request-chat-template", param="chat_template")
@@ -402,14 +403,14 @@ class Serving:
         messages = [{"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
                     for m in req.messages]
         try:
-            text = self.tokenizer.apply_chat_template(
-                messages, chat_template=template, tokenize=False, add_generation_prompt=req.add_generation_prompt
-                and not req.continue_final_message, continue_final_message=req.continue_final_message,
-                **(req.chat_template_kwargs or {}))
+            return chat_prompt_ids(self.tokenizer, messages, chat_template=template,
+                                   add_generation_prompt=req.add_generation_prompt,
+                                   continue_final_message=req.continue_final_message,
+                                   chat_template_kwargs=req.chat_template_kwargs,
+                                   add_special_tokens=bool(req.add_special_tokens))
         except Exception as e:  # template errors are the request's fault (roles, kwargs, its own template)
             param = "chat_template" if req.chat_template is not None else "messages"
             raise APIError(f"could not apply the chat template: {e}", param=param) from None
-        return self.tokenizer.encode(text, add_special_tokens=bool(req.add_special_tokens))
 
     async def chat(self, req: ChatCompletionRequest):
         self.check_model(req.model)
