@@ -169,3 +169,17 @@ def test_gated_mlp_over_a_pack_gated_weight(dtype):
     assert got.dtype == dtype
     tol = 1e-3 if dtype == jnp.float32 else 2e-2
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected), rtol=tol, atol=tol)
+
+
+def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
+    """`hidden_act: gelu` (the exact GELU; Gemma configs read it as the tanh approximation, as transformers
+    does) on a Llama layer, unrolled so that the one-off model compiles quickly."""
+    out = tiny_models.make_model("mistral", tmp_path / "gelu", tokenizer_dir, hidden_act="gelu")
+    model, cfg = load_model(out, "float32", progress=False, unstacked=True)
+    assert cfg.hidden_act == "gelu"
+    prompts = sequences(cfg.vocab_size)[:2]
+    paged = PagedModel(model)
+    paged.add_sequences(len(prompts))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    for prompt, logits in zip(prompts, paged.step(prompts, num_tokens=64, all_logits=True)):
+        np.testing.assert_allclose(logits, hf_logits(hf, prompt), atol=1e-4, rtol=0)

@@ -31,6 +31,21 @@ SPECS = {
         cls="Qwen3ForCausalLM", num_attention_heads=4, num_key_value_heads=1, head_dim=24,
         tie_word_embeddings=True, use_sliding_window=True, sliding_window=20, max_window_layers=1,
         rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0)),
+    # Gemma 2 in its hub form (no layer_types: alternate sliding layers), soft-capped scores and logits, a
+    # query scale that is not head_dim's; Gemma 3 with a rope of its own on the sliding layers and q/k norms.
+    "gemma": dict(
+        cls="GemmaForCausalLM", num_attention_heads=2, num_key_value_heads=2, head_dim=32, hidden_act="gelu",
+        tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    "gemma2": dict(
+        cls="Gemma2ForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=24,
+        query_pre_attn_scalar=32, attn_logit_softcapping=5.0, final_logit_softcapping=8.0,
+        tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+        drop_config_keys=("layer_types",)),
+    "gemma3": dict(
+        cls="Gemma3ForCausalLM", config_cls="Gemma3TextConfig", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, head_dim=24,
+        sliding_window=20, sliding_window_pattern=2, query_pre_attn_scalar=24, tie_word_embeddings=True,
+        rope_parameters=dict(full_attention=dict(rope_type="linear", rope_theta=100000.0, factor=4.0),
+                             sliding_attention=dict(rope_type="default", rope_theta=1000.0))),
 }
 
 def make_tokenizer(out_dir: Path) -> None:
@@ -46,7 +61,8 @@ def make_model(name: str, out_dir: Path, tokenizer_dir: Path | None = None, seed
 
     spec = dict(COMMON) | dict(SPECS[name]) | overrides
     cls_name, shard = spec.pop("cls"), spec.pop("shard", False)
-    config_cls = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))
+    config_cls = getattr(transformers, spec.pop("config_cls", cls_name.replace("ForCausalLM", "Config")))
+    drop_config_keys = spec.pop("drop_config_keys", ())
     config = config_cls(**spec)
     config.architectures = [cls_name]
     torch.manual_seed(seed)
@@ -54,6 +70,9 @@ def make_model(name: str, out_dir: Path, tokenizer_dir: Path | None = None, seed
     _randomise(model)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, max_shard_size="100KB" if shard else "1GB")
+    if drop_config_keys:
+        saved = read_config(out_dir)
+        (out_dir / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k not in drop_config_keys}))
     if tokenizer_dir is not None:
         for f in Path(tokenizer_dir).iterdir():
             (out_dir / f.name).write_bytes(f.read_bytes())

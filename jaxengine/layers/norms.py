@@ -3,7 +3,16 @@ import jax.numpy as jnp
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """Normalises in float32, casts back, then scales: the order transformers uses."""
+    """Normalises in float32, casts back, then scales: the order transformers uses for Llama. A float32 weight
+    (Gemma's 1 + weight, `gemma_scale`) scales in float32 before the cast, Gemma's order; for float32 x both
+    orders are the same numbers."""
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if weight.dtype == jnp.float32:
+        return (normed * weight).astype(x.dtype)
     return weight * normed.astype(x.dtype)
+
+
+def gemma_scale(weight: jax.Array) -> jax.Array:
+    """Gemma's RMSNorm scales by 1 + weight, computed in float32 (a bfloat16 1 + w would lose w's bits)."""
+    return 1.0 + weight.astype(jnp.float32)

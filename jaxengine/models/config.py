@@ -41,10 +41,22 @@ class ModelConfig:
     torch_dtype: str | None = None
     eos_token_ids: tuple = ()
     bos_token_id: int | None = None
+    hidden_act: str = "silu"  # the MLP's gate activation: silu, gelu or gelu_tanh (tanh approximation)
+    embed_scale: float | None = None  # Gemma: embeddings times sqrt(hidden_size), in the weights' dtype
+    norm_offset: bool = False  # Gemma: every RMSNorm scales by 1 + weight, in float32
+    sandwich_norms: bool = False  # Gemma 2/3: norms on the attention's and the MLP's outputs too
+    attn_scale: float | None = None  # the scores' scale; None: head_dim ** -0.5
+    attn_logit_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the softmax
+    final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
+    local_rope: RopeConfig | None = None  # Gemma 3: the sliding-window layers' own rotary settings
 
     @property
     def q_per_kv(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def sm_scale(self) -> float:
+        return self.head_dim ** -0.5 if self.attn_scale is None else self.attn_scale
 
 
 def read_hf_config(model_dir: Path) -> dict:
@@ -149,10 +161,15 @@ def _as_tuple(ids) -> tuple:
     return tuple(ids) if isinstance(ids, (list, tuple)) else (ids,)
 
 
+# transformers' activation names -> ours (gelu_new is the same tanh approximation as gelu_pytorch_tanh)
+ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
+
+
 def model_config_from_hf(hf: dict, *, qkv_bias=None, o_bias=None, qk_norm=False) -> ModelConfig:
     """`qkv_bias`/`o_bias` default to HF's `attention_bias`; architectures override what they hard-wire."""
-    if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu' (SwiGLU)")
+    act = hf.get("hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        raise ValueError(f"hidden_act {act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
     if hf.get("mlp_bias"):
         raise ValueError("mlp_bias=true is not supported")
     num_heads = hf["num_attention_heads"]
@@ -181,4 +198,44 @@ def model_config_from_hf(hf: dict, *, qkv_bias=None, o_bias=None, qk_norm=False)
         torch_dtype=hf.get("dtype") or hf.get("torch_dtype"),
         eos_token_ids=_as_tuple(hf.get("eos_token_id")),
         bos_token_id=hf.get("bos_token_id"),
+        hidden_act=ACTIVATIONS[act],
     )
+
+
+GEMMA_ARCHITECTURES = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
+
+
+def gemma_config_from_hf(hf: dict) -> ModelConfig:
+    """Gemma, Gemma 2 and Gemma 3 (text): the Llama layer with scaled embeddings, norms of 1 + weight, a
+    tanh-approximated GELU gate and, from Gemma 2 on, norms after attention and MLP, a query scale of its own,
+    logit soft-capping and sliding-window layers (Gemma 3: with their own rotary base). Read as transformers
+    reads these configs, older keys included (`hidden_act: gelu` meaning the tanh approximation,
+    `sliding_window_pattern`, `rope_local_base_freq`)."""
+    arch = hf["architectures"][0]
+    generation = GEMMA_ARCHITECTURES.index(arch) + 1
+    hf = dict(hf)
+    if hf.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention=true (an encoder's attention) is not supported")
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    hf["hidden_act"] = "gelu_pytorch_tanh" if act == "gelu" else act
+    if generation > 1 and hf.get("layer_types") is None:
+        pattern = 2 if generation == 2 else hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", 6))
+        hf["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                             for i in range(hf["num_hidden_layers"])]
+    local_rope = None
+    if generation == 3:
+        nested = hf.get("rope_parameters") or {}
+        if "full_attention" in nested:  # transformers 5: one rope dict per layer type
+            hf["rope_parameters"] = nested["full_attention"]
+            local_rope = parse_rope({"rope_parameters": nested.get("sliding_attention") or {}})
+        else:
+            hf.setdefault("rope_theta", 1_000_000.0)
+            local_rope = RopeConfig(theta=float(hf.get("rope_local_base_freq", 10_000.0)))
+    cfg = model_config_from_hf(hf, qk_norm=generation == 3)
+    scalar = hf.get("query_pre_attn_scalar", 256) if generation > 1 else None
+    return dataclasses.replace(
+        cfg, embed_scale=cfg.hidden_size ** 0.5, norm_offset=True, sandwich_norms=generation > 1,
+        attn_scale=None if scalar is None else scalar ** -0.5,
+        attn_logit_softcap=hf.get("attn_logit_softcapping") if generation == 2 else None,
+        final_logit_softcap=hf.get("final_logit_softcapping") if generation > 1 else None,
+        local_rope=local_rope)

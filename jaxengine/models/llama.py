@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) in Flax NNX over a paged KV cache.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Gemma 1-3) in Flax NNX over a paged KV cache.
 
 Layer weights are loaded stacked on a leading `num_layers` axis (one array per parameter: one transfer, one
 sharding, one Orbax entry) and the layers run under `lax.scan`, which compiles an order of magnitude faster than
@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx
 
 from jaxengine.layers.attention import attention, kv_writer, select_body, token_slots, write_kv
-from jaxengine.layers.norms import rms_norm
+from jaxengine.layers.norms import gemma_scale, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
 from jaxengine.models.config import ModelConfig, rope_inv_freq
 from jaxengine.runner.batch import RaggedBatch
@@ -78,6 +78,9 @@ def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer
     return _dot(jax.nn.silu(gate) * up, down, n, h, live_rows, layer)
 
 
+_ACTIVATIONS = {"silu": jax.nn.silu, "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+                "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
+
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -102,7 +105,8 @@ def _pack_layer(layer) -> None:
     """Packs a layer's matmul weights. q/k/v, where their widths are whole panels (32 columns), become one
     packed weight (their panels side by side): one native call instead of three, with enough panels to share
     between threads (k/v of a small model have 6 each). gate/up, where the width is a multiple of 16, become
-    one `pack_gated` weight (16 columns of each to a panel) for `_gated_mlp`."""
+    one `pack_gated` weight (16 columns of each to a panel) for `_gated_mlp` (whose kernel applies silu and adds
+    the residual: not for other activations or a norm on the MLP's output)."""
     from pallas_kernels import cpu
 
     def take(name):  # on the host: packing there compiles nothing (cpu.pack_bf16)
@@ -115,7 +119,8 @@ def _pack_layer(layer) -> None:
     if all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
         value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
         layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(stacked))
-    if layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0:
+    cfg = layer.cfg
+    if cfg.hidden_act == "silu" and not cfg.sandwich_norms and layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0:
         layer.gate_up_proj = nnx.Param(jax.device_put(cpu.pack_gated(take("gate_proj"), take("up_proj"))),
                                        logical_axes=_packed_axes(stacked))
     for name in _LINEAR:
@@ -146,19 +151,32 @@ class DecoderLayers(nnx.Module):
             self.q_norm = _param((L, cfg.head_dim), dtype, ("layers", "head_dim"))
             self.k_norm = _param((L, cfg.head_dim), dtype, ("layers", "head_dim"))
         self.mlp_norm = _param((L, D), dtype, ("layers", "embed"))
+        if cfg.sandwich_norms:
+            self.post_attn_norm = _param((L, D), dtype, ("layers", "embed"))
+            self.post_mlp_norm = _param((L, D), dtype, ("layers", "embed"))
         self.gate_proj = _param((L, D, I), dtype, ("layers", "embed", "mlp"))
         self.up_proj = _param((L, D, I), dtype, ("layers", "embed", "mlp"))
         self.down_proj = _param((L, I, D), dtype, ("layers", "mlp", "embed"))
 
-    def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, rope):
+    def norm(self, name: str) -> jax.Array:
+        """A norm's scale as the kernels take it (Gemma's 1 + weight in float32)."""
+        weight = getattr(self, name)[...]
+        return gemma_scale(weight) if self.cfg.norm_offset else weight
+
+    def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, ropes):
+        """`ropes`: the rotary tables (cos, sin) of full-attention layers and those of sliding-window layers
+        (None: the same)."""
         cfg = self.cfg
+        rope, local_rope = ropes
+        if local_rope is not None:
+            rope = tuple(jnp.where(window > 0, local, full) for local, full in zip(local_rope, rope))
+        eps = cfg.rms_norm_eps
         T = h.shape[0]
         live = batch.cu_q_lens[batch.num_seqs]  # tokens from here on are the bucket's padding
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         qkv = None
         if hasattr(self, "qkv_proj"):  # fused at packing (pack_for_native_matmul)
-            qkv = _normed_dot(h, self.attn_norm[...], cfg.rms_norm_eps, self.qkv_proj[...], q_width + 2 * kv_width,
-                              live, layer)
+            qkv = _normed_dot(h, self.norm("attn_norm"), eps, self.qkv_proj[...], q_width + 2 * kv_width, live, layer)
         if (qkv is not None and not (cfg.qkv_bias or cfg.qk_norm)
                 and kv_writer(kv_cache, qkv.dtype, self.attention_backend) == "cpu"):
             # The native writer rotates q and k on the way: one pass from the fused projection instead of
@@ -170,7 +188,7 @@ class DecoderLayers(nnx.Module):
             if qkv is not None:
                 q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], -1)
             else:
-                x = rms_norm(h, self.attn_norm[...], cfg.rms_norm_eps)
+                x = rms_norm(h, self.norm("attn_norm"), eps)
                 q, k, v = (_dot(x, self.q_proj[...], q_width, live_rows=live, layer=layer),
                            _dot(x, self.k_proj[...], kv_width, live_rows=live, layer=layer),
                            _dot(x, self.v_proj[...], kv_width, live_rows=live, layer=layer))
@@ -180,24 +198,33 @@ class DecoderLayers(nnx.Module):
             k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
             v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
             if cfg.qk_norm:
-                q = rms_norm(q, self.q_norm[...], cfg.rms_norm_eps)
-                k = rms_norm(k, self.k_norm[...], cfg.rms_norm_eps)
+                q = rms_norm(q, self.norm("q_norm"), eps)
+                k = rms_norm(k, self.norm("k_norm"), eps)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=self.attention_backend)
-        o = attention(q, kv_cache, layer, batch, sm_scale=cfg.head_dim ** -0.5, sliding_window=window,
-                      backend=self.attention_backend)
-        if cfg.o_bias:
-            h = h + self.o_bias[...]
-        h = _dot(o.reshape(T, -1), self.o_proj[...], cfg.hidden_size, residual=h, live_rows=live, layer=layer)
-        I = cfg.intermediate_size
+        o = attention(q, kv_cache, layer, batch, sm_scale=cfg.sm_scale, sliding_window=window,
+                      soft_cap=cfg.attn_logit_softcap, backend=self.attention_backend).reshape(T, -1)
+        D, I = cfg.hidden_size, cfg.intermediate_size
+        if cfg.sandwich_norms:
+            out = _dot(o, self.o_proj[...], D, live_rows=live, layer=layer)
+            if cfg.o_bias:
+                out = out + self.o_bias[...]
+            h = h + rms_norm(out, self.norm("post_attn_norm"), eps)
+        else:
+            if cfg.o_bias:
+                h = h + self.o_bias[...]
+            h = _dot(o, self.o_proj[...], D, residual=h, live_rows=live, layer=layer)
         if hasattr(self, "gate_up_proj"):  # fused at packing (pack_for_native_matmul)
-            return _gated_mlp(h, self.mlp_norm[...], cfg.rms_norm_eps, self.gate_up_proj[...], self.down_proj[...],
-                              cfg.hidden_size, live, layer), kv_cache
-        x = rms_norm(h, self.mlp_norm[...], cfg.rms_norm_eps)
-        gate = _dot(x, self.gate_proj[...], I, live_rows=live, layer=layer)
-        up = _dot(x, self.up_proj[...], I, live_rows=live, layer=layer)
-        return _dot(jax.nn.silu(gate) * up, self.down_proj[...], cfg.hidden_size, residual=h, live_rows=live,
-                    layer=layer), kv_cache
+            return _gated_mlp(h, self.norm("mlp_norm"), eps, self.gate_up_proj[...], self.down_proj[...], D, live,
+                              layer), kv_cache
+        mlp_norm = self.norm("mlp_norm")
+        gate = _normed_dot(h, mlp_norm, eps, self.gate_proj[...], I, live, layer)
+        up = _normed_dot(h, mlp_norm, eps, self.up_proj[...], I, live, layer)
+        gated = _ACTIVATIONS[cfg.hidden_act](gate) * up
+        if cfg.sandwich_norms:
+            out = _dot(gated, self.down_proj[...], D, live_rows=live, layer=layer)
+            return h + rms_norm(out, self.norm("post_mlp_norm"), eps), kv_cache
+        return _dot(gated, self.down_proj[...], D, residual=h, live_rows=live, layer=layer), kv_cache
 
 
 class LlamaForCausalLM(nnx.Module):
@@ -229,14 +256,21 @@ class LlamaForCausalLM(nnx.Module):
         batch: RaggedBatch,
     ) -> tuple[jax.Array, jax.Array]:  # final-normed hidden states [T, hidden] of every token, kv_cache
         cfg = self.cfg
-        inv_freq, rope_scaling = rope_inv_freq(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
         slots = token_slots(batch, kv_cache.shape[2], kv_cache.shape[1])
-        rope = rope_tables(batch.positions, jnp.asarray(inv_freq), rope_scaling, self.dtype)
-        h = self.embed[...][batch.input_ids].astype(self.dtype)  # [T, hidden]
+
+        def tables(rope_cfg):
+            inv_freq, scaling = rope_inv_freq(rope_cfg, cfg.head_dim, cfg.max_position_embeddings)
+            return rope_tables(batch.positions, jnp.asarray(inv_freq), scaling, self.dtype)
+
+        ropes = (tables(cfg.rope), None if cfg.local_rope is None else tables(cfg.local_rope))
+        h = self.embed[...][batch.input_ids]  # [T, hidden]
+        if cfg.embed_scale is not None:  # in the embedding's dtype, as transformers scales it
+            h = h * jnp.asarray(cfg.embed_scale, h.dtype)
+        h = h.astype(self.dtype)
         windows = jnp.asarray(cfg.sliding_windows, jnp.int32)
         if self.layers_unstacked:
             for i, layer_module in enumerate(self.layers):
-                h, kv_cache = layer_module(h, kv_cache, jnp.int32(i), windows[i], batch, slots, rope)
+                h, kv_cache = layer_module(h, kv_cache, jnp.int32(i), windows[i], batch, slots, ropes)
         else:
             # Packed weights (the native CPU matmul's) stay whole: the kernel reads the step's layer in place,
             # as the attention reads the KV cache's. Sliced per step instead, XLA:CPU converted every stacked
@@ -247,18 +281,22 @@ class LlamaForCausalLM(nnx.Module):
                 h, kv_cache = carry
                 state, layer, window = xs
                 layer_module = nnx.merge(graphdef, in_place, state)
-                return layer_module(h, kv_cache, layer, window, batch, slots, rope), None
+                return layer_module(h, kv_cache, layer, window, batch, slots, ropes), None
 
             layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
             (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows))
-        return rms_norm(h, self.final_norm[...], cfg.rms_norm_eps), kv_cache
+        final_norm = gemma_scale(self.final_norm[...]) if cfg.norm_offset else self.final_norm[...]
+        return rms_norm(h, final_norm, cfg.rms_norm_eps), kv_cache
 
     def logits(self, hidden: jax.Array, live_rows=None) -> jax.Array:  # hidden [N, hidden] -> logits f32[N, vocab]
         """`live_rows` (i32[]): rows from it on are padding; the native CPU matmul leaves their logits zero."""
         head = self.lm_head[...] if hasattr(self, "lm_head") else self.embed[...].T
         if head.ndim == 3:  # packed for the native CPU matmul
-            return _dot(hidden.astype(jnp.float32), head, self.cfg.vocab_size, live_rows=live_rows)
-        return jnp.dot(hidden.astype(head.dtype), head, preferred_element_type=jnp.float32)
+            logits = _dot(hidden.astype(jnp.float32), head, self.cfg.vocab_size, live_rows=live_rows)
+        else:
+            logits = jnp.dot(hidden.astype(head.dtype), head, preferred_element_type=jnp.float32)
+        cap = self.cfg.final_logit_softcap
+        return logits if cap is None else cap * jnp.tanh(logits / cap)
 
     @property
     def native_matmul(self) -> bool:
@@ -336,6 +374,10 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
         per_layer["self_attn.o_proj.bias"] = ("o_bias", False)
     if cfg.qk_norm:
         per_layer |= {f"self_attn.{p}_norm.weight": (f"{p}_norm", False) for p in "qk"}
+    if cfg.sandwich_norms:  # Gemma 2/3: post_attention_layernorm normalises the attention's output
+        per_layer |= {"post_attention_layernorm.weight": ("post_attn_norm", False),
+                      "pre_feedforward_layernorm.weight": ("mlp_norm", False),
+                      "post_feedforward_layernorm.weight": ("post_mlp_norm", False)}
     for i in range(cfg.num_layers):
         for hf_name, (ours, transpose) in per_layer.items():
             names[f"model.layers.{i}.{hf_name}"] = (("layers", ours), i, transpose)

@@ -3,7 +3,7 @@
 from collections.abc import Callable
 import dataclasses
 
-from jaxengine.models.config import ModelConfig, model_config_from_hf
+from jaxengine.models.config import GEMMA_ARCHITECTURES, ModelConfig, gemma_config_from_hf, model_config_from_hf
 from jaxengine.models.llama import LlamaForCausalLM
 
 
@@ -20,7 +20,7 @@ _REGISTRY = {
     "Qwen2ForCausalLM": Architecture(
         LlamaForCausalLM, lambda hf: model_config_from_hf(hf, qkv_bias=True, o_bias=False)),
     "Qwen3ForCausalLM": Architecture(LlamaForCausalLM, lambda hf: model_config_from_hf(hf, qk_norm=True)),
-}
+} | {name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES}
 
 SUPPORTED_ARCHITECTURES = tuple(sorted(_REGISTRY))
 

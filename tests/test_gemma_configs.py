@@ -1,0 +1,72 @@
+"""Gemma configs as the hub ships them (older keys included) read as transformers reads them."""
+
+import math
+
+import pytest
+import transformers
+
+from jaxengine.models.config import model_config_from_hf
+from jaxengine.models.registry import get_architecture
+
+GEMMA3_1B = dict(  # google/gemma-3-1b-it's config.json (transformers 4.x keys)
+    architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", attention_bias=False,
+    attn_logit_softcapping=None, final_logit_softcapping=None, head_dim=256, hidden_activation="gelu_pytorch_tanh",
+    hidden_size=1152, intermediate_size=6912, max_position_embeddings=32768, num_attention_heads=4,
+    num_hidden_layers=26, num_key_value_heads=1, query_pre_attn_scalar=256, rms_norm_eps=1e-6,
+    rope_local_base_freq=10000.0, rope_scaling=None, rope_theta=1000000.0, sliding_window=512,
+    sliding_window_pattern=6, vocab_size=262144, bos_token_id=2, eos_token_id=[1, 106])
+
+GEMMA_2B = dict(  # google/gemma-2b's config.json: the legacy `hidden_act: gelu` means the tanh approximation
+    architectures=["GemmaForCausalLM"], model_type="gemma", head_dim=256, hidden_act="gelu",
+    hidden_activation="gelu_pytorch_tanh", hidden_size=2048, intermediate_size=16384, max_position_embeddings=8192,
+    num_attention_heads=8, num_hidden_layers=18, num_key_value_heads=1, rms_norm_eps=1e-6, rope_theta=10000.0,
+    vocab_size=256000)
+
+
+def read(hf: dict):
+    return get_architecture(hf).read_config(hf)
+
+
+@pytest.mark.parametrize("rope_scaling", [None, {"rope_type": "linear", "factor": 8.0}])
+def test_gemma3_hub_config_gets_transformers_layer_types_and_both_ropes(rope_scaling):
+    hf = GEMMA3_1B | {"rope_scaling": rope_scaling}
+    cfg = read(hf)
+    theirs = transformers.Gemma3TextConfig(**{k: v for k, v in hf.items() if k != "architectures"})
+    assert [w > 0 for w in cfg.sliding_windows] == [t == "sliding_attention" for t in theirs.layer_types]
+    assert set(cfg.sliding_windows) == {0, 512}
+    full, local = theirs.rope_parameters["full_attention"], theirs.rope_parameters["sliding_attention"]
+    assert (cfg.rope.theta, cfg.rope.rope_type, cfg.rope.param("factor")) == (
+        full["rope_theta"], full["rope_type"], full.get("factor"))
+    assert (cfg.local_rope.theta, cfg.local_rope.rope_type) == (local["rope_theta"], local["rope_type"])
+    assert cfg.sm_scale == 256 ** -0.5 and cfg.qk_norm and cfg.sandwich_norms and cfg.norm_offset
+    assert cfg.embed_scale == math.sqrt(1152) and cfg.hidden_act == "gelu_tanh" and cfg.eos_token_ids == (1, 106)
+    assert cfg.attn_logit_softcap is None and cfg.final_logit_softcap is None
+
+
+def test_gemma_legacy_gelu_is_the_tanh_approximation_and_has_no_gemma2_parts():
+    cfg = read(GEMMA_2B)
+    assert cfg.hidden_act == "gelu_tanh" and cfg.embed_scale == math.sqrt(2048) and cfg.norm_offset
+    assert not (cfg.sandwich_norms or cfg.qk_norm) and cfg.sm_scale == 256 ** -0.5
+    assert cfg.sliding_windows == (0,) * 18 and cfg.local_rope is None
+
+
+def test_gemma2_without_layer_types_alternates_sliding_layers_from_the_first():
+    hf = dict(architectures=["Gemma2ForCausalLM"], hidden_size=64, intermediate_size=128, num_attention_heads=4,
+              num_hidden_layers=4, vocab_size=100, head_dim=16, sliding_window=4096, query_pre_attn_scalar=144,
+              attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+    cfg = read(hf)
+    theirs = transformers.Gemma2Config(**{k: v for k, v in hf.items() if k != "architectures"})
+    assert [w > 0 for w in cfg.sliding_windows] == [t == "sliding_attention" for t in theirs.layer_types]
+    assert (cfg.attn_logit_softcap, cfg.final_logit_softcap, cfg.sm_scale) == (50.0, 30.0, 144 ** -0.5)
+
+
+def test_bidirectional_gemma3_is_refused():
+    with pytest.raises(ValueError, match="use_bidirectional_attention"):
+        read(GEMMA3_1B | {"use_bidirectional_attention": True})
+
+
+def test_unknown_activation_is_refused_with_the_supported_ones():
+    hf = dict(architectures=["LlamaForCausalLM"], hidden_size=64, intermediate_size=128, num_attention_heads=4,
+              num_hidden_layers=2, vocab_size=100, hidden_act="relu")
+    with pytest.raises(ValueError, match="hidden_act 'relu' is not supported.*silu.*gelu_pytorch_tanh"):
+        model_config_from_hf(hf)
