@@ -70,3 +70,21 @@ def test_unknown_activation_is_refused_with_the_supported_ones():
               num_hidden_layers=2, vocab_size=100, hidden_act="relu")
     with pytest.raises(ValueError, match="hidden_act 'relu' is not supported.*silu.*gelu_pytorch_tanh"):
         model_config_from_hf(hf)
+
+
+def test_gemma3_multimodal_hub_config_is_read_as_its_language_model():
+    """google/gemma-3-4b-it's config.json: the text_config lists only what differs from transformers' defaults;
+    the token ids and dtype are at the top level."""
+    hf = dict(architectures=["Gemma3ForConditionalGeneration"], model_type="gemma3", eos_token_id=[1, 106],
+              torch_dtype="bfloat16", mm_tokens_per_image=256, image_token_index=262144,
+              text_config=dict(hidden_size=2560, intermediate_size=10240, model_type="gemma3_text",
+                               num_hidden_layers=34, rope_scaling={"factor": 8.0, "rope_type": "linear"},
+                               sliding_window=1024),
+              vision_config=dict(hidden_size=1152, model_type="siglip_vision_model"))
+    cfg = read(hf)
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size) == (8, 4, 256, 262208)
+    assert [i for i, w in enumerate(cfg.sliding_windows) if w == 0] == [5, 11, 17, 23, 29]
+    assert set(cfg.sliding_windows) == {0, 1024}
+    assert (cfg.rope.theta, cfg.rope.rope_type, cfg.rope.param("factor")) == (1_000_000.0, "linear", 8.0)
+    assert cfg.local_rope.theta == 10_000.0 and cfg.local_rope.rope_type == "default"
+    assert (cfg.torch_dtype, cfg.eos_token_ids, cfg.architecture) == ("bfloat16", (1, 106), hf["architectures"][0])

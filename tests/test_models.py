@@ -183,3 +183,17 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     for prompt, logits in zip(prompts, paged.step(prompts, num_tokens=64, all_logits=True)):
         np.testing.assert_allclose(logits, hf_logits(hf, prompt), atol=1e-4, rtol=0)
+
+
+def test_gemma3_multimodal_checkpoint_serves_its_language_model(tmp_path, tokenizer_dir):
+    """Gemma3ForConditionalGeneration (Gemma 3 4B-27B): a text config as sparse as the hub's, the language
+    model's tensors under their prefix, the vision tower left unloaded; against transformers' multimodal model
+    on text (ids below the image tokens)."""
+    out = tiny_models.make_gemma3_multimodal(tmp_path / "gemma3-mm", tokenizer_dir)
+    model, cfg = load_model(out, "float32", progress=False)
+    assert cfg.architecture == "Gemma3ForConditionalGeneration" and cfg.sliding_windows == (20, 0, 20)
+    seqs = sequences(cfg.vocab_size - 3, extra=DECODE_STEPS, seed=4)
+    prefill, decoded = prefill_and_decode(model, seqs)
+    hf = transformers.AutoModelForImageTextToText.from_pretrained(out, dtype=torch.float32).eval()
+    for seq, pre, dec in zip(seqs, prefill, decoded):
+        np.testing.assert_allclose(np.concatenate([pre, dec]), hf_logits(hf, seq), atol=1e-4, rtol=0)

@@ -79,6 +79,32 @@ def make_model(name: str, out_dir: Path, tokenizer_dir: Path | None = None, seed
     return out_dir
 
 
+def make_gemma3_multimodal(out_dir: Path, tokenizer_dir: Path) -> Path:
+    """Gemma3ForConditionalGeneration with SPECS["gemma3"]'s language model and a one-layer vision tower, its
+    config.json's text_config cut, as the hub's are, to what differs from Gemma3TextConfig's defaults."""
+    import torch
+    import transformers
+
+    text = {k: v for k, v in (dict(COMMON) | SPECS["gemma3"]).items() if k not in ("cls", "config_cls")}
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                       image_token_index=VOCAB_SIZE - 1, boi_token_index=VOCAB_SIZE - 3,
+                                       eoi_token_index=VOCAB_SIZE - 2)
+    config.architectures = ["Gemma3ForConditionalGeneration"]
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    _randomise(model)
+    model.save_pretrained(out_dir)
+    saved = read_config(out_dir)
+    defaults = transformers.Gemma3TextConfig().to_dict()
+    saved["text_config"] = {k: v for k, v in saved["text_config"].items() if defaults.get(k, object()) != v}
+    (out_dir / "config.json").write_text(json.dumps(saved))
+    for f in Path(tokenizer_dir).iterdir():
+        (out_dir / f.name).write_bytes(f.read_bytes())
+    return out_dir
+
+
 def _randomise(model) -> None:
     """Weights large enough that logits spread over several units, and non-trivial norm scales and biases
     so that a weight loaded into the wrong place cannot hide."""

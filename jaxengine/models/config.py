@@ -239,3 +239,17 @@ def gemma_config_from_hf(hf: dict) -> ModelConfig:
         attn_logit_softcap=hf.get("attn_logit_softcapping") if generation == 2 else None,
         final_logit_softcap=hf.get("final_logit_softcapping") if generation > 1 else None,
         local_rope=local_rope)
+
+
+def gemma3_language_config_from_hf(hf: dict) -> ModelConfig:
+    """Gemma3ForConditionalGeneration's language model: its `text_config` completed with transformers'
+    Gemma3TextConfig defaults (the hub's text configs list only what differs from them), with the top level's
+    token ids and dtype."""
+    import transformers
+
+    text = transformers.Gemma3TextConfig(**(hf.get("text_config") or {})).to_dict()
+    text["architectures"] = ["Gemma3ForCausalLM"]
+    for key in ("eos_token_id", "bos_token_id", "dtype", "torch_dtype"):
+        if hf.get(key) is not None:
+            text[key] = hf[key]
+    return dataclasses.replace(gemma_config_from_hf(text), architecture=hf["architectures"][0])

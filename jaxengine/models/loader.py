@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from jaxengine.models.config import ModelConfig, read_hf_config
 from jaxengine.models.llama import hf_weight_map
-from jaxengine.models.registry import get_architecture
+from jaxengine.models.registry import Architecture, get_architecture
 from jaxengine.models import orbax_io
 from jaxengine.models.safetensors_io import read_safetensors
 from jaxengine.parallel.sharding import kv_head_repeats, named_sharding
@@ -73,10 +73,10 @@ def resolve_dtypes(dtype: str, cfg: ModelConfig, backend: str | None = None, nat
     return DTYPES[setting], DTYPES[setting]
 
 
-def load_config(model_dir: Path) -> tuple[type, ModelConfig]:
+def load_config(model_dir: Path) -> tuple[Architecture, ModelConfig]:
     hf = read_hf_config(model_dir)
     arch = get_architecture(hf)
-    return arch.model_class, arch.read_config(hf)
+    return arch, arch.read_config(hf)
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -128,7 +128,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     (jaxengine.runner.executables) that keeps the programs filling stacked layers across starts."""
     start = time.perf_counter()
     model_dir = resolve_model_dir(model)
-    model_class, cfg = load_config(model_dir)
+    arch, cfg = load_config(model_dir)
     orbax = orbax_io.is_orbax_checkpoint(model_dir)
     jdtype, param_dtype, native_matmul = weight_dtypes(model_dir, cfg, dtype, mesh, native_matmul)
     repeats = kv_head_repeats(cfg, mesh.shape["model"]) if mesh is not None else 1
@@ -136,7 +136,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     cfg = dataclasses.replace(cfg, num_kv_heads=cfg.num_kv_heads * repeats)
 
     def build():
-        built = model_class(cfg, jdtype, attention_backend, param_dtype=param_dtype)
+        built = arch.model_class(cfg, jdtype, attention_backend, param_dtype=param_dtype)
         if unstacked and not orbax:
             built.unstack_layers()
         return built
@@ -151,7 +151,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
         loaded = orbax_io.restore(model_dir, flat, targets, shardings, _KV_PARAMS, repeats, checkpoint_kv_heads)
     else:
         loaded = _fill(checkpoint_files(model_dir), hf_weight_map(cfg), targets, shardings, cfg, progress,
-                       kv_repeat=(checkpoint_kv_heads, repeats), executables=executables)
+                       kv_repeat=(checkpoint_kv_heads, repeats), executables=executables, tensor_name=arch.tensor_name)
     state = nnx.from_flat_state([(path, var.replace(loaded[path])) for path, var in flat])
     loaded_model = nnx.merge(graphdef, state)
     if unstacked:
@@ -227,22 +227,28 @@ def _layer_sharding(sharding, layer):
     return NamedSharding(sharding.mesh, PartitionSpec(*sharding.spec[1:]))
 
 
-def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, executables=None) -> dict:
+def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, executables=None,
+          tensor_name=lambda name: name) -> dict:
     """Streams tensors file by file: each goes from the memory map straight to its devices (only its shard
     to each), and per-layer tensors are written into their stacked parameter on device (or become the
-    layer's own parameter when the targets are unstacked), so host memory peaks near one tensor."""
+    layer's own parameter when the targets are unstacked), so host memory peaks near one tensor.
+    `tensor_name`: a checkpoint tensor's name in `weight_map` (None: a tensor the model does not use)."""
     done, seen, stacker = {}, set(), _Stacker(executables)
     headers = [read_safetensors(f) for f in files]
     bar = tqdm(total=sum(len(h) for h in headers), desc="Loading weights", unit="tensor", disable=not progress)
     for file, tensors in zip(files, headers):
-        for name, array in tensors.items():
+        for stored_name, array in tensors.items():
             bar.update(1)
+            name = tensor_name(stored_name)
+            if name is None:
+                continue
             if name not in weight_map:
                 if _IGNORED.match(name) or (name == "lm_head.weight" and cfg.tie_word_embeddings):
                     continue
-                raise ValueError(f"unexpected tensor {name} in {file.name}: the {cfg.architecture} model has no such weight")
+                raise ValueError(f"unexpected tensor {stored_name} in {file.name}: the {cfg.architecture} model has no "
+                                 f"such weight")
             if name in seen:
-                raise ValueError(f"tensor {name} appears twice in the checkpoint ({file.name})")
+                raise ValueError(f"tensor {stored_name} appears twice in the checkpoint ({file.name})")
             seen.add(name)
             path, layer, transpose = weight_map[name]
             if layer is not None and path not in targets:  # unstacked: ("layers", name) -> ("layers", i, name)
@@ -258,7 +264,7 @@ def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, execu
                     expected = source.shape
             if source.shape != tuple(expected):
                 hf_shape = tuple(reversed(expected)) if transpose else tuple(expected)
-                raise ValueError(f"tensor {name} has shape {tuple(array.shape)}, expected {hf_shape}")
+                raise ValueError(f"tensor {stored_name} has shape {tuple(array.shape)}, expected {hf_shape}")
             sharding = shardings.get(path)
             piece = jax.device_put(np.asarray(source, dtype=target.dtype), _layer_sharding(sharding, layer))
             if layer is None:

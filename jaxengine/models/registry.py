@@ -3,14 +3,38 @@
 from collections.abc import Callable
 import dataclasses
 
-from jaxengine.models.config import GEMMA_ARCHITECTURES, ModelConfig, gemma_config_from_hf, model_config_from_hf
+from jaxengine.models.config import (GEMMA_ARCHITECTURES, ModelConfig, gemma3_language_config_from_hf,
+                                     gemma_config_from_hf, model_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
+
+
+def _same_name(name: str) -> str:
+    return name
 
 
 @dataclasses.dataclass(frozen=True)
 class Architecture:
     model_class: type
     read_config: Callable[[dict], ModelConfig]
+    # a checkpoint tensor's name -> the name the model's weight map knows it by; None: not the model's
+    tensor_name: Callable[[str], str | None] = _same_name
+
+
+_GEMMA3_LANGUAGE = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                    ("language_model.lm_head.", "lm_head."))
+_GEMMA3_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+def _gemma3_language_tensor(name: str) -> str | None:
+    """A Gemma 3 multimodal checkpoint's tensor under its Gemma3ForCausalLM name (hub checkpoints name the
+    language model `language_model.model.*`, transformers 5's own layout `model.language_model.*`); the vision
+    tower and its projector are not loaded."""
+    if name.startswith(_GEMMA3_VISION):
+        return None
+    for prefix, ours in _GEMMA3_LANGUAGE:
+        if name.startswith(prefix):
+            return ours + name[len(prefix):]
+    return name
 
 
 _REGISTRY = {
@@ -20,7 +44,11 @@ _REGISTRY = {
     "Qwen2ForCausalLM": Architecture(
         LlamaForCausalLM, lambda hf: model_config_from_hf(hf, qkv_bias=True, o_bias=False)),
     "Qwen3ForCausalLM": Architecture(LlamaForCausalLM, lambda hf: model_config_from_hf(hf, qk_norm=True)),
-} | {name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES}
+} | {name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES} | {
+    # Gemma 3 4B-27B, served as text models (a request's content is text only: jaxengine.llm.chat_messages)
+    "Gemma3ForConditionalGeneration": Architecture(LlamaForCausalLM, gemma3_language_config_from_hf,
+                                                   _gemma3_language_tensor),
+}
 
 SUPPORTED_ARCHITECTURES = tuple(sorted(_REGISTRY))
 
