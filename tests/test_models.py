@@ -91,23 +91,30 @@ def test_bfloat16_error_is_within_twice_transformers_own_bfloat16_error(arch, ma
     ulp at the logits' scale), and greedy choices to agree on almost every position. Both bfloat16 matmul
     paths: XLA's dot over a float32 KV cache, and the engine's CPU default for a bfloat16 checkpoint: the native
     matmul (which also gives a tied model its own head copy) with a bfloat16 KV cache written and read by the
-    native kernels (transformers keeps its K/V in bfloat16 too)."""
+    native kernels (transformers keeps its K/V in bfloat16 too). A mixture of experts' router takes each token's
+    top experts by probabilities that bfloat16 rounding can reorder (transformers' own bfloat16 run moves some
+    tokens to other experts, logits then off by units): there at most 5% of the tokens may exceed the bound."""
     model, cfg = load_model(model_dirs[arch], "bfloat16", progress=False, native_matmul=matmul == "native")
     assert model.native_matmul == (matmul == "native")
     if matmul == "native":
         model.kv_dtype = jnp.bfloat16
     seqs = sequences(cfg.vocab_size, extra=DECODE_STEPS, seed=2)
     prefill, decoded = prefill_and_decode(model, seqs)
-    agree = total = 0
+    agree = total = over = 0
     for seq, pre, dec in zip(seqs, prefill, decoded):
         ours = np.concatenate([pre, dec])
         exact = hf_logits(hf_models(arch), seq)
         hf_bf16 = hf_logits(hf_models(arch, torch.bfloat16), seq)
         hf_error = np.abs(hf_bf16 - exact).max()
         ulp = np.abs(exact).max() * 2.0 ** -8
-        assert np.abs(ours - exact).max() <= 2 * hf_error + ulp
+        errors = np.abs(ours - exact).max(-1)  # per token
+        if cfg.num_experts:
+            over += (errors > 2 * hf_error + ulp).sum()
+        else:
+            assert errors.max() <= 2 * hf_error + ulp
         agree += (ours.argmax(-1) == exact.argmax(-1)).sum()
         total += len(seq)
+    assert over <= 0.05 * total
     assert agree >= 0.9 * total
 
 

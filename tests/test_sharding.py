@@ -36,7 +36,8 @@ def greedy_tokens(engine, prompts):
     return [finals[f"p{i}"].outputs[0].token_ids for i in range(len(prompts))]
 
 
-CASES = [("llama8", 2), ("llama8", 4), ("llama8", 8), ("mistral", 2), ("mistral", 4), ("qwen2", 4), ("qwen3", 2)]
+CASES = [("llama8", 2), ("llama8", 4), ("llama8", 8), ("mistral", 2), ("mistral", 4), ("qwen2", 4), ("qwen3", 2),
+         ("gemma3", 2), ("qwen2moe", 2), ("mixtral", 2)]
 
 
 @pytest.mark.parametrize("name,tp", CASES)

@@ -42,10 +42,25 @@ SPECS = {
         tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=10000.0),
         drop_config_keys=("layer_types",)),
     "gemma3": dict(
-        cls="Gemma3ForCausalLM", config_cls="Gemma3TextConfig", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, head_dim=24,
-        sliding_window=20, sliding_window_pattern=2, query_pre_attn_scalar=24, tie_word_embeddings=True,
+        cls="Gemma3ForCausalLM", config_cls="Gemma3TextConfig", num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=24, sliding_window=20, sliding_window_pattern=2, query_pre_attn_scalar=24,
+        tie_word_embeddings=True,
         rope_parameters=dict(full_attention=dict(rope_type="linear", rope_theta=100000.0, factor=4.0),
                              sliding_attention=dict(rope_type="default", rope_theta=1000.0))),
+    # Mixtures of experts: Mixtral (renormalised top 2 of 4), Qwen2 MoE (plain top 2 of 4 and a gated shared
+    # expert, qkv bias), Qwen3 MoE (renormalised top 3 of 6, q/k norms).
+    "mixtral": dict(
+        cls="MixtralForCausalLM", num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+        num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    "qwen2moe": dict(
+        cls="Qwen2MoeForCausalLM", num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=False,
+        tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    "qwen3moe": dict(
+        cls="Qwen3MoeForCausalLM", num_attention_heads=4, num_key_value_heads=1, head_dim=24, num_experts=6,
+        num_experts_per_tok=3, moe_intermediate_size=40, norm_topk_prob=True, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
 }
 
 def make_tokenizer(out_dir: Path) -> None:
@@ -119,7 +134,7 @@ def _randomise(model) -> None:
             elif "embed" in name:
                 p.normal_(0.0, 0.5)
             else:
-                p.normal_(0.0, 1.0 / p.shape[1] ** 0.5)
+                p.normal_(0.0, 1.0 / p.shape[-1] ** 0.5)  # fan-in: [out, in], or [experts, out, in]
 
 
 def read_config(model_dir: Path) -> dict:

@@ -49,6 +49,13 @@ class ModelConfig:
     attn_logit_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the softmax
     final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
     local_rope: RopeConfig | None = None  # Gemma 3: the sliding-window layers' own rotary settings
+    # Mixture of experts (every layer): a token's MLP is the router's top `experts_per_token` of `num_experts`
+    # gated MLPs of `moe_intermediate_size`; `intermediate_size` is then a shared expert's (Qwen2 MoE), 0 if none
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the top experts' router probabilities to sum to 1
+    shared_expert_gate: bool = False  # Qwen2 MoE: the shared expert's output times sigmoid(x @ gate)
 
     @property
     def q_per_kv(self) -> int:
@@ -239,6 +246,29 @@ def gemma_config_from_hf(hf: dict) -> ModelConfig:
         attn_logit_softcap=hf.get("attn_logit_softcapping") if generation == 2 else None,
         final_logit_softcap=hf.get("final_logit_softcapping") if generation > 1 else None,
         local_rope=local_rope)
+
+
+def moe_config_from_hf(hf: dict) -> ModelConfig:
+    """Mixtral, Qwen2 MoE and Qwen3 MoE: the Llama/Qwen layer with a mixture-of-experts MLP in every layer
+    (Qwen2 MoE with its gated shared expert). Qwen MoE configs whose `mlp_only_layers` or
+    `decoder_sparse_step` leave some layers dense are refused (the layers share one stacked layout)."""
+    arch = hf["architectures"][0]
+    experts = dict(num_experts=hf.get("num_local_experts") or hf.get("num_experts"),  # transformers 5 / the hub's
+                   experts_per_token=hf["num_experts_per_tok"])
+    if arch == "MixtralForCausalLM":
+        cfg = model_config_from_hf(hf)
+        return dataclasses.replace(cfg, **experts, moe_intermediate_size=cfg.intermediate_size, intermediate_size=0,
+                                   norm_topk_prob=True)
+    if hf.get("mlp_only_layers") or hf.get("decoder_sparse_step", 1) != 1:
+        raise ValueError(f"{arch} with dense layers among the expert ones (mlp_only_layers="
+                         f"{hf.get('mlp_only_layers')}, decoder_sparse_step={hf.get('decoder_sparse_step', 1)}) is not "
+                         f"supported; only every layer a mixture of experts")
+    qwen2 = arch == "Qwen2MoeForCausalLM"
+    shared = hf.get("shared_expert_intermediate_size", 0) if qwen2 else 0
+    cfg = model_config_from_hf(hf, qkv_bias=True, o_bias=False) if qwen2 else model_config_from_hf(hf, qk_norm=True)
+    return dataclasses.replace(cfg, **experts, moe_intermediate_size=hf["moe_intermediate_size"],
+                               intermediate_size=shared, norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+                               shared_expert_gate=shared > 0)
 
 
 def gemma3_language_config_from_hf(hf: dict) -> ModelConfig:

@@ -15,6 +15,7 @@ import numpy as np
 from flax import nnx
 
 from jaxengine.layers.attention import attention, kv_writer, select_body, token_slots, write_kv
+from jaxengine.layers.moe import moe_mlp
 from jaxengine.layers.norms import gemma_scale, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
 from jaxengine.models.config import ModelConfig, rope_inv_freq
@@ -106,7 +107,8 @@ def _pack_layer(layer) -> None:
     packed weight (their panels side by side): one native call instead of three, with enough panels to share
     between threads (k/v of a small model have 6 each). gate/up, where the width is a multiple of 16, become
     one `pack_gated` weight (16 columns of each to a panel) for `_gated_mlp` (whose kernel applies silu and adds
-    the residual: not for other activations or a norm on the MLP's output)."""
+    the residual: not for other activations, a norm on the MLP's output or a mixture of experts' shared expert;
+    the experts' own weights stay as they are, for XLA's grouped matmul)."""
     from pallas_kernels import cpu
 
     def take(name):  # on the host: packing there compiles nothing (cpu.pack_bf16)
@@ -120,7 +122,8 @@ def _pack_layer(layer) -> None:
         value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
         layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(stacked))
     cfg = layer.cfg
-    if cfg.hidden_act == "silu" and not cfg.sandwich_norms and layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0:
+    if (cfg.hidden_act == "silu" and not (cfg.sandwich_norms or cfg.num_experts) and cfg.intermediate_size
+            and layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0):
         layer.gate_up_proj = nnx.Param(jax.device_put(cpu.pack_gated(take("gate_proj"), take("up_proj"))),
                                        logical_axes=_packed_axes(stacked))
     for name in _LINEAR:
@@ -154,9 +157,18 @@ class DecoderLayers(nnx.Module):
         if cfg.sandwich_norms:
             self.post_attn_norm = _param((L, D), dtype, ("layers", "embed"))
             self.post_mlp_norm = _param((L, D), dtype, ("layers", "embed"))
-        self.gate_proj = _param((L, D, I), dtype, ("layers", "embed", "mlp"))
-        self.up_proj = _param((L, D, I), dtype, ("layers", "embed", "mlp"))
-        self.down_proj = _param((L, I, D), dtype, ("layers", "mlp", "embed"))
+        if I:  # the dense MLP, or a mixture of experts' shared expert
+            self.gate_proj = _param((L, D, I), dtype, ("layers", "embed", "mlp"))
+            self.up_proj = _param((L, D, I), dtype, ("layers", "embed", "mlp"))
+            self.down_proj = _param((L, I, D), dtype, ("layers", "mlp", "embed"))
+        if cfg.num_experts:
+            E, M = cfg.num_experts, cfg.moe_intermediate_size
+            self.router = _param((L, D, E), dtype, ("layers", "embed", "experts"))
+            self.expert_gate = _param((L, E, D, M), dtype, ("layers", "experts", "embed", "mlp"))
+            self.expert_up = _param((L, E, D, M), dtype, ("layers", "experts", "embed", "mlp"))
+            self.expert_down = _param((L, E, M, D), dtype, ("layers", "experts", "mlp", "embed"))
+        if cfg.shared_expert_gate:
+            self.shared_expert_gate = _param((L, D, 1), dtype, ("layers", "embed", "unit"))
 
     def norm(self, name: str) -> jax.Array:
         """A norm's scale as the kernels take it (Gemma's 1 + weight in float32)."""
@@ -217,14 +229,27 @@ class DecoderLayers(nnx.Module):
         if hasattr(self, "gate_up_proj"):  # fused at packing (pack_for_native_matmul)
             return _gated_mlp(h, self.norm("mlp_norm"), eps, self.gate_up_proj[...], self.down_proj[...], D, live,
                               layer), kv_cache
-        mlp_norm = self.norm("mlp_norm")
-        gate = _normed_dot(h, mlp_norm, eps, self.gate_proj[...], I, live, layer)
-        up = _normed_dot(h, mlp_norm, eps, self.up_proj[...], I, live, layer)
-        gated = _ACTIVATIONS[cfg.hidden_act](gate) * up
-        if cfg.sandwich_norms:
+        mlp_norm, activation = self.norm("mlp_norm"), _ACTIVATIONS[cfg.hidden_act]
+        out = None
+        if I:
+            gate = _normed_dot(h, mlp_norm, eps, self.gate_proj[...], I, live, layer)
+            up = _normed_dot(h, mlp_norm, eps, self.up_proj[...], I, live, layer)
+            gated = activation(gate) * up
+            if not (cfg.sandwich_norms or cfg.num_experts):
+                return _dot(gated, self.down_proj[...], D, residual=h, live_rows=live, layer=layer), kv_cache
             out = _dot(gated, self.down_proj[...], D, live_rows=live, layer=layer)
-            return h + rms_norm(out, self.norm("post_mlp_norm"), eps), kv_cache
-        return _dot(gated, self.down_proj[...], D, residual=h, live_rows=live, layer=layer), kv_cache
+        if cfg.num_experts:
+            x = rms_norm(h, mlp_norm, eps)
+            if cfg.shared_expert_gate:
+                shared_gate = self.shared_expert_gate[...]
+                out = out * jax.nn.sigmoid(jnp.dot(x.astype(shared_gate.dtype), shared_gate,
+                                                   preferred_element_type=jnp.float32)).astype(out.dtype)
+            experts = moe_mlp(x, self.router[...], self.expert_gate[...], self.expert_up[...], self.expert_down[...],
+                              top_k=cfg.experts_per_token, renormalize=cfg.norm_topk_prob, activation=activation)
+            out = experts if out is None else out + experts
+        if cfg.sandwich_norms:
+            out = rms_norm(out, self.norm("post_mlp_norm"), eps)
+        return h + out, kv_cache
 
 
 class LlamaForCausalLM(nnx.Module):
@@ -349,14 +374,15 @@ class LlamaForCausalLM(nnx.Module):
         return (cfg.num_layers, num_pages, page_size, 2 * cfg.num_kv_heads, cfg.head_dim)
 
 
-def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | None, bool]]:
-    """HF tensor name -> (our parameter path, layer index or None, transpose from [out, in])."""
+def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | None, bool, int | None]]:
+    """HF tensor name -> (our parameter path, layer index or None, transpose from [out, in], expert index or
+    None: the tensor is that expert's slice of a parameter stacking all experts)."""
     names = {
-        "model.embed_tokens.weight": (("embed",), None, False),
-        "model.norm.weight": (("final_norm",), None, False),
+        "model.embed_tokens.weight": (("embed",), None, False, None),
+        "model.norm.weight": (("final_norm",), None, False, None),
     }
     if not cfg.tie_word_embeddings:
-        names["lm_head.weight"] = (("lm_head",), None, True)
+        names["lm_head.weight"] = (("lm_head",), None, True, None)
     per_layer = {
         "input_layernorm.weight": ("attn_norm", False),
         "post_attention_layernorm.weight": ("mlp_norm", False),
@@ -364,10 +390,20 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
         "self_attn.k_proj.weight": ("k_proj", True),
         "self_attn.v_proj.weight": ("v_proj", True),
         "self_attn.o_proj.weight": ("o_proj", True),
-        "mlp.gate_proj.weight": ("gate_proj", True),
-        "mlp.up_proj.weight": ("up_proj", True),
-        "mlp.down_proj.weight": ("down_proj", True),
     }
+    dense = "mlp.shared_expert" if cfg.num_experts else "mlp"  # Qwen2 MoE's shared expert
+    if cfg.intermediate_size:
+        per_layer |= {f"{dense}.{p}_proj.weight": (f"{p}_proj", True) for p in ("gate", "up", "down")}
+    if cfg.shared_expert_gate:
+        per_layer["mlp.shared_expert_gate.weight"] = ("shared_expert_gate", True)
+    experts = {}  # a per-expert tensor's name within the layer's experts -> our stacked parameter
+    if cfg.num_experts:
+        mixtral = cfg.architecture == "MixtralForCausalLM"
+        moe = "block_sparse_moe" if mixtral else "mlp"
+        per_layer[f"{moe}.gate.weight"] = ("router", True)
+        projections = (("w1", "gate"), ("w3", "up"), ("w2", "down")) if mixtral else (
+            (f"{p}_proj", p) for p in ("gate", "up", "down"))
+        experts = {f"{moe}.experts.{{}}.{hf}.weight": f"expert_{ours}" for hf, ours in projections}
     if cfg.qkv_bias:
         per_layer |= {f"self_attn.{p}_proj.bias": (f"{p}_bias", False) for p in "qkv"}
     if cfg.o_bias:
@@ -380,5 +416,8 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
                       "post_feedforward_layernorm.weight": ("post_mlp_norm", False)}
     for i in range(cfg.num_layers):
         for hf_name, (ours, transpose) in per_layer.items():
-            names[f"model.layers.{i}.{hf_name}"] = (("layers", ours), i, transpose)
+            names[f"model.layers.{i}.{hf_name}"] = (("layers", ours), i, transpose, None)
+        for hf_name, ours in experts.items():
+            for j in range(cfg.num_experts):
+                names[f"model.layers.{i}.{hf_name.format(j)}"] = (("layers", ours), i, True, j)
     return names

@@ -231,9 +231,11 @@ def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, execu
           tensor_name=lambda name: name) -> dict:
     """Streams tensors file by file: each goes from the memory map straight to its devices (only its shard
     to each), and per-layer tensors are written into their stacked parameter on device (or become the
-    layer's own parameter when the targets are unstacked), so host memory peaks near one tensor.
+    layer's own parameter when the targets are unstacked), so host memory peaks near one tensor (a mixture of
+    experts' per-expert tensors gather on the host into the layer's [experts, ...] piece first).
     `tensor_name`: a checkpoint tensor's name in `weight_map` (None: a tensor the model does not use)."""
     done, seen, stacker = {}, set(), _Stacker(executables)
+    expert_slices = {}  # (path, layer) -> {expert: array} until the layer's every expert has arrived
     headers = [read_safetensors(f) for f in files]
     bar = tqdm(total=sum(len(h) for h in headers), desc="Loading weights", unit="tensor", disable=not progress)
     for file, tensors in zip(files, headers):
@@ -250,11 +252,12 @@ def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, execu
             if name in seen:
                 raise ValueError(f"tensor {stored_name} appears twice in the checkpoint ({file.name})")
             seen.add(name)
-            path, layer, transpose = weight_map[name]
+            path, layer, transpose, expert = weight_map[name]
             if layer is not None and path not in targets:  # unstacked: ("layers", name) -> ("layers", i, name)
                 path, layer = (path[0], layer, *path[1:]), None
             target = targets[path]
             expected = tuple(target.shape[1:] if layer is not None else target.shape)
+            num_experts, expected = (expected[0], expected[1:]) if expert is not None else (0, expected)
             source = array.T if transpose else array
             kv_heads, repeats = kv_repeat
             if repeats > 1 and path[-1] in _KV_PARAMS:
@@ -265,6 +268,13 @@ def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, execu
             if source.shape != tuple(expected):
                 hf_shape = tuple(reversed(expected)) if transpose else tuple(expected)
                 raise ValueError(f"tensor {stored_name} has shape {tuple(array.shape)}, expected {hf_shape}")
+            if expert is not None:
+                slices = expert_slices.setdefault((path, layer), {})
+                slices[expert] = np.asarray(source, dtype=target.dtype)
+                if len(slices) < num_experts:
+                    continue
+                source = np.stack([slices.pop(j) for j in range(num_experts)])
+                del expert_slices[(path, layer)]
             sharding = shardings.get(path)
             piece = jax.device_put(np.asarray(source, dtype=target.dtype), _layer_sharding(sharding, layer))
             if layer is None:

@@ -4,7 +4,7 @@ from collections.abc import Callable
 import dataclasses
 
 from jaxengine.models.config import (GEMMA_ARCHITECTURES, ModelConfig, gemma3_language_config_from_hf,
-                                     gemma_config_from_hf, model_config_from_hf)
+                                     gemma_config_from_hf, model_config_from_hf, moe_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
 
 
@@ -45,6 +45,8 @@ _REGISTRY = {
         LlamaForCausalLM, lambda hf: model_config_from_hf(hf, qkv_bias=True, o_bias=False)),
     "Qwen3ForCausalLM": Architecture(LlamaForCausalLM, lambda hf: model_config_from_hf(hf, qk_norm=True)),
 } | {name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES} | {
+    name: Architecture(LlamaForCausalLM, moe_config_from_hf)
+    for name in ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")} | {
     # Gemma 3 4B-27B, served as text models (a request's content is text only: jaxengine.llm.chat_messages)
     "Gemma3ForConditionalGeneration": Architecture(LlamaForCausalLM, gemma3_language_config_from_hf,
                                                    _gemma3_language_tensor),

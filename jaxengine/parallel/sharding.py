@@ -20,6 +20,8 @@ LOGICAL_TO_MESH = {
     "mlp": "model",
     "vocab": "model",
     "embed": None,
+    "experts": None,  # every device holds every expert, its share of their intermediate dimension ('mlp')
+    "unit": None,  # a projection to one value (Qwen2 MoE's shared expert gate)
     "layers": None,
     "head_dim": None,
     "pages": None,

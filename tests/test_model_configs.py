@@ -1,4 +1,4 @@
-"""Gemma configs as the hub ships them (older keys included) read as transformers reads them."""
+"""Hub configs of the Gemma and mixture-of-experts families (older keys included) read as transformers reads them."""
 
 import math
 
@@ -88,3 +88,35 @@ def test_gemma3_multimodal_hub_config_is_read_as_its_language_model():
     assert (cfg.rope.theta, cfg.rope.rope_type, cfg.rope.param("factor")) == (1_000_000.0, "linear", 8.0)
     assert cfg.local_rope.theta == 10_000.0 and cfg.local_rope.rope_type == "default"
     assert (cfg.torch_dtype, cfg.eos_token_ids, cfg.architecture) == ("bfloat16", (1, 106), hf["architectures"][0])
+
+
+QWEN3_30B_A3B = dict(  # Qwen/Qwen3-30B-A3B's config.json (the hub's key `num_experts`)
+    architectures=["Qwen3MoeForCausalLM"], hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+    num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_hidden_layers=48, num_experts=128,
+    num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936,
+    rope_theta=1000000.0, use_sliding_window=False, max_window_layers=48, hidden_act="silu", rms_norm_eps=1e-6)
+
+
+def test_qwen3_moe_hub_config_has_experts_and_no_dense_mlp():
+    cfg = read(QWEN3_30B_A3B)
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size) == (128, 8, 768)
+    assert cfg.norm_topk_prob and cfg.qk_norm and cfg.intermediate_size == 0 and not cfg.shared_expert_gate
+
+
+def test_qwen2_moe_shared_expert_is_the_dense_mlp_and_mixtral_renormalises():
+    qwen2 = dict(QWEN3_30B_A3B, architectures=["Qwen2MoeForCausalLM"], shared_expert_intermediate_size=5632)
+    cfg = read(qwen2)
+    assert cfg.intermediate_size == 5632 and cfg.shared_expert_gate and cfg.qkv_bias and not cfg.qk_norm
+    mixtral = dict(architectures=["MixtralForCausalLM"], hidden_size=4096, intermediate_size=14336,
+                   num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32, num_local_experts=8,
+                   num_experts_per_tok=2, vocab_size=32000)
+    cfg = read(mixtral)
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size) == (8, 2, 14336)
+    assert cfg.intermediate_size == 0
+    assert cfg.norm_topk_prob
+
+
+@pytest.mark.parametrize("dense", [dict(mlp_only_layers=[0, 3]), dict(decoder_sparse_step=2)])
+def test_moe_with_dense_layers_among_the_expert_ones_is_refused(dense):
+    with pytest.raises(ValueError, match="dense layers among the expert ones.*only every layer"):
+        read(QWEN3_30B_A3B | dense)
