@@ -35,6 +35,7 @@ _SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_attention.cc",
 _HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_pool.h", "cpu_tiles.h", "cpu_vector.h"))
 _TARGET = "jaxengine_cpu_ragged_paged_attention"
 _MATMUL_TARGET = "jaxengine_cpu_matmul_bf16"
+_GROUPED_MATMUL_TARGET = "jaxengine_cpu_grouped_matmul_bf16"
 _WRITE_TARGET = "jaxengine_cpu_write_kv"
 _ROPE_WRITE_TARGET = "jaxengine_cpu_rope_write_kv"
 _BARRIER_TARGET = "jaxengine_cpu_fusion_barrier"
@@ -83,6 +84,8 @@ def _library() -> ctypes.CDLL:
         lib = ctypes.cdll.LoadLibrary(str(library))
     jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuAttention), platform="cpu")
     jax.ffi.register_ffi_target(_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulBf16), platform="cpu")
+    jax.ffi.register_ffi_target(_GROUPED_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuGroupedMatmulBf16),
+                                platform="cpu")
     jax.ffi.register_ffi_target(_WRITE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuWriteKv), platform="cpu")
     jax.ffi.register_ffi_target(_ROPE_WRITE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuRopeWriteKv), platform="cpu")
     jax.ffi.register_ffi_target(_BARRIER_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuFusionBarrier), platform="cpu")
@@ -313,6 +316,34 @@ def gated_pairs(x, packed, *, prologue: str | None = None, norm=None, eps: float
     out = jax.ShapeDtypeStruct((x.shape[0], rounded_width(I)), jnp.uint32)
     return _native_matmul(x, packed, out, K, prologue=prologue, epilogue="gated_pairs", norm=norm, eps=eps,
                           residual=None, live_rows=live_rows, layer=layer)
+
+
+def grouped_matmul_bf16(x, packed, sizes, first, n: int, *, prologue: str | None = None, epilogue: str = "store"):
+    """A mixture of experts' grouped matmul: x's rows sorted by expert, the next sizes[g] rows (i32[G], in order)
+    by expert g's weight, `packed` [S, P, K2, 64] the pack_bf16 (pack_gated for epilogue "gated_pairs") of S
+    stacked [K, n] weights of which first + g (i32 scalar, may be traced: a layer's experts in a stack of all
+    layers') is expert g's. Per group as `matmul_bf16` (epilogue "store": f32 [M, n]) or `gated_pairs`
+    (epilogue "gated_pairs": the pairs, laid out by each group's row blocks, that a "rounded" grouped call over
+    the same sizes reads), no residual and no norm. A group without rows reads no weight; rows past the sizes'
+    sum come out zero. Only the groups' rows are multiplied, where XLA:CPU's `ragged_dot` multiplies every
+    row by every group's weight."""
+    if prologue not in (None, "rounded") or epilogue not in _EPILOGUES or (prologue, epilogue) == (
+            "rounded", "gated_pairs"):
+        raise ValueError(f"grouped_matmul_bf16 takes prologue None or 'rounded' and epilogue 'store' or "
+                         f"'gated_pairs' (not both of the latter), got {prologue!r} and {epilogue!r}")
+    rounded, gated = prologue == "rounded", epilogue == "gated_pairs"
+    if packed.ndim != 4 or packed.dtype != jnp.bfloat16 or x.ndim != 2 or x.dtype != (
+            jnp.uint32 if rounded else jnp.float32) or sizes.ndim != 1 or jnp.ndim(first) != 0:
+        raise ValueError(f"grouped_matmul_bf16 needs x [M, K] (float32; uint32 when rounded), a packed bfloat16 "
+                         f"[S, P, K2, 64], sizes i32[G] and a scalar first, got {x.dtype} {x.shape}, {packed.dtype} "
+                         f"{packed.shape}, {sizes.shape} and {jnp.shape(first)}")
+    width = rounded_width(n // 2) if gated else n
+    out = jax.ShapeDtypeStruct((x.shape[0], width), jnp.uint32 if gated else jnp.float32)
+    _library()
+    call = jax.ffi.ffi_call(_GROUPED_MATMUL_TARGET, out)
+    return call(x, packed, jnp.asarray(first, jnp.int32).reshape(1), sizes.astype(jnp.int32),
+                jnp.zeros((0,), jnp.float32), prologue=np.int32(_PROLOGUES[prologue]),
+                epilogue=np.int32(_EPILOGUES[epilogue]), eps=np.float32(0.0))
 
 
 def _check_logits(x, name: str) -> None:

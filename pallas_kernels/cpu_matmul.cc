@@ -483,6 +483,78 @@ struct Shared {
   }
 };
 
+// One matmul of `live` rows (rows past them are the caller's to zero): x's rows (f32 [live, K], or u32 pairs
+// by row block when `rounded`) by the packed weight `w` ([P, K2, 64]) into y ([live, N] f32, or the gated
+// pairs [live, gated_K2p] when `gated`), the residual added where given.
+void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live, const uint16_t* w, int64_t P,
+                int64_t K2, int64_t K, int64_t N, void* y, bool gated, const float* residual, int32_t prologue,
+                const float* norm, float eps) {
+  const int64_t K2p = (K2 + 15) / 16 * 16, gated_K2p = (N / 4 + 15) / 16 * 16;
+  auto shared = std::make_shared<Shared>();
+  // The rounded rows, on whole cache lines: each chunk of a row is one 64-byte store, and none splits
+  // across two lines (a vector's data is only 16-byte aligned). Measured: a 64-row o projection's rounding
+  // phase 7.3-8.3 -> 5.3-5.4 us; in one process, chains of 64-row calls 0.98-0.985x.
+  // On the tile path, a tile of the last block reads 16 rows: past its end where it has fewer, into the slack
+  // (16 rows more) of this buffer, or, for pairs from XLA, a copy padded to 16 rows (`padded`).
+  const bool amx = live >= kTileMinRows && amx_enabled();
+  thread_local std::vector<uint32_t> buffer, padded;
+  if (!rounded) buffer.resize(static_cast<size_t>((live + (amx ? kTileRows : 0)) * K2p) + 16);
+  uint32_t* pairs = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+  const uint32_t* a = rounded ? static_cast<const uint32_t*>(x) : pairs;
+  const int64_t rows = block_rows(live, amx);
+  const uint32_t* last_block = nullptr;
+  if (amx && rounded && live % kTileRows) {
+    const int64_t m0 = live / kTileRows * kTileRows, R = live - m0;
+    padded.assign(static_cast<size_t>(kTileRows * K2p), 0);
+    for (int64_t c = 0; c < K2p / 16; ++c)
+      std::memcpy(padded.data() + c * 16 * kTileRows, a + m0 * K2p + c * 16 * R, 4 * 16 * R);
+    last_block = padded.data();
+  }
+  shared->problem = Problem{a, w, gated ? nullptr : static_cast<float*>(y), residual,
+                            gated ? static_cast<uint32_t*>(y) : nullptr, live, N, K2, K2p, rows, gated_K2p};
+  shared->problem.amx = amx;
+  shared->problem.last_block = last_block;
+  // A result too large for the cache (an output head's logits: 12.6 MB for 64 rows of a 49152-token
+  // vocabulary) is streamed to memory, not read in first: a head call and the argmax after it 9.22 -> 8.83 ms
+  // (eight alternations in one process). At 32 rows (6.3 MB) and fewer, streaming was no faster or slower.
+  // Full panels only (a stream store has no mask), and whole rows on cache lines.
+  shared->problem.stream = !gated && residual == nullptr && 4 * live * N >= kStreamBytes && N % 16 == 0 &&
+                           reinterpret_cast<uintptr_t>(y) % 64 == 0;
+  shared->input = Input{rounded ? nullptr : static_cast<const float*>(x), K, prologue, norm, eps, pairs};
+  shared->row_blocks = rounded ? 0 : (live + rows - 1) / rows;
+  shared->plan(P);
+  // The buffer of pairs is the caller's: it outlives every taken block and panel (a helper that starts late
+  // takes none and never reads it).
+  share_work(pool, shared, shared->items);
+}
+
+// The checks shared by both handlers: returns (through the references) K2, K, N, and whether x is rounded
+// pairs and y gated pairs, for x [M, K] (or pairs), one packed weight's dims w_dims [P, K2, 64], y [M, width].
+ffi::Error check_shapes(const ffi::AnyBuffer& x, const int64_t* w_dims, ffi::Result<ffi::AnyBuffer>& y,
+                        int32_t prologue, int32_t epilogue, const ffi::Buffer<ffi::F32>& norm, int64_t& K2,
+                        int64_t& K, int64_t& N, bool& rounded, bool& gated) {
+  const auto x_dims = x.dimensions();
+  const auto y_dims = y->dimensions();
+  if (prologue < kPlain || prologue > kRounded) return ffi::Error::InvalidArgument("cpu matmul: unknown prologue");
+  if (epilogue != kStore && epilogue != kGatedPairs)
+    return ffi::Error::InvalidArgument("cpu matmul: unknown epilogue");
+  rounded = prologue == kRounded, gated = epilogue == kGatedPairs;
+  if (x.element_type() != (rounded ? ffi::U32 : ffi::F32) || y->element_type() != (gated ? ffi::U32 : ffi::F32))
+    return ffi::Error::InvalidArgument("cpu matmul: x (y) must be float32, or uint32 pairs for rounded (gated_pairs)");
+  K2 = w_dims[1];
+  const int64_t K2p = (K2 + 15) / 16 * 16;
+  K = rounded ? 2 * K2 : x_dims[1];
+  N = gated ? w_dims[0] * kPanel : y_dims[1];
+  const int64_t gated_K2p = (N / 4 + 15) / 16 * 16;
+  if ((rounded ? x_dims[1] != K2p : K2 != (K + 1) / 2) || (!gated && w_dims[0] != (N + kPanel - 1) / kPanel))
+    return ffi::Error::InvalidArgument("cpu matmul: the packed weight's shape does not match x's K and y's N");
+  if (gated && y_dims[1] != gated_K2p)
+    return ffi::Error::InvalidArgument("cpu matmul: gated pairs must be [M, N / 4 rounded up to 16]");
+  if (prologue == kRmsNorm && norm.element_count() != static_cast<size_t>(K))
+    return ffi::Error::InvalidArgument("cpu matmul: the norm weight must have x's K elements");
+  return ffi::Error::Success();
+}
+
 ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16> stacked, ffi::Buffer<ffi::S32> layer,
                   ffi::Buffer<ffi::F32> norm, ffi::Buffer<ffi::F32> residual, ffi::Buffer<ffi::S32> live_rows,
                   ffi::Result<ffi::AnyBuffer> y, int32_t prologue, int32_t epilogue, float eps) {
@@ -499,21 +571,11 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16>
   if (index < 0 || index >= layers)
     return ffi::Error::InvalidArgument("cpu matmul: the layer index is outside the stacked weight");
   const int64_t* w_dims = s_dims.begin() + (s_dims.size() - 3);  // one layer's [P, K2, 64]
-  if (prologue < kPlain || prologue > kRounded) return ffi::Error::InvalidArgument("cpu matmul: unknown prologue");
-  if (epilogue != kStore && epilogue != kGatedPairs)
-    return ffi::Error::InvalidArgument("cpu matmul: unknown epilogue");
-  const bool rounded = prologue == kRounded, gated = epilogue == kGatedPairs;
-  if (x.element_type() != (rounded ? ffi::U32 : ffi::F32) || y->element_type() != (gated ? ffi::U32 : ffi::F32))
-    return ffi::Error::InvalidArgument("cpu matmul: x (y) must be float32, or uint32 pairs for rounded (gated_pairs)");
-  const int64_t M = x_dims[0], K2 = w_dims[1], K2p = (K2 + 15) / 16 * 16;
-  const int64_t K = rounded ? 2 * K2 : x_dims[1];
-  const int64_t N = gated ? w_dims[0] * kPanel : y_dims[1], gated_K2p = (N / 4 + 15) / 16 * 16;
-  if ((rounded ? x_dims[1] != K2p : K2 != (K + 1) / 2) || (!gated && w_dims[0] != (N + kPanel - 1) / kPanel))
-    return ffi::Error::InvalidArgument("cpu matmul: the packed weight's shape does not match x's K and y's N");
-  if (gated && y_dims[1] != gated_K2p)
-    return ffi::Error::InvalidArgument("cpu matmul: gated pairs must be [M, N / 4 rounded up to 16]");
-  if (prologue == kRmsNorm && norm.element_count() != static_cast<size_t>(K))
-    return ffi::Error::InvalidArgument("cpu matmul: the norm weight must have x's K elements");
+  int64_t K2, K, N;
+  bool rounded, gated;
+  if (auto error = check_shapes(x, w_dims, y, prologue, epilogue, norm, K2, K, N, rounded, gated); error.failure())
+    return error;
+  const int64_t M = x_dims[0];
   const bool add = residual.element_count() > 0;
   if (add && (gated || residual.dimensions().size() != 2 || residual.dimensions()[0] != M ||
               residual.dimensions()[1] != N))
@@ -525,46 +587,48 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16>
   const int64_t width = y_dims[1];
   std::memset(static_cast<char*>(y->untyped_data()) + 4 * live * width, 0, 4 * (M - live) * width);
   if (live == 0 || N == 0) return ffi::Error::Success();
-  auto shared = std::make_shared<Shared>();
-  // The rounded rows, on whole cache lines: each chunk of a row is one 64-byte store, and none splits
-  // across two lines (a vector's data is only 16-byte aligned). Measured: a 64-row o projection's rounding
-  // phase 7.3-8.3 -> 5.3-5.4 us; in one process, chains of 64-row calls 0.98-0.985x.
-  // On the tile path, a tile of the last block reads 16 rows: past its end where it has fewer, into the slack
-  // (16 rows more) of this buffer, or, for pairs from XLA, a copy padded to 16 rows (`padded`).
-  const bool amx = live >= kTileMinRows && amx_enabled();
-  thread_local std::vector<uint32_t> buffer, padded;
-  if (!rounded) buffer.resize(static_cast<size_t>((live + (amx ? kTileRows : 0)) * K2p) + 16);
-  uint32_t* pairs = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
-  const uint32_t* a = rounded ? static_cast<const uint32_t*>(x.untyped_data()) : pairs;
-  const int64_t rows = block_rows(live, amx);
-  const uint32_t* last_block = nullptr;
-  if (amx && rounded && live % kTileRows) {
-    const int64_t m0 = live / kTileRows * kTileRows, R = live - m0;
-    padded.assign(static_cast<size_t>(kTileRows * K2p), 0);
-    for (int64_t c = 0; c < K2p / 16; ++c)
-      std::memcpy(padded.data() + c * 16 * kTileRows, a + m0 * K2p + c * 16 * R, 4 * 16 * R);
-    last_block = padded.data();
-  }
   const uint16_t* w = reinterpret_cast<const uint16_t*>(stacked.typed_data()) + index * w_dims[0] * K2 * 2 * kPanel;
-  shared->problem = Problem{a, w, gated ? nullptr : static_cast<float*>(y->untyped_data()),
-                            add ? residual.typed_data() : nullptr,
-                            gated ? static_cast<uint32_t*>(y->untyped_data()) : nullptr,
-                            live, N, K2, K2p, rows, gated_K2p};
-  shared->problem.amx = amx;
-  shared->problem.last_block = last_block;
-  // A result too large for the cache (an output head's logits: 12.6 MB for 64 rows of a 49152-token
-  // vocabulary) is streamed to memory, not read in first: a head call and the argmax after it 9.22 -> 8.83 ms
-  // (eight alternations in one process). At 32 rows (6.3 MB) and fewer, streaming was no faster or slower.
-  // Full panels only (a stream store has no mask), and whole rows on cache lines.
-  shared->problem.stream = !gated && !add && 4 * live * N >= kStreamBytes && N % 16 == 0 &&
-                           reinterpret_cast<uintptr_t>(y->untyped_data()) % 64 == 0;
-  shared->input = Input{rounded ? nullptr : static_cast<const float*>(x.untyped_data()), K, prologue,
-                        norm.typed_data(), eps, pairs};
-  shared->row_blocks = rounded ? 0 : (live + rows - 1) / rows;
-  shared->plan(w_dims[0]);
-  // The buffer of pairs is the caller's: it outlives every taken block and panel (a helper that starts late
-  // takes none and never reads it).
-  share_work(pool, shared, shared->items);
+  run_matmul(pool, x.untyped_data(), rounded, live, w, w_dims[0], K2, K, N, y->untyped_data(), gated,
+             add ? residual.typed_data() : nullptr, prologue, norm.typed_data(), eps);
+  return ffi::Error::Success();
+}
+
+// A mixture of experts' grouped matmul: x's rows sorted by expert, group g (sizes[g] rows, in order) by the
+// packed weight first + g of the stack [G, P, K2, 64] (a layer's experts: first = layer * experts). Each
+// group runs as one matmul of its rows (their pairs and gated pairs laid out by that group's row blocks, so
+// a rounded x and the gated pairs of the same groups agree); a group without rows reads no weight. Rows past
+// the groups' sum are zero.
+ffi::Error GroupedMatmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16> stacked,
+                         ffi::Buffer<ffi::S32> first, ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::F32> norm,
+                         ffi::Result<ffi::AnyBuffer> y, int32_t prologue, int32_t epilogue, float eps) {
+  const auto x_dims = x.dimensions();
+  const auto s_dims = stacked.dimensions();
+  const auto y_dims = y->dimensions();
+  if (x_dims.size() != 2 || s_dims.size() != 4 || y_dims.size() != 2 || s_dims.back() != 2 * kPanel ||
+      y_dims[0] != x_dims[0])
+    return ffi::Error::InvalidArgument("cpu grouped matmul: x must be [M, K], w packed [G, P, K2, 64] and y [M, N]");
+  const int64_t* w_dims = s_dims.begin() + 1;
+  int64_t K2, K, N;
+  bool rounded, gated;
+  if (auto error = check_shapes(x, w_dims, y, prologue, epilogue, norm, K2, K, N, rounded, gated); error.failure())
+    return error;
+  const int64_t groups = sizes.element_count(), M = x_dims[0], width = y_dims[1];
+  if (first.element_count() != 1 || first.typed_data()[0] < 0 || first.typed_data()[0] + groups > s_dims[0])
+    return ffi::Error::InvalidArgument("cpu grouped matmul: the groups' weights are outside the stack");
+  const int64_t x_width = x_dims[1];  // floats, or pair words when rounded
+  const int64_t weight_size = w_dims[0] * K2 * 2 * kPanel;
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(stacked.typed_data()) + first.typed_data()[0] * weight_size;
+  int64_t row = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t rows = std::clamp<int64_t>(sizes.typed_data()[g], 0, M - row);
+    if (rows == 0) continue;
+    const char* x_rows = static_cast<const char*>(x.untyped_data()) + 4 * row * x_width;
+    char* y_rows = static_cast<char*>(y->untyped_data()) + 4 * row * width;
+    run_matmul(pool, x_rows, rounded, rows, w + g * weight_size, w_dims[0], K2, K, N, y_rows, gated, nullptr,
+               prologue, norm.typed_data(), eps);
+    row += rows;
+  }
+  std::memset(static_cast<char*>(y->untyped_data()) + 4 * row * width, 0, 4 * (M - row) * width);
   return ffi::Error::Success();
 }
 
@@ -575,6 +639,11 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16>
 namespace {
 ffi::Error Matmul(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>,
                   ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S32>, ffi::Result<ffi::AnyBuffer>, int32_t, int32_t, float) {
+  return ffi::Error(ffi::ErrorCode::kUnimplemented, "cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
+}
+ffi::Error GroupedMatmul(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::S32>,
+                         ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>, ffi::Result<ffi::AnyBuffer>, int32_t, int32_t,
+                         float) {
   return ffi::Error(ffi::ErrorCode::kUnimplemented, "cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
 }
 }  // namespace
@@ -590,6 +659,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuMatmulBf16, Matmul,
                                   .Arg<ffi::Buffer<ffi::F32>>()    // norm weight [K] (kRmsNorm; else empty)
                                   .Arg<ffi::Buffer<ffi::F32>>()    // residual [M, N] added to y (or empty)
                                   .Arg<ffi::Buffer<ffi::S32>>()    // live_rows i32[1]: rows past it are zero
+                                  .Ret<ffi::AnyBuffer>()           // y f32 [M, N] (u32 pairs: gated_pairs)
+                                  .Attr<int32_t>("prologue")
+                                  .Attr<int32_t>("epilogue")
+                                  .Attr<float>("eps"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuGroupedMatmulBf16, GroupedMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()           // x f32 [M, K] sorted by group (u32 pairs: rounded)
+                                  .Arg<ffi::Buffer<ffi::BF16>>()   // w packed, stacked [G, P, K2, 64]
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // first i32[1]: the first group's weight
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // sizes i32[groups]: each group's rows, in order
+                                  .Arg<ffi::Buffer<ffi::F32>>()    // norm weight [K] (kRmsNorm; else empty)
                                   .Ret<ffi::AnyBuffer>()           // y f32 [M, N] (u32 pairs: gated_pairs)
                                   .Attr<int32_t>("prologue")
                                   .Attr<int32_t>("epilogue")

@@ -204,3 +204,37 @@ def test_gemma3_multimodal_checkpoint_serves_its_language_model(tmp_path, tokeni
     hf = transformers.AutoModelForImageTextToText.from_pretrained(out, dtype=torch.float32).eval()
     for seq, pre, dec in zip(seqs, prefill, decoded):
         np.testing.assert_allclose(np.concatenate([pre, dec]), hf_logits(hf, seq), atol=1e-4, rtol=0)
+
+
+@pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@pytest.mark.parametrize("intermediate", [48, 40])
+@pytest.mark.parametrize("stacked", [True, False])
+def test_packed_experts_match_the_grouped_dot_over_the_same_weights(intermediate, stacked):
+    """The native grouped matmul over packed experts (gate/up packed together where the width is a multiple of
+    16, silu then applied in registers; each projection packed alone otherwise), from a stack of all layers'
+    experts (the scanned loop's) or one layer's, against `lax.ragged_dot` over the unpacked bfloat16 weights."""
+    import jax
+
+    from jaxengine.layers.moe import moe_mlp
+    from pallas_kernels import cpu
+
+    rng = np.random.default_rng(6)
+    L, E, T, D, top_k = 3, 5, 11, 64, 2
+
+    def weight(*shape):
+        return jnp.asarray(rng.standard_normal(shape, np.float32) / np.sqrt(shape[-2])).astype(jnp.bfloat16)
+
+    router, down = weight(D, E), weight(L, E, intermediate, D)
+    gate, up = weight(L, E, D, intermediate), weight(L, E, D, intermediate)
+    x = jnp.asarray(rng.standard_normal((T, D), np.float32))
+    common = dict(top_k=top_k, renormalize=True, activation=jax.nn.silu)
+    layer = 1
+    want = moe_mlp(x, router, gate=gate[layer], up=up[layer], down=down[layer], **common)
+    pick = (lambda w: w) if stacked else (lambda w: w[layer])
+    if intermediate % cpu.GATED == 0:
+        packed = dict(gate_up=pick(cpu.pack_gated(gate, up)))
+    else:
+        packed = dict(gate=pick(cpu.pack_bf16(gate)), up=pick(cpu.pack_bf16(up)))
+    got = jax.jit(lambda x, i: moe_mlp(x, router, down=pick(cpu.pack_bf16(down)), layer=i, **packed, **common))(
+        x, jnp.int32(layer))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)

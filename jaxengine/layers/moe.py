@@ -18,29 +18,51 @@ def route(x, router, top_k: int, renormalize: bool):
 def moe_mlp(
     x: jax.Array,  # [T, D], normed
     router: jax.Array,  # [D, E]
-    gate: jax.Array,  # [E, D, I]
-    up: jax.Array,  # [E, D, I]
-    down: jax.Array,  # [E, I, D]
     *,
+    down: jax.Array,  # [E, I, D], or packed
     top_k: int,
     renormalize: bool,
     activation,
+    gate: jax.Array | None = None,  # [E, D, I], or packed
+    up: jax.Array | None = None,  # [E, D, I], or packed
+    gate_up: jax.Array | None = None,  # packed by pallas_kernels.cpu.pack_gated (silu), in place of gate and up
+    layer=None,  # i32[]: the layer whose experts a packed stack of all layers' ([L, E, P, K2, 64]) gives
 ) -> jax.Array:  # [T, D] in x's dtype
-    """The tokens' (token, expert) pairs sorted by expert run as one grouped matmul per projection
-    (`lax.ragged_dot`: each group of rows against its expert's weight), in the weights' dtype with float32
-    accumulation, then are weighted and summed back per token. A bucket's padding rows are routed like the
-    others; their results are never read."""
+    """The tokens' (token, expert) pairs sorted by expert run as one grouped matmul per projection, in the
+    weights' dtype with float32 accumulation, then are weighted and summed back per token. Weights packed for
+    the native CPU matmul ([E, P, K2, 64], or all layers' [L, E, P, K2, 64]) run its grouped form, which
+    multiplies each expert's rows only (with `gate_up`, silu(gate) * up is applied in registers and handed to
+    the down projection rounded); others run `lax.ragged_dot`, which TPUs group natively and XLA:CPU computes
+    densely (every expert over every row). A bucket's padding rows are routed like the others; their results
+    are never read."""
     T, E = x.shape[0], router.shape[-1]
     weights, experts = route(x, router, top_k, renormalize)
     flat = experts.reshape(-1)  # [T * top_k]
     order = jnp.argsort(flat, stable=True)
     rows = order // top_k  # the token of each sorted pair
     sizes = jnp.bincount(flat, length=E).astype(jnp.int32)  # [E] rows per expert
-
-    def grouped(a, w):
-        return jax.lax.ragged_dot(a.astype(w.dtype), w, sizes, preferred_element_type=jnp.float32)
-
     xs = x[rows]
-    hidden = activation(grouped(xs, gate)) * grouped(xs, up)
-    out = grouped(hidden, down) * weights.reshape(-1)[order][:, None]  # [T * top_k, D] f32
+    if down.ndim >= 4:  # packed for the native CPU matmul
+        from pallas_kernels import cpu
+
+        first = 0 if down.ndim == 4 else layer * E
+
+        def grouped(a, w, n, **kwargs):
+            return cpu.grouped_matmul_bf16(a, w.reshape(-1, *w.shape[-3:]), sizes, first, n, **kwargs)
+
+        D = x.shape[1]
+        if gate_up is not None:
+            pairs = grouped(xs.astype(jnp.float32), gate_up, 2 * gate_up.shape[-3] * cpu.GATED,
+                            epilogue="gated_pairs")
+            out = grouped(pairs, down, D, prologue="rounded")
+        else:
+            n = 2 * down.shape[-2]  # the intermediate width (one more, zero, where it is odd: pack_bf16's pairs)
+            hidden = activation(grouped(xs.astype(jnp.float32), gate, n)) * grouped(xs.astype(jnp.float32), up, n)
+            out = grouped(hidden, down, D)
+    else:
+        def grouped(a, w):
+            return jax.lax.ragged_dot(a.astype(w.dtype), w, sizes, preferred_element_type=jnp.float32)
+
+        out = grouped(activation(grouped(xs, gate)) * grouped(xs, up), down)
+    out = out * weights.reshape(-1)[order][:, None]  # [T * top_k, D] f32
     return jnp.zeros((T, x.shape[1]), jnp.float32).at[rows].add(out).astype(x.dtype)

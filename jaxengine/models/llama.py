@@ -82,11 +82,13 @@ def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer
 _ACTIVATIONS = {"silu": jax.nn.silu, "gelu": lambda x: jax.nn.gelu(x, approximate=False),
                 "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
 
-_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "expert_gate", "expert_up",
+           "expert_down")
 
 
-def _packed_axes(stacked: bool) -> tuple[str, ...]:
-    return ("layers",) * stacked + ("packed",) * 3
+def _packed_axes(lead: tuple[str, ...]) -> tuple[str, ...]:
+    """A packed weight's axes: the [in, out] weight's leading ones ("layers", "experts"), then the packing's."""
+    return lead + ("packed",) * 3
 
 
 def _packed(path, value) -> bool:
@@ -97,9 +99,9 @@ def _packed(path, value) -> bool:
 def _pack(var: nnx.Variable) -> None:
     from pallas_kernels import cpu
 
-    stacked = var.get_value().ndim == 3  # [layers, in, out]
+    lead = var.get_metadata()["logical_axes"][:-2]  # ("layers",) of stacked weights, ("experts",) ...
     var.set_value(jax.device_put(cpu.pack_bf16(np.asarray(var.get_value()))))  # packed on the host
-    var.set_metadata("logical_axes", _packed_axes(stacked))
+    var.set_metadata("logical_axes", _packed_axes(lead))
 
 
 def _pack_layer(layer) -> None:
@@ -107,8 +109,9 @@ def _pack_layer(layer) -> None:
     packed weight (their panels side by side): one native call instead of three, with enough panels to share
     between threads (k/v of a small model have 6 each). gate/up, where the width is a multiple of 16, become
     one `pack_gated` weight (16 columns of each to a panel) for `_gated_mlp` (whose kernel applies silu and adds
-    the residual: not for other activations, a norm on the MLP's output or a mixture of experts' shared expert;
-    the experts' own weights stay as they are, for XLA's grouped matmul)."""
+    the residual: not for other activations, a norm on the MLP's output or a mixture of experts' shared expert).
+    A mixture of experts' gate/up weights of silu and such widths become one `pack_gated` weight per expert
+    (layers.moe's grouped native matmul); each of its projections is otherwise packed on its own."""
     from pallas_kernels import cpu
 
     def take(name):  # on the host: packing there compiles nothing (cpu.pack_bf16)
@@ -116,16 +119,19 @@ def _pack_layer(layer) -> None:
         delattr(layer, name)
         return value
 
-    stacked = layer.q_proj.get_value().ndim == 3  # [layers, in, out]
+    lead = layer.q_proj.get_metadata()["logical_axes"][:-2]  # ("layers",) when stacked
     parts = ("q_proj", "k_proj", "v_proj")
     if all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
         value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
-        layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(stacked))
+        layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
     cfg = layer.cfg
     if (cfg.hidden_act == "silu" and not (cfg.sandwich_norms or cfg.num_experts) and cfg.intermediate_size
             and layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0):
         layer.gate_up_proj = nnx.Param(jax.device_put(cpu.pack_gated(take("gate_proj"), take("up_proj"))),
-                                       logical_axes=_packed_axes(stacked))
+                                       logical_axes=_packed_axes(lead))
+    if cfg.num_experts and cfg.hidden_act == "silu" and cfg.moe_intermediate_size % cpu.GATED == 0:
+        layer.expert_gate_up = nnx.Param(jax.device_put(cpu.pack_gated(take("expert_gate"), take("expert_up"))),
+                                         logical_axes=_packed_axes(lead + ("experts",)))
     for name in _LINEAR:
         if hasattr(layer, name):
             _pack(getattr(layer, name))
@@ -244,8 +250,11 @@ class DecoderLayers(nnx.Module):
                 shared_gate = self.shared_expert_gate[...]
                 out = out * jax.nn.sigmoid(jnp.dot(x.astype(shared_gate.dtype), shared_gate,
                                                    preferred_element_type=jnp.float32)).astype(out.dtype)
-            experts = moe_mlp(x, self.router[...], self.expert_gate[...], self.expert_up[...], self.expert_down[...],
-                              top_k=cfg.experts_per_token, renormalize=cfg.norm_topk_prob, activation=activation)
+            projections = {name: getattr(self, name)[...] for name in ("expert_gate", "expert_up", "expert_gate_up")
+                           if hasattr(self, name)}
+            experts = moe_mlp(x, self.router[...], down=self.expert_down[...], top_k=cfg.experts_per_token,
+                              renormalize=cfg.norm_topk_prob, activation=activation, layer=layer,
+                              **{name.removeprefix("expert_"): w for name, w in projections.items()})
             out = experts if out is None else out + experts
         if cfg.sandwich_norms:
             out = rms_norm(out, self.norm("post_mlp_norm"), eps)
