@@ -45,7 +45,7 @@ def main():
 
     router = weight(HIDDEN, EXPERTS)
     gate, up, down = weight(EXPERTS, HIDDEN, WIDTH), weight(EXPERTS, HIDDEN, WIDTH), weight(EXPERTS, WIDTH, HIDDEN)
-    common = dict(top_k=TOP_K, renormalize=True, activation=jax.nn.silu)
+    common = dict(top_k=TOP_K, renormalize=True, activation="silu")
     paths = {"ragged_dot": jax.jit(lambda x: moe_mlp(x, router, gate=gate, up=up, down=down, **common))}
     if jax.default_backend() == "cpu":
         from pallas_kernels import cpu

@@ -242,9 +242,17 @@ def rounded_width(k: int) -> int:
 
 _PROLOGUES = {None: 0, "rms_norm": 1, "rounded": 2}
 _EPILOGUES = {"store": 0, "gated_pairs": 1}
+GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}  # the gated pairs' activation -> its epilogue (cpu_matmul.cc)
 
 
-def _native_matmul(x, packed, out, K: int, *, prologue, epilogue, norm, eps, residual, live_rows, layer):
+def _epilogue(epilogue: str, activation: str) -> np.int32:
+    if activation not in GATED_ACTIVATIONS:
+        raise ValueError(f"the gated pairs' activation must be one of {list(GATED_ACTIVATIONS)}, got {activation!r}")
+    return np.int32(GATED_ACTIVATIONS[activation] if epilogue == "gated_pairs" else _EPILOGUES[epilogue])
+
+
+def _native_matmul(x, packed, out, K: int, *, prologue, epilogue, norm, eps, residual, live_rows, layer,
+                   activation="silu"):
     """The shared checks and the FFI call of `matmul_bf16` and `gated_pairs` (out: the result's shape and
     dtype; `packed` one layer's [P, K2, 64], or a stack of them with `layer` naming the one to use)."""
     if (packed.ndim == 4) != (layer is not None) or (layer is not None and jnp.ndim(layer) != 0):
@@ -264,7 +272,7 @@ def _native_matmul(x, packed, out, K: int, *, prologue, epilogue, norm, eps, res
     _library()
     call = jax.ffi.ffi_call(_MATMUL_TARGET, out)
     return call(x, packed, layer, norm, residual, live_rows, prologue=np.int32(_PROLOGUES[prologue]),
-                epilogue=np.int32(_EPILOGUES[epilogue]), eps=np.float32(eps))
+                epilogue=_epilogue(epilogue, activation), eps=np.float32(eps))
 
 
 def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0, residual=None,
@@ -297,14 +305,15 @@ def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, ep
 
 
 def gated_pairs(x, packed, *, prologue: str | None = None, norm=None, eps: float = 0.0, live_rows=None,
-                layer=None):
-    """silu(x' @ gate) * (x' @ up) for `packed` = pack_gated(gate, up) (x' = x after the prologue, as in
+                layer=None, activation: str = "silu"):
+    """act(x' @ gate) * (x' @ up) for `packed` = pack_gated(gate, up) (x' = x after the prologue, as in
     `matmul_bf16`), rounded to bfloat16 as the x of `matmul_bf16(..., prologue="rounded")` over the same rows
     and live_rows: uint32 [M, rounded_width(I)], laid out by the kernel's row blocks (an operand, not a matrix
     to read). The activation is applied to the float32 products as they leave the registers, then rounded: the
-    numbers that rounding `silu(gate) * up` of the float32 products gives, without their [M, 2I] round trip
-    through memory or the next matmul's rounding pass. A stacked `packed` (of [L, K, I] weights) takes
-    `layer` as `matmul_bf16` does."""
+    numbers that rounding `act(gate) * up` of the float32 products gives, without their [M, 2I] round trip
+    through memory or the next matmul's rounding pass. `activation`: "silu" or "gelu_tanh" (the tanh
+    approximation, as jax.nn.gelu's default). A stacked `packed` (of [L, K, I] weights) takes `layer` as
+    `matmul_bf16` does."""
     if prologue not in (None, "rms_norm"):
         raise ValueError(f"gated_pairs' prologue must be None or 'rms_norm', got {prologue!r}")
     K = x.shape[-1] if x.ndim else 0
@@ -315,18 +324,19 @@ def gated_pairs(x, packed, *, prologue: str | None = None, norm=None, eps: float
     I = packed.shape[-3] * PANEL // 2
     out = jax.ShapeDtypeStruct((x.shape[0], rounded_width(I)), jnp.uint32)
     return _native_matmul(x, packed, out, K, prologue=prologue, epilogue="gated_pairs", norm=norm, eps=eps,
-                          residual=None, live_rows=live_rows, layer=layer)
+                          residual=None, live_rows=live_rows, layer=layer, activation=activation)
 
 
-def grouped_matmul_bf16(x, packed, sizes, first, n: int, *, prologue: str | None = None, epilogue: str = "store"):
+def grouped_matmul_bf16(x, packed, sizes, first, n: int, *, prologue: str | None = None, epilogue: str = "store",
+                        activation: str = "silu"):
     """A mixture of experts' grouped matmul: x's rows sorted by expert, the next sizes[g] rows (i32[G], in order)
     by expert g's weight, `packed` [S, P, K2, 64] the pack_bf16 (pack_gated for epilogue "gated_pairs") of S
     stacked [K, n] weights of which first + g (i32 scalar, may be traced: a layer's experts in a stack of all
     layers') is expert g's. Per group as `matmul_bf16` (epilogue "store": f32 [M, n]) or `gated_pairs`
-    (epilogue "gated_pairs": the pairs, laid out by each group's row blocks, that a "rounded" grouped call over
-    the same sizes reads), no residual and no norm. A group without rows reads no weight; rows past the sizes'
-    sum come out zero. Only the groups' rows are multiplied, where XLA:CPU's `ragged_dot` multiplies every
-    row by every group's weight."""
+    (epilogue "gated_pairs", of `activation`: the pairs, laid out by each group's row blocks, that a "rounded"
+    grouped call over the same sizes reads), no residual and no norm. A group without rows reads no weight;
+    rows past the sizes' sum come out zero. Only the groups' rows are multiplied, where XLA:CPU's `ragged_dot`
+    multiplies every row by every group's weight."""
     if prologue not in (None, "rounded") or epilogue not in _EPILOGUES or (prologue, epilogue) == (
             "rounded", "gated_pairs"):
         raise ValueError(f"grouped_matmul_bf16 takes prologue None or 'rounded' and epilogue 'store' or "
@@ -343,7 +353,7 @@ def grouped_matmul_bf16(x, packed, sizes, first, n: int, *, prologue: str | None
     call = jax.ffi.ffi_call(_GROUPED_MATMUL_TARGET, out)
     return call(x, packed, jnp.asarray(first, jnp.int32).reshape(1), sizes.astype(jnp.int32),
                 jnp.zeros((0,), jnp.float32), prologue=np.int32(_PROLOGUES[prologue]),
-                epilogue=np.int32(_EPILOGUES[epilogue]), eps=np.float32(0.0))
+                epilogue=_epilogue(epilogue, activation), eps=np.float32(0.0))
 
 
 def _check_logits(x, name: str) -> None:

@@ -50,13 +50,22 @@ constexpr int kPanel = 32;   // output columns per panel (work item)
 constexpr int kMaxRows = 12; // rows per register block: 24 accumulators + 5 working registers of 32
 constexpr int64_t kStreamBytes = int64_t{8} << 20;  // results from this size on bypass the cache (Problem::stream)
 
-// silu(g) * u with sigmoid(g) = 1 / (1 + e^-g) for g >= 0 and e^g / (1 + e^g) below (never overflows).
-inline __m512 silu_mul(__m512 g, __m512 u) {
-  const __m512 e = (__m512)exp16((v16)_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-  const __mmask16 positive = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ);
+// g * sigmoid(s) * u with sigmoid(s) = 1 / (1 + e^-s) for s >= 0 and e^s / (1 + e^s) below (never overflows).
+// silu(g) * u is s = g; the tanh-approximated GELU, 0.5 g (1 + tanh(z)) = g * sigmoid(2z) with
+// z = sqrt(2 / pi) (g + 0.044715 g^3), is s = 2z.
+inline __m512 sigmoid_gated(__m512 g, __m512 s, __m512 u) {
+  const __m512 e = (__m512)exp16((v16)_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(s)));
+  const __mmask16 positive = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GE_OQ);
   const __m512 sigmoid = _mm512_div_ps(_mm512_mask_blend_ps(positive, e, _mm512_set1_ps(1.f)),
                                        _mm512_add_ps(e, _mm512_set1_ps(1.f)));
   return _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), u);
+}
+
+inline __m512 gated_mul(__m512 g, __m512 u, bool gelu_tanh) {
+  if (!gelu_tanh) return sigmoid_gated(g, g, u);
+  const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(g, g), g);
+  const __m512 z = _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), cube, g);
+  return sigmoid_gated(g, _mm512_mul_ps(_mm512_set1_ps(2.f * 0.7978845608028654f), z), u);
 }
 
 struct Problem {
@@ -64,13 +73,14 @@ struct Problem {
   const uint16_t* w;  // [P, K2, 64] packed bf16
   float* y;           // [M, N], or null where the result goes to `gated` instead
   const float* residual;  // [M, N] added to y, or null
-  uint32_t* gated;    // kGatedPairs: silu(gate) * up as a next matmul's x pairs ([M, gated_K2p] by row block)
+  uint32_t* gated;    // kGatedPairs: act(gate) * up as a next matmul's x pairs ([M, gated_K2p] by row block)
   int64_t M, N, K2;
   int64_t K2p;        // K2 rounded up to 16: a row's pairs in whole chunks
   int64_t rows;       // rows per block (the last may have fewer)
   int64_t gated_K2p;  // the next matmul's K2p: N / 4 rounded up to 16
   bool stream = false;    // store full panels with non-temporal stores (a large result, no residual)
   bool amx = false;       // the tile path (amx_panel): blocks of kTileRows rows
+  bool gelu_tanh = false;  // gated: the activation is the tanh-approximated GELU, not silu
   const uint32_t* last_block = nullptr;  // amx: the last block's pairs padded to kTileRows rows where it has fewer
 };
 
@@ -112,7 +122,8 @@ inline void store_row(const Problem& p, int64_t m0, int64_t R, int64_t r, int64_
     // the next matmul's x, 8 of its pairs, half a chunk of this row block there (its rows are the same
     // block of the same rows: the next matmul has the same live rows, so the same block_rows).
     uint32_t* out = p.gated + m0 * p.gated_K2p + (index / 2) * 16 * R + (index % 2) * 8 + 16 * r;
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(silu_mul(lo, hi)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                        (__m256i)_mm512_cvtneps_pbh(gated_mul(lo, hi, p.gelu_tanh)));
     return;
   }
   const int64_t at = (m0 + r) * p.N + index * kPanel;
@@ -359,6 +370,7 @@ enum Epilogue : int32_t {
   kStore = 0,        // y [M, N] float32, plus the residual where given
   kGatedPairs = 1,   // panels of 16 gate and 16 up columns (pack_gated): silu(gate) * up [M, N / 2] rounded to
                      // bfloat16 pairs, laid out as the x of a kRounded matmul over the same live rows
+  kGatedPairsGeluTanh = 2,  // kGatedPairs with the tanh-approximated GELU (Gemma's) in place of silu
 };
 
 struct Input {
@@ -487,8 +499,9 @@ struct Shared {
 // by row block when `rounded`) by the packed weight `w` ([P, K2, 64]) into y ([live, N] f32, or the gated
 // pairs [live, gated_K2p] when `gated`), the residual added where given.
 void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live, const uint16_t* w, int64_t P,
-                int64_t K2, int64_t K, int64_t N, void* y, bool gated, const float* residual, int32_t prologue,
-                const float* norm, float eps) {
+                int64_t K2, int64_t K, int64_t N, void* y, int32_t epilogue, const float* residual,
+                int32_t prologue, const float* norm, float eps) {
+  const bool gated = epilogue != kStore;
   const int64_t K2p = (K2 + 15) / 16 * 16, gated_K2p = (N / 4 + 15) / 16 * 16;
   auto shared = std::make_shared<Shared>();
   // The rounded rows, on whole cache lines: each chunk of a row is one 64-byte store, and none splits
@@ -513,6 +526,7 @@ void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live
   shared->problem = Problem{a, w, gated ? nullptr : static_cast<float*>(y), residual,
                             gated ? static_cast<uint32_t*>(y) : nullptr, live, N, K2, K2p, rows, gated_K2p};
   shared->problem.amx = amx;
+  shared->problem.gelu_tanh = epilogue == kGatedPairsGeluTanh;
   shared->problem.last_block = last_block;
   // A result too large for the cache (an output head's logits: 12.6 MB for 64 rows of a 49152-token
   // vocabulary) is streamed to memory, not read in first: a head call and the argmax after it 9.22 -> 8.83 ms
@@ -536,9 +550,9 @@ ffi::Error check_shapes(const ffi::AnyBuffer& x, const int64_t* w_dims, ffi::Res
   const auto x_dims = x.dimensions();
   const auto y_dims = y->dimensions();
   if (prologue < kPlain || prologue > kRounded) return ffi::Error::InvalidArgument("cpu matmul: unknown prologue");
-  if (epilogue != kStore && epilogue != kGatedPairs)
+  if (epilogue != kStore && epilogue != kGatedPairs && epilogue != kGatedPairsGeluTanh)
     return ffi::Error::InvalidArgument("cpu matmul: unknown epilogue");
-  rounded = prologue == kRounded, gated = epilogue == kGatedPairs;
+  rounded = prologue == kRounded, gated = epilogue != kStore;
   if (x.element_type() != (rounded ? ffi::U32 : ffi::F32) || y->element_type() != (gated ? ffi::U32 : ffi::F32))
     return ffi::Error::InvalidArgument("cpu matmul: x (y) must be float32, or uint32 pairs for rounded (gated_pairs)");
   K2 = w_dims[1];
@@ -588,7 +602,7 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16>
   std::memset(static_cast<char*>(y->untyped_data()) + 4 * live * width, 0, 4 * (M - live) * width);
   if (live == 0 || N == 0) return ffi::Error::Success();
   const uint16_t* w = reinterpret_cast<const uint16_t*>(stacked.typed_data()) + index * w_dims[0] * K2 * 2 * kPanel;
-  run_matmul(pool, x.untyped_data(), rounded, live, w, w_dims[0], K2, K, N, y->untyped_data(), gated,
+  run_matmul(pool, x.untyped_data(), rounded, live, w, w_dims[0], K2, K, N, y->untyped_data(), epilogue,
              add ? residual.typed_data() : nullptr, prologue, norm.typed_data(), eps);
   return ffi::Error::Success();
 }
@@ -624,7 +638,7 @@ ffi::Error GroupedMatmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi
     if (rows == 0) continue;
     const char* x_rows = static_cast<const char*>(x.untyped_data()) + 4 * row * x_width;
     char* y_rows = static_cast<char*>(y->untyped_data()) + 4 * row * width;
-    run_matmul(pool, x_rows, rounded, rows, w + g * weight_size, w_dims[0], K2, K, N, y_rows, gated, nullptr,
+    run_matmul(pool, x_rows, rounded, rows, w + g * weight_size, w_dims[0], K2, K, N, y_rows, epilogue, nullptr,
                prologue, norm.typed_data(), eps);
     row += rows;
   }

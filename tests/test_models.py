@@ -1,5 +1,8 @@
 """Our Flax models against Hugging Face transformers on tiny random checkpoints."""
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -151,13 +154,14 @@ def test_attention_biases_and_the_fused_native_layer_match_transformers(dtype, b
 
 
 @pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@pytest.mark.parametrize("activation,post_norm", [("silu", False), ("gelu_tanh", True)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_gated_mlp_over_a_pack_gated_weight(dtype):
+def test_gated_mlp_over_a_pack_gated_weight(dtype, activation, post_norm):
     """The layer's MLP over packed gate/up weights: float32 rows take the native gated products (activation in
     registers, the down projection's input handed over rounded); bfloat16 rows split the packed products back
-    into gate and up for XLA's activation. Both against the formula over the unpacked weights."""
-    import jax
-
+    into gate and up for XLA's activation. Both against the formula over the unpacked weights; SwiGLU with the
+    residual added by the down matmul, and Gemma's tanh-GELU gate with a norm on the MLP's output."""
+    from jaxengine.layers.activations import ACTIVATIONS
     from jaxengine.layers.norms import rms_norm
     from jaxengine.models.llama import _gated_mlp
     from pallas_kernels import cpu
@@ -169,10 +173,13 @@ def test_gated_mlp_over_a_pack_gated_weight(dtype):
     norm = jnp.asarray(rng.standard_normal(D, np.float32)).astype(jnp.bfloat16)
     h = jnp.asarray(rng.standard_normal((T, D), np.float32)).astype(dtype)
     dot = lambda a, w: jnp.dot(a.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)  # noqa: E731
+    out_norm = jnp.asarray(rng.uniform(0.5, 1.5, D), np.float32) if post_norm else None
     x = rms_norm(h, norm, 1e-6)
-    expected = h.astype(jnp.float32) + dot(jax.nn.silu(dot(x, gate)) * dot(x, up), down)
-    got = jax.jit(_gated_mlp, static_argnames=("eps", "n"))(h, norm, 1e-6, cpu.pack_gated(gate, up),
-                                                            cpu.pack_bf16(down), n=D, live_rows=jnp.int32(T))
+    out = dot(ACTIVATIONS[activation](dot(x, gate)) * dot(x, up), down)
+    expected = h.astype(jnp.float32) + (out if out_norm is None else rms_norm(out, out_norm, 1e-6))
+    mlp = functools.partial(_gated_mlp, eps=1e-6, n=D, activation=activation)
+    got = jax.jit(mlp)(h, norm, gate_up=cpu.pack_gated(gate, up), down=cpu.pack_bf16(down), live_rows=jnp.int32(T),
+                       out_norm=out_norm)
     assert got.dtype == dtype
     tol = 1e-3 if dtype == jnp.float32 else 2e-2
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected), rtol=tol, atol=tol)
@@ -213,8 +220,6 @@ def test_packed_experts_match_the_grouped_dot_over_the_same_weights(intermediate
     """The native grouped matmul over packed experts (gate/up packed together where the width is a multiple of
     16, silu then applied in registers; each projection packed alone otherwise), from a stack of all layers'
     experts (the scanned loop's) or one layer's, against `lax.ragged_dot` over the unpacked bfloat16 weights."""
-    import jax
-
     from jaxengine.layers.moe import moe_mlp
     from pallas_kernels import cpu
 
@@ -227,7 +232,7 @@ def test_packed_experts_match_the_grouped_dot_over_the_same_weights(intermediate
     router, down = weight(D, E), weight(L, E, intermediate, D)
     gate, up = weight(L, E, D, intermediate), weight(L, E, D, intermediate)
     x = jnp.asarray(rng.standard_normal((T, D), np.float32))
-    common = dict(top_k=top_k, renormalize=True, activation=jax.nn.silu)
+    common = dict(top_k=top_k, renormalize=True, activation="silu")
     layer = 1
     want = moe_mlp(x, router, gate=gate[layer], up=up[layer], down=down[layer], **common)
     pick = (lambda w: w) if stacked else (lambda w: w[layer])

@@ -3,6 +3,8 @@
 import jax
 import jax.numpy as jnp
 
+from jaxengine.layers.activations import ACTIVATIONS
+
 
 def route(x, router, top_k: int, renormalize: bool):
     """(weights f32[T, top_k], experts i32[T, top_k]) for x [T, D] and router [D, E]: the softmax of the router
@@ -22,20 +24,21 @@ def moe_mlp(
     down: jax.Array,  # [E, I, D], or packed
     top_k: int,
     renormalize: bool,
-    activation,
+    activation: str,  # a name of jaxengine.layers.activations.ACTIVATIONS
     gate: jax.Array | None = None,  # [E, D, I], or packed
     up: jax.Array | None = None,  # [E, D, I], or packed
-    gate_up: jax.Array | None = None,  # packed by pallas_kernels.cpu.pack_gated (silu), in place of gate and up
+    gate_up: jax.Array | None = None,  # packed by pallas_kernels.cpu.pack_gated, in place of gate and up
     layer=None,  # i32[]: the layer whose experts a packed stack of all layers' ([L, E, P, K2, 64]) gives
 ) -> jax.Array:  # [T, D] in x's dtype
     """The tokens' (token, expert) pairs sorted by expert run as one grouped matmul per projection, in the
     weights' dtype with float32 accumulation, then are weighted and summed back per token. Weights packed for
     the native CPU matmul ([E, P, K2, 64], or all layers' [L, E, P, K2, 64]) run its grouped form, which
-    multiplies each expert's rows only (with `gate_up`, silu(gate) * up is applied in registers and handed to
+    multiplies each expert's rows only (with `gate_up`, act(gate) * up is applied in registers and handed to
     the down projection rounded); others run `lax.ragged_dot`, which TPUs group natively and XLA:CPU computes
     densely (every expert over every row). A bucket's padding rows are routed like the others; their results
     are never read."""
     T, E = x.shape[0], router.shape[-1]
+    act = ACTIVATIONS[activation]
     weights, experts = route(x, router, top_k, renormalize)
     flat = experts.reshape(-1)  # [T * top_k]
     order = jnp.argsort(flat, stable=True)
@@ -53,16 +56,16 @@ def moe_mlp(
         D = x.shape[1]
         if gate_up is not None:
             pairs = grouped(xs.astype(jnp.float32), gate_up, 2 * gate_up.shape[-3] * cpu.GATED,
-                            epilogue="gated_pairs")
+                            epilogue="gated_pairs", activation=activation)
             out = grouped(pairs, down, D, prologue="rounded")
         else:
             n = 2 * down.shape[-2]  # the intermediate width (one more, zero, where it is odd: pack_bf16's pairs)
-            hidden = activation(grouped(xs.astype(jnp.float32), gate, n)) * grouped(xs.astype(jnp.float32), up, n)
+            hidden = act(grouped(xs.astype(jnp.float32), gate, n)) * grouped(xs.astype(jnp.float32), up, n)
             out = grouped(hidden, down, D)
     else:
         def grouped(a, w):
             return jax.lax.ragged_dot(a.astype(w.dtype), w, sizes, preferred_element_type=jnp.float32)
 
-        out = grouped(activation(grouped(xs, gate)) * grouped(xs, up), down)
+        out = grouped(act(grouped(xs, gate)) * grouped(xs, up), down)
     out = out * weights.reshape(-1)[order][:, None]  # [T * top_k, D] f32
     return jnp.zeros((T, x.shape[1]), jnp.float32).at[rows].add(out).astype(x.dtype)

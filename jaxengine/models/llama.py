@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxengine.layers.activations import ACTIVATIONS
 from jaxengine.layers.attention import attention, kv_writer, select_body, token_slots, write_kv
 from jaxengine.layers.moe import moe_mlp
 from jaxengine.layers.norms import gemma_scale, rms_norm
@@ -63,24 +64,29 @@ def _normed_dot(h, norm, eps: float, w, n: int, live_rows=None, layer=None):
     return _dot(rms_norm(h, norm, eps), w, n, live_rows=live_rows, layer=layer)
 
 
-def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer=None):
-    """h + (silu(gate) * up) @ down over rms_norm(h) for a gate/up projection packed by `pallas_kernels.cpu.
-    pack_gated`. With float32 rows the native CPU matmul applies the activation to the gate/up products in
-    registers and hands the down projection its input already rounded (no [T, 2I] float32 intermediate);
-    otherwise the products are split back into gate and up for XLA's activation."""
+def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer=None, activation="silu",
+               out_norm=None):
+    """h + (act(gate) * up) @ down over rms_norm(h) for a gate/up projection packed by `pallas_kernels.cpu.
+    pack_gated` (`out_norm`: h + rms_norm of that product, Gemma 2/3's post-MLP norm). With float32 rows the
+    native CPU matmul applies the activation to the gate/up products in registers and hands the down
+    projection its input already rounded (no [T, 2I] float32 intermediate), and adds the residual as it
+    stores; otherwise the products are split back into gate and up for XLA's activation."""
     from pallas_kernels import cpu
 
     if h.dtype == jnp.float32:
         pairs = cpu.gated_pairs(h, gate_up, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows,
-                                layer=_stack_index(gate_up, layer))
-        return cpu.matmul_bf16(pairs, down, n, prologue="rounded", residual=h, live_rows=live_rows,
-                               layer=_stack_index(down, layer))
+                                layer=_stack_index(gate_up, layer), activation=activation)
+        if out_norm is None:
+            return cpu.matmul_bf16(pairs, down, n, prologue="rounded", residual=h, live_rows=live_rows,
+                                   layer=_stack_index(down, layer))
+        out = cpu.matmul_bf16(pairs, down, n, prologue="rounded", live_rows=live_rows, layer=_stack_index(down, layer))
+        return h + rms_norm(out, out_norm, eps)
     gate, up = cpu.unpack_gated(_normed_dot(h, norm, eps, gate_up, gate_up.shape[-3] * cpu.PANEL, live_rows, layer))
-    return _dot(jax.nn.silu(gate) * up, down, n, h, live_rows, layer)
+    gated = ACTIVATIONS[activation](gate) * up
+    if out_norm is None:
+        return _dot(gated, down, n, h, live_rows, layer)
+    return h + rms_norm(_dot(gated, down, n, live_rows=live_rows, layer=layer), out_norm, eps)
 
-
-_ACTIVATIONS = {"silu": jax.nn.silu, "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-                "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "expert_gate", "expert_up",
            "expert_down")
@@ -108,10 +114,11 @@ def _pack_layer(layer) -> None:
     """Packs a layer's matmul weights. q/k/v, where their widths are whole panels (32 columns), become one
     packed weight (their panels side by side): one native call instead of three, with enough panels to share
     between threads (k/v of a small model have 6 each). gate/up, where the width is a multiple of 16, become
-    one `pack_gated` weight (16 columns of each to a panel) for `_gated_mlp` (whose kernel applies silu and adds
-    the residual: not for other activations, a norm on the MLP's output or a mixture of experts' shared expert).
-    A mixture of experts' gate/up weights of silu and such widths become one `pack_gated` weight per expert
-    (layers.moe's grouped native matmul); each of its projections is otherwise packed on its own."""
+    one `pack_gated` weight (16 columns of each to a panel) for `_gated_mlp`, whose kernel applies the
+    activation (silu or tanh-GELU: not the exact GELU; nor for a mixture of experts' shared expert, which is
+    scaled before the residual). A mixture of experts' gate/up weights of such activations and widths become
+    one `pack_gated` weight per expert (layers.moe's grouped native matmul); each of its projections is
+    otherwise packed on its own."""
     from pallas_kernels import cpu
 
     def take(name):  # on the host: packing there compiles nothing (cpu.pack_bf16)
@@ -125,11 +132,12 @@ def _pack_layer(layer) -> None:
         value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
         layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
     cfg = layer.cfg
-    if (cfg.hidden_act == "silu" and not (cfg.sandwich_norms or cfg.num_experts) and cfg.intermediate_size
+    gated = cfg.hidden_act in cpu.GATED_ACTIVATIONS
+    if (gated and not cfg.num_experts and cfg.intermediate_size
             and layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0):
         layer.gate_up_proj = nnx.Param(jax.device_put(cpu.pack_gated(take("gate_proj"), take("up_proj"))),
                                        logical_axes=_packed_axes(lead))
-    if cfg.num_experts and cfg.hidden_act == "silu" and cfg.moe_intermediate_size % cpu.GATED == 0:
+    if cfg.num_experts and gated and cfg.moe_intermediate_size % cpu.GATED == 0:
         layer.expert_gate_up = nnx.Param(jax.device_put(cpu.pack_gated(take("expert_gate"), take("expert_up"))),
                                          logical_axes=_packed_axes(lead + ("experts",)))
     for name in _LINEAR:
@@ -222,7 +230,7 @@ class DecoderLayers(nnx.Module):
             kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=self.attention_backend)
         o = attention(q, kv_cache, layer, batch, sm_scale=cfg.sm_scale, sliding_window=window,
                       soft_cap=cfg.attn_logit_softcap, backend=self.attention_backend).reshape(T, -1)
-        D, I = cfg.hidden_size, cfg.intermediate_size
+        D = cfg.hidden_size
         if cfg.sandwich_norms:
             out = _dot(o, self.o_proj[...], D, live_rows=live, layer=layer)
             if cfg.o_bias:
@@ -232,17 +240,24 @@ class DecoderLayers(nnx.Module):
             if cfg.o_bias:
                 h = h + self.o_bias[...]
             h = _dot(o, self.o_proj[...], D, residual=h, live_rows=live, layer=layer)
+        return self.mlp(h, live, layer), kv_cache
+
+    def mlp(self, h, live, layer):
+        """h + the MLP's output (dense, or a mixture of experts with its shared expert) over the normed h."""
+        cfg = self.cfg
+        eps, D, I = cfg.rms_norm_eps, cfg.hidden_size, cfg.intermediate_size
         if hasattr(self, "gate_up_proj"):  # fused at packing (pack_for_native_matmul)
+            out_norm = self.norm("post_mlp_norm") if cfg.sandwich_norms else None
             return _gated_mlp(h, self.norm("mlp_norm"), eps, self.gate_up_proj[...], self.down_proj[...], D, live,
-                              layer), kv_cache
-        mlp_norm, activation = self.norm("mlp_norm"), _ACTIVATIONS[cfg.hidden_act]
+                              layer, cfg.hidden_act, out_norm)
+        mlp_norm, activation = self.norm("mlp_norm"), ACTIVATIONS[cfg.hidden_act]
         out = None
         if I:
             gate = _normed_dot(h, mlp_norm, eps, self.gate_proj[...], I, live, layer)
             up = _normed_dot(h, mlp_norm, eps, self.up_proj[...], I, live, layer)
             gated = activation(gate) * up
             if not (cfg.sandwich_norms or cfg.num_experts):
-                return _dot(gated, self.down_proj[...], D, residual=h, live_rows=live, layer=layer), kv_cache
+                return _dot(gated, self.down_proj[...], D, residual=h, live_rows=live, layer=layer)
             out = _dot(gated, self.down_proj[...], D, live_rows=live, layer=layer)
         if cfg.num_experts:
             x = rms_norm(h, mlp_norm, eps)
@@ -253,12 +268,12 @@ class DecoderLayers(nnx.Module):
             projections = {name: getattr(self, name)[...] for name in ("expert_gate", "expert_up", "expert_gate_up")
                            if hasattr(self, name)}
             experts = moe_mlp(x, self.router[...], down=self.expert_down[...], top_k=cfg.experts_per_token,
-                              renormalize=cfg.norm_topk_prob, activation=activation, layer=layer,
+                              renormalize=cfg.norm_topk_prob, activation=cfg.hidden_act, layer=layer,
                               **{name.removeprefix("expert_"): w for name, w in projections.items()})
             out = experts if out is None else out + experts
         if cfg.sandwich_norms:
             out = rms_norm(out, self.norm("post_mlp_norm"), eps)
-        return h + out, kv_cache
+        return h + out
 
 
 class LlamaForCausalLM(nnx.Module):
