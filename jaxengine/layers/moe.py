@@ -29,23 +29,28 @@ def moe_mlp(
     up: jax.Array | None = None,  # [E, D, I], or packed
     gate_up: jax.Array | None = None,  # packed by pallas_kernels.cpu.pack_gated, in place of gate and up
     layer=None,  # i32[]: the layer whose experts a packed stack of all layers' ([L, E, P, K2, 64]) gives
+    live_rows=None,  # i32[]: x's rows from it on are a bucket's padding
 ) -> jax.Array:  # [T, D] in x's dtype
     """The tokens' (token, expert) pairs sorted by expert run as one grouped matmul per projection, in the
     weights' dtype with float32 accumulation, then are weighted and summed back per token. Weights packed for
     the native CPU matmul ([E, P, K2, 64], or all layers' [L, E, P, K2, 64]) run its grouped form, which
     multiplies each expert's rows only (with `gate_up`, act(gate) * up is applied in registers and handed to
     the down projection rounded); others run `lax.ragged_dot`, which TPUs group natively and XLA:CPU computes
-    densely (every expert over every row). A bucket's padding rows are routed like the others; their results
-    are never read."""
+    densely (every expert over every row). The native form gives a bucket's padding rows (`live_rows`) no
+    expert: they are sorted last, outside every group, and never multiplied; `ragged_dot` routes them like the
+    others. Their results are never read."""
     T, E = x.shape[0], router.shape[-1]
     act = ACTIVATIONS[activation]
     weights, experts = route(x, router, top_k, renormalize)
     flat = experts.reshape(-1)  # [T * top_k]
+    native = down.ndim >= 4  # packed for the native CPU matmul
+    if native and live_rows is not None:
+        flat = jnp.where(jnp.arange(T * top_k) // top_k < live_rows, flat, E)  # padding: past the last expert
     order = jnp.argsort(flat, stable=True)
     rows = order // top_k  # the token of each sorted pair
-    sizes = jnp.bincount(flat, length=E).astype(jnp.int32)  # [E] rows per expert
+    sizes = jnp.bincount(flat, length=E + 1)[:E].astype(jnp.int32)  # [E] rows per expert
     xs = x[rows]
-    if down.ndim >= 4:  # packed for the native CPU matmul
+    if native:
         from pallas_kernels import cpu
 
         first = 0 if down.ndim == 4 else layer * E

@@ -268,7 +268,7 @@ class DecoderLayers(nnx.Module):
             projections = {name: getattr(self, name)[...] for name in ("expert_gate", "expert_up", "expert_gate_up")
                            if hasattr(self, name)}
             experts = moe_mlp(x, self.router[...], down=self.expert_down[...], top_k=cfg.experts_per_token,
-                              renormalize=cfg.norm_topk_prob, activation=cfg.hidden_act, layer=layer,
+                              renormalize=cfg.norm_topk_prob, activation=cfg.hidden_act, layer=layer, live_rows=live,
                               **{name.removeprefix("expert_"): w for name, w in projections.items()})
             out = experts if out is None else out + experts
         if cfg.sandwich_norms:
