@@ -100,6 +100,8 @@ def _serve(args) -> None:
         if path is not None and not os.path.isfile(path):
             raise FileNotFoundError(f"{flag}: no such file {path!r}")
     chat_template = None if args.chat_template is None else load_chat_template(args.chat_template)
+    if args.enable_auto_tool_choice != (args.tool_call_parser is not None):
+        raise ValueError("--enable-auto-tool-choice and --tool-call-parser go together (as in vLLM)")
     config = engine_config(args)
     if args.distributed:
         multihost.initialize(args.coordinator_address, args.num_processes, args.process_id,
@@ -117,7 +119,8 @@ def _serve(args) -> None:
     app = build_app(async_engine, names, api_key=args.api_key or os.environ.get("JAXENGINE_API_KEY") or None,
                     request_id_headers=args.enable_request_id_headers, cors=cors, chat_template=chat_template,
                     trust_request_chat_template=args.trust_request_chat_template,
-                    return_tokens_as_token_ids=args.return_tokens_as_token_ids)
+                    return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+                    tool_call_parser=args.tool_call_parser)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                     ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
@@ -140,6 +143,8 @@ def _convert(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from server.tool_parsers import TOOL_CALL_PARSERS
+
     parser = argparse.ArgumentParser(prog="jaxengine")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="complete one or more prompts offline and print the completions")
@@ -168,6 +173,10 @@ def main(argv: list[str] | None = None) -> None:
                        help="take a chat request's own chat_template (refused otherwise, as in vLLM)")
     serve.add_argument("--return-tokens-as-token-ids", action="store_true",
                        help="logprobs name tokens 'token_id:N' (a request's return_tokens_as_token_ids overrides)")
+    serve.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help="tool_choice 'auto': tool calls parsed from outputs (with --tool-call-parser)")
+    serve.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
+                       help="how outputs write tool calls (hermes: Qwen 2.5/3, Hermes)")
     serve.add_argument("--uvicorn-log-level", default="info",
                        choices=("critical", "error", "warning", "info", "debug", "trace"))
     serve.add_argument("--allowed-origins", type=json_strings, default=[],

@@ -67,10 +67,13 @@ class LLM:
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, *, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template: str | None = None,
-             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
+             tools: list[dict] | None = None) -> list[RequestOutput]:
         """One conversation (a list of {role, content}) or a list of conversations. A message's content is a
         string, None or a list of text parts ({"type": "text", "text": ...}, joined); other parts are refused.
-        `continue_final_message`: the last message is continued (no generation prompt after it), as in vLLM."""
+        `continue_final_message`: the last message is continued (no generation prompt after it), as in vLLM.
+        `tools` (OpenAI tool definitions) are rendered by the chat template, as in vLLM; the calls an output
+        writes stay in its text (the server's --tool-call-parser parses them)."""
         if not isinstance(messages, list):
             raise ValueError(f"messages must be a conversation (a list of {{role, content}} dicts) or a list of "
                              f"them, got {type(messages).__name__}")
@@ -83,7 +86,8 @@ class LLM:
                 ids = chat_prompt_ids(tok, conversation, chat_template=chat_template,
                                       add_generation_prompt=add_generation_prompt,
                                       continue_final_message=continue_final_message,
-                                      chat_template_kwargs=chat_template_kwargs)
+                                      chat_template_kwargs=(chat_template_kwargs or {}) | (
+                                          {"tools": tools} if tools else {}))
             except Exception as e:  # the template's own errors (roles it refuses, unknown kwargs)
                 raise ValueError(f"messages: could not apply the chat template: {e}") from None
             prompts.append({"prompt_token_ids": ids})

@@ -14,7 +14,8 @@ from jaxengine.outputs import RequestOutput
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 from server.engine_client import AsyncEngine, EngineDeadError
 from server.errors import APIError, error_body
-from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, TokenizeRequest
+from server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields, TokenizeRequest
+from server.tool_parsers import TOOL_CALL_PARSERS, HermesStream, parse_hermes
 
 
 def _refused_field(message: str, req: SamplingFields) -> str | None:
@@ -113,11 +114,18 @@ def load_chat_template(value: str) -> str:
 
 class Serving:
     def __init__(self, engine: AsyncEngine, model_name: str | list[str], chat_template: str | None = None,
-                 trust_request_chat_template: bool = False, return_tokens_as_token_ids: bool = False):
+                 trust_request_chat_template: bool = False, return_tokens_as_token_ids: bool = False,
+                 tool_call_parser: str | None = None):
         """`model_name`: the served name or names (requests may name any; responses carry the first).
         `chat_template`: the template for chat requests over the tokenizer's (--chat-template);
         `trust_request_chat_template`: a request's own `chat_template` is taken (otherwise refused, as vLLM);
-        `return_tokens_as_token_ids`: the default of the requests' field (--return-tokens-as-token-ids)."""
+        `return_tokens_as_token_ids`: the default of the requests' field (--return-tokens-as-token-ids);
+        `tool_call_parser`: how tool calls are found in outputs, one of TOOL_CALL_PARSERS (vLLM's
+        --enable-auto-tool-choice --tool-call-parser); None: requests with tools and tool_choice auto are refused."""
+        if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool call parser {tool_call_parser!r} is not supported; supported: "
+                             f"{', '.join(TOOL_CALL_PARSERS)}")
+        self.tool_call_parser = tool_call_parser
         self.engine = engine
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
         self.model_names = [model_name] if isinstance(model_name, str) else list(model_name)
@@ -400,17 +408,45 @@ class Serving:
         if template is None and self.tokenizer.chat_template is None:
             raise APIError("this model's tokenizer has no chat template; start the server with --chat-template, "
                            "or use /v1/completions", param="messages")
-        messages = [{"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
-                    for m in req.messages]
+        messages = [_template_message(m) for m in req.messages]
+        tools = getattr(req, "tools", None) if self._tool_choice(req) == "auto" else None
+        kwargs = (req.chat_template_kwargs or {}) | (
+            {"tools": [t.model_dump(exclude_none=True) for t in tools]} if tools else {})
         try:
             return chat_prompt_ids(self.tokenizer, messages, chat_template=template,
                                    add_generation_prompt=req.add_generation_prompt,
                                    continue_final_message=req.continue_final_message,
-                                   chat_template_kwargs=req.chat_template_kwargs,
-                                   add_special_tokens=bool(req.add_special_tokens))
+                                   chat_template_kwargs=kwargs, add_special_tokens=bool(req.add_special_tokens))
         except Exception as e:  # template errors are the request's fault (roles, kwargs, its own template)
             param = "chat_template" if req.chat_template is not None else "messages"
             raise APIError(f"could not apply the chat template: {e}", param=param) from None
+
+    def _tool_choice(self, req) -> str:
+        """"auto" (calls are parsed from the output) or "none", as vLLM resolves a request's tool_choice; the
+        choices that force a call ("required", a named function) need structured outputs and are refused."""
+        tools, choice = getattr(req, "tools", None), getattr(req, "tool_choice", None)
+        if choice is not None and not tools:
+            raise APIError("tool_choice is only taken with tools", param="tool_choice")
+        if not tools or choice == "none":
+            return "none"
+        if choice not in (None, "auto"):
+            raise APIError(f"tool_choice {choice!r} is not supported: forcing a call needs structured outputs, which "
+                           f"this server does not have; use 'auto' or 'none'", param="tool_choice")
+        if self.tool_call_parser is None:
+            raise APIError('"auto" tool choice requires the server to be started with --enable-auto-tool-choice and '
+                           "--tool-call-parser", param="tool_choice")
+        return "auto"
+
+    def _message(self, c, req) -> tuple[dict, str | None]:
+        """A choice's assistant message and finish reason: with tool_choice auto, the calls its text holds."""
+        message = {"role": "assistant", "content": c.text}
+        if self._tool_choice(req) != "auto":
+            return message, c.finish_reason
+        content, calls = parse_hermes(c.text)
+        if not calls:
+            return message, c.finish_reason
+        calls = calls[:1] if req.parallel_tool_calls is False else calls
+        return {"role": "assistant", "content": content, "tool_calls": [t.as_dict() for t in calls]}, "tool_calls"
 
     async def chat(self, req: ChatCompletionRequest):
         self.check_model(req.model)
@@ -431,10 +467,13 @@ class Serving:
         if req.stream:
             return _sse_stream(self._stream_chat(request_id, created, prompts, params, req))
         final = (await self._finals(request_id, prompts, params, req))[0]
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": self._chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0, self._as_ids(req)),
-                    "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason} for c in final.outputs]
+        choices = []
+        for c in final.outputs:
+            message, finish_reason = self._message(c, req)
+            choices.append({"index": c.index, "message": message,
+                            "logprobs": self._chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0,
+                                                            self._as_ids(req)),
+                            "finish_reason": finish_reason, "stop_reason": c.stop_reason})
         return {"id": request_id, "object": "chat.completion", "created": created, "model": self.model_name,
                 "choices": choices, "usage": _usage([ids], {0: final})} \
             | self._prompt_logprobs_field(ids, final.prompt_logprobs, req)
@@ -457,26 +496,65 @@ class Serving:
     async def _stream_chat(self, request_id, created, prompts, params, req) -> AsyncIterator[dict]:
         base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
         sent: dict[int, tuple[int, int]] = {}
+        tools = self._tool_choice(req) == "auto"
+        streams: dict[int, HermesStream] = {}  # with tools: each choice's text split into content and calls
+        calls_sent: dict[int, int] = {}
         final = None
         async for _, out in self._run_all(request_id, prompts, params, req):
             final = out
             for c in out.outputs:
                 if c.index not in sent:
-                    sent[c.index] = (0, 0)
+                    sent[c.index], streams[c.index], calls_sent[c.index] = (0, 0), HermesStream(), 0
                     yield base | {"choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                                "logprobs": None, "finish_reason": None}]} \
                         | _running_usage(req, len(prompts[0][1]), 0)
                 chars, ntok = sent[c.index]
-                text = c.text[chars:]
-                if not text and c.finish_reason is None:
+                delta, finish_reason = {}, c.finish_reason
+                if tools:
+                    text, calls = streams[c.index].feed(c.text, final=c.finish_reason is not None)
+                    if req.parallel_tool_calls is False:
+                        calls = calls[:max(0, 1 - calls_sent[c.index])]
+                    if calls:
+                        delta["tool_calls"] = [{"index": calls_sent[c.index] + k} | t.as_dict()
+                                               for k, t in enumerate(calls)]
+                        calls_sent[c.index] += len(calls)
+                    if calls_sent[c.index] and finish_reason is not None:
+                        finish_reason = "tool_calls"
+                else:
+                    text = c.text[chars:]
+                if text:
+                    delta = {"content": text} | delta
+                if not delta and c.finish_reason is None:
                     continue
                 logprobs = self._chat_logprobs(c.token_ids[ntok:], c.logprobs[ntok:], req.top_logprobs or 0,
                                                self._as_ids(req)) \
                     if c.logprobs is not None else None
                 sent[c.index] = (len(c.text), len(c.token_ids))
-                yield base | {"choices": [{"index": c.index, "delta": {"content": text} if text else {},
-                                           "logprobs": logprobs, "finish_reason": c.finish_reason,
+                yield base | {"choices": [{"index": c.index, "delta": delta,
+                                           "logprobs": logprobs, "finish_reason": finish_reason,
                                            "stop_reason": c.stop_reason}]} \
                     | _running_usage(req, len(prompts[0][1]), len(c.token_ids))
         for chunk in _usage_chunks(req, base, lambda: _usage([prompts[0][1]], {0: final})):
             yield chunk
+
+
+def _template_message(m: ChatMessage) -> dict:
+    """A request's message as chat templates take it: text content; an assistant's calls with their arguments
+    as objects where they are JSON (as vLLM hands them to templates, which index into them), a tool message's
+    tool_call_id."""
+    message = {"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
+    if m.tool_calls:
+        message["tool_calls"] = [
+            {"id": t.id, "type": t.type,
+             "function": {"name": t.function.name, "arguments": _json_or_text(t.function.arguments)}}
+            for t in m.tool_calls]
+    if m.tool_call_id is not None:
+        message["tool_call_id"] = m.tool_call_id
+    return message
+
+
+def _json_or_text(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text

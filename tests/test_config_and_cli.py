@@ -132,7 +132,8 @@ def test_serve_cors_flags_take_json_lists_of_strings(capsys):
 def test_serve_flags_reach_the_app_and_uvicorn(engines, monkeypatch, tmp_path):
     """`jaxengine serve`'s own flags, wired through (uvicorn and the engine faked: no server runs, no request is
     generated): the served names, the API key, CORS, request id headers, the stats log, request logging, TLS, the
-    log level, a profile left running (written at shutdown), the chat template flags and token ids in logprobs."""
+    log level, a profile left running (written at shutdown), the chat template flags, token ids in logprobs
+    and the tool call parser."""
     import uvicorn
     from fastapi.testclient import TestClient
 
@@ -168,13 +169,14 @@ def test_serve_flags_reach_the_app_and_uvicorn(engines, monkeypatch, tmp_path):
           "--enable-request-id-headers", "--disable-log-stats", "--ssl-keyfile", str(key), "--ssl-certfile",
           str(cert), "--uvicorn-log-level", "warning", "--port", "8123", "--enable-log-requests", "--max-log-len", "9",
           "--profiler-dir", str(tmp_path / "traces"), "--chat-template", "{{ messages[0]['content'] }}",
-          "--trust-request-chat-template", "--return-tokens-as-token-ids"])
+          "--trust-request-chat-template", "--return-tokens-as-token-ids", "--enable-auto-tool-choice",
+          "--tool-call-parser", "hermes"])
     assert ran["ssl_keyfile"] == str(key) and ran["ssl_certfile"] == str(cert) and ran["log_level"] == "warning"
     assert ran["port"] == 8123 and ran["models"] == ["mine", "alias"] and ran["stats"] is None
     assert ran["log_requests"] == (True, 9)
     serving = ran["app"].state.serving
     assert serving.chat_template == "{{ messages[0]['content'] }}" and serving.trust_request_chat_template
-    assert serving.return_tokens_as_token_ids and serving.model_name == "mine"
+    assert serving.return_tokens_as_token_ids and serving.model_name == "mine" and serving.tool_call_parser == "hermes"
     assert ran["keyless"].status_code == 401 and "x-request-id" in ran["keyless"].headers
     assert ran["preflight"].headers["access-control-allow-origin"] == "http://ui.example"
     # The profile left running was written when the server stopped.
@@ -198,3 +200,10 @@ def test_layer_loop_scan_over_bfloat16_weights_for_xla_dots_on_cpu_is_warned_abo
     assert scan_warning("unrolled", "cpu", jnp.bfloat16, native_matmul=False) is None
     assert scan_warning("scan", "cpu", jnp.float32, native_matmul=False) is None
     assert scan_warning("scan", "tpu", jnp.bfloat16, native_matmul=False) is None
+
+
+@pytest.mark.parametrize("flags", [["--enable-auto-tool-choice"], ["--tool-call-parser", "hermes"]])
+def test_tool_call_flags_go_together(flags):
+    """As vLLM: tool_choice auto needs both; either alone is refused at start, before the model loads."""
+    with pytest.raises(SystemExit, match="--enable-auto-tool-choice and --tool-call-parser go together"):
+        main(["serve", *flags])

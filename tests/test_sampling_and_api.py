@@ -257,6 +257,14 @@ def test_llm_chat_applies_the_chat_template(llm):
     assert llm.get_tokenizer().decode(continued.prompt_token_ids).endswith("Hello")
 
 
+def test_llm_chat_renders_tools_in_the_template(llm):
+    template = "{% for t in tools or [] %}{{ t.function.name }};{% endfor %}{{ messages[0].content }}"
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    out = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1), use_tqdm=False,
+                   chat_template=template, tools=tools)[0]
+    assert llm.get_tokenizer().decode(out.prompt_token_ids) == "get_weather;hi"
+
+
 @pytest.mark.parametrize("messages", [
     "hi", None, 5, [[]], [{"content": "no role"}], [{"role": "user", "content": 5}],
     [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],  # not dropped silently

@@ -1,0 +1,96 @@
+"""Tool calls in a model's text, as vLLM's `--tool-call-parser` finds them, for chat completions with tools.
+
+`hermes` (Qwen 2.5 / Qwen 3, Hermes, and other templates that write it): each call is a JSON object
+{"name": ..., "arguments": {...}} between <tool_call> and </tool_call>; the text before the first call is the
+message's content.
+"""
+
+import dataclasses
+import json
+import re
+import uuid
+
+TOOL_CALL_PARSERS = ("hermes",)
+
+_START, _END = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(re.escape(_START) + r"(.*?)" + re.escape(_END), re.DOTALL)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as the OpenAI API carries it
+    id: str = dataclasses.field(default_factory=lambda: f"chatcmpl-tool-{uuid.uuid4().hex}")
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def _call(block: str) -> ToolCall | None:
+    """The call a <tool_call> block holds, or None where it is not a {"name", "arguments"} JSON object."""
+    try:
+        value = json.loads(block)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments = value.get("arguments", value.get("parameters", {}))
+    return ToolCall(value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments,
+                                                                                           ensure_ascii=False))
+
+
+def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
+    """(content, calls) of a whole output. Without a call, or where a block does not parse, the whole text is
+    the content and there are no calls (as vLLM's parser); an empty content is None."""
+    blocks = _BLOCK.findall(text)
+    calls = [_call(block) for block in blocks]
+    if not calls or any(call is None for call in calls):
+        return text, []
+    content = text[:text.find(_START)]
+    return content or None, calls
+
+
+class HermesStream:
+    """Splits a growing output into content deltas and whole calls for a streamed response: content goes out up
+    to a possible start of a <tool_call> tag; each call goes out, arguments whole, once its block is closed.
+    Decided: a closed block that does not parse is passed on as content (the unstreamed answer makes the whole
+    text content then, which a stream can no longer do), as is an unclosed one when the output ends."""
+
+    def __init__(self):
+        self.sent = 0  # characters of the text handled (sent as content, or parsed as calls)
+        self.in_calls = False  # a <tool_call> has been seen: only calls (and the text between them) follow
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        content, calls = [], []
+        while True:
+            rest = text[self.sent:]
+            start = rest.find(_START)
+            if start < 0:
+                held = 0 if final else _partial_tag(rest)
+                if not self.in_calls or final:
+                    content.append(rest[:len(rest) - held])
+                    self.sent += len(rest) - held
+                return "".join(content), calls
+            if not self.in_calls:
+                content.append(rest[:start])
+            self.in_calls = True
+            end = rest.find(_END, start)
+            if end < 0:
+                if final:
+                    content.append(rest[start:])
+                    self.sent = len(text)
+                return "".join(content), calls
+            call = _call(rest[start + len(_START):end])
+            if call is None:
+                content.append(rest[start:end + len(_END)])
+            else:
+                calls.append(call)
+            self.sent += end + len(_END)
+
+
+def _partial_tag(text: str) -> int:
+    """How many characters at the end of `text` could begin a <tool_call> tag (held back until they can't)."""
+    for n in range(min(len(_START) - 1, len(text)), 0, -1):
+        if _START.startswith(text[-n:]):
+            return n
+    return 0

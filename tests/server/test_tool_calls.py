@@ -1,0 +1,172 @@
+"""Tool calls: tools rendered by the chat template, calls parsed from the output (vLLM's --enable-auto-tool-choice
+--tool-call-parser hermes), unstreamed and streamed, and the tool choices we refuse. The tiny model's output is
+random, so the server tests replace its text with a fixed one, revealed in step with the generated tokens."""
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from server.app import build_app
+from server.tool_parsers import HermesStream, parse_hermes
+from tests.server.conftest import MODEL, LiveServer
+
+CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>\n'
+         '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>')
+SCRIPT = "Let me look that up.\n" + CALLS
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                           "parameters": CITY}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+TEMPLATE = ("{% if tools %}tools: {{ tools | tojson }}\n{% endif %}{% for m in messages %}{{ m.role }}: "
+            "{{ m.content or '' }}{% for t in m.tool_calls or [] %} call {{ t.function.name }} "
+            "{{ t.function.arguments.city }}{% endfor %}\n{% endfor %}assistant:")
+ASK = [{"role": "user", "content": "Weather and time in Paris?"}]
+
+
+def test_hermes_calls_and_the_content_before_them():
+    content, calls = parse_hermes(SCRIPT)
+    assert content == "Let me look that up.\n"
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]
+    assert len({c.id for c in calls}) == 2 and all(c.id.startswith("chatcmpl-tool-") for c in calls)
+    assert parse_hermes(CALLS)[0] is None
+
+
+@pytest.mark.parametrize("text", ["no call here", "<tool_call>{not json}</tool_call>", "<tool_call>[1, 2]</tool_call>",
+                                  "<tool_call>{\"name\": \"f\"}"])
+def test_text_without_a_well_formed_call_is_all_content(text):
+    assert parse_hermes(text) == (text, [])
+
+
+def test_streamed_split_gives_the_same_content_and_calls_whatever_the_chunks():
+    for step in (1, 3, 7, len(SCRIPT)):
+        stream, content, calls = HermesStream(), "", []
+        for end in list(range(step, len(SCRIPT), step)) + [len(SCRIPT)]:
+            text, new = stream.feed(SCRIPT[:end], final=end == len(SCRIPT))
+            assert "<" not in text  # a possible start of a tag is held back
+            content, calls = content + text, calls + new
+        assert content == "Let me look that up.\n"
+        assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in parse_hermes(SCRIPT)[1]]
+
+
+def test_streamed_text_that_only_looks_like_a_tag_is_released():
+    stream = HermesStream()
+    assert stream.feed("a <tool") == ("a ", [])
+    assert stream.feed("a <tools are fine>") == ("<tools are fine>", [])
+    assert stream.feed("a <tools are fine> <tool_call>{\"name\"", final=True) == (" <tool_call>{\"name\"", [])
+
+
+class ScriptedText:
+    """The shared engine, its completions' text replaced by SCRIPT: a prefix in proportion to the tokens
+    generated so far, all of it once a completion finishes."""
+
+    def __init__(self, engine, script):
+        self.inner, self.script = engine, script
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def generate(self, request_id, prompt, params, **kwargs):
+        async for out in self.inner.generate(request_id, prompt, params, **kwargs):
+            for c in out.outputs:
+                shown = len(self.script) * len(c.token_ids) // params.max_tokens
+                c.text = self.script if c.finish_reason else self.script[:shown]
+            yield out
+
+
+@pytest.fixture(scope="module")
+def tool_servers(async_engine):
+    servers = {name: LiveServer(build_app(ScriptedText(async_engine, script), MODEL, chat_template=TEMPLATE,
+                                          tool_call_parser=parser))
+               for name, script, parser in (("calls", SCRIPT, "hermes"), ("plain", "Just text.", "hermes"),
+                                            ("no-parser", SCRIPT, None))}
+    yield servers
+    for server in servers.values():
+        server.stop()
+
+
+def client_of(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def ask(server, **kwargs):
+    return client_of(server).chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=24,
+                                                     extra_body={"ignore_eos": True}, **kwargs)
+
+
+def test_calls_in_the_output_come_back_as_tool_calls(tool_servers):
+    choice = ask(tool_servers["calls"]).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me look that up.\n"
+    calls = choice.message.tool_calls
+    assert [(c.type, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("function", "get_weather", {"city": "Paris", "unit": "C"}), ("function", "get_time", {"zone": "CET"})]
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(tool_servers):
+    for stream in (False, True):
+        response = ask(tool_servers["calls"], parallel_tool_calls=False, stream=stream)
+        if stream:
+            names = [t.function.name for chunk in response for c in chunk.choices for t in c.delta.tool_calls or []]
+        else:
+            names = [t.function.name for t in response.choices[0].message.tool_calls]
+        assert names == ["get_weather"]
+
+
+def test_streamed_calls_arrive_whole_with_their_index_after_the_content(tool_servers):
+    content, calls, finish = "", [], None
+    for chunk in ask(tool_servers["calls"], stream=True):
+        delta = chunk.choices[0].delta
+        assert not (delta.content and "<" in delta.content)
+        content += delta.content or ""
+        calls += delta.tool_calls or []
+        finish = chunk.choices[0].finish_reason or finish
+    assert content == "Let me look that up.\n" and finish == "tool_calls"
+    assert [(t.index, t.id is not None, t.function.name, json.loads(t.function.arguments)) for t in calls] == [
+        (0, True, "get_weather", {"city": "Paris", "unit": "C"}), (1, True, "get_time", {"zone": "CET"})]
+
+
+def test_output_without_calls_is_plain_content(tool_servers):
+    choice = ask(tool_servers["plain"]).choices[0]
+    assert choice.message.content == "Just text." and not choice.message.tool_calls
+    assert choice.finish_reason == "length"
+
+
+def test_tool_choice_none_leaves_the_output_unparsed_and_the_tools_out_of_the_prompt(tool_servers, async_engine):
+    response = ask(tool_servers["calls"], tool_choice="none")
+    assert response.choices[0].message.content == SCRIPT and not response.choices[0].message.tool_calls
+    tokenizer = async_engine.engine.tokenizer
+    without_tools = tokenizer.apply_chat_template(ASK, chat_template=TEMPLATE, tokenize=False)
+    assert response.usage.prompt_tokens == len(tokenizer.encode(without_tools, add_special_tokens=False))
+
+
+def test_tools_and_a_conversation_with_calls_reach_the_template(tool_servers, async_engine):
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call-1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call-1", "content": "18 C"}]
+    response = client_of(tool_servers["calls"]).chat.completions.create(
+        model=MODEL, messages=history, tools=TOOLS, max_tokens=24, extra_body={"ignore_eos": True})
+    tokenizer = async_engine.engine.tokenizer
+    rendered = tokenizer.apply_chat_template(
+        [m | ({"tool_calls": [{"id": "call-1", "type": "function",
+                                "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+              if m.get("tool_calls") else {}) for m in history], tools=TOOLS, chat_template=TEMPLATE, tokenize=False)
+    assert "call get_weather Paris" in rendered and "get_time" in rendered
+    assert response.usage.prompt_tokens == len(tokenizer.encode(rendered, add_special_tokens=False))
+
+
+@pytest.mark.parametrize("server,body,message", [
+    ("no-parser", {"tools": TOOLS}, "--enable-auto-tool-choice"),
+    ("calls", {"tools": TOOLS, "tool_choice": "required"}, "structured outputs"),
+    ("calls", {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+     "structured outputs"),
+    ("calls", {"tool_choice": "auto"}, "only taken with tools"),
+])
+def test_tool_choices_that_cannot_be_honoured_are_refused(tool_servers, server, body, message):
+    response = httpx.post(tool_servers[server].url + "/v1/chat/completions",
+                          json={"model": MODEL, "messages": ASK, "max_tokens": 4} | body, timeout=30)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "tool_choice" and message in error["message"]
