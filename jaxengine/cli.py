@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--enable-auto-tool-choice", action="store_true",
                        help="tool_choice 'auto': tool calls parsed from outputs (with --tool-call-parser)")
     serve.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
-                       help="how outputs write tool calls (hermes: Qwen 2.5/3, Hermes)")
+                       help="how outputs write tool calls (hermes: Qwen 2.5/3, Hermes; llama3_json: Llama 3.1+)")
     serve.add_argument("--uvicorn-log-level", default="info",
                        choices=("critical", "error", "warning", "info", "debug", "trace"))
     serve.add_argument("--allowed-origins", type=json_strings, default=[],

@@ -15,7 +15,7 @@ from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 from server.engine_client import AsyncEngine, EngineDeadError
 from server.errors import APIError, error_body
 from server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields, TokenizeRequest
-from server.tool_parsers import TOOL_CALL_PARSERS, HermesStream, parse_hermes
+from server.tool_parsers import PARSERS, TOOL_CALL_PARSERS
 
 
 def _refused_field(message: str, req: SamplingFields) -> str | None:
@@ -442,7 +442,7 @@ class Serving:
         message = {"role": "assistant", "content": c.text}
         if self._tool_choice(req) != "auto":
             return message, c.finish_reason
-        content, calls = parse_hermes(c.text)
+        content, calls = PARSERS[self.tool_call_parser].parse(c.text)
         if not calls:
             return message, c.finish_reason
         calls = calls[:1] if req.parallel_tool_calls is False else calls
@@ -497,14 +497,15 @@ class Serving:
         base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
         sent: dict[int, tuple[int, int]] = {}
         tools = self._tool_choice(req) == "auto"
-        streams: dict[int, HermesStream] = {}  # with tools: each choice's text split into content and calls
+        streams = {}  # with tools: each choice's text split into content and calls (the parser's Stream)
         calls_sent: dict[int, int] = {}
         final = None
         async for _, out in self._run_all(request_id, prompts, params, req):
             final = out
             for c in out.outputs:
                 if c.index not in sent:
-                    sent[c.index], streams[c.index], calls_sent[c.index] = (0, 0), HermesStream(), 0
+                    sent[c.index], calls_sent[c.index] = (0, 0), 0
+                    streams[c.index] = PARSERS[self.tool_call_parser].Stream() if tools else None
                     yield base | {"choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                                "logprobs": None, "finish_reason": None}]} \
                         | _running_usage(req, len(prompts[0][1]), 0)

@@ -1,16 +1,19 @@
 """Tool calls in a model's text, as vLLM's `--tool-call-parser` finds them, for chat completions with tools.
 
-`hermes` (Qwen 2.5 / Qwen 3, Hermes, and other templates that write it): each call is a JSON object
-{"name": ..., "arguments": {...}} between <tool_call> and </tool_call>; the text before the first call is the
-message's content.
+- `hermes` (Qwen 2.5 / Qwen 3, Hermes, and other templates that write it): each call is a JSON object
+  {"name": ..., "arguments": {...}} between <tool_call> and </tool_call>; the text before the first call is the
+  message's content.
+- `llama3_json` (Llama 3.1 and later): an output that is calls only, JSON objects {"name": ..., "parameters":
+  {...}} separated by ";" (after <|python_tag|> where special tokens are kept); any other output is content.
+
+Each parser is `parse(text) -> (content, calls)` for a whole output and `Stream()` for a growing one, whose
+`feed(text, final) -> (content delta, new calls)`.
 """
 
 import dataclasses
 import json
 import re
 import uuid
-
-TOOL_CALL_PARSERS = ("hermes",)
 
 _START, _END = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(_START) + r"(.*?)" + re.escape(_END), re.DOTALL)
@@ -29,9 +32,13 @@ class ToolCall:
 def _call(block: str) -> ToolCall | None:
     """The call a <tool_call> block holds, or None where it is not a {"name", "arguments"} JSON object."""
     try:
-        value = json.loads(block)
+        return _call_of(json.loads(block))
     except json.JSONDecodeError:
         return None
+
+
+def _call_of(value) -> ToolCall | None:
+    """The call a decoded JSON value is ({"name", "arguments" or "parameters"}), or None."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
@@ -39,7 +46,7 @@ def _call(block: str) -> ToolCall | None:
                                                                                            ensure_ascii=False))
 
 
-def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
+def _parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
     """(content, calls) of a whole output. Without a call, or where a block does not parse, the whole text is
     the content and there are no calls (as vLLM's parser); an empty content is None."""
     blocks = _BLOCK.findall(text)
@@ -50,7 +57,7 @@ def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
     return content or None, calls
 
 
-class HermesStream:
+class _HermesStream:
     """Splits a growing output into content deltas and whole calls for a streamed response: content goes out up
     to a possible start of a <tool_call> tag; each call goes out, arguments whole, once its block is closed.
     Decided: a closed block that does not parse is passed on as content (the unstreamed answer makes the whole
@@ -94,3 +101,64 @@ def _partial_tag(text: str) -> int:
         if _START.startswith(text[-n:]):
             return n
     return 0
+
+
+class Hermes:
+    parse = staticmethod(_parse_hermes)
+    Stream = _HermesStream
+
+
+_PYTHON_TAG = "<|python_tag|>"
+
+
+def _parse_llama3_json(text: str) -> tuple[str | None, list[ToolCall]]:
+    """(None, calls) where the whole output is calls; (text, []) otherwise (as vLLM's parser)."""
+    body = text.strip()
+    body = body[len(_PYTHON_TAG):].lstrip() if body.startswith(_PYTHON_TAG) else body
+    if not body.startswith("{"):
+        return text, []
+    decoder, calls, at = json.JSONDecoder(), [], 0
+    while at < len(body):
+        try:
+            value, at = decoder.raw_decode(body, at)
+        except json.JSONDecodeError:
+            return text, []
+        call = _call_of(value)
+        if call is None:
+            return text, []
+        calls.append(call)
+        while at < len(body) and (body[at].isspace() or body[at] == ";"):
+            at += 1
+    return None, calls
+
+
+class _Llama3JsonStream:
+    """An output that starts as calls ("{" or <|python_tag|>) is held to its end and parsed whole (the calls go
+    out then, or the text as content where it does not parse); any other output streams as content."""
+
+    def __init__(self):
+        self.calls = None  # unknown until the output's first characters say
+        self.sent = 0
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        if self.calls is None:
+            head = text.lstrip()
+            if not head or (_PYTHON_TAG.startswith(head) and not final):
+                return "", []
+            self.calls = head.startswith("{") or head.startswith(_PYTHON_TAG)
+        if self.calls:
+            if not final:
+                return "", []
+            content, calls = _parse_llama3_json(text)
+            return content or "", calls
+        delta, self.sent = text[self.sent:], len(text)
+        return delta, []
+
+
+class Llama3Json:
+    parse = staticmethod(_parse_llama3_json)
+    Stream = _Llama3JsonStream
+
+
+PARSERS = {"hermes": Hermes, "llama3_json": Llama3Json}
+TOOL_CALL_PARSERS = tuple(PARSERS)

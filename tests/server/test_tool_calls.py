@@ -1,6 +1,7 @@
-"""Tool calls: tools rendered by the chat template, calls parsed from the output (vLLM's --enable-auto-tool-choice
---tool-call-parser hermes), unstreamed and streamed, and the tool choices we refuse. The tiny model's output is
-random, so the server tests replace its text with a fixed one, revealed in step with the generated tokens."""
+"""Tool calls: tools rendered by the chat template, calls parsed from the output (vLLM's
+--enable-auto-tool-choice --tool-call-parser hermes or llama3_json), unstreamed and streamed, and the tool
+choices we refuse. The tiny model's output is random, so the server tests replace its text with a fixed one,
+revealed in step with the generated tokens."""
 
 import json
 
@@ -9,7 +10,7 @@ import openai
 import pytest
 
 from server.app import build_app
-from server.tool_parsers import HermesStream, parse_hermes
+from server.tool_parsers import Hermes, Llama3Json
 from tests.server.conftest import MODEL, LiveServer
 
 CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>\n'
@@ -26,36 +27,63 @@ ASK = [{"role": "user", "content": "Weather and time in Paris?"}]
 
 
 def test_hermes_calls_and_the_content_before_them():
-    content, calls = parse_hermes(SCRIPT)
+    content, calls = Hermes.parse(SCRIPT)
     assert content == "Let me look that up.\n"
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [
         ("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]
     assert len({c.id for c in calls}) == 2 and all(c.id.startswith("chatcmpl-tool-") for c in calls)
-    assert parse_hermes(CALLS)[0] is None
+    assert Hermes.parse(CALLS)[0] is None
 
 
 @pytest.mark.parametrize("text", ["no call here", "<tool_call>{not json}</tool_call>", "<tool_call>[1, 2]</tool_call>",
                                   "<tool_call>{\"name\": \"f\"}"])
 def test_text_without_a_well_formed_call_is_all_content(text):
-    assert parse_hermes(text) == (text, [])
+    assert Hermes.parse(text) == (text, [])
 
 
 def test_streamed_split_gives_the_same_content_and_calls_whatever_the_chunks():
     for step in (1, 3, 7, len(SCRIPT)):
-        stream, content, calls = HermesStream(), "", []
+        stream, content, calls = Hermes.Stream(), "", []
         for end in list(range(step, len(SCRIPT), step)) + [len(SCRIPT)]:
             text, new = stream.feed(SCRIPT[:end], final=end == len(SCRIPT))
             assert "<" not in text  # a possible start of a tag is held back
             content, calls = content + text, calls + new
         assert content == "Let me look that up.\n"
-        assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in parse_hermes(SCRIPT)[1]]
+        assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in Hermes.parse(SCRIPT)[1]]
 
 
 def test_streamed_text_that_only_looks_like_a_tag_is_released():
-    stream = HermesStream()
+    stream = Hermes.Stream()
     assert stream.feed("a <tool") == ("a ", [])
     assert stream.feed("a <tools are fine>") == ("<tools are fine>", [])
     assert stream.feed("a <tools are fine> <tool_call>{\"name\"", final=True) == (" <tool_call>{\"name\"", [])
+
+
+LLAMA3 = ('{"name": "get_weather", "parameters": {"city": "Paris", "unit": "C"}}; '
+          '{"name": "get_time", "parameters": {"zone": "CET"}}')
+
+
+def test_llama3_json_output_that_is_calls_only():
+    content, calls = Llama3Json.parse(LLAMA3)
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]
+    assert [c.name for c in Llama3Json.parse("<|python_tag|>" + LLAMA3)[1]] == ["get_weather", "get_time"]
+
+
+@pytest.mark.parametrize("text", ["The weather is fine.", '{"name": "f"', '{"no": "name"}', '{"name": "f"} and more'])
+def test_llama3_json_output_that_is_not_calls_is_content(text):
+    assert Llama3Json.parse(text) == (text, [])
+
+
+def test_llama3_json_stream_holds_calls_to_the_end_and_streams_content():
+    stream = Llama3Json.Stream()
+    assert stream.feed(" ") == ("", []) and stream.feed(' {"name"') == ("", [])
+    content, calls = stream.feed(" " + LLAMA3, final=True)
+    assert content == "" and [c.name for c in calls] == ["get_weather", "get_time"]
+    stream = Llama3Json.Stream()
+    assert stream.feed("The") == ("The", []) and stream.feed("The weather", final=True) == (" weather", [])
+    stream = Llama3Json.Stream()
+    assert stream.feed('{"name": "f"', final=True) == ('{"name": "f"', [])
 
 
 class ScriptedText:
@@ -81,7 +109,7 @@ def tool_servers(async_engine):
     servers = {name: LiveServer(build_app(ScriptedText(async_engine, script), MODEL, chat_template=TEMPLATE,
                                           tool_call_parser=parser))
                for name, script, parser in (("calls", SCRIPT, "hermes"), ("plain", "Just text.", "hermes"),
-                                            ("no-parser", SCRIPT, None))}
+                                            ("no-parser", SCRIPT, None), ("llama3", LLAMA3, "llama3_json"))}
     yield servers
     for server in servers.values():
         server.stop()
@@ -125,6 +153,23 @@ def test_streamed_calls_arrive_whole_with_their_index_after_the_content(tool_ser
     assert content == "Let me look that up.\n" and finish == "tool_calls"
     assert [(t.index, t.id is not None, t.function.name, json.loads(t.function.arguments)) for t in calls] == [
         (0, True, "get_weather", {"city": "Paris", "unit": "C"}), (1, True, "get_time", {"zone": "CET"})]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_llama3_json_calls_come_back_as_tool_calls(tool_servers, stream):
+    response = ask(tool_servers["llama3"], stream=stream)
+    if stream:
+        chunks = [c for chunk in response for c in chunk.choices]
+        content = "".join(c.delta.content or "" for c in chunks)
+        calls = [t.function for c in chunks for t in c.delta.tool_calls or []]
+        finish = chunks[-1].finish_reason
+    else:
+        choice = response.choices[0]
+        content, calls, finish = choice.message.content or "", [t.function for t in choice.message.tool_calls], \
+            choice.finish_reason
+    assert content == "" and finish == "tool_calls"
+    assert [(f.name, json.loads(f.arguments)) for f in calls] == [
+        ("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]
 
 
 def test_output_without_calls_is_plain_content(tool_servers):
