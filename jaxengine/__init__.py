@@ -4,8 +4,8 @@ from jaxengine.config import EngineConfig
 from jaxengine.engine.llm_engine import LLMEngine
 from jaxengine.llm import LLM
 from jaxengine.outputs import CompletionOutput, RequestOutput
-from jaxengine.sampling_params import RequestOutputKind, SamplingParams
+from jaxengine.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput",
-           "RequestOutputKind"]
+__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "StructuredOutputsParams", "RequestOutput",
+           "CompletionOutput", "RequestOutputKind"]

@@ -26,7 +26,41 @@ _OPTIONAL_INTEGERS = ("seed", "max_tokens", "logprobs", "prompt_logprobs", "trun
 _TOKEN_LISTS = ("stop_token_ids", "allowed_token_ids")
 
 
-# Parameters vLLM has that this engine does not honour yet, with the value that means "off".
+@dataclasses.dataclass
+class StructuredOutputsParams:
+    """vLLM's structured outputs: the output is held to exactly one of a JSON schema (`json`, a dict or its JSON
+    text), a regular expression (`regex`), one of several strings (`choice`), a Lark grammar (`grammar`) or any
+    JSON object (`json_object=True`). `disable_any_whitespace`: JSON without optional whitespace."""
+
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+    KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+    def __post_init__(self):
+        given = [k for k in self.KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs must set exactly one of {', '.join(self.KINDS)}, got "
+                             f"{given or 'none'}")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise ValueError(f"structured_outputs.json must be a JSON schema (a dict or its JSON text), got "
+                             f"{type(self.json).__name__}")
+        for name in ("regex", "grammar"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ValueError(f"structured_outputs.{name} must be a string")
+        if self.choice is not None and (isinstance(self.choice, str) or not self.choice
+                                        or not all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError("structured_outputs.choice must be a non-empty list of non-empty strings")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in self.KINDS if getattr(self, k) not in (None, False))
+
+
 @dataclasses.dataclass
 class SamplingParams:
     n: int = 1
@@ -56,6 +90,7 @@ class SamplingParams:
     # k: the prompt's last k tokens only (left truncation); -1: as many as the engine's max_model_len lets a
     # request generate after (max_model_len - 1). Applied by the engine, which knows max_model_len.
     truncate_prompt_tokens: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         self._check_types()
@@ -135,9 +170,13 @@ class SamplingParams:
                 fail("logit_bias", "a dict of token id -> bias")
         if not isinstance(self.output_kind, RequestOutputKind):
             fail("output_kind", "a RequestOutputKind")
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            fail("structured_outputs", "a StructuredOutputsParams (or a dict of its fields)")
 
     @property
     def needs_slot_state(self) -> bool:
-        """Penalties and allowed_token_ids need per-sequence state on the device."""
+        """Penalties, allowed_token_ids and structured outputs need per-sequence state on the device."""
         return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
-                or self.allowed_token_ids is not None)
+                or self.allowed_token_ids is not None or self.structured_outputs is not None)

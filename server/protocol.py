@@ -16,6 +16,17 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` request field (jaxengine.sampling_params.StructuredOutputsParams)."""
+    model_config = ConfigDict(extra="forbid")
+    json_: dict | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+
 class SamplingFields(BaseModel):
     """Fields shared by completions and chat; names and meanings as in the OpenAI API and vLLM."""
 
@@ -50,6 +61,7 @@ class SamplingFields(BaseModel):
     cache_salt: str | None = None
     request_id: str | None = None
     return_tokens_as_token_ids: bool | None = None  # None: the server's --return-tokens-as-token-ids
+    structured_outputs: StructuredOutputs | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from jaxengine.llm import chat_prompt_ids
 from jaxengine.outputs import RequestOutput
-from jaxengine.sampling_params import RequestOutputKind, SamplingParams
+from jaxengine.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from server.engine_client import AsyncEngine, EngineDeadError
 from server.errors import APIError, error_body
 from server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields, TokenizeRequest
-from server.tool_parsers import PARSERS, TOOL_CALL_PARSERS
+from server.tool_parsers import PARSERS, TOOL_CALL_PARSERS, NamedCall, RequiredCalls, required_schema
 
 
 def _refused_field(message: str, req: SamplingFields) -> str | None:
@@ -24,6 +24,8 @@ def _refused_field(message: str, req: SamplingFields) -> str | None:
     is its top_logprobs); None where that is no field of the request."""
     name = re.match(r"\w*", message).group()
     chat = isinstance(req, ChatCompletionRequest)
+    if name == "structured_outputs" and req.structured_outputs is None:
+        return "response_format"  # a chat's response_format made them
     if name.startswith("prompt") and name != "prompt_logprobs":
         return "messages" if chat else "prompt"
     if chat and name == "logprobs":
@@ -46,7 +48,8 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, logprobs: in
         except ValueError:
             raise APIError("logit_bias keys must be token ids (integers as strings)", param="logit_bias") from None
     fields = dict(
-        n=req.n, temperature=given("temperature", 1.0), top_p=given("top_p", 1.0), top_k=given("top_k", 0),
+        structured_outputs=_structured_outputs(req), n=req.n, temperature=given("temperature", 1.0),
+        top_p=given("top_p", 1.0), top_k=given("top_k", 0),
         min_p=given("min_p", 0.0), seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
         presence_penalty=given("presence_penalty", 0.0), frequency_penalty=given("frequency_penalty", 0.0),
         repetition_penalty=given("repetition_penalty", 1.0), logit_bias=bias,
@@ -61,6 +64,44 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, logprobs: in
         return SamplingParams(**fields)
     except ValueError as e:
         raise APIError(str(e), param=str(e).split(" ")[0]) from None
+
+
+def _structured_outputs(req: SamplingFields) -> StructuredOutputsParams | None:
+    """The request's `structured_outputs` (vLLM's field), or a chat's `response_format` of type json_object or
+    json_schema (as vLLM maps them); not both."""
+    fmt = getattr(req, "response_format", None)
+    kind = None if fmt is None else fmt.type
+    choice = getattr(req, "tool_choice", None)
+    if getattr(req, "tools", None) and (choice == "required" or isinstance(choice, dict)):
+        if req.structured_outputs is not None or kind in ("json_object", "json_schema"):
+            raise APIError("a tool_choice that forces a call constrains the output itself: not with response_format "
+                           "or structured_outputs", param="tool_choice")
+        tools = [t.model_dump(exclude_none=True) for t in req.tools]
+        if choice == "required":
+            return StructuredOutputsParams(json=required_schema(tools, single=req.parallel_tool_calls is False))
+        named = next(t for t in tools if t["function"]["name"] == choice["function"]["name"])
+        return StructuredOutputsParams(json=named["function"].get("parameters") or {"type": "object"})
+    if kind not in (None, "text", "json_object", "json_schema"):
+        raise APIError(f"response_format type {kind!r} is not supported; use text, json_object or json_schema",
+                       param="response_format")
+    given = req.structured_outputs
+    if given is not None and kind in ("json_object", "json_schema"):
+        raise APIError("response_format and structured_outputs cannot both constrain the output",
+                       param="response_format")
+    try:
+        if given is not None:
+            return StructuredOutputsParams(**given.model_dump(by_alias=True))
+        if kind == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if kind == "json_schema":
+            spec = (fmt.model_extra or {}).get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+                raise APIError("response_format json_schema needs a json_schema object with a 'schema' (a JSON "
+                               "schema object)", param="response_format")
+            return StructuredOutputsParams(json=spec.get("schema", {}))
+    except ValueError as e:
+        raise APIError(str(e), param="structured_outputs" if given is not None else "response_format") from None
+    return None
 
 
 def _running_usage(req: SamplingFields, prompt_tokens: int, completion_tokens: int) -> dict:
@@ -409,7 +450,7 @@ class Serving:
             raise APIError("this model's tokenizer has no chat template; start the server with --chat-template, "
                            "or use /v1/completions", param="messages")
         messages = [_template_message(m) for m in req.messages]
-        tools = getattr(req, "tools", None) if self._tool_choice(req) == "auto" else None
+        tools = getattr(req, "tools", None) if self._tool_choice(req) != "none" else None
         kwargs = (req.chat_template_kwargs or {}) | (
             {"tools": [t.model_dump(exclude_none=True) for t in tools]} if tools else {})
         try:
@@ -422,37 +463,52 @@ class Serving:
             raise APIError(f"could not apply the chat template: {e}", param=param) from None
 
     def _tool_choice(self, req) -> str:
-        """"auto" (calls are parsed from the output) or "none", as vLLM resolves a request's tool_choice; the
-        choices that force a call ("required", a named function) need structured outputs and are refused."""
+        """As vLLM resolves a request's tool_choice: "none" (no tools rendered, nothing parsed), "auto" (calls
+        parsed from the output by --tool-call-parser), "required" or "named" (the output held by structured
+        outputs to calls, or to the named function's arguments)."""
         tools, choice = getattr(req, "tools", None), getattr(req, "tool_choice", None)
         if choice is not None and not tools:
             raise APIError("tool_choice is only taken with tools", param="tool_choice")
         if not tools or choice == "none":
             return "none"
-        if choice not in (None, "auto"):
-            raise APIError(f"tool_choice {choice!r} is not supported: forcing a call needs structured outputs, which "
-                           f"this server does not have; use 'auto' or 'none'", param="tool_choice")
+        if choice == "required":
+            return "required"
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+            if name not in {t.function.name for t in tools}:
+                raise APIError(f"tool_choice must name one of the request's tools as {{\"type\": \"function\", "
+                               f"\"function\": {{\"name\": ...}}}}, got {choice!r}", param="tool_choice")
+            return "named"
         if self.tool_call_parser is None:
             raise APIError('"auto" tool choice requires the server to be started with --enable-auto-tool-choice and '
                            "--tool-call-parser", param="tool_choice")
         return "auto"
 
+    def _tool_calls(self, req):
+        """What finds a request's calls in its outputs (`parse(text)` and `Stream()`), or None."""
+        mode = self._tool_choice(req)
+        if mode == "auto":
+            return PARSERS[self.tool_call_parser]
+        if mode == "required":
+            return RequiredCalls
+        return NamedCall(req.tool_choice["function"]["name"]) if mode == "named" else None
+
     def _message(self, c, req) -> tuple[dict, str | None]:
-        """A choice's assistant message and finish reason: with tool_choice auto, the calls its text holds."""
+        """A choice's assistant message and finish reason: the calls its text holds, where the request's
+        tool_choice asks for them (finish reason tool_calls, but for a named function's, as OpenAI's)."""
         message = {"role": "assistant", "content": c.text}
-        if self._tool_choice(req) != "auto":
+        finder = self._tool_calls(req)
+        if finder is None:
             return message, c.finish_reason
-        content, calls = PARSERS[self.tool_call_parser].parse(c.text)
+        content, calls = finder.parse(c.text)
         if not calls:
             return message, c.finish_reason
         calls = calls[:1] if req.parallel_tool_calls is False else calls
-        return {"role": "assistant", "content": content, "tool_calls": [t.as_dict() for t in calls]}, "tool_calls"
+        finish = c.finish_reason if isinstance(finder, NamedCall) else "tool_calls"
+        return {"role": "assistant", "content": content, "tool_calls": [t.as_dict() for t in calls]}, finish
 
     async def chat(self, req: ChatCompletionRequest):
         self.check_model(req.model)
-        if req.response_format is not None and req.response_format.type != "text":
-            raise APIError(f"response_format type {req.response_format.type!r} is not supported; only 'text'",
-                           param="response_format")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs requires logprobs=true", param="top_logprobs")
         self._check_streaming_fields(req)
@@ -496,8 +552,8 @@ class Serving:
     async def _stream_chat(self, request_id, created, prompts, params, req) -> AsyncIterator[dict]:
         base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
         sent: dict[int, tuple[int, int]] = {}
-        tools = self._tool_choice(req) == "auto"
-        streams = {}  # with tools: each choice's text split into content and calls (the parser's Stream)
+        finder = self._tool_calls(req)
+        streams = {}  # with tool calls: each choice's text split into content and calls (the finder's Stream)
         calls_sent: dict[int, int] = {}
         final = None
         async for _, out in self._run_all(request_id, prompts, params, req):
@@ -505,13 +561,13 @@ class Serving:
             for c in out.outputs:
                 if c.index not in sent:
                     sent[c.index], calls_sent[c.index] = (0, 0), 0
-                    streams[c.index] = PARSERS[self.tool_call_parser].Stream() if tools else None
+                    streams[c.index] = finder.Stream() if finder is not None else None
                     yield base | {"choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                                "logprobs": None, "finish_reason": None}]} \
                         | _running_usage(req, len(prompts[0][1]), 0)
                 chars, ntok = sent[c.index]
                 delta, finish_reason = {}, c.finish_reason
-                if tools:
+                if finder is not None:
                     text, calls = streams[c.index].feed(c.text, final=c.finish_reason is not None)
                     if req.parallel_tool_calls is False:
                         calls = calls[:max(0, 1 - calls_sent[c.index])]
@@ -519,7 +575,7 @@ class Serving:
                         delta["tool_calls"] = [{"index": calls_sent[c.index] + k} | t.as_dict()
                                                for k, t in enumerate(calls)]
                         calls_sent[c.index] += len(calls)
-                    if calls_sent[c.index] and finish_reason is not None:
+                    if calls_sent[c.index] and finish_reason is not None and not isinstance(finder, NamedCall):
                         finish_reason = "tool_calls"
                 else:
                     text = c.text[chars:]

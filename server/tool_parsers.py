@@ -162,3 +162,56 @@ class Llama3Json:
 
 PARSERS = {"hermes": Hermes, "llama3_json": Llama3Json}
 TOOL_CALL_PARSERS = tuple(PARSERS)
+
+
+class _WholeStream:
+    """A stream whose calls are known only when the output ends: nothing goes out before, then `parse`'s."""
+
+    def __init__(self, parse):
+        self.parse = parse
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        if not final:
+            return "", []
+        content, calls = self.parse(text)
+        return content or "", calls
+
+
+def required_schema(tools: list[dict], single: bool) -> dict:
+    """tool_choice "required", as vLLM holds it: the output is a JSON array of one call or more, each
+    {"name": one of the tools, "parameters": that tool's parameters} (`single`: exactly one)."""
+    calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
+                                                "parameters": t["function"].get("parameters") or {"type": "object"}},
+              "required": ["name", "parameters"]} for t in tools]
+    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}} | ({"maxItems": 1} if single else {})
+
+
+def _parse_required(text: str) -> tuple[str | None, list[ToolCall]]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:  # cut by the token limit
+        return text, []
+    calls = [_call_of(item) for item in value] if isinstance(value, list) else [None]
+    return (None, calls) if calls and None not in calls else (text, [])
+
+
+class RequiredCalls:
+    """tool_choice "required": the output (held to `required_schema`) is the calls."""
+    parse = staticmethod(_parse_required)
+
+    @staticmethod
+    def Stream():
+        return _WholeStream(_parse_required)
+
+
+class NamedCall:
+    """tool_choice naming a function: the output (held to its parameters' schema) is that call's arguments."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        return None, [ToolCall(self.name, text)]
+
+    def Stream(self):
+        return _WholeStream(self.parse)

@@ -19,6 +19,7 @@ from jaxengine.engine.block_manager import BlockManager
 from jaxengine.engine.detokenizer import IncrementalDetokenizer
 from jaxengine.engine.request import Sequence
 from jaxengine.engine.scheduler import Scheduler
+from jaxengine.engine.structured_outputs import GrammarCompiler
 from jaxengine.models.loader import load_config, load_model, resolve_model_dir, weight_dtypes
 from jaxengine.parallel.multihost import CommandChannel, is_leader
 from jaxengine.parallel.sharding import check_layout, make_mesh
@@ -175,6 +176,7 @@ class LLMEngine:
         self.tokenizer = tokenizer_loaded.result()
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(model_dir)
+        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         self.default_sampling = generation_defaults(model_dir, config.generation_config,
                                                     config.override_generation_config)
         if self.default_sampling:
@@ -319,6 +321,11 @@ class LLMEngine:
             bad = [t for t in getattr(params, field) or [] if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"{field} contains {bad[:5]} outside the vocabulary [0, {vocab})")
+        if params.structured_outputs is not None:
+            if params.allowed_token_ids is not None:
+                raise ValueError("allowed_token_ids cannot be combined with structured_outputs (the grammar sets the "
+                                 "allowed tokens)")
+            self.grammars.grammar(params.structured_outputs)  # a ValueError naming the field if it does not compile
         if params.logit_bias and len(params.logit_bias) > MAX_LOGIT_BIAS:
             raise ValueError(f"logit_bias has {len(params.logit_bias)} entries; at most {MAX_LOGIT_BIAS} are supported")
         banned = len(self.eos_token_ids | set(params.stop_token_ids)) if params.min_tokens else 0
@@ -343,6 +350,8 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         bad_words = self._tokenize_bad_words(params.bad_words)
+        spec = params.structured_outputs
+        grammar = self.grammars.grammar(spec) if spec is not None else None
         min_tokens_banned = sorted(self.eos_token_ids | set(params.stop_token_ids))
         base_seed = params.seed if params.seed is not None else int(self._rng.integers(1 << 62))
         seqs = []
@@ -352,6 +361,7 @@ class LLMEngine:
             seq.fork_parent = seqs[0] if i else None
             seq.min_tokens_banned = min_tokens_banned
             seq.bad_words = bad_words
+            seq.grammar = self.grammars.matcher(grammar) if grammar is not None else None
             seqs.append(seq)
         detoks = [IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens,
                                          params.spaces_between_special_tokens) for _ in seqs]
@@ -395,7 +405,8 @@ class LLMEngine:
     def launch(self) -> None:
         """Launches the next step (`step`'s first half; a data-parallel engine launches on every replica
         before it lands any). A step waits for the one in flight when it cannot be scheduled without that
-        step's tokens on the host: a sequence with bad_words needs its last tokens to know what to ban."""
+        step's tokens on the host: a sequence with bad_words needs its last tokens to know what to ban, one with
+        structured outputs its grammar's state after them to know what it allows."""
         if self._in_flight and not self._can_schedule_ahead(self._in_flight[-1]):
             self._landed += self.finish_step(self._in_flight.popleft())
         self._in_flight.append(self.start_step())
@@ -412,7 +423,7 @@ class LLMEngine:
     @staticmethod
     def _can_schedule_ahead(started) -> bool:
         _, chunks, _ = started
-        return not any(c.completes_sequence and c.seq.bad_words for c in chunks)
+        return not any(c.completes_sequence and (c.seq.bad_words or c.seq.grammar is not None) for c in chunks)
 
     def start_step(self):
         """Schedules and launches a step on the device without waiting (see `finish_step`). The scheduled
@@ -504,6 +515,8 @@ class LLMEngine:
 
     def _append_token(self, seq: Sequence, token: int) -> None:
         seq.output_token_ids.append(token)
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
         detok = self.requests[seq.request_id].detokenizers[seq.index]
         new_text = detok.add(token) if seq.params.detokenize else ""
         may_stop = len(seq.output_token_ids) >= seq.params.min_tokens
@@ -511,6 +524,8 @@ class LLMEngine:
             self.scheduler.finish(seq)  # the text is already cut at the stop string
             return
         seq.finish_reason, seq.stop_reason = self._stop_condition(seq, token)
+        if seq.finish_reason is None and seq.grammar is not None and seq.grammar.is_finished:
+            seq.finish_reason = "stop"  # the grammar ended (its EOS taken even under ignore_eos)
         if seq.finish_reason is not None:
             if seq.params.detokenize:
                 detok.flush()

@@ -47,6 +47,7 @@ class Sequence:
         self.bad_words: list[list[int]] = []  # token sequences that must never be completed
         self.fork_parent: "Sequence | None" = None  # n > 1: waits for this sequence's prompt, then shares it
         self.slot: int | None = None  # the runner's device-state row, for penalties / allowed_token_ids
+        self.grammar = None  # structured outputs: its engine.structured_outputs.Matcher
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -208,7 +208,13 @@ class ModelRunner:
     def _assign_slot(self, seq: Sequence) -> None:
         seq.slot = self.free_slots.pop()
         self.slot_owners[seq.slot] = seq
+        self._reset_slot(seq)
+
+    def _reset_slot(self, seq: Sequence) -> None:
+        """Rebuilds the sequence's slot: its token counts, and its allowed tokens (allowed_token_ids, or what its
+        grammar allows next: rebuilt before each step that samples it)."""
         vocab, params = self.vocab_size, seq.params
+        allowed = params.allowed_token_ids if seq.grammar is None else seq.grammar.allowed_tokens()
 
         def padded(ids, size):
             out = np.full(size, vocab, np.int32)
@@ -216,8 +222,8 @@ class ModelRunner:
             return out
 
         args = (np.int32(seq.slot), padded(seq.prompt_token_ids, self.max_model_len),
-                padded(seq.output_token_ids, self.max_model_len), padded(params.allowed_token_ids or [], vocab),
-                np.bool_(params.allowed_token_ids is not None))
+                padded(seq.output_token_ids, self.max_model_len), padded(allowed if allowed is not None else [], vocab),
+                np.bool_(allowed is not None))
         if self.channel is not None:
             self.channel.send(multihost.RESET_SLOT, payload=args)
         self._run_reset(args)
@@ -302,6 +308,8 @@ class ModelRunner:
         for chunk in chunks:
             if chunk.seq.params.needs_slot_state and chunk.seq.slot is None:
                 self._assign_slot(chunk.seq)
+            elif chunk.seq.grammar is not None and chunk.completes_sequence:
+                self._reset_slot(chunk.seq)  # its grammar's next tokens as its allowed ones
         num_tokens = self._bucket(self.token_buckets, sum(c.num_tokens for c in chunks))
         num_reqs = self.requests_for(num_tokens)  # >= len(chunks): each chunk has a token
         start = 0

@@ -60,7 +60,8 @@ def test_invalid_completion_requests_get_400(http, body, param):
     ({"messages": [{"role": "wizard", "content": "x"}]}, None),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, None),
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
-    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "structural_tag"}},
+     "response_format"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
     ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 50}, "top_logprobs"),
@@ -268,9 +269,11 @@ _values = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integers(-1
 _COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop", "seed",
                       "logprobs", "echo", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
                       "min_tokens", "ignore_eos", "stop_token_ids", "allowed_token_ids", "bad_words", "priority",
-                      "prompt_logprobs", "stream", "best_of", "suffix", "truncate_prompt_tokens", "unknown"]
+                      "prompt_logprobs", "stream", "best_of", "suffix", "truncate_prompt_tokens", "structured_outputs",
+                      "unknown"]
 _CHAT_FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "logprobs", "top_logprobs",
-                "n", "stop", "seed", "stream", "response_format", "top_k", "min_p", "truncate_prompt_tokens"]
+                "n", "stop", "seed", "stream", "response_format", "top_k", "min_p", "truncate_prompt_tokens",
+                "structured_outputs", "tools", "tool_choice", "parallel_tool_calls"]
 
 
 def _bodies(fields, required):

@@ -12,6 +12,7 @@ import pytest
 from server.app import build_app
 from server.tool_parsers import Hermes, Llama3Json
 from tests.server.conftest import MODEL, LiveServer
+from tests.server.test_structured_outputs_api import no_whitespace
 
 CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>\n'
          '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>')
@@ -202,11 +203,53 @@ def test_tools_and_a_conversation_with_calls_reach_the_template(tool_servers, as
     assert response.usage.prompt_tokens == len(tokenizer.encode(rendered, add_special_tokens=False))
 
 
+BOUNDED_TOOLS = [  # parameters a random model cannot ramble in
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"],
+        "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["CET", "UTC"]}}, "required": ["zone"],
+        "additionalProperties": False}}}]
+ARGUMENTS = {"get_weather": [{"city": "Paris"}, {"city": "Oslo"}], "get_time": [{"zone": "CET"}, {"zone": "UTC"}]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_named_function_is_called_with_arguments_of_its_schema(client, async_engine, stream):
+    """tool_choice naming a function holds the real model's output to that function's parameters (structured
+    outputs; no parser needed): the output is the call's arguments."""
+    named = {"type": "function", "function": {"name": "get_time"}}
+    response = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=BOUNDED_TOOLS, tool_choice=named, max_tokens=60, temperature=1.0, seed=4,
+        stream=stream, logit_bias=no_whitespace(async_engine.engine.tokenizer))
+    if stream:
+        chunks = [c for chunk in response for c in chunk.choices]
+        calls, finish = [t for c in chunks for t in c.delta.tool_calls or []], chunks[-1].finish_reason
+    else:
+        calls, finish = response.choices[0].message.tool_calls, response.choices[0].finish_reason
+    assert finish == "stop" and [t.function.name for t in calls] == ["get_time"]
+    assert json.loads(calls[0].function.arguments) in ARGUMENTS["get_time"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_tool_choice_calls_one_of_the_tools(client, async_engine, stream):
+    response = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=BOUNDED_TOOLS, tool_choice="required", parallel_tool_calls=False,
+        max_tokens=80, temperature=1.0, seed=6, stream=stream, logit_bias=no_whitespace(async_engine.engine.tokenizer))
+    if stream:
+        chunks = [c for chunk in response for c in chunk.choices]
+        calls, finish = [t for c in chunks for t in c.delta.tool_calls or []], chunks[-1].finish_reason
+    else:
+        calls, finish = response.choices[0].message.tool_calls, response.choices[0].finish_reason
+    assert finish == "tool_calls" and len(calls) == 1
+    assert json.loads(calls[0].function.arguments) in ARGUMENTS[calls[0].function.name]
+
+
 @pytest.mark.parametrize("server,body,message", [
     ("no-parser", {"tools": TOOLS}, "--enable-auto-tool-choice"),
-    ("calls", {"tools": TOOLS, "tool_choice": "required"}, "structured outputs"),
-    ("calls", {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
-     "structured outputs"),
+    ("calls", {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "must name one of the request's tools"),
+    ("calls", {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "not with response_format"),
     ("calls", {"tool_choice": "auto"}, "only taken with tools"),
 ])
 def test_tool_choices_that_cannot_be_honoured_are_refused(tool_servers, server, body, message):
