@@ -67,8 +67,8 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, logprobs: in
 
 
 def _structured_outputs(req: SamplingFields) -> StructuredOutputsParams | None:
-    """The request's `structured_outputs` (vLLM's field), or a chat's `response_format` of type json_object or
-    json_schema (as vLLM maps them); not both."""
+    """The request's `structured_outputs` (vLLM's field), a chat's `response_format` of type json_object or
+    json_schema (as vLLM maps them), or what a tool_choice that forces a call holds the output to; one of them."""
     fmt = getattr(req, "response_format", None)
     kind = None if fmt is None else fmt.type
     choice = getattr(req, "tool_choice", None)
@@ -79,7 +79,9 @@ def _structured_outputs(req: SamplingFields) -> StructuredOutputsParams | None:
         tools = [t.model_dump(exclude_none=True) for t in req.tools]
         if choice == "required":
             return StructuredOutputsParams(json=required_schema(tools, single=req.parallel_tool_calls is False))
-        named = next(t for t in tools if t["function"]["name"] == choice["function"]["name"])
+        named = next((t for t in tools if t["function"]["name"] == (choice.get("function") or {}).get("name")), None)
+        if named is None:
+            raise APIError("tool_choice must name one of the request's tools", param="tool_choice")
         return StructuredOutputsParams(json=named["function"].get("parameters") or {"type": "object"})
     if kind not in (None, "text", "json_object", "json_schema"):
         raise APIError(f"response_format type {kind!r} is not supported; use text, json_object or json_schema",
