@@ -12,7 +12,7 @@ from jaxengine.parallel.multihost import initialize  # noqa: E402
 
 def main(process_id: int, port: int, model_dir: str, mode: str) -> None:
     initialize(f"127.0.0.1:{port}", 2, process_id, heartbeat_timeout_s=5)
-    from jaxengine import SamplingParams
+    from jaxengine import SamplingParams, StructuredOutputsParams
     from jaxengine.config import EngineConfig
     from jaxengine.engine.llm_engine import LLMEngine
 
@@ -23,13 +23,14 @@ def main(process_id: int, port: int, model_dir: str, mode: str) -> None:
         engine.runner.follow()
         print("@@ follower stopped", flush=True)
         return
-    prompts = json.loads(sys.stdin.readline())
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts, specs = json.loads(sys.stdin.readline())  # specs: each prompt's structured outputs (or None)
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                             structured_outputs=StructuredOutputsParams(**s) if s else None) for s in specs]
     print("@@ ready", flush=True)
     rounds = 0
     while True:
         for i, p in enumerate(prompts):
-            engine.add_request(f"r{rounds}-{i}", p, params)
+            engine.add_request(f"r{rounds}-{i}", p, params[i])
         finals = {}
         while engine.has_unfinished_requests():
             finals.update({o.request_id: o for o in engine.step() if o.finished})

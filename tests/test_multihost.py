@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxengine import SamplingParams
+from jaxengine import SamplingParams, StructuredOutputsParams
 from tests.engine_util import random_prompts, run_to_completion
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
@@ -62,12 +62,16 @@ def kill(*procs):
         p.wait()
 
 
+SPECS = [None, {"regex": "[a-z]{3,7}"}, None]  # the second request's allowed tokens reach the follower too
+
+
 @pytest.fixture(scope="module")
 def prompts_and_expected(model_dirs, engines):
     prompts = random_prompts(331, (5, 30, 12), seed=21)
     engine = engines("qwen2", max_num_batched_tokens=32, num_kv_blocks=30)
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    finals = run_to_completion(engine, [(f"mh{i}", p, params) for i, p in enumerate(prompts)])
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                             structured_outputs=StructuredOutputsParams(**s) if s else None) for s in SPECS]
+    finals = run_to_completion(engine, [(f"mh{i}", p, params[i]) for i, p in enumerate(prompts)])
     return prompts, [finals[f"mh{i}"].outputs[0].token_ids for i in range(len(prompts))]
 
 
@@ -77,7 +81,7 @@ def two_processes(model_dir, prompts, mode):
     port = free_port()
     leader, follower = start(0, port, model_dir, mode), start(1, port, model_dir, mode)
     try:
-        leader.stdin.write(json.dumps(prompts) + "\n")
+        leader.stdin.write(json.dumps([prompts, SPECS]) + "\n")
         leader.stdin.flush()
         deadline = time.monotonic() + 240
         assert read_line(leader, deadline) == "ready"

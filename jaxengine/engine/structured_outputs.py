@@ -1,5 +1,6 @@
-"""Structured outputs: a grammar matcher per sequence (llguidance) whose next-token mask becomes the sequence's
-allowed tokens on the device before each step that samples it, and which takes each sampled token."""
+"""Structured outputs: a grammar matcher per sequence (llguidance) whose next-token bitmask becomes the sequence's
+allowed tokens on the device before each step that samples it (one call for all such rows), and which takes each
+sampled token."""
 
 import dataclasses
 import functools
@@ -78,13 +79,13 @@ class Matcher:
         self._bitmask = llguidance.numpy.allocate_token_bitmask(1, vocab_size)
         self.vocab_size = vocab_size
 
-    def allowed_tokens(self) -> np.ndarray:  # i32[k]
-        """The tokens the grammar allows next (EOS among them where it may end here)."""
+    def allowed_bits(self) -> np.ndarray:  # u32[ceil(vocab / 32)]
+        """The tokens the grammar allows next (EOS among them where it may end here): bit t % 32 of word t // 32
+        (layers.sampler.set_allowed's layout)."""
         import llguidance.numpy
 
         llguidance.numpy.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
-        bits = np.unpackbits(self._bitmask[0].view(np.uint8), bitorder="little")[: self.vocab_size]
-        return np.flatnonzero(bits).astype(np.int32)
+        return self._bitmask[0].view(np.uint32)
 
     def accept(self, token: int) -> None:
         """Takes the sampled token (one the mask allowed)."""

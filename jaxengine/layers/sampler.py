@@ -67,6 +67,18 @@ def reset_slot(
                      state.allowed.at[slot].set(allowed))
 
 
+def set_allowed(
+    state: SlotState,
+    slots: jax.Array,  # i32[K]; num_slots = padding (dropped)
+    bits: jax.Array,  # u32[K, ceil(vocab / 32)]: bit t % 32 of word t // 32 allows token t
+) -> SlotState:
+    """Sets the allowed tokens of K slots from bitmasks (structured outputs' grammars, before each step)."""
+    vocab = state.allowed.shape[1]
+    shifts = jnp.arange(32, dtype=jnp.uint32)
+    allowed = ((bits[:, :, None] >> shifts) & 1).reshape(bits.shape[0], -1)[:, :vocab].astype(bool)
+    return dataclasses.replace(state, allowed=state.allowed.at[slots].set(allowed, mode="drop"))
+
+
 def apply_penalties(
     logits: jax.Array,  # f32[R, vocab]
     output_counts: jax.Array,  # i32[R, vocab]

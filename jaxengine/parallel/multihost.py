@@ -15,7 +15,7 @@ from jax.experimental import multihost_utils
 
 logger = logging.getLogger(__name__)
 
-STOP, STEP, RESET_SLOT = 0, 1, 2
+STOP, STEP, RESET_SLOT, SET_ALLOWED = 0, 1, 2, 3
 _HEADER = 4  # kind, num_tokens, num_reqs, variant index
 
 

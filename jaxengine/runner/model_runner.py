@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from jaxengine.engine.request import Sequence, Status
 from jaxengine.engine.scheduler import ScheduledChunk
 from jaxengine.layers.sampler import (VARIANTS, SamplingInputs, SlotState, native_sampler, reset_slot, sampling_step,
-                                      token_logprobs)
+                                      set_allowed, token_logprobs)
 from jaxengine.parallel import multihost
 from jaxengine.parallel.sharding import named_sharding, replicated
 from jaxengine.runner.batch import Packing, RaggedBatch
@@ -105,6 +105,7 @@ class ModelRunner:
             "prompt": jax.jit(functools.partial(_prompt_logprobs, graphdef, state_treedef, self._native_sampler),
                               static_argnames=("packing", "num_logprobs")),
             "reset": jax.jit(reset_slot, donate_argnums=0),
+            "allow": jax.jit(set_allowed, donate_argnums=0),
         }
         self._compiled = {}
         self._packings: dict[tuple, Packing] = {}
@@ -146,7 +147,8 @@ class ModelRunner:
         prompt = [("prompt", t, None) for t in self.token_buckets]
         sample = [("sample", r, v) for r in sorted({self.requests_for(t) for t in self.token_buckets})
                   for v in VARIANTS]
-        return forward + prompt + sample
+        allow = [("allow", r, None) for r in self.req_buckets]  # structured outputs' allowed rows, r at a time
+        return forward + prompt + sample + allow
 
     def requests_for(self, num_tokens: int) -> int:
         """The request bucket that goes with a token bucket: enough rows for one request per token, up to
@@ -162,8 +164,8 @@ class ModelRunner:
                     time.perf_counter() - start, loaded)
 
     def _executable(self, kind: str, size, extra):
-        """("forward", num_tokens, num_reqs), ("prompt", num_tokens, None), ("sample", num_reqs, variant) or
-        ("reset", None, None)."""
+        """("forward", num_tokens, num_reqs), ("prompt", num_tokens, None), ("sample", num_reqs, variant),
+        ("allow", num_rows, None) or ("reset", None, None)."""
         key = (kind, size, extra)
         if key not in self._compiled:
             args, statics = self._arguments_like(kind, size, extra)
@@ -194,6 +196,8 @@ class ModelRunner:
             num_logprobs = self.max_logprobs if extra == "full" else 0
             return ((logits, self.slot_state, *packing.like(self.replicated)),
                     {"packing": packing, "variant": extra, "num_logprobs": num_logprobs})
+        if kind == "allow":
+            return (self.slot_state, *jax.device_put(self._allow_args_like(size), self.replicated)), {}
         return (self.slot_state, *jax.device_put(self._reset_args_like(), self.replicated)), {}
 
     # --- slots ----------------------------------------------------------------------------------------
@@ -208,13 +212,7 @@ class ModelRunner:
     def _assign_slot(self, seq: Sequence) -> None:
         seq.slot = self.free_slots.pop()
         self.slot_owners[seq.slot] = seq
-        self._reset_slot(seq)
-
-    def _reset_slot(self, seq: Sequence) -> None:
-        """Rebuilds the sequence's slot: its token counts, and its allowed tokens (allowed_token_ids, or what its
-        grammar allows next: rebuilt before each step that samples it)."""
         vocab, params = self.vocab_size, seq.params
-        allowed = params.allowed_token_ids if seq.grammar is None else seq.grammar.allowed_tokens()
 
         def padded(ids, size):
             out = np.full(size, vocab, np.int32)
@@ -222,14 +220,33 @@ class ModelRunner:
             return out
 
         args = (np.int32(seq.slot), padded(seq.prompt_token_ids, self.max_model_len),
-                padded(seq.output_token_ids, self.max_model_len), padded(allowed if allowed is not None else [], vocab),
-                np.bool_(allowed is not None))
+                padded(seq.output_token_ids, self.max_model_len), padded(params.allowed_token_ids or [], vocab),
+                np.bool_(params.allowed_token_ids is not None))
         if self.channel is not None:
             self.channel.send(multihost.RESET_SLOT, payload=args)
         self._run_reset(args)
 
     def _run_reset(self, args) -> None:
         self.slot_state = self._executable("reset", None, None)(self.slot_state, *jax.device_put(args, self.replicated))
+
+    def _set_allowed(self, seqs: list[Sequence]) -> None:
+        """Each sequence's grammar's allowed tokens into its slot, in one call for all (rows bucketed)."""
+        rows = self._bucket(self.req_buckets, len(seqs))
+        slots, bits = self._allow_args_like(rows)
+        for i, seq in enumerate(seqs):
+            slots[i] = seq.slot
+            bits[i] = seq.grammar.allowed_bits()
+        if self.channel is not None:
+            self.channel.send(multihost.SET_ALLOWED, (rows, 0, 0), payload=(slots, bits))
+        self._run_allow((slots, bits))
+
+    def _run_allow(self, args) -> None:
+        rows = args[0].shape[0]
+        self.slot_state = self._executable("allow", rows, None)(self.slot_state, *jax.device_put(args, self.replicated))
+
+    def _allow_args_like(self, rows: int):
+        """Arguments of set_allowed for `rows` rows, all padding (slot num_slots: dropped)."""
+        return np.full(rows, self.num_slots, np.int32), np.zeros((rows, -(-self.vocab_size // 32)), np.uint32)
 
     def _reset_args_like(self):
         """Placeholder arguments of reset_slot: their shapes and dtypes (compilation, followers)."""
@@ -308,8 +325,9 @@ class ModelRunner:
         for chunk in chunks:
             if chunk.seq.params.needs_slot_state and chunk.seq.slot is None:
                 self._assign_slot(chunk.seq)
-            elif chunk.seq.grammar is not None and chunk.completes_sequence:
-                self._reset_slot(chunk.seq)  # its grammar's next tokens as its allowed ones
+        constrained = [c.seq for c in chunks if c.seq.grammar is not None and c.completes_sequence]
+        if constrained:
+            self._set_allowed(constrained)
         num_tokens = self._bucket(self.token_buckets, sum(c.num_tokens for c in chunks))
         num_reqs = self.requests_for(num_tokens)  # >= len(chunks): each chunk has a token
         start = 0
@@ -365,6 +383,8 @@ class ModelRunner:
         def payload_like(kind, shape):
             if kind == multihost.STEP:
                 return self._host_inputs(shape[0], shape[1])
+            if kind == multihost.SET_ALLOWED:
+                return self._allow_args_like(shape[0])
             return self._reset_args_like() if kind == multihost.RESET_SLOT else None
 
         channel = multihost.CommandChannel()
@@ -374,6 +394,8 @@ class ModelRunner:
                 return
             if kind == multihost.RESET_SLOT:
                 self._run_reset(payload)
+            elif kind == multihost.SET_ALLOWED:
+                self._run_allow(payload)
             else:
                 tokens, _, _ = self._run_step(shape[0], shape[1], STEP_VARIANTS[shape[2]], payload)
                 tokens.block_until_ready()  # one step at a time: back-to-back collectives can deadlock on CPU
