@@ -76,8 +76,7 @@ class Matcher:
         import llguidance.numpy
 
         self._matcher = llguidance.LLMatcher(ll_tokenizer, grammar)
-        self._bitmask = llguidance.numpy.allocate_token_bitmask(1, vocab_size)
-        self.vocab_size = vocab_size
+        self._bitmask = llguidance.numpy.allocate_token_bitmask(1, vocab_size)  # i32[1, ceil(vocab / 32)]
 
     def allowed_bits(self) -> np.ndarray:  # u32[ceil(vocab / 32)]
         """The tokens the grammar allows next (EOS among them where it may end here): bit t % 32 of word t // 32
