@@ -86,8 +86,7 @@ class LLM:
                 ids = chat_prompt_ids(tok, conversation, chat_template=chat_template,
                                       add_generation_prompt=add_generation_prompt,
                                       continue_final_message=continue_final_message,
-                                      chat_template_kwargs=(chat_template_kwargs or {}) | (
-                                          {"tools": tools} if tools else {}))
+                                      chat_template_kwargs=chat_template_kwargs, tools=tools)
             except Exception as e:  # the template's own errors (roles it refuses, unknown kwargs)
                 raise ValueError(f"messages: could not apply the chat template: {e}") from None
             prompts.append({"prompt_token_ids": ids})
@@ -106,15 +105,18 @@ class LLM:
 
 def chat_prompt_ids(tokenizer, messages: list[dict], *, chat_template: str | None = None,
                     add_generation_prompt: bool = True, continue_final_message: bool = False,
-                    chat_template_kwargs: dict | None = None, add_special_tokens: bool = False) -> list[int]:
+                    chat_template_kwargs: dict | None = None, add_special_tokens: bool = False,
+                    tools: list[dict] | None = None) -> list[int]:
     """A conversation's prompt token ids, as vLLM makes them (LLM.chat and the server's chat route): the chat
     template's text (`chat_template` over the tokenizer's own; with continue_final_message the last message is
-    continued, so no generation prompt follows it), tokenized with `add_special_tokens` (default False: the
-    template writes them). The template's errors are raised as they are."""
+    continued, so no generation prompt follows it; `tools`, OpenAI tool definitions, rendered by it), tokenized
+    with `add_special_tokens` (default False: the template writes them). The template's errors are raised as
+    they are."""
+    kwargs = (chat_template_kwargs or {}) | ({"tools": tools} if tools else {})
     text = tokenizer.apply_chat_template(
         messages, chat_template=chat_template, tokenize=False,
         add_generation_prompt=add_generation_prompt and not continue_final_message,
-        continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
+        continue_final_message=continue_final_message, **kwargs)
     return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 

@@ -42,7 +42,7 @@ class StructuredOutputsParams:
     KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
     def __post_init__(self):
-        given = [k for k in self.KINDS if getattr(self, k) not in (None, False)]
+        given = self._given()
         if len(given) != 1:
             raise ValueError(f"structured_outputs must set exactly one of {', '.join(self.KINDS)}, got "
                              f"{given or 'none'}")
@@ -56,9 +56,12 @@ class StructuredOutputsParams:
                                         or not all(isinstance(c, str) and c for c in self.choice)):
             raise ValueError("structured_outputs.choice must be a non-empty list of non-empty strings")
 
+    def _given(self) -> list[str]:
+        return [k for k in self.KINDS if getattr(self, k) not in (None, False)]
+
     @property
     def kind(self) -> str:
-        return next(k for k in self.KINDS if getattr(self, k) not in (None, False))
+        return self._given()[0]
 
 
 @dataclasses.dataclass

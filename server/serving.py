@@ -76,13 +76,10 @@ def _structured_outputs(req: SamplingFields) -> StructuredOutputsParams | None:
         if req.structured_outputs is not None or kind in ("json_object", "json_schema"):
             raise APIError("a tool_choice that forces a call constrains the output itself: not with response_format "
                            "or structured_outputs", param="tool_choice")
-        tools = [t.model_dump(exclude_none=True) for t in req.tools]
         if choice == "required":
+            tools = [t.model_dump(exclude_none=True) for t in req.tools]
             return StructuredOutputsParams(json=required_schema(tools, single=req.parallel_tool_calls is False))
-        named = next((t for t in tools if t["function"]["name"] == (choice.get("function") or {}).get("name")), None)
-        if named is None:
-            raise APIError("tool_choice must name one of the request's tools", param="tool_choice")
-        return StructuredOutputsParams(json=named["function"].get("parameters") or {"type": "object"})
+        return StructuredOutputsParams(json=_named_tool(req).function.parameters or {"type": "object"})
     if kind not in (None, "text", "json_object", "json_schema"):
         raise APIError(f"response_format type {kind!r} is not supported; use text, json_object or json_schema",
                        param="response_format")
@@ -453,13 +450,13 @@ class Serving:
                            "or use /v1/completions", param="messages")
         messages = [_template_message(m) for m in req.messages]
         tools = getattr(req, "tools", None) if self._tool_choice(req) != "none" else None
-        kwargs = (req.chat_template_kwargs or {}) | (
-            {"tools": [t.model_dump(exclude_none=True) for t in tools]} if tools else {})
         try:
             return chat_prompt_ids(self.tokenizer, messages, chat_template=template,
                                    add_generation_prompt=req.add_generation_prompt,
                                    continue_final_message=req.continue_final_message,
-                                   chat_template_kwargs=kwargs, add_special_tokens=bool(req.add_special_tokens))
+                                   chat_template_kwargs=req.chat_template_kwargs,
+                                   add_special_tokens=bool(req.add_special_tokens),
+                                   tools=[t.model_dump(exclude_none=True) for t in tools] if tools else None)
         except Exception as e:  # template errors are the request's fault (roles, kwargs, its own template)
             param = "chat_template" if req.chat_template is not None else "messages"
             raise APIError(f"could not apply the chat template: {e}", param=param) from None
@@ -476,10 +473,7 @@ class Serving:
         if choice == "required":
             return "required"
         if isinstance(choice, dict):
-            name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
-            if name not in {t.function.name for t in tools}:
-                raise APIError(f"tool_choice must name one of the request's tools as {{\"type\": \"function\", "
-                               f"\"function\": {{\"name\": ...}}}}, got {choice!r}", param="tool_choice")
+            _named_tool(req)  # refused here if it names none of the tools
             return "named"
         if self.tool_call_parser is None:
             raise APIError('"auto" tool choice requires the server to be started with --enable-auto-tool-choice and '
@@ -493,7 +487,7 @@ class Serving:
             return PARSERS[self.tool_call_parser]
         if mode == "required":
             return RequiredCalls
-        return NamedCall(req.tool_choice["function"]["name"]) if mode == "named" else None
+        return NamedCall(_named_tool(req).function.name) if mode == "named" else None
 
     def _message(self, c, req) -> tuple[dict, str | None]:
         """A choice's assistant message and finish reason: the calls its text holds, where the request's
@@ -595,6 +589,18 @@ class Serving:
                     | _running_usage(req, len(prompts[0][1]), len(c.token_ids))
         for chunk in _usage_chunks(req, base, lambda: _usage([prompts[0][1]], {0: final})):
             yield chunk
+
+
+def _named_tool(req: ChatCompletionRequest):
+    """The tool a tool_choice object names ({"type": "function", "function": {"name": ...}}); a 400 where it names
+    none of the request's tools."""
+    choice = req.tool_choice
+    name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+    tool = next((t for t in req.tools if t.function.name == name), None)
+    if tool is None:
+        raise APIError(f"tool_choice must name one of the request's tools as {{\"type\": \"function\", "
+                       f"\"function\": {{\"name\": ...}}}}, got {choice!r}", param="tool_choice")
+    return tool
 
 
 def _template_message(m: ChatMessage) -> dict:

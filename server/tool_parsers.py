@@ -132,38 +132,6 @@ def _parse_llama3_json(text: str) -> tuple[str | None, list[ToolCall]]:
     return None, calls
 
 
-class _Llama3JsonStream:
-    """An output that starts as calls ("{" or <|python_tag|>) is held to its end and parsed whole (the calls go
-    out then, or the text as content where it does not parse); any other output streams as content."""
-
-    def __init__(self):
-        self.calls = None  # unknown until the output's first characters say
-        self.sent = 0
-
-    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
-        if self.calls is None:
-            head = text.lstrip()
-            if not head or (_PYTHON_TAG.startswith(head) and not final):
-                return "", []
-            self.calls = head.startswith("{") or head.startswith(_PYTHON_TAG)
-        if self.calls:
-            if not final:
-                return "", []
-            content, calls = _parse_llama3_json(text)
-            return content or "", calls
-        delta, self.sent = text[self.sent:], len(text)
-        return delta, []
-
-
-class Llama3Json:
-    parse = staticmethod(_parse_llama3_json)
-    Stream = _Llama3JsonStream
-
-
-PARSERS = {"hermes": Hermes, "llama3_json": Llama3Json}
-TOOL_CALL_PARSERS = tuple(PARSERS)
-
-
 class _WholeStream:
     """A stream whose calls are known only when the output ends: nothing goes out before, then `parse`'s."""
 
@@ -175,6 +143,36 @@ class _WholeStream:
             return "", []
         content, calls = self.parse(text)
         return content or "", calls
+
+
+class _Llama3JsonStream:
+    """An output that starts as calls ("{" or <|python_tag|>) is held to its end and parsed whole (the calls go
+    out then, or the text as content where it does not parse); any other output streams as content."""
+
+    def __init__(self):
+        self.calls = None  # unknown until the output's first characters say
+        self.sent = 0
+        self._whole = _WholeStream(_parse_llama3_json)
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        if self.calls is None:
+            head = text.lstrip()
+            if not head or (_PYTHON_TAG.startswith(head) and not final):
+                return "", []
+            self.calls = head.startswith("{") or head.startswith(_PYTHON_TAG)
+        if self.calls:
+            return self._whole.feed(text, final)
+        delta, self.sent = text[self.sent:], len(text)
+        return delta, []
+
+
+class Llama3Json:
+    parse = staticmethod(_parse_llama3_json)
+    Stream = _Llama3JsonStream
+
+
+PARSERS = {"hermes": Hermes, "llama3_json": Llama3Json}
+TOOL_CALL_PARSERS = tuple(PARSERS)
 
 
 def required_schema(tools: list[dict], single: bool) -> dict:

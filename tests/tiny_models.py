@@ -89,8 +89,7 @@ def make_model(name: str, out_dir: Path, tokenizer_dir: Path | None = None, seed
         saved = read_config(out_dir)
         (out_dir / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k not in drop_config_keys}))
     if tokenizer_dir is not None:
-        for f in Path(tokenizer_dir).iterdir():
-            (out_dir / f.name).write_bytes(f.read_bytes())
+        _copy_tokenizer(tokenizer_dir, out_dir)
     return out_dir
 
 
@@ -111,13 +110,17 @@ def make_gemma3_multimodal(out_dir: Path, tokenizer_dir: Path) -> Path:
     model = transformers.Gemma3ForConditionalGeneration(config).eval()
     _randomise(model)
     model.save_pretrained(out_dir)
+    _copy_tokenizer(tokenizer_dir, out_dir)
     saved = read_config(out_dir)
     defaults = transformers.Gemma3TextConfig().to_dict()
     saved["text_config"] = {k: v for k, v in saved["text_config"].items() if defaults.get(k, object()) != v}
     (out_dir / "config.json").write_text(json.dumps(saved))
+    return out_dir
+
+
+def _copy_tokenizer(tokenizer_dir: Path, out_dir: Path) -> None:
     for f in Path(tokenizer_dir).iterdir():
         (out_dir / f.name).write_bytes(f.read_bytes())
-    return out_dir
 
 
 def _randomise(model) -> None:

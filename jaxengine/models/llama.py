@@ -92,6 +92,11 @@ _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
            "expert_down")
 
 
+def _norm_scale(cfg: ModelConfig, weight: jax.Array) -> jax.Array:
+    """A norm's scale as the kernels take it (Gemma's 1 + weight in float32)."""
+    return gemma_scale(weight) if cfg.norm_offset else weight
+
+
 def _packed_axes(lead: tuple[str, ...]) -> tuple[str, ...]:
     """A packed weight's axes: the [in, out] weight's leading ones ("layers", "experts"), then the packing's."""
     return lead + ("packed",) * 3
@@ -185,9 +190,7 @@ class DecoderLayers(nnx.Module):
             self.shared_expert_gate = _param((L, D, 1), dtype, ("layers", "embed", "unit"))
 
     def norm(self, name: str) -> jax.Array:
-        """A norm's scale as the kernels take it (Gemma's 1 + weight in float32)."""
-        weight = getattr(self, name)[...]
-        return gemma_scale(weight) if self.cfg.norm_offset else weight
+        return _norm_scale(self.cfg, getattr(self, name)[...])
 
     def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, ropes):
         """`ropes`: the rotary tables (cos, sin) of full-attention layers and those of sliding-window layers
@@ -334,8 +337,7 @@ class LlamaForCausalLM(nnx.Module):
 
             layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
             (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows))
-        final_norm = gemma_scale(self.final_norm[...]) if cfg.norm_offset else self.final_norm[...]
-        return rms_norm(h, final_norm, cfg.rms_norm_eps), kv_cache
+        return rms_norm(h, _norm_scale(cfg, self.final_norm[...]), cfg.rms_norm_eps), kv_cache
 
     def logits(self, hidden: jax.Array, live_rows=None) -> jax.Array:  # hidden [N, hidden] -> logits f32[N, vocab]
         """`live_rows` (i32[]): rows from it on are padding; the native CPU matmul leaves their logits zero."""

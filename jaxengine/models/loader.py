@@ -227,8 +227,7 @@ def _layer_sharding(sharding, layer):
     return NamedSharding(sharding.mesh, PartitionSpec(*sharding.spec[1:]))
 
 
-def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, executables=None,
-          tensor_name=lambda name: name) -> dict:
+def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, *, tensor_name, executables=None) -> dict:
     """Streams tensors file by file: each goes from the memory map straight to its devices (only its shard
     to each), and per-layer tensors are written into their stacked parameter on device (or become the
     layer's own parameter when the targets are unstacked), so host memory peaks near one tensor (a mixture of

@@ -47,7 +47,7 @@ _REGISTRY = {
 } | {name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES} | {
     name: Architecture(LlamaForCausalLM, moe_config_from_hf)
     for name in ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")} | {
-    # Gemma 3 4B-27B, served as text models (a request's content is text only: jaxengine.llm.chat_messages)
+    # Gemma 3 4B-27B, served as text models (a request's content is text only: jaxengine.llm._chat_messages)
     "Gemma3ForConditionalGeneration": Architecture(LlamaForCausalLM, gemma3_language_config_from_hf,
                                                    _gemma3_language_tensor),
 }
