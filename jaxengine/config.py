@@ -12,6 +12,8 @@ LAYER_LOOPS = ("auto", "scan", "unrolled")
 ATTENTION_BACKENDS = ("auto", "reference", "pallas", "native")  # see jaxengine/layers/attention.py
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # see jaxengine/models/loader.py: resolve_dtypes
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")  # see LLMEngine._kv_cache_dtype
+RUNNERS = ("auto", "generate", "pooling")  # see LLMEngine._runner_type
+CONVERTS = ("auto", "embed")  # vLLM's --convert: what a pooling runner makes of the model (embeddings only here)
 
 
 @dataclasses.dataclass
@@ -53,6 +55,13 @@ class EngineConfig:
     # frequency penalties, max_new_tokens), "vllm" uses none (the OpenAI defaults), a directory takes its file.
     generation_config: str = "auto"
     override_generation_config: dict | None = None  # merged over the above, e.g. {"temperature": 0.5}
+    # As vLLM's --runner: "generate" (text), "pooling" (embeddings: LLM.embed, /v1/embeddings); "auto" picks pooling
+    # for a base model's checkpoint (Qwen2Model, ...) and generate for the rest.
+    runner: str = "auto"
+    convert: str = "auto"  # vLLM's --convert; a pooling runner makes embeddings ("embed"), nothing else yet
+    # The pooler's settings over the model's (jaxengine.pooling_params.PoolerConfig): {"pooling_type": "MEAN",
+    # "use_activation": false, "dimensions": 256}
+    pooler_config: dict | None = None
 
     def __post_init__(self):
         check_field_types(
@@ -61,14 +70,23 @@ class EngineConfig:
                       "tensor_parallel_size", "data_parallel_size", "max_logprobs"),
             optional_integers=("max_model_len", "num_kv_blocks"),
             finite_reals=("kv_cache_memory_fraction", "kv_cache_gib", "compilation_cache_max_gib"),
-            strings=("dtype", "kv_cache_dtype", "scheduling_policy", "attention_backend", "layer_loop"),
+            strings=("dtype", "kv_cache_dtype", "scheduling_policy", "attention_backend", "layer_loop", "runner",
+                     "convert"),
             optional_strings=("revision",),
             optional_paths=("model", "tokenizer", "download_dir", "compilation_cache_dir", "profiler_dir",
                             "generation_config"))
         if self.generation_config is None:
             raise ValueError("generation_config must be 'auto', 'vllm' or a directory, got None")
-        if self.override_generation_config is not None and not isinstance(self.override_generation_config, dict):
-            raise field_error(self, "override_generation_config", "a dict or None")
+        for name in ("override_generation_config", "pooler_config"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), dict):
+                raise field_error(self, name, "a dict or None")
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {self.runner!r}")
+        if self.convert not in CONVERTS:
+            raise ValueError(f"convert must be one of {', '.join(CONVERTS)} (embeddings are the one pooling task "
+                             f"supported), got {self.convert!r}")
+        if self.convert != "auto" and self.runner == "generate":
+            raise ValueError(f"convert={self.convert!r} makes a pooling model: use runner 'pooling' or 'auto'")
         if self.model is None and (self.revision is not None or self.download_dir is not None):
             raise ValueError("revision and download_dir apply to a hub id given as model")
         positive = ("block_size", "max_num_seqs", "max_num_batched_tokens", "min_token_bucket", "tensor_parallel_size",
@@ -136,4 +154,6 @@ VLLM_SETTINGS = {
     "pipeline_parallel_size": "not supported; use tensor_parallel_size and data_parallel_size",
     "enable_lora": "LoRA adapters are not supported yet",
     "speculative_config": "speculative decoding is not supported yet",
+    "task": "use runner='pooling' for embeddings (convert='embed')",
+    "override_pooler_config": "use pooler_config",
 }

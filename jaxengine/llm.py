@@ -1,5 +1,6 @@
 """The offline API: `jaxengine.LLM`, used like `vllm.LLM`."""
 
+import dataclasses
 import itertools
 
 from tqdm.auto import tqdm
@@ -7,7 +8,8 @@ from tqdm.auto import tqdm
 from jaxengine import profiler
 from jaxengine.config import EngineConfig
 from jaxengine.engine.dp_engine import create_engine
-from jaxengine.outputs import RequestOutput
+from jaxengine.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from jaxengine.pooling_params import POOLING_TASKS, PoolingParams
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -45,25 +47,56 @@ class LLM:
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
                  use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
         """Prompts: a string, a list of token ids, a dict, or a list of those. Outputs come back in input order."""
+        params = sampling_params or self.get_default_sampling_params()
+        prompts, params = self._per_prompt(prompts, params, "sampling_params")
+        final = [SamplingParams(**{**p.__dict__, "output_kind": RequestOutputKind.FINAL_ONLY}) for p in params]
+        return self._run(self._submit(prompts, final, priority), use_tqdm)
+
+    def encode(self, prompts, pooling_params: PoolingParams | list[PoolingParams] | None = None, *,
+               use_tqdm: bool = True, pooling_task: str = "embed", truncate_prompt_tokens: int | None = None,
+               priority: list[int] | None = None) -> list[PoolingRequestOutput]:
+        """A pooling engine's (runner 'pooling') outputs for the prompts (as `generate` takes them), in input
+        order: each `outputs.data` the prompt's embedding (float32). `truncate_prompt_tokens` over every
+        PoolingParams' own, as vLLM's."""
+        if pooling_task not in POOLING_TASKS:
+            raise ValueError(f"pooling_task {pooling_task!r} is not supported; supported: {', '.join(POOLING_TASKS)}")
+        prompts, params = self._per_prompt(prompts, pooling_params or PoolingParams(), "pooling_params")
+        if truncate_prompt_tokens is not None:
+            params = [dataclasses.replace(p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
+        return self._run(self._submit(prompts, params, priority), use_tqdm, desc="Embedding")
+
+    def embed(self, prompts, pooling_params: PoolingParams | list[PoolingParams] | None = None, *,
+              use_tqdm: bool = True, truncate_prompt_tokens: int | None = None,
+              priority: list[int] | None = None) -> list[EmbeddingRequestOutput]:
+        """Each prompt's embedding (`outputs.embedding`, a list of floats), as vLLM's `LLM.embed`."""
+        outputs = self.encode(prompts, pooling_params, use_tqdm=use_tqdm, truncate_prompt_tokens=truncate_prompt_tokens,
+                              priority=priority)
+        return [EmbeddingRequestOutput.from_base(out) for out in outputs]
+
+    @staticmethod
+    def _per_prompt(prompts, params, name: str) -> tuple[list, list]:
+        """The prompts as a list (one prompt: a string, token ids or a dict) and their parameters, one each."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                  and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = sampling_params or self.get_default_sampling_params()
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+            raise ValueError(f"got {len(params)} {name} for {len(prompts)} prompts")
+        return prompts, params
+
+    def _submit(self, prompts: list, params: list, priority: list[int] | None) -> dict[str, int]:
+        """Adds a request per prompt, every prompt checked before any is scheduled; returns each request's index."""
         priority = priority or [0] * len(prompts)
         tokenized = [self.engine.tokenize_prompt(p) for p in prompts]
         tokenized = [(text, self.engine.truncate_prompt(ids, p)) for (text, ids), p in zip(tokenized, params)]
-        for (_, ids), p in zip(tokenized, params):  # every prompt is checked before any is scheduled
+        for (_, ids), p in zip(tokenized, params):
             self.engine.validate(ids, p)
         order = {}
         for (text, ids), p, prio in zip(tokenized, params, priority):
             rid = str(next(self._ids))
             order[rid] = len(order)
-            final = SamplingParams(**{**p.__dict__, "output_kind": RequestOutputKind.FINAL_ONLY})
-            self.engine.add_request(rid, {"prompt": text, "prompt_token_ids": ids}, final, priority=prio)
-        return self._run(order, use_tqdm)
+            self.engine.add_request(rid, {"prompt": text, "prompt_token_ids": ids}, p, priority=prio)
+        return order
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, *, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template: str | None = None,
@@ -92,9 +125,9 @@ class LLM:
             prompts.append({"prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def _run(self, order: dict[str, int], use_tqdm: bool) -> list[RequestOutput]:
-        results: list[RequestOutput | None] = [None] * len(order)
-        with tqdm(total=len(order), desc="Generating", disable=not use_tqdm) as bar:
+    def _run(self, order: dict[str, int], use_tqdm: bool, desc: str = "Generating") -> list:
+        results: list = [None] * len(order)
+        with tqdm(total=len(order), desc=desc, disable=not use_tqdm) as bar:
             while self.engine.has_unfinished_requests():
                 for out in self.engine.step():
                     if out.finished and out.request_id in order:

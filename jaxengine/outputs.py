@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import numpy
+
 
 @dataclasses.dataclass
 class Logprob:
@@ -44,3 +46,44 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt_logprobs: list | None = None
     metrics: RequestMetrics | None = None
+
+
+@dataclasses.dataclass
+class PoolingOutput:
+    data: numpy.ndarray | None  # float32 [hidden] (or [dimensions]); None where the request was aborted
+
+
+@dataclasses.dataclass
+class PoolingRequestOutput:
+    """A pooling request's result, as vLLM's (`LLM.encode`)."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    finished: bool
+    num_cached_tokens: int = 0
+    metrics: RequestMetrics | None = None
+
+
+@dataclasses.dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclasses.dataclass
+class EmbeddingRequestOutput:
+    """An embedding, as vLLM's `LLM.embed` returns it."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> "EmbeddingRequestOutput":
+        return cls(output.request_id, EmbeddingOutput(output.outputs.data.tolist()), output.prompt_token_ids,
+                   output.finished)

@@ -17,8 +17,8 @@ import jaxengine
 from jaxengine import profiler
 from server.engine_client import AsyncEngine, EngineDeadError
 from server.errors import APIError, error_body, error_response
-from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, StartProfileRequest,
-                             TokenizeRequest)
+from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
+                             StartProfileRequest, TokenizeRequest)
 from server.serving import Serving
 
 logger = logging.getLogger(__name__)
@@ -178,6 +178,10 @@ def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | l
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
         return respond(await serving.chat(with_header_id(req, raw)))
+
+    @app.post("/v1/embeddings")
+    async def embeddings(req: EmbeddingRequest, raw: Request):
+        return JSONResponse(await serving.embeddings(with_header_id(req, raw)))
 
     @app.get("/v1/models")
     async def models():

@@ -7,7 +7,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from jaxengine.compile_counter import compile_count
-from jaxengine.outputs import RequestOutput
+from jaxengine.outputs import PoolingRequestOutput, RequestOutput
 
 logger = logging.getLogger("jaxengine.stats")
 
@@ -83,8 +83,18 @@ class EngineMetrics:
         for out in outputs:
             self._observe(out)
 
-    def _observe(self, out: RequestOutput) -> None:
+    def _observe(self, out: RequestOutput | PoolingRequestOutput) -> None:
         m = out.metrics
+        if isinstance(out, PoolingRequestOutput):  # its prompt is all it computes (pooling outputs come finished)
+            self.prompt_tokens.inc(len(out.prompt_token_ids))
+            self.totals["prompt_tokens"] += len(out.prompt_token_ids)
+            if m.first_scheduled_time is not None:
+                self.queue_time.observe(m.first_scheduled_time - m.arrival_time)
+            if m.finished_time is not None:
+                self.e2e.observe(m.finished_time - m.arrival_time)
+            reason = "stop" if out.outputs.data is not None else "abort"
+            self._success.labels(**self._labels, finished_reason=reason).inc()
+            return
         tokens = sum(len(c.token_ids) for c in out.outputs)  # outputs reach the server in cumulative form
         seen, last = self._seen_tokens.get(out.request_id, (0, m.arrival_time))
         new = tokens - seen

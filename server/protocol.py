@@ -167,3 +167,22 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str | None = None
     tokens: list[int]
+
+
+class EmbeddingRequest(BaseModel):
+    """POST /v1/embeddings, as OpenAI's and vLLM's (a text, texts, token ids or lists of them as `input`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+    # vLLM's extras
+    use_activation: bool | None = None  # normalise (None: the pooler's setting)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    add_special_tokens: bool = True
+    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # of base64's bytes
+    endianness: Literal["native", "big", "little"] = "native"  # of base64's bytes
+    priority: int = 0
+    request_id: str | None = None

@@ -1,6 +1,7 @@
 """Turns OpenAI requests into engine requests and engine outputs into OpenAI responses and SSE chunks."""
 
 import asyncio
+import base64
 import contextlib
 import json
 import re
@@ -9,12 +10,17 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import ml_dtypes
+import numpy as np
+
 from jaxengine.llm import chat_prompt_ids
 from jaxengine.outputs import RequestOutput
+from jaxengine.pooling_params import PoolingParams
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from server.engine_client import AsyncEngine, EngineDeadError
 from server.errors import APIError, error_body
-from server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields, TokenizeRequest
+from server.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest, EmbeddingRequest, SamplingFields,
+                             TokenizeRequest)
 from server.tool_parsers import PARSERS, TOOL_CALL_PARSERS, NamedCall, RequiredCalls, required_schema
 
 
@@ -27,7 +33,7 @@ def _refused_field(message: str, req: SamplingFields) -> str | None:
     if name == "structured_outputs" and req.structured_outputs is None:
         return "response_format"  # a chat's response_format made them
     if name.startswith("prompt") and name != "prompt_logprobs":
-        return "messages" if chat else "prompt"
+        return "messages" if chat else "input" if isinstance(req, EmbeddingRequest) else "prompt"
     if chat and name == "logprobs":
         return "top_logprobs"
     return name if name in type(req).model_fields else None
@@ -127,6 +133,21 @@ def _usage(prompts: list[list[int]], finals: dict[int, RequestOutput]) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+_EMBED_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def _encode_embedding(vector: np.ndarray, req: EmbeddingRequest) -> list[float] | str:
+    """A list of floats, or (`encoding_format` base64) the base64 of its values' bytes as `embed_dtype` in
+    `endianness` (the OpenAI client decodes float32 in the machine's order, which is vLLM's default)."""
+    if req.encoding_format == "float":
+        return vector.tolist()
+    values = vector.astype(_EMBED_DTYPES[req.embed_dtype])
+    bits = values.view(np.uint16 if values.itemsize == 2 else np.uint32)
+    if req.endianness != "native":
+        bits = bits.astype(bits.dtype.newbyteorder(">" if req.endianness == "big" else "<"))
+    return base64.b64encode(bits.tobytes()).decode("ascii")
+
+
 def _sse(payload) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
@@ -197,6 +218,14 @@ class Serving:
             raise APIError(f"model {name!r} does not exist; this server serves {served}", status=404,
                            param="model", code="model_not_found")
 
+    def _check_runner(self, runner: str, route: str) -> None:
+        """A route of the other runner's kind is refused (400, as vLLM's server has no such route there), saying
+        which the server does."""
+        if self.engine.engine.runner_type != runner:
+            does = ("makes embeddings (--runner pooling): use /v1/embeddings" if runner == "generate" else
+                    "generates text: embeddings need a server started with --runner pooling (an embedding model)")
+            raise APIError(f"{route}: this model {does}", param="model")
+
     def _admitted(self, prompts: list[tuple[str | None, list[int]]], params: SamplingParams,
                   req: SamplingFields) -> list[tuple[str | None, list[int]]]:
         """The prompts as the engine will run them (truncate_prompt_tokens applied; a cut prompt loses its text,
@@ -230,7 +259,7 @@ class Serving:
 
         def generate(i, text, ids):
             return self.engine.generate(f"{request_id}-{i}", {"prompt": text, "prompt_token_ids": ids}, params,
-                                        priority=req.priority, cache_salt=req.cache_salt)
+                                        priority=req.priority, cache_salt=getattr(req, "cache_salt", None))
 
         if len(prompts) == 1:  # nothing to merge: no task and queue in between
             async with contextlib.aclosing(generate(0, *prompts[0])) as outputs:  # closed (aborted) on leaving
@@ -260,6 +289,30 @@ class Serving:
             for task in tasks:
                 task.cancel()
 
+    # --- embeddings ----------------------------------------------------------------------------------
+
+    async def embeddings(self, req: EmbeddingRequest) -> dict:
+        """Each input's embedding from a pooling engine (runner 'pooling'), as vLLM's /v1/embeddings: floats, or
+        base64 of their bytes (`embed_dtype`, `endianness`)."""
+        self.check_model(req.model)
+        self._check_runner("pooling", "/v1/embeddings")
+        if not req.input:
+            raise APIError("input must not be empty", param="input")
+        try:
+            params = PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens, dimensions=req.dimensions,
+                                   use_activation=req.use_activation)
+        except ValueError as e:
+            raise APIError(str(e), param=str(e).split(" ")[0]) from None
+        prompts = self._admitted(self._completion_prompts(req.input, req.add_special_tokens), params, req)
+        request_id = req.request_id or f"embd-{uuid.uuid4().hex}"
+        finals = await self._finals(request_id, prompts, params, req)
+        data = [{"index": i, "object": "embedding", "embedding": _encode_embedding(finals[i].outputs.data, req)}
+                for i in range(len(prompts))]
+        tokens = sum(len(ids) for _, ids in prompts)
+        return {"id": request_id, "object": "list", "created": int(time.time()), "model": self.model_name,
+                "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                                        "prompt_tokens_details": None}}
+
     # --- completions ---------------------------------------------------------------------------------
 
     def _completion_prompts(self, prompt, add_special_tokens: bool) -> list[tuple[str | None, list[int]]]:
@@ -274,6 +327,7 @@ class Serving:
 
     async def completion(self, req: CompletionRequest):
         self.check_model(req.model)
+        self._check_runner("generate", "/v1/completions")
         if req.suffix is not None:
             raise APIError("suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
@@ -505,6 +559,7 @@ class Serving:
 
     async def chat(self, req: ChatCompletionRequest):
         self.check_model(req.model)
+        self._check_runner("generate", "/v1/chat/completions")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs requires logprobs=true", param="top_logprobs")
         self._check_streaming_fields(req)

@@ -46,3 +46,46 @@ def engines(model_dirs):
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def embedding_models(tmp_path_factory, tokenizer_dir):
+    """Embedding checkpoints: "base", a Qwen3 base model (Qwen3Model: no output head, tensors without the
+    "model." prefix) that declares Matryoshka dimensions; "st", the Llama causal LM with a Sentence Transformers
+    pooler of its own (mean pooling, then Normalize)."""
+    import json
+
+    root = tmp_path_factory.mktemp("embedding-models")
+    base = tiny_models.make_model("qwen3", root / "base", tokenizer_dir, cls="Qwen3Model", config_cls="Qwen3Config")
+    config = tiny_models.read_config(base) | {"matryoshka_dimensions": [16, 32, 64]}
+    (base / "config.json").write_text(json.dumps(config))
+    st = tiny_models.make_model("llama", root / "st", tokenizer_dir)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (st / "modules.json").write_text(json.dumps(modules))
+    (st / "1_Pooling").mkdir()
+    (st / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 96, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+         "pooling_mode_max_tokens": False, "pooling_mode_lasttoken": False}))
+    return {"base": base, "st": st}
+
+
+@pytest.fixture(scope="session")
+def pooling_engines(embedding_models):
+    """Pooling engines (runner 'pooling') shared by the run, keyed by (model, settings): 16-token steps, so that
+    the test prompts run in several chunks."""
+    from jaxengine import LLMEngine
+    from jaxengine.config import EngineConfig
+
+    cache = {}
+
+    def get(name, **settings):
+        key = (name, tuple(sorted((k, repr(v)) for k, v in settings.items())))
+        if key not in cache:
+            base = dict(model=str(embedding_models[name]), dtype="float32", max_model_len=128, max_num_seqs=4,
+                        max_num_batched_tokens=16, min_token_bucket=8, kv_cache_gib=0.01, seed=0, runner="pooling")
+            cache[key] = LLMEngine(EngineConfig(**(base | settings)), progress=False)
+        return cache[key]
+
+    return get

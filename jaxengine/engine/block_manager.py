@@ -89,8 +89,8 @@ class BlockManager:
         to compute so that the step has a position to sample from)."""
         max_blocks = (seq.num_tokens - 1) // self.block_size
         self.query_tokens += seq.num_tokens
-        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
-            return  # prompt logprobs need the logits of every prompt position: no cached prefix
+        if not self.enable_prefix_caching or not seq.reads_prefix_cache:
+            return
         tokens, bs = seq.all_token_ids, self.block_size
         for i, h in enumerate(self._hashes(seq, max_blocks)):
             block_id = self.cached.get(h)

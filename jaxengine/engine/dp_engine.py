@@ -33,6 +33,7 @@ class DataParallelEngine:
         self.max_model_len, self.default_sampling = first.max_model_len, first.default_sampling
         self.validate, self.tokenize_prompt = first.validate, first.tokenize_prompt
         self.truncate_prompt = first.truncate_prompt
+        self.runner_type, self.pooler = first.runner_type, first.pooler
         self._owner: dict[str, LLMEngine] = {}
 
     @staticmethod

@@ -17,13 +17,17 @@ import numpy as np
 from jaxengine.config import EngineConfig
 from jaxengine.engine.block_manager import BlockManager
 from jaxengine.engine.detokenizer import IncrementalDetokenizer
+from jaxengine.engine.pooler import PoolState
 from jaxengine.engine.request import Sequence
 from jaxengine.engine.scheduler import Scheduler
 from jaxengine.engine.structured_outputs import GrammarCompiler
+from jaxengine.models.config import read_hf_config
 from jaxengine.models.loader import load_config, load_model, resolve_model_dir, weight_dtypes
 from jaxengine.parallel.multihost import CommandChannel, is_leader
 from jaxengine.parallel.sharding import check_layout, make_mesh
-from jaxengine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from jaxengine.outputs import (CompletionOutput, Logprob, PoolingOutput, PoolingRequestOutput, RequestMetrics,
+                               RequestOutput)
+from jaxengine.pooling_params import PoolerConfig, PoolingParams
 from jaxengine.runner.executables import ExecutableCache
 from jaxengine.runner.model_runner import MAX_BANNED, MAX_LOGIT_BIAS, ModelRunner
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
@@ -119,6 +123,7 @@ class _Request:
     emitted: list[tuple[int, int]]  # per sample: (tokens, characters) already returned (delta outputs)
     prompt_logprobs_sent: bool = False
     metrics: RequestMetrics | None = None
+    pooling: PoolingParams | None = None  # a pooling request's own parameters (`params` runs its one step)
 
     @property
     def finished(self) -> bool:
@@ -126,6 +131,10 @@ class _Request:
             if not seq.is_finished:
                 return False
         return True
+
+
+# What a pooling request runs: its prompt, and one greedy token (the step's sample, dropped) that ends it.
+_POOLING_STEP = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def unrolled_by_default(backend: str, native_matmul: bool) -> bool:
@@ -158,7 +167,9 @@ class LLMEngine:
         model_dir = (resolve_model_dir(config.model, config.trust_remote_code, config.revision, config.download_dir)
                      if config.model else _demo_model_dir())
         tp = config.tensor_parallel_size
-        _, checkpoint_config = load_config(model_dir)
+        architecture, checkpoint_config = load_config(model_dir)
+        self.runner_type = self._runner_type(config, architecture)
+        self.pooler = self._pooler(config, model_dir, checkpoint_config.hidden_size)
         check_layout(checkpoint_config, tp, config.data_parallel_size, len(jax.devices()))
         self.mesh = make_mesh(tp, devices)
         unrolled = config.layer_loop == "unrolled" or (config.layer_loop == "auto" and unrolled_by_default(
@@ -208,6 +219,43 @@ class LLMEngine:
         self.async_scheduling = config.async_scheduling and jax.process_count() == 1
         self._in_flight: collections.deque = collections.deque()  # launched steps not finished yet, oldest first
         self._landed: list[RequestOutput] = []  # outputs of steps finished early (see launch)
+
+    def _runner_type(self, config: EngineConfig, architecture) -> str:
+        """"generate" or "pooling" (vLLM's --runner): auto is pooling for a base model's checkpoint (which has no
+        output head) or with convert='embed'."""
+        if config.runner == "generate" and architecture.embedding_only:
+            raise ValueError(f"runner='generate': the checkpoint is a base model without an output head "
+                             f"({config.model}); serve it for embeddings with runner 'pooling' or 'auto'")
+        if config.runner == "auto":
+            return "pooling" if architecture.embedding_only or config.convert == "embed" else "generate"
+        return config.runner
+
+    def _pooler(self, config: EngineConfig, model_dir: Path, hidden_size: int) -> PoolerConfig | None:
+        """A pooling engine's pooler (None for generation), and what dimensions its requests may ask for: any
+        up to the hidden size on a Matryoshka model (`is_matryoshka`, or those of `matryoshka_dimensions`, as
+        vLLM reads the config), none elsewhere."""
+        hf = read_hf_config(model_dir)
+        listed = hf.get("matryoshka_dimensions")
+        self.matryoshka = bool(listed) or bool(hf.get("is_matryoshka"))
+        self.matryoshka_dimensions = [int(d) for d in listed] if listed else None
+        self.embedding_size = hidden_size
+        if self.runner_type != "pooling":
+            if config.pooler_config is not None:
+                raise ValueError("pooler_config applies to runner 'pooling' (embeddings), not to a generating engine")
+            return None
+        pooler = PoolerConfig.of(model_dir, config.pooler_config)
+        if pooler.dimensions is not None:
+            self._check_dimensions(pooler.dimensions, "pooler_config: dimensions")
+        return pooler
+
+    def _check_dimensions(self, dimensions: int, field: str = "dimensions") -> None:
+        if not self.matryoshka:
+            raise ValueError(f"{field}: the model does not support Matryoshka embeddings, so dimensions must be unset "
+                             f"(got {dimensions})")
+        if not 1 <= dimensions <= self.embedding_size or (
+                self.matryoshka_dimensions is not None and dimensions not in self.matryoshka_dimensions):
+            allowed = self.matryoshka_dimensions or f"1 to {self.embedding_size}"
+            raise ValueError(f"{field}={dimensions} is not one the model supports: {allowed}")
 
     @staticmethod
     def _attention_backend(config: EngineConfig, tp: int) -> str:
@@ -294,18 +342,20 @@ class LLMEngine:
             return None, [int(t) for t in prompt]
         raise ValueError(f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
 
-    def truncate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> list[int]:
+    def truncate_prompt(self, prompt_token_ids: list[int], params: SamplingParams | PoolingParams) -> list[int]:
         """The prompt as `params.truncate_prompt_tokens` keeps it: its last k tokens (-1: max_model_len - 1, the
-        longest prompt that leaves room for a token). A k above max_model_len is refused, as in vLLM."""
+        longest prompt that leaves room for a token; max_model_len for a pooling request, which generates none).
+        A k above max_model_len is refused, as in vLLM."""
         k = params.truncate_prompt_tokens
         if k is None:
             return prompt_token_ids
         if k > self.max_model_len:
             raise ValueError(f"truncate_prompt_tokens={k} is greater than max_model_len={self.max_model_len}")
-        k = self.max_model_len - 1 if k == -1 else k
+        if k == -1:
+            k = self.max_model_len - (0 if isinstance(params, PoolingParams) else 1)
         return prompt_token_ids[-k:] if len(prompt_token_ids) > k else prompt_token_ids
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams | PoolingParams) -> None:
         vocab = self.model_config.vocab_size
         n = len(prompt_token_ids)
         if n == 0:
@@ -313,6 +363,19 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt_token_ids contains {bad[:5]} outside the vocabulary [0, {vocab})")
+        pooling = isinstance(params, PoolingParams)
+        if pooling != (self.runner_type == "pooling"):
+            raise ValueError(
+                "pooling_params: this engine generates text (runner 'generate'); embeddings need an engine with "
+                "runner 'pooling'" if pooling else
+                "sampling_params: this engine makes embeddings (runner 'pooling'): use LLM.embed or /v1/embeddings")
+        if pooling:
+            if params.dimensions is not None:
+                self._check_dimensions(params.dimensions)
+            if n > self.max_model_len:
+                raise ValueError(f"prompt has {n} tokens; max_model_len={self.max_model_len}")
+            self._check_fits(n, 0)
+            return
         for field in ("logprobs", "prompt_logprobs"):
             value = getattr(params, field)
             if value is not None and value > self.config.max_logprobs:
@@ -336,19 +399,27 @@ class LLMEngine:
             raise ValueError(f"prompt has {n} tokens; max_model_len={self.max_model_len} leaves no room to generate "
                              f"(the prompt must be shorter than max_model_len)")
         # As vLLM: a max_tokens past the context is not refused; the sequence stops at max_model_len ("length").
-        blocks = -(-min(n + (params.max_tokens or self.max_model_len), self.max_model_len) // self.config.block_size)
+        self._check_fits(n, params.max_tokens or self.max_model_len)
+
+    def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        blocks = -(-min(prompt_len + max_tokens, self.max_model_len) // self.config.block_size)
         if blocks > self.block_manager.num_blocks:
             raise ValueError(f"the request needs {blocks} KV blocks but the pool has "
                              f"{self.block_manager.num_blocks}; lower max_tokens or enlarge the KV cache")
 
-    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None, *, priority: int = 0,
-                    arrival_time: float | None = None, cache_salt: str | None = None) -> None:
-        params = params or SamplingParams()
+    def add_request(self, request_id: str, prompt, params: SamplingParams | PoolingParams | None = None, *,
+                    priority: int = 0, arrival_time: float | None = None, cache_salt: str | None = None) -> None:
+        """`params`: SamplingParams on a generating engine, PoolingParams on a pooling one (default: either's
+        defaults)."""
+        params = params or (PoolingParams() if self.runner_type == "pooling" else SamplingParams())
         text, token_ids = self.tokenize_prompt(prompt)
         token_ids = self.truncate_prompt(token_ids, params)  # RequestOutput.prompt keeps the text given, as vLLM
         self.validate(token_ids, params)
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        pooling = None
+        if isinstance(params, PoolingParams):  # its prompt runs as a one-token request whose token is dropped
+            pooling, params = params, _POOLING_STEP
         bad_words = self._tokenize_bad_words(params.bad_words)
         spec = params.structured_outputs
         grammar = self.grammars.grammar(spec) if spec is not None else None
@@ -362,11 +433,12 @@ class LLMEngine:
             seq.min_tokens_banned = min_tokens_banned
             seq.bad_words = bad_words
             seq.grammar = self.grammars.matcher(grammar) if grammar is not None else None
+            seq.pooling = PoolState(self.pooler, pooling, len(token_ids)) if pooling is not None else None
             seqs.append(seq)
         detoks = [IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens,
                                          params.spaces_between_special_tokens) for _ in seqs]
         self.requests[request_id] = _Request(request_id, text, token_ids, params, seqs, detoks, [(0, 0)] * len(seqs),
-                                             metrics=RequestMetrics(seqs[0].arrival_time))
+                                             metrics=RequestMetrics(seqs[0].arrival_time), pooling=pooling)
         for seq in seqs:
             self.scheduler.add(seq)
 
@@ -443,7 +515,8 @@ class LLMEngine:
     def finish_step(self, started) -> list[RequestOutput]:
         touched, chunks, launched = started
         if chunks:
-            tokens, logprobs, prompt_logprobs = self.runner.collect(launched, len(chunks))
+            pooled = any(c.seq.pooling is not None for c in chunks)
+            tokens, logprobs, prompt_logprobs, hidden = self.runner.collect(launched, len(chunks), hidden=pooled)
             start = 0  # the chunk's first flat position
             for row, (chunk, token) in enumerate(zip(chunks, tokens)):
                 seq, offset = chunk.seq, start
@@ -455,6 +528,8 @@ class LLMEngine:
                     continue
                 if prompt_logprobs is not None and seq.prompt_logprobs is not None:
                     self._record_prompt_logprobs(seq, chunk, offset, prompt_logprobs)
+                if seq.pooling is not None:
+                    seq.pooling.add(hidden[offset:offset + chunk.num_tokens], chunk.start)
                 self.block_manager.cache_full_blocks(seq)
                 if completes:
                     if seq.logprobs is not None:
@@ -554,8 +629,15 @@ class LLMEngine:
         seq.finish_reason, seq.stop_reason = "stop", stop
         return True
 
-    def _output(self, request: _Request, finished: bool) -> RequestOutput | None:
+    def _output(self, request: _Request, finished: bool) -> RequestOutput | PoolingRequestOutput | None:
         self._update_metrics(request, finished)
+        if request.pooling is not None:
+            if not finished:
+                return None
+            seq = request.seqs[0]  # an aborted request has no embedding
+            data = seq.pooling.embedding if seq.finish_reason != "abort" else None
+            return PoolingRequestOutput(request.request_id, PoolingOutput(data), request.prompt_token_ids, True,
+                                        max(seq.num_cached_tokens, 0), dataclasses.replace(request.metrics))
         kind = request.params.output_kind
         if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None

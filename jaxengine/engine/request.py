@@ -48,6 +48,13 @@ class Sequence:
         self.fork_parent: "Sequence | None" = None  # n > 1: waits for this sequence's prompt, then shares it
         self.slot: int | None = None  # the runner's device-state row, for penalties / allowed_token_ids
         self.grammar = None  # structured outputs: its engine.structured_outputs.Matcher
+        self.pooling = None  # a pooling request's engine.pooler.PoolState (its one sampled token is dropped)
+
+    @property
+    def reads_prefix_cache(self) -> bool:
+        """Prompt logprobs need the logits of every prompt position, MEAN and CLS pooling their hidden states: a
+        cached prefix would skip them."""
+        return self.params.prompt_logprobs is None and (self.pooling is None or self.pooling.reads_prefix_cache)
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -18,6 +18,25 @@ class Architecture:
     read_config: Callable[[dict], ModelConfig]
     # a checkpoint tensor's name -> the name the model's weight map knows it by; None: not the model's
     tensor_name: Callable[[str], str | None] = _same_name
+    embedding_only: bool = False  # a base model (`*Model`): served by the pooling runner only
+
+
+def _base_model_tensor(name: str) -> str | None:
+    """A base model's tensor (`layers.0...`, as transformers saves `LlamaModel`) under its causal LM's name
+    (`model.layers.0...`)."""
+    return name if name.startswith("model.") else "model." + name
+
+
+def _base_model(causal_name: str) -> "Architecture":
+    """A causal LM's base model (Qwen2Model, ...), which embedding checkpoints ship: the same layers and no output
+    head; the step's logits, which a pooling engine never reads, come from the tied embedding."""
+    causal = _REGISTRY[causal_name]
+
+    def read_config(hf: dict) -> ModelConfig:
+        cfg = causal.read_config(hf | {"architectures": [causal_name]})
+        return dataclasses.replace(cfg, architecture=hf["architectures"][0], tie_word_embeddings=True)
+
+    return Architecture(causal.model_class, read_config, _base_model_tensor, embedding_only=True)
 
 
 _GEMMA3_LANGUAGE = (("language_model.model.", "model."), ("model.language_model.", "model."),
@@ -51,6 +70,10 @@ _REGISTRY = {
     "Gemma3ForConditionalGeneration": Architecture(LlamaForCausalLM, gemma3_language_config_from_hf,
                                                    _gemma3_language_tensor),
 }
+
+_REGISTRY |= {name.replace("ForCausalLM", "Model"): _base_model(name)
+              for name in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                           "GemmaForCausalLM", "Gemma2ForCausalLM")}
 
 SUPPORTED_ARCHITECTURES = tuple(sorted(_REGISTRY))
 

@@ -317,7 +317,7 @@ class ModelRunner:
         """Runs one step. Returns the sampled token of each chunk (meaningful where the chunk completes its
         sequence); in the full and prompt variants (top ids, top logprobs, token logprob, rank) per chunk; in
         the prompt variant the same for every flat token position, predicting `prompt_targets`."""
-        return self.collect(self.dispatch(chunks), len(chunks))
+        return self.collect(self.dispatch(chunks), len(chunks))[:3]
 
     def dispatch(self, chunks: list[ScheduledChunk]):
         """Packs and launches the step without waiting for it (JAX dispatch is asynchronous)."""
@@ -376,7 +376,7 @@ class ModelRunner:
             logits, self.slot_state, *sampling_buffers)
         self.last_tokens = tokens
         self.num_steps += 1
-        return tokens, logprobs, prompt_logprobs
+        return tokens, logprobs, prompt_logprobs, hidden
 
     def follow(self) -> None:
         """A follower process: run every command the leader sends until it sends STOP."""
@@ -397,7 +397,7 @@ class ModelRunner:
             elif kind == multihost.SET_ALLOWED:
                 self._run_allow(payload)
             else:
-                tokens, _, _ = self._run_step(shape[0], shape[1], STEP_VARIANTS[shape[2]], payload)
+                tokens, _, _, _ = self._run_step(shape[0], shape[1], STEP_VARIANTS[shape[2]], payload)
                 tokens.block_until_ready()  # one step at a time: back-to-back collectives can deadlock on CPU
 
     def stop_followers(self) -> None:
@@ -406,14 +406,16 @@ class ModelRunner:
             self.channel = None
 
     @staticmethod
-    def collect(launched, num_chunks: int) -> tuple[np.ndarray, tuple | None, tuple | None]:
-        """Waits for a dispatched step and brings its results to the host."""
-        tokens, logprobs, prompt_logprobs = launched
+    def collect(launched, num_chunks: int, hidden: bool = False):
+        """Waits for a dispatched step and brings its results to the host: (tokens, logprobs, prompt logprobs,
+        and with `hidden` every flat position's final hidden state [T, hidden], else None)."""
+        tokens, logprobs, prompt_logprobs, hidden_states = launched
         if logprobs is not None:
             logprobs = tuple(multihost.to_host(x)[:num_chunks] for x in logprobs)
         if prompt_logprobs is not None:
             prompt_logprobs = tuple(multihost.to_host(x) for x in prompt_logprobs)
-        return multihost.to_host(tokens)[:num_chunks], logprobs, prompt_logprobs
+        hidden_states = multihost.to_host(hidden_states) if hidden else None
+        return multihost.to_host(tokens)[:num_chunks], logprobs, prompt_logprobs, hidden_states
 
     @staticmethod
     def _variant(chunks: list[ScheduledChunk]) -> str:

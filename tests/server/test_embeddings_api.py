@@ -1,0 +1,124 @@
+"""POST /v1/embeddings on a pooling server (runner 'pooling'), through the OpenAI client and raw HTTP."""
+
+import asyncio
+import base64
+import itertools
+
+import httpx
+import ml_dtypes
+import numpy as np
+import openai
+import pytest
+
+from jaxengine import PoolingParams
+from server.app import build_app
+from server.engine_client import AsyncEngine
+from server.metrics import EngineMetrics
+from tests.server.conftest import LiveServer, wait_until_idle
+from tests.server.test_errors_and_ops import metric_values
+
+EMBED_MODEL = "tiny-embed"
+
+
+@pytest.fixture(scope="module")
+def embed_server(pooling_engines):
+    engine = pooling_engines("base")
+    client = AsyncEngine(engine, EngineMetrics(EMBED_MODEL))
+    server = LiveServer(build_app(client, EMBED_MODEL))
+    yield server, client
+    server.stop()
+    client.shutdown()
+
+
+@pytest.fixture
+def embed_http(embed_server):
+    with httpx.Client(base_url=embed_server[0].url, timeout=60) as c:
+        yield c
+
+
+_ids = itertools.count()
+
+
+def _direct(client: AsyncEngine, prompt_ids, **params):
+    """The server's engine's embedding of a prompt, submitted to it directly (not through HTTP)."""
+    async def run():
+        async for out in client.generate(f"direct-{next(_ids)}", {"prompt_token_ids": prompt_ids},
+                                         PoolingParams(**params)):
+            final = out
+        return final.outputs.data
+
+    return asyncio.run(run())
+
+
+def test_embeddings_through_the_openai_client(embed_server):
+    server, engine_client = embed_server
+    engine = engine_client.engine
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    texts = ["def main(", "the quick brown fox jumps over the lazy dog, again and again and again"]
+    result = client.embeddings.create(model=EMBED_MODEL, input=texts)  # the client asks for base64 float32
+    assert result.model == EMBED_MODEL and [d.index for d in result.data] == [0, 1]
+    ids = [engine.tokenizer.encode(t) for t in texts]
+    assert result.usage.prompt_tokens == result.usage.total_tokens == sum(map(len, ids))
+    for d, prompt in zip(result.data, ids):
+        np.testing.assert_allclose(d.embedding, _direct(engine_client, prompt), atol=1e-6)
+    floats = client.embeddings.create(model=EMBED_MODEL, input=ids[0], encoding_format="float", dimensions=16)
+    assert len(floats.data[0].embedding) == 16
+    np.testing.assert_allclose(floats.data[0].embedding, _direct(engine_client, ids[0], dimensions=16), atol=1e-6)
+
+
+def test_base64_dtypes_and_endianness(embed_server, embed_http):
+    prompt = [5, 9, 33, 7]
+    expected = _direct(embed_server[1], prompt, use_activation=False)
+    for dtype, numpy_dtype in [("float32", np.float32), ("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16)]:
+        for endianness, order in [("little", "<"), ("big", ">"), ("native", "=")]:
+            r = embed_http.post("/v1/embeddings", json={"input": [prompt], "encoding_format": "base64",
+                                                        "embed_dtype": dtype, "endianness": endianness,
+                                                        "use_activation": False})
+            assert r.status_code == 200, r.text
+            raw = base64.b64decode(r.json()["data"][0]["embedding"])
+            width = np.dtype(numpy_dtype).itemsize
+            bits = np.frombuffer(raw, np.dtype(f"{order}u{width}")).astype(f"=u{width}")
+            np.testing.assert_allclose(bits.view(numpy_dtype).astype(np.float32), expected.astype(numpy_dtype)
+                                       .astype(np.float32), rtol=0, atol=0)
+    r = embed_http.post("/v1/embeddings", json={"input": ["a b c", "d e f"], "request_id": "mine",
+                                                "truncate_prompt_tokens": 1})
+    body = r.json()
+    assert r.status_code == 200 and body["id"] == "mine" and body["object"] == "list"
+    assert body["usage"]["prompt_tokens"] == 2 and body["data"][1]["object"] == "embedding"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": []}, "input"),
+    ({"input": [[]]}, "input"),
+    ({"input": "x", "dimensions": 20}, "dimensions"),
+    ({"input": "x", "dimensions": 0}, "dimensions"),
+    ({"input": [[5, 10**6]]}, "input"),
+    ({"input": "x", "encoding_format": "binary"}, "encoding_format"),
+    ({"input": "x", "messages": []}, "messages"),
+    ({"input": "x", "model": "other"}, "model"),
+    ({"input": [5] * 200}, "input"),
+])
+def test_invalid_embedding_requests_get_400(embed_server, embed_http, body, param):
+    r = embed_http.post("/v1/embeddings", json=body)
+    assert r.status_code == (404 if param == "model" else 400), r.text
+    assert r.json()["error"]["param"] == param
+    wait_until_idle(embed_server[1].engine)
+
+
+def test_other_routes_and_servers_refuse(embed_http, http):
+    """A pooling server refuses to generate; a generating server refuses embeddings; both say why."""
+    r = embed_http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 400 and "makes embeddings" in r.json()["error"]["message"]
+    r = embed_http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and "makes embeddings" in r.json()["error"]["message"]
+    r = http.post("/v1/embeddings", json={"input": "hi"})
+    assert r.status_code == 400 and "--runner pooling" in r.json()["error"]["message"]
+
+
+def test_metrics_count_embeddings(embed_server, embed_http):
+    before = metric_values(embed_http)
+    assert embed_http.post("/v1/embeddings", json={"input": [[5, 6, 7], [8, 9]]}).is_success
+    wait_until_idle(embed_server[1].engine)
+    after = metric_values(embed_http)
+    assert after[("vllm:prompt_tokens_total", "")] == before.get(("vllm:prompt_tokens_total", ""), 0) + 5
+    assert after[("vllm:request_success_total", "stop")] == before.get(("vllm:request_success_total", "stop"), 0) + 2
