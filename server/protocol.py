@@ -170,18 +170,24 @@ class DetokenizeRequest(BaseModel):
 
 
 class EmbeddingRequest(BaseModel):
-    """POST /v1/embeddings, as OpenAI's and vLLM's (a text, texts, token ids or lists of them as `input`)."""
+    """POST /v1/embeddings, as OpenAI's and vLLM's: a text, texts, token ids or lists of them as `input`, or (vLLM's
+    chat form) a conversation or conversations as `messages`, rendered by the chat template."""
 
     model_config = ConfigDict(extra="forbid")
     model: str | None = None
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[int] | list[list[int]] | None = None
+    messages: list[ChatMessage] | list[list[ChatMessage]] | None = Field(None, min_length=1)
+    add_generation_prompt: bool = False  # the chat form's, as vLLM's (no generation prompt by default)
+    continue_final_message: bool = False
+    chat_template: str | None = None  # taken only from a server started with --trust-request-chat-template
+    chat_template_kwargs: dict | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
     # vLLM's extras
     use_activation: bool | None = None  # normalise (None: the pooler's setting)
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # default: True for input, False for messages (as vLLM's)
     embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # of base64's bytes
     endianness: Literal["native", "big", "little"] = "native"  # of base64's bytes
     priority: int = 0

@@ -296,14 +296,25 @@ class Serving:
         base64 of their bytes (`embed_dtype`, `endianness`)."""
         self.check_model(req.model)
         self._check_runner("pooling", "/v1/embeddings")
-        if not req.input:
+        if (req.input is None) == (req.messages is None):
+            raise APIError("give exactly one of input or messages", param="input")
+        if req.input is not None and not req.input:
             raise APIError("input must not be empty", param="input")
         try:
             params = PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens, dimensions=req.dimensions,
                                    use_activation=req.use_activation)
         except ValueError as e:
             raise APIError(str(e), param=str(e).split(" ")[0]) from None
-        prompts = self._admitted(self._completion_prompts(req.input, req.add_special_tokens), params, req)
+        if req.messages is not None:
+            if req.add_generation_prompt and req.continue_final_message:
+                raise APIError("add_generation_prompt and continue_final_message cannot both be true",
+                               param="continue_final_message")
+            batched = isinstance(req.messages[0], list)
+            conversations = req.messages if batched else [req.messages]
+            prompts = [(None, self.chat_prompt(req.model_copy(update={"messages": c}))) for c in conversations]
+        else:
+            prompts = self._completion_prompts(req.input, req.add_special_tokens is not False)
+        prompts = self._admitted(prompts, params, req)
         request_id = req.request_id or f"embd-{uuid.uuid4().hex}"
         finals = await self._finals(request_id, prompts, params, req)
         data = [{"index": i, "object": "embedding", "embedding": _encode_embedding(finals[i].outputs.data, req)}
@@ -491,8 +502,8 @@ class Serving:
 
     # --- chat ----------------------------------------------------------------------------------------
 
-    def chat_prompt(self, req: ChatCompletionRequest | TokenizeRequest) -> list[int]:
-        """The token ids of a request's messages in the chat template (chat completions, /tokenize): the
+    def chat_prompt(self, req: ChatCompletionRequest | TokenizeRequest | EmbeddingRequest) -> list[int]:
+        """The token ids of a request's messages in the chat template (chat completions, /tokenize, embeddings): the
         request's template (where trusted), else the server's --chat-template, else the tokenizer's; tokenized
         as jaxengine.llm.chat_prompt_ids does for LLM.chat."""
         if req.chat_template is not None and not self.trust_request_chat_template:

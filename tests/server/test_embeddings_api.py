@@ -87,14 +87,39 @@ def test_base64_dtypes_and_endianness(embed_server, embed_http):
     assert body["usage"]["prompt_tokens"] == 2 and body["data"][1]["object"] == "embedding"
 
 
+def test_chat_form(embed_server, embed_http):
+    """vLLM's chat form: `messages` (one conversation or several) rendered by the chat template, without a
+    generation prompt unless asked; the same embedding as the template's token ids given as input."""
+    tokenizer = embed_server[1].engine.tokenizer
+    talk = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi"}]
+    other = [{"role": "user", "content": [{"type": "text", "text": "what "}, {"type": "text", "text": "now"}]}]
+    r = embed_http.post("/v1/embeddings", json={"messages": [talk, other], "encoding_format": "float"})
+    assert r.status_code == 200, r.text
+    joined = [{"role": "user", "content": "what now"}]  # text parts are joined, as for chat
+    ids = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=False) for c in (talk, joined)]
+    ids = [tokenizer.encode(t, add_special_tokens=False) for t in ids]
+    assert r.json()["usage"]["prompt_tokens"] == sum(map(len, ids))
+    direct = embed_http.post("/v1/embeddings", json={"input": ids, "encoding_format": "float"}).json()
+    for got, expected in zip(r.json()["data"], direct["data"]):
+        np.testing.assert_allclose(got["embedding"], expected["embedding"], atol=1e-6)
+    one = embed_http.post("/v1/embeddings", json={"messages": other, "add_generation_prompt": True}).json()
+    prompt = tokenizer.apply_chat_template(joined, tokenize=False, add_generation_prompt=True)
+    assert one["usage"]["prompt_tokens"] == len(tokenizer.encode(prompt, add_special_tokens=False))
+
+
 @pytest.mark.parametrize("body, param", [
+    ({"input": "x", "messages": [{"role": "user", "content": "x"}]}, "input"),
+    ({}, "input"),
+    ({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": True,
+      "continue_final_message": True}, "continue_final_message"),
+    ({"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ 1 }}"}, "chat_template"),
     ({"input": []}, "input"),
     ({"input": [[]]}, "input"),
     ({"input": "x", "dimensions": 20}, "dimensions"),
     ({"input": "x", "dimensions": 0}, "dimensions"),
     ({"input": [[5, 10**6]]}, "input"),
     ({"input": "x", "encoding_format": "binary"}, "encoding_format"),
-    ({"input": "x", "messages": []}, "messages"),
+    ({"messages": []}, "messages"),
     ({"input": "x", "model": "other"}, "model"),
     ({"input": [5] * 200}, "input"),
 ])
