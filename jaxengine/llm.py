@@ -8,7 +8,9 @@ from tqdm.auto import tqdm
 from jaxengine import profiler
 from jaxengine.config import EngineConfig
 from jaxengine.engine.dp_engine import create_engine
-from jaxengine.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from jaxengine.engine.pooler import cosine_similarity, score_pairs
+from jaxengine.outputs import (EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput, ScoringOutput,
+                               ScoringRequestOutput)
 from jaxengine.pooling_params import POOLING_TASKS, PoolingParams
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 
@@ -72,6 +74,24 @@ class LLM:
         outputs = self.encode(prompts, pooling_params, use_tqdm=use_tqdm, truncate_prompt_tokens=truncate_prompt_tokens,
                               priority=priority)
         return [EmbeddingRequestOutput.from_base(out) for out in outputs]
+
+    def score(self, data_1: str | list[str], data_2: str | list[str], *, use_tqdm: bool = True,
+              pooling_params: PoolingParams | None = None,
+              truncate_prompt_tokens: int | None = None) -> list[ScoringRequestOutput]:
+        """An embedding model's similarity of texts, as vLLM's `LLM.score`: the cosine of each pair's embeddings,
+        pairing one text with each of the others (1:N) or the two lists in order (N:N)."""
+        first, second = ([d] if isinstance(d, str) else list(d) for d in (data_1, data_2))
+        for name, texts in (("data_1", first), ("data_2", second)):
+            if not all(isinstance(t, str) for t in texts):
+                raise ValueError(f"{name} must be a text or a list of texts")
+        pairs = score_pairs(len(first), len(second))
+        outputs = self.encode(first + second, pooling_params, use_tqdm=use_tqdm,
+                              truncate_prompt_tokens=truncate_prompt_tokens)
+        return [ScoringRequestOutput(f"{outputs[i].request_id}_{outputs[len(first) + j].request_id}",
+                                     ScoringOutput(cosine_similarity(outputs[i].outputs.data,
+                                                                     outputs[len(first) + j].outputs.data)),
+                                     outputs[i].prompt_token_ids + outputs[len(first) + j].prompt_token_ids)
+                for i, j in pairs]
 
     @staticmethod
     def _per_prompt(prompts, params, name: str) -> tuple[list, list]:

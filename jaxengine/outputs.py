@@ -87,3 +87,19 @@ class EmbeddingRequestOutput:
     def from_base(cls, output: PoolingRequestOutput) -> "EmbeddingRequestOutput":
         return cls(output.request_id, EmbeddingOutput(output.outputs.data.tolist()), output.prompt_token_ids,
                    output.finished)
+
+
+@dataclasses.dataclass
+class ScoringOutput:
+    score: float
+
+
+@dataclasses.dataclass
+class ScoringRequestOutput:
+    """A pair's score, as vLLM's `LLM.score` returns it: an embedding model's cosine similarity of the two texts'
+    embeddings (`prompt_token_ids`: the first's, then the second's)."""
+
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

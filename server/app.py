@@ -18,7 +18,7 @@ from jaxengine import profiler
 from server.engine_client import AsyncEngine, EngineDeadError
 from server.errors import APIError, error_body, error_response
 from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
-                             StartProfileRequest, TokenizeRequest)
+                             RerankRequest, ScoreRequest, StartProfileRequest, TokenizeRequest)
 from server.serving import Serving
 
 logger = logging.getLogger(__name__)
@@ -182,6 +182,17 @@ def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | l
     @app.post("/v1/embeddings")
     async def embeddings(req: EmbeddingRequest, raw: Request):
         return JSONResponse(await serving.embeddings(with_header_id(req, raw)))
+
+    @app.post("/v1/score")
+    @app.post("/score")
+    async def score(req: ScoreRequest, raw: Request):
+        return JSONResponse(await serving.score(with_header_id(req, raw)))
+
+    @app.post("/v1/rerank")
+    @app.post("/rerank")
+    @app.post("/v2/rerank")
+    async def rerank(req: RerankRequest, raw: Request):
+        return JSONResponse(await serving.rerank(with_header_id(req, raw)))
 
     @app.get("/v1/models")
     async def models():

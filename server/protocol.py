@@ -3,7 +3,7 @@
 Unknown fields are refused rather than ignored: a parameter we do not honour must never pass silently.
 """
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -192,3 +192,46 @@ class EmbeddingRequest(BaseModel):
     endianness: Literal["native", "big", "little"] = "native"  # of base64's bytes
     priority: int = 0
     request_id: str | None = None
+
+
+class ScoringFields(BaseModel):
+    """What /v1/score and /v1/rerank share (vLLM's names)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    user: str | None = None
+    use_activation: bool | None = None  # normalise the embeddings (a cosine does not depend on it)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    priority: int = 0
+    request_id: str | None = None
+
+
+class ScoreRequest(ScoringFields):
+    """POST /v1/score: two sides of texts under one of vLLM's pairs of names."""
+
+    queries: str | list[str] | None = None
+    documents: str | list[str] | None = None
+    items: str | list[str] | None = None
+    data_1: str | list[str] | None = None
+    data_2: str | list[str] | None = None
+    text_1: str | list[str] | None = None
+    text_2: str | list[str] | None = None
+
+    NAMES: ClassVar[tuple] = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
+
+    def sides(self) -> tuple[str, str]:
+        """The names of the two sides given; a ValueError unless exactly one pair of names is."""
+        given = {name for pair in self.NAMES for name in pair if getattr(self, name) is not None}
+        pairs = [pair for pair in self.NAMES if set(pair) == given]
+        if len(pairs) != 1:
+            raise ValueError(f"give the texts to score as one of {', '.join(' and '.join(p) for p in self.NAMES)}; "
+                             f"got {sorted(given) or 'none'}")
+        return pairs[0]
+
+
+class RerankRequest(ScoringFields):
+    """POST /v1/rerank (Jina's and Cohere's API, as vLLM's): documents ordered by their score against the query."""
+
+    query: str
+    documents: str | list[str]
+    top_n: int = Field(0, ge=0)  # 0: all

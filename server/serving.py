@@ -13,14 +13,15 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from jaxengine.engine.pooler import cosine_similarity, score_pairs
 from jaxengine.llm import chat_prompt_ids
 from jaxengine.outputs import RequestOutput
 from jaxengine.pooling_params import PoolingParams
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from server.engine_client import AsyncEngine, EngineDeadError
 from server.errors import APIError, error_body
-from server.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest, EmbeddingRequest, SamplingFields,
-                             TokenizeRequest)
+from server.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest, EmbeddingRequest, RerankRequest,
+                             SamplingFields, ScoreRequest, ScoringFields, TokenizeRequest)
 from server.tool_parsers import PARSERS, TOOL_CALL_PARSERS, NamedCall, RequiredCalls, required_schema
 
 
@@ -33,7 +34,7 @@ def _refused_field(message: str, req: SamplingFields) -> str | None:
     if name == "structured_outputs" and req.structured_outputs is None:
         return "response_format"  # a chat's response_format made them
     if name.startswith("prompt") and name != "prompt_logprobs":
-        return "messages" if chat else "input" if isinstance(req, EmbeddingRequest) else "prompt"
+        return "messages" if chat else {EmbeddingRequest: "input", CompletionRequest: "prompt"}.get(type(req))
     if chat and name == "logprobs":
         return "top_logprobs"
     return name if name in type(req).model_fields else None
@@ -323,6 +324,49 @@ class Serving:
         return {"id": request_id, "object": "list", "created": int(time.time()), "model": self.model_name,
                 "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
                                         "prompt_tokens_details": None}}
+
+    async def score(self, req: ScoreRequest) -> dict:
+        """vLLM's /v1/score for an embedding model: the cosine of each pair's embeddings (1:1, 1:N or N:N)."""
+        self.check_model(req.model)
+        self._check_runner("pooling", "/v1/score")
+        try:
+            names = req.sides()
+        except ValueError as e:
+            raise APIError(str(e), param="queries") from None
+        sides = [[t] if isinstance(t, str) else t for t in (getattr(req, name) for name in names)]
+        request_id = req.request_id or f"score-{uuid.uuid4().hex}"
+        scores, tokens = await self._similarities(request_id, *sides, req, names)
+        return {"id": request_id, "object": "list", "created": int(time.time()), "model": self.model_name,
+                "data": [{"index": i, "object": "score", "score": score} for i, score in enumerate(scores)],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    async def rerank(self, req: RerankRequest) -> dict:
+        """vLLM's /v1/rerank for an embedding model: the documents by their cosine with the query, highest first
+        (the first `top_n` where it is set)."""
+        self.check_model(req.model)
+        self._check_runner("pooling", "/v1/rerank")
+        documents = [req.documents] if isinstance(req.documents, str) else req.documents
+        request_id = req.request_id or f"rerank-{uuid.uuid4().hex}"
+        scores, tokens = await self._similarities(request_id, [req.query], documents, req, ("query", "documents"))
+        results = sorted(({"index": i, "document": {"text": d}, "relevance_score": s}
+                          for i, (d, s) in enumerate(zip(documents, scores))),
+                         key=lambda r: r["relevance_score"], reverse=True)
+        return {"id": request_id, "model": self.model_name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                "results": results[: req.top_n or len(results)]}
+
+    async def _similarities(self, request_id: str, first: list[str], second: list[str], req: ScoringFields,
+                            names: tuple[str, str]) -> tuple[list[float], int]:
+        """Each pair's cosine (score_pairs' order) and the prompt tokens computed (every text once)."""
+        try:
+            pairs = score_pairs(len(first), len(second))
+            params = PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens,
+                                   use_activation=req.use_activation)
+        except ValueError as e:
+            raise APIError(str(e), param=names[1] if "score" in str(e) else str(e).split(" ")[0]) from None
+        prompts = self._admitted(self._completion_prompts(first + second, True), params, req)
+        finals = await self._finals(request_id, prompts, params, req)
+        scores = [cosine_similarity(finals[i].outputs.data, finals[len(first) + j].outputs.data) for i, j in pairs]
+        return scores, sum(len(ids) for _, ids in prompts)
 
     # --- completions ---------------------------------------------------------------------------------
 

@@ -158,3 +158,26 @@ def test_settings_refused(embedding_models, model_dirs, tmp_path):
         LLM(str(st), runner="pooling", progress=False, **small)
     llm = LLM(str(st), runner="pooling", pooler_config={"pooling_type": "LAST"}, progress=False, **small)
     assert llm.engine.pooler == PoolerConfig("LAST", True, None)  # the override stands in for the pooler
+
+
+def test_score_is_the_cosine_of_embeddings(pooling_engines):
+    """LLM.score on an embedding model: each pair's cosine, paired 1:N or N:N as vLLM pairs them."""
+    llm = _llm(pooling_engines("base"))
+    texts = ["the cat sat", "a dog ran far away", "the cat sat on the mat", "zzz"]
+    vectors = [np.array(o.outputs.embedding) for o in llm.embed(texts, use_tqdm=False)]
+
+    def cosine(a, b):
+        return a @ b / np.linalg.norm(a) / np.linalg.norm(b)
+
+    one_to_many = llm.score(texts[0], texts[1:], use_tqdm=False)
+    assert [round(o.outputs.score, 5) for o in one_to_many] == [round(cosine(vectors[0], v), 5) for v in vectors[1:]]
+    pairwise = llm.score(texts[:2], texts[2:], use_tqdm=False)
+    assert [round(o.outputs.score, 5) for o in pairwise] == [round(cosine(vectors[0], vectors[2]), 5),
+                                                             round(cosine(vectors[1], vectors[3]), 5)]
+    tok = llm.get_tokenizer()
+    assert pairwise[0].prompt_token_ids == tok.encode(texts[0]) + tok.encode(texts[2])
+    with pytest.raises(ValueError, match="score inputs must pair 1:1, 1:N or N:N, got 2:3"):
+        llm.score(texts[:2], texts[1:])
+    with pytest.raises(ValueError, match="data_2 must be a text or a list of texts"):
+        llm.score("a", [[5, 6]])
+    assert not llm.engine.has_unfinished_requests()

@@ -53,3 +53,19 @@ class PoolState:
         if self.normalize:
             vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
         self.embedding = np.asarray(vector, np.float32)
+
+
+def score_pairs(num_first: int, num_second: int) -> list[tuple[int, int]]:
+    """The (first, second) index pairs that a score request of `num_first` and `num_second` texts compares, as
+    vLLM pairs them: 1:1, 1:N (the one with each) or N:N (in order); a ValueError for anything else."""
+    if num_first == 0 or num_second == 0:
+        raise ValueError("score needs at least one text on each side")
+    if num_first > 1 and num_first != num_second:
+        raise ValueError(f"score inputs must pair 1:1, 1:N or N:N, got {num_first}:{num_second}")
+    return [(0 if num_first == 1 else i, i) for i in range(num_second)]
+
+
+def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
+    """As torch's: each norm clamped below at 1e-8."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(a @ b / (max(np.linalg.norm(a), 1e-8) * max(np.linalg.norm(b), 1e-8)))

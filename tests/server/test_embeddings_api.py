@@ -147,3 +147,63 @@ def test_metrics_count_embeddings(embed_server, embed_http):
     after = metric_values(embed_http)
     assert after[("vllm:prompt_tokens_total", "")] == before.get(("vllm:prompt_tokens_total", ""), 0) + 5
     assert after[("vllm:request_success_total", "stop")] == before.get(("vllm:request_success_total", "stop"), 0) + 2
+
+
+def _cosine(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_score_and_rerank(embed_http):
+    texts = ["the cat sat", "a dog ran far away", "the cat sat on the mat"]
+    vectors = [d["embedding"] for d in embed_http.post("/v1/embeddings", json={"input": texts,
+                                                                               "encoding_format": "float"}).json()["data"]]
+    for names in (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2")):
+        r = embed_http.post("/v1/score", json={names[0]: texts[0], names[1]: texts[1:]})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["object"] == "list" and [d["index"] for d in body["data"]] == [0, 1]
+        np.testing.assert_allclose([d["score"] for d in body["data"]],
+                                   [_cosine(vectors[0], v) for v in vectors[1:]], atol=1e-5)
+    pairwise = embed_http.post("/score", json={"text_1": texts[:2], "text_2": texts[1:]}).json()
+    np.testing.assert_allclose([d["score"] for d in pairwise["data"]],
+                               [_cosine(vectors[0], vectors[1]), _cosine(vectors[1], vectors[2])], atol=1e-5)
+    for route in ("/v1/rerank", "/rerank", "/v2/rerank"):
+        r = embed_http.post(route, json={"query": texts[0], "documents": texts[1:], "top_n": 1, "request_id": "rr"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        best = int(np.argmax([_cosine(vectors[0], v) for v in vectors[1:]]))
+        assert body["id"] == "rr" and len(body["results"]) == 1
+        assert body["results"][0]["index"] == best and body["results"][0]["document"] == {"text": texts[1 + best]}
+        assert body["usage"]["prompt_tokens"] == sum(len(embed_server_tokens(embed_http, t)) for t in texts)
+    everything = embed_http.post("/v1/rerank", json={"query": texts[0], "documents": texts}).json()["results"]
+    assert [r["index"] for r in everything][0] == 0  # a text is closest to itself
+    scores = [r["relevance_score"] for r in everything]
+    assert scores == sorted(scores, reverse=True) and len(scores) == 3
+
+
+def embed_server_tokens(http, text):
+    return http.post("/tokenize", json={"prompt": text}).json()["tokens"]
+
+
+@pytest.mark.parametrize("route, body, param", [
+    ("/v1/score", {"queries": "a"}, "queries"),
+    ("/v1/score", {"queries": "a", "text_2": "b"}, "queries"),
+    ("/v1/score", {"text_1": ["a", "b"], "text_2": ["a", "b", "c"]}, "text_2"),
+    ("/v1/score", {"text_1": [], "text_2": ["a"]}, "text_2"),
+    ("/v1/score", {"text_1": "a", "text_2": "b", "max_tokens_per_doc": 4}, "max_tokens_per_doc"),
+    ("/v1/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, "top_n"),
+    ("/v1/rerank", {"documents": ["b"]}, "query"),
+])
+def test_invalid_scoring_requests_get_400(embed_server, embed_http, route, body, param):
+    r = embed_http.post(route, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    wait_until_idle(embed_server[1].engine)
+
+
+def test_scoring_refused_by_a_generating_server(http):
+    r = http.post("/v1/score", json={"text_1": "a", "text_2": "b"})
+    assert r.status_code == 400 and "--runner pooling" in r.json()["error"]["message"]
+    r = http.post("/v1/rerank", json={"query": "a", "documents": ["b"]})
+    assert r.status_code == 400 and "--runner pooling" in r.json()["error"]["message"]
