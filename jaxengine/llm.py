@@ -8,9 +8,9 @@ from tqdm.auto import tqdm
 from jaxengine import profiler
 from jaxengine.config import EngineConfig
 from jaxengine.engine.dp_engine import create_engine
-from jaxengine.engine.pooler import cosine_similarity, score_pairs
-from jaxengine.outputs import (EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput, ScoringOutput,
-                               ScoringRequestOutput)
+from jaxengine.engine.pooler import check_cross_encoder, cosine_similarity, cross_encoder_ids, score_pairs
+from jaxengine.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput,
+                               RequestOutput, ScoringOutput, ScoringRequestOutput)
 from jaxengine.pooling_params import POOLING_TASKS, PoolingParams
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 
@@ -55,13 +55,18 @@ class LLM:
         return self._run(self._submit(prompts, final, priority), use_tqdm)
 
     def encode(self, prompts, pooling_params: PoolingParams | list[PoolingParams] | None = None, *,
-               use_tqdm: bool = True, pooling_task: str = "embed", truncate_prompt_tokens: int | None = None,
+               use_tqdm: bool = True, pooling_task: str | None = None, truncate_prompt_tokens: int | None = None,
                priority: list[int] | None = None) -> list[PoolingRequestOutput]:
         """A pooling engine's (runner 'pooling') outputs for the prompts (as `generate` takes them), in input
-        order: each `outputs.data` the prompt's embedding (float32). `truncate_prompt_tokens` over every
-        PoolingParams' own, as vLLM's."""
-        if pooling_task not in POOLING_TASKS:
+        order: each `outputs.data` the prompt's embedding, or a classifier's probabilities (float32).
+        `pooling_task`: "embed" or "classify", the model's (default: the model's). `truncate_prompt_tokens` over
+        every PoolingParams' own, as vLLM's."""
+        if pooling_task not in POOLING_TASKS + (None,):
             raise ValueError(f"pooling_task {pooling_task!r} is not supported; supported: {', '.join(POOLING_TASKS)}")
+        task = self.engine.pooling_task
+        if pooling_task is not None and task is not None and pooling_task != task:
+            use = {"embed": "LLM.embed", "classify": "LLM.classify"}[task]
+            raise ValueError(f"pooling_task {pooling_task!r}: this model's task is {task!r} (use {use})")
         prompts, params = self._per_prompt(prompts, pooling_params or PoolingParams(), "pooling_params")
         if truncate_prompt_tokens is not None:
             params = [dataclasses.replace(p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
@@ -72,21 +77,37 @@ class LLM:
               priority: list[int] | None = None) -> list[EmbeddingRequestOutput]:
         """Each prompt's embedding (`outputs.embedding`, a list of floats), as vLLM's `LLM.embed`."""
         outputs = self.encode(prompts, pooling_params, use_tqdm=use_tqdm, truncate_prompt_tokens=truncate_prompt_tokens,
-                              priority=priority)
+                              priority=priority, pooling_task="embed")
         return [EmbeddingRequestOutput.from_base(out) for out in outputs]
+
+    def classify(self, prompts, pooling_params: PoolingParams | list[PoolingParams] | None = None, *,
+                 use_tqdm: bool = True, truncate_prompt_tokens: int | None = None,
+                 priority: list[int] | None = None) -> list[ClassificationRequestOutput]:
+        """A sequence classifier's probabilities for each prompt (`outputs.probs`), as vLLM's `LLM.classify`."""
+        outputs = self.encode(prompts, pooling_params, use_tqdm=use_tqdm, truncate_prompt_tokens=truncate_prompt_tokens,
+                              priority=priority, pooling_task="classify")
+        return [ClassificationRequestOutput.from_base(out) for out in outputs]
 
     def score(self, data_1: str | list[str], data_2: str | list[str], *, use_tqdm: bool = True,
               pooling_params: PoolingParams | None = None,
               truncate_prompt_tokens: int | None = None) -> list[ScoringRequestOutput]:
-        """An embedding model's similarity of texts, as vLLM's `LLM.score`: the cosine of each pair's embeddings,
-        pairing one text with each of the others (1:N) or the two lists in order (N:N)."""
+        """Texts' similarity, as vLLM's `LLM.score`, pairing one text with each of the others (1:N) or the two lists
+        in order (N:N): an embedding model's cosine of each pair's embeddings, or a one-label classifier's score of
+        the pair (a cross-encoder: the tokenizer's encoding of the two texts together)."""
         first, second = ([d] if isinstance(d, str) else list(d) for d in (data_1, data_2))
         for name, texts in (("data_1", first), ("data_2", second)):
             if not all(isinstance(t, str) for t in texts):
                 raise ValueError(f"{name} must be a text or a list of texts")
         pairs = score_pairs(len(first), len(second))
+        if self.engine.pooling_task == "classify":
+            check_cross_encoder(self.engine.classifier)
+            tok = self.get_tokenizer()
+            outputs = self.encode([cross_encoder_ids(tok, first[i], second[j]) for i, j in pairs], pooling_params,
+                                  use_tqdm=use_tqdm, truncate_prompt_tokens=truncate_prompt_tokens)
+            return [ScoringRequestOutput(o.request_id, ScoringOutput(float(o.outputs.data[0])), o.prompt_token_ids)
+                    for o in outputs]
         outputs = self.encode(first + second, pooling_params, use_tqdm=use_tqdm,
-                              truncate_prompt_tokens=truncate_prompt_tokens)
+                              truncate_prompt_tokens=truncate_prompt_tokens, pooling_task="embed")
         return [ScoringRequestOutput(f"{outputs[i].request_id}_{outputs[len(first) + j].request_id}",
                                      ScoringOutput(cosine_similarity(outputs[i].outputs.data,
                                                                      outputs[len(first) + j].outputs.data)),

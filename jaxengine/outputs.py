@@ -103,3 +103,27 @@ class ScoringRequestOutput:
     outputs: ScoringOutput
     prompt_token_ids: list[int]
     finished: bool = True
+
+
+@dataclasses.dataclass
+class ClassificationOutput:
+    probs: list[float]  # per label: the classifier's activation of its logits (the logits without use_activation)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclasses.dataclass
+class ClassificationRequestOutput:
+    """A sequence classifier's output, as vLLM's `LLM.classify` returns it."""
+
+    request_id: str
+    outputs: ClassificationOutput
+    prompt_token_ids: list[int]
+    finished: bool
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> "ClassificationRequestOutput":
+        return cls(output.request_id, ClassificationOutput(output.outputs.data.tolist()), output.prompt_token_ids,
+                   output.finished)

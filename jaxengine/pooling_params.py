@@ -7,7 +7,7 @@ from pathlib import Path
 from jaxengine.validation import check_field_types, field_error, is_integer
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")  # the hidden state of the last token, the mean over tokens, the first's
-POOLING_TASKS = ("embed",)
+POOLING_TASKS = ("embed", "classify")
 
 
 @dataclasses.dataclass

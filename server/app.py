@@ -17,8 +17,8 @@ import jaxengine
 from jaxengine import profiler
 from server.engine_client import AsyncEngine, EngineDeadError
 from server.errors import APIError, error_body, error_response
-from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
-                             RerankRequest, ScoreRequest, StartProfileRequest, TokenizeRequest)
+from server.protocol import (ChatCompletionRequest, ClassificationRequest, CompletionRequest, DetokenizeRequest,
+                             EmbeddingRequest, RerankRequest, ScoreRequest, StartProfileRequest, TokenizeRequest)
 from server.serving import Serving
 
 logger = logging.getLogger(__name__)
@@ -182,6 +182,10 @@ def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | l
     @app.post("/v1/embeddings")
     async def embeddings(req: EmbeddingRequest, raw: Request):
         return JSONResponse(await serving.embeddings(with_header_id(req, raw)))
+
+    @app.post("/classify")
+    async def classify(req: ClassificationRequest, raw: Request):
+        return JSONResponse(await serving.classify(with_header_id(req, raw)))
 
     @app.post("/v1/score")
     @app.post("/score")

@@ -235,3 +235,17 @@ class RerankRequest(ScoringFields):
     query: str
     documents: str | list[str]
     top_n: int = Field(0, ge=0)  # 0: all
+
+
+class ClassificationRequest(BaseModel):
+    """POST /classify, as vLLM's: a sequence classifier's probabilities for each input."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    user: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    use_activation: bool | None = None  # the classifier's activation (None: the pooler's setting, on)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    add_special_tokens: bool = True
+    priority: int = 0
+    request_id: str | None = None

@@ -13,15 +13,16 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from jaxengine.engine.pooler import cosine_similarity, score_pairs
+from jaxengine.engine.pooler import check_cross_encoder, cosine_similarity, cross_encoder_ids, score_pairs
 from jaxengine.llm import chat_prompt_ids
 from jaxengine.outputs import RequestOutput
 from jaxengine.pooling_params import PoolingParams
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from server.engine_client import AsyncEngine, EngineDeadError
 from server.errors import APIError, error_body
-from server.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest, EmbeddingRequest, RerankRequest,
-                             SamplingFields, ScoreRequest, ScoringFields, TokenizeRequest)
+from server.protocol import (ChatCompletionRequest, ChatMessage, ClassificationRequest, CompletionRequest,
+                             EmbeddingRequest, RerankRequest, SamplingFields, ScoreRequest, ScoringFields,
+                             TokenizeRequest)
 from server.tool_parsers import PARSERS, TOOL_CALL_PARSERS, NamedCall, RequiredCalls, required_schema
 
 
@@ -34,7 +35,8 @@ def _refused_field(message: str, req: SamplingFields) -> str | None:
     if name == "structured_outputs" and req.structured_outputs is None:
         return "response_format"  # a chat's response_format made them
     if name.startswith("prompt") and name != "prompt_logprobs":
-        return "messages" if chat else {EmbeddingRequest: "input", CompletionRequest: "prompt"}.get(type(req))
+        return "messages" if chat else {EmbeddingRequest: "input", ClassificationRequest: "input",
+                                        CompletionRequest: "prompt"}.get(type(req))
     if chat and name == "logprobs":
         return "top_logprobs"
     return name if name in type(req).model_fields else None
@@ -219,13 +221,20 @@ class Serving:
             raise APIError(f"model {name!r} does not exist; this server serves {served}", status=404,
                            param="model", code="model_not_found")
 
-    def _check_runner(self, runner: str, route: str) -> None:
-        """A route of the other runner's kind is refused (400, as vLLM's server has no such route there), saying
-        which the server does."""
-        if self.engine.engine.runner_type != runner:
-            does = ("makes embeddings (--runner pooling): use /v1/embeddings" if runner == "generate" else
-                    "generates text: embeddings need a server started with --runner pooling (an embedding model)")
-            raise APIError(f"{route}: this model {does}", param="model")
+    def _check_runner(self, runner: str, route: str, task: str | None = None) -> None:
+        """A route of another runner's (or pooling task's) kind is refused (400, as vLLM's server has no such route
+        there), saying which the server does."""
+        engine = self.engine.engine
+        if engine.runner_type == runner and (task is None or task == engine.pooling_task):
+            return
+        if engine.runner_type == "generate":
+            does = "generates text: this route needs a server started with --runner pooling (an embedding model or a "
+            does += "classifier)"
+        elif engine.pooling_task == "embed":
+            does = "makes embeddings (--runner pooling): use /v1/embeddings, /v1/score or /v1/rerank"
+        else:
+            does = "is a classifier (--runner pooling): use /classify, or /v1/score and /v1/rerank with one label"
+        raise APIError(f"{route}: this model {does}", param="model")
 
     def _admitted(self, prompts: list[tuple[str | None, list[int]]], params: SamplingParams,
                   req: SamplingFields) -> list[tuple[str | None, list[int]]]:
@@ -296,7 +305,7 @@ class Serving:
         """Each input's embedding from a pooling engine (runner 'pooling'), as vLLM's /v1/embeddings: floats, or
         base64 of their bytes (`embed_dtype`, `endianness`)."""
         self.check_model(req.model)
-        self._check_runner("pooling", "/v1/embeddings")
+        self._check_runner("pooling", "/v1/embeddings", task="embed")
         if (req.input is None) == (req.messages is None):
             raise APIError("give exactly one of input or messages", param="input")
         if req.input is not None and not req.input:
@@ -325,8 +334,33 @@ class Serving:
                 "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
                                         "prompt_tokens_details": None}}
 
+    async def classify(self, req: ClassificationRequest) -> dict:
+        """vLLM's /classify: a sequence classifier's probabilities for each input, and its most likely label."""
+        self.check_model(req.model)
+        self._check_runner("pooling", "/classify", task="classify")
+        if not req.input:
+            raise APIError("input must not be empty", param="input")
+        try:
+            params = PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens, use_activation=req.use_activation)
+        except ValueError as e:
+            raise APIError(str(e), param=str(e).split(" ")[0]) from None
+        prompts = self._admitted(self._completion_prompts(req.input, req.add_special_tokens), params, req)
+        request_id = req.request_id or f"classify-{uuid.uuid4().hex}"
+        finals = await self._finals(request_id, prompts, params, req)
+        labels = self.engine.engine.classifier.labels
+        data = []
+        for i in range(len(prompts)):
+            probs = finals[i].outputs.data.tolist()
+            data.append({"index": i, "label": labels[int(np.argmax(probs))], "probs": probs,
+                         "num_classes": len(probs)})
+        tokens = sum(len(ids) for _, ids in prompts)
+        return {"id": request_id, "object": "list", "created": int(time.time()), "model": self.model_name,
+                "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                                        "prompt_tokens_details": None}}
+
     async def score(self, req: ScoreRequest) -> dict:
-        """vLLM's /v1/score for an embedding model: the cosine of each pair's embeddings (1:1, 1:N or N:N)."""
+        """vLLM's /v1/score: an embedding model's cosine of each pair's embeddings, or a one-label classifier's
+        score of each pair (1:1, 1:N or N:N)."""
         self.check_model(req.model)
         self._check_runner("pooling", "/v1/score")
         try:
@@ -341,8 +375,8 @@ class Serving:
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
     async def rerank(self, req: RerankRequest) -> dict:
-        """vLLM's /v1/rerank for an embedding model: the documents by their cosine with the query, highest first
-        (the first `top_n` where it is set)."""
+        """vLLM's /v1/rerank: the documents by their score against the query (as /v1/score's), highest first (the
+        first `top_n` where it is set)."""
         self.check_model(req.model)
         self._check_runner("pooling", "/v1/rerank")
         documents = [req.documents] if isinstance(req.documents, str) else req.documents
@@ -356,16 +390,29 @@ class Serving:
 
     async def _similarities(self, request_id: str, first: list[str], second: list[str], req: ScoringFields,
                             names: tuple[str, str]) -> tuple[list[float], int]:
-        """Each pair's cosine (score_pairs' order) and the prompt tokens computed (every text once)."""
+        """Each pair's score (score_pairs' order) and the prompt tokens computed: an embedding model's cosine (each
+        text embedded once), a one-label classifier's score of the pair's joint encoding (a prompt per pair)."""
         try:
             pairs = score_pairs(len(first), len(second))
             params = PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens,
                                    use_activation=req.use_activation)
+            classifier = self.engine.engine.pooling_task == "classify"
+            if classifier:
+                check_cross_encoder(self.engine.engine.classifier)
         except ValueError as e:
-            raise APIError(str(e), param=names[1] if "score" in str(e) else str(e).split(" ")[0]) from None
-        prompts = self._admitted(self._completion_prompts(first + second, True), params, req)
+            param = "model" if "classifier" in str(e) else names[1] if "score" in str(e) else str(e).split(" ")[0]
+            raise APIError(str(e), param=param) from None
+        if classifier:
+            prompts = [(None, cross_encoder_ids(self.tokenizer, first[i], second[j])) for i, j in pairs]
+        else:
+            prompts = self._completion_prompts(first + second, True)
+        prompts = self._admitted(prompts, params, req)
         finals = await self._finals(request_id, prompts, params, req)
-        scores = [cosine_similarity(finals[i].outputs.data, finals[len(first) + j].outputs.data) for i, j in pairs]
+        if classifier:
+            scores = [float(finals[k].outputs.data[0]) for k in range(len(pairs))]
+        else:
+            scores = [cosine_similarity(finals[i].outputs.data, finals[len(first) + j].outputs.data)
+                      for i, j in pairs]
         return scores, sum(len(ids) for _, ids in prompts)
 
     # --- completions ---------------------------------------------------------------------------------

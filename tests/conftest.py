@@ -50,9 +50,10 @@ def engines(model_dirs):
 
 @pytest.fixture(scope="session")
 def embedding_models(tmp_path_factory, tokenizer_dir):
-    """Embedding checkpoints: "base", a Qwen3 base model (Qwen3Model: no output head, tensors without the
-    "model." prefix) that declares Matryoshka dimensions; "st", the Llama causal LM with a Sentence Transformers
-    pooler of its own (mean pooling, then Normalize)."""
+    """Pooling checkpoints: "base", a Qwen3 base model (Qwen3Model: no output head, tensors without the "model."
+    prefix) that declares Matryoshka dimensions; "st", the Llama causal LM with a Sentence Transformers pooler of
+    its own (mean pooling, then Normalize); "classifier", a three-label Qwen2 sequence classifier; "cross-encoder",
+    a one-label Llama one."""
     import json
 
     root = tmp_path_factory.mktemp("embedding-models")
@@ -68,7 +69,13 @@ def embedding_models(tmp_path_factory, tokenizer_dir):
     (st / "1_Pooling" / "config.json").write_text(json.dumps(
         {"word_embedding_dimension": 96, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
          "pooling_mode_max_tokens": False, "pooling_mode_lasttoken": False}))
-    return {"base": base, "st": st}
+    labels = {0: "negative", 1: "neutral", 2: "positive"}
+    classifier = tiny_models.make_model("qwen2", root / "classifier", tokenizer_dir, cls="Qwen2ForSequenceClassification",
+                                        config_cls="Qwen2Config", id2label=labels,
+                                        label2id={v: k for k, v in labels.items()})
+    cross_encoder = tiny_models.make_model("llama", root / "cross-encoder", tokenizer_dir,
+                                           cls="LlamaForSequenceClassification", config_cls="LlamaConfig", num_labels=1)
+    return {"base": base, "st": st, "classifier": classifier, "cross-encoder": cross_encoder}
 
 
 @pytest.fixture(scope="session")

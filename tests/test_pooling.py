@@ -114,12 +114,12 @@ def test_preemption_and_a_full_context(pooling_engines, embedding_models):
 
 def test_refusals(pooling_engines, engines, embedding_models):
     pooling, generating = pooling_engines("base"), engines("qwen2")
-    with pytest.raises(ValueError, match="sampling_params: this engine makes embeddings"):
+    with pytest.raises(ValueError, match="sampling_params: this engine runs a pooling model"):
         run_to_completion(pooling, [("g", [5, 6], SamplingParams(max_tokens=2))])
     with pytest.raises(ValueError, match="pooling_params: this engine generates text"):
         run_to_completion(generating, [("p", [5, 6], PoolingParams())])
-    with pytest.raises(ValueError, match="pooling_task 'classify' is not supported"):
-        _llm(pooling).encode([[5, 6]], pooling_task="classify")
+    with pytest.raises(ValueError, match="pooling_task 'token_embed' is not supported"):
+        _llm(pooling).encode([[5, 6]], pooling_task="token_embed")
     with pytest.raises(ValueError, match="prompt has 129 tokens; max_model_len=128"):
         _llm(pooling).embed([[5] * 129])
     out = _llm(pooling).embed([[5] * 129], truncate_prompt_tokens=-1, use_tqdm=False)[0]  # the last 128 kept
@@ -142,7 +142,7 @@ def test_settings_refused(embedding_models, model_dirs, tmp_path):
             EngineConfig(model=str(embedding_models["base"]), **settings)
     small = dict(dtype="float32", max_model_len=64, max_num_seqs=2, max_num_batched_tokens=8, kv_cache_gib=0.01,
                  warmup=False)
-    with pytest.raises(ValueError, match="runner='generate': the checkpoint is a base model"):
+    with pytest.raises(ValueError, match="runner='generate': the checkpoint .* has no language-model head"):
         LLM(str(embedding_models["base"]), runner="generate", progress=False, **small)
     with pytest.raises(ValueError, match="pooler_config applies to runner 'pooling'"):
         LLM(str(model_dirs["qwen2"]), pooler_config={"pooling_type": "MEAN"}, progress=False, **small)
@@ -181,3 +181,64 @@ def test_score_is_the_cosine_of_embeddings(pooling_engines):
     with pytest.raises(ValueError, match="data_2 must be a text or a list of texts"):
         llm.score("a", [[5, 6]])
     assert not llm.engine.has_unfinished_requests()
+
+
+def _hf_classifier_logits(model_dir, prompts):
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return [model(torch.tensor([p])).logits[0].numpy() for p in prompts]
+
+
+def test_sequence_classifier(pooling_engines, embedding_models):
+    """A *ForSequenceClassification checkpoint is a classifier by default: its score head over the last token's
+    hidden state, softmax over its labels (the logits without use_activation), as transformers computes them."""
+    engine = pooling_engines("classifier", runner="auto")
+    assert engine.runner_type == "pooling" and engine.pooling_task == "classify"
+    assert engine.classifier.labels == ["negative", "neutral", "positive"]
+    llm = _llm(engine)
+    prompts = random_prompts(engine.model_config.vocab_size, LENGTHS, seed=6)
+    expected = _hf_classifier_logits(embedding_models["classifier"], prompts)
+    for out, logits in zip(llm.classify(prompts, use_tqdm=False), expected):
+        probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+        assert out.outputs.num_classes == 3
+        np.testing.assert_allclose(out.outputs.probs, probs, atol=2e-5)
+    raw = llm.classify(prompts, PoolingParams(use_activation=False), use_tqdm=False)
+    for out, logits in zip(raw, expected):
+        np.testing.assert_allclose(out.outputs.probs, logits, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="pooling_task 'embed': this model's task is 'classify' \\(use LLM.classify\\)"):
+        llm.embed(prompts)
+    with pytest.raises(ValueError, match="dimensions apply to embeddings"):
+        llm.classify(prompts, PoolingParams(dimensions=4))
+    with pytest.raises(ValueError, match="this classifier has 3 labels; scoring pairs needs one"):
+        llm.score("a", "b")
+    with pytest.raises(ValueError, match="pooling_task 'classify': this model's task is 'embed'"):
+        _llm(pooling_engines("base")).classify(prompts)
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_cross_encoder_scores_pairs(pooling_engines, embedding_models):
+    """A one-label classifier scores a pair of texts from their joint encoding (sigmoid of its logit)."""
+    engine = pooling_engines("cross-encoder")
+    llm = _llm(engine)
+    tok = llm.get_tokenizer()
+    query, documents = "the cat sat", ["a dog ran far away", "the cat sat on the mat"]
+    pairs = [tok("the cat sat", text_pair=d)["input_ids"] for d in documents]
+    expected = [1 / (1 + np.exp(-logits[0])) for logits in _hf_classifier_logits(embedding_models["cross-encoder"],
+                                                                                 pairs)]
+    scores = llm.score(query, documents, use_tqdm=False)
+    np.testing.assert_allclose([s.outputs.score for s in scores], expected, atol=2e-5)
+    assert scores[1].prompt_token_ids == pairs[1]
+
+
+def test_sharded_replicas_embed_as_one_device(pooling_engines, embedding_models):
+    """tensor_parallel_size=2 x data_parallel_size=2: each replica's hidden states come back whole (replicated) and
+    the embeddings and scores equal one device's."""
+    prompts = random_prompts(pooling_engines("base").model_config.vocab_size, LENGTHS, seed=7)
+    want = _embeddings(pooling_engines("base"), prompts)
+    llm = LLM(str(embedding_models["base"]), dtype="float32", max_model_len=128, max_num_seqs=4,
+              max_num_batched_tokens=16, min_token_bucket=8, kv_cache_gib=0.01, tensor_parallel_size=2,
+              data_parallel_size=2, progress=False)
+    assert llm.engine.runner_type == "pooling" and len(llm.engine.replicas) == 2
+    for got, expected in zip(llm.embed(prompts, use_tqdm=False), want):
+        np.testing.assert_allclose(got.outputs.embedding, expected, atol=2e-5)
+    assert all(r.block_manager.num_free_blocks == r.block_manager.num_blocks for r in llm.engine.replicas)

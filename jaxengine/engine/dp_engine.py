@@ -33,7 +33,8 @@ class DataParallelEngine:
         self.max_model_len, self.default_sampling = first.max_model_len, first.default_sampling
         self.validate, self.tokenize_prompt = first.validate, first.tokenize_prompt
         self.truncate_prompt = first.truncate_prompt
-        self.runner_type, self.pooler = first.runner_type, first.pooler
+        self.runner_type, self.pooler, self.pooling_task = first.runner_type, first.pooler, first.pooling_task
+        self.classifier = first.classifier
         self._owner: dict[str, LLMEngine] = {}
 
     @staticmethod

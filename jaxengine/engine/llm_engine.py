@@ -17,7 +17,7 @@ import numpy as np
 from jaxengine.config import EngineConfig
 from jaxengine.engine.block_manager import BlockManager
 from jaxengine.engine.detokenizer import IncrementalDetokenizer
-from jaxengine.engine.pooler import PoolState
+from jaxengine.engine.pooler import ClassifierHead, PoolState
 from jaxengine.engine.request import Sequence
 from jaxengine.engine.scheduler import Scheduler
 from jaxengine.engine.structured_outputs import GrammarCompiler
@@ -169,7 +169,10 @@ class LLMEngine:
         tp = config.tensor_parallel_size
         architecture, checkpoint_config = load_config(model_dir)
         self.runner_type = self._runner_type(config, architecture)
+        # What a pooling engine's outputs are: "embed" (embeddings) or "classify" (a classifier's probabilities).
+        self.pooling_task = None if self.runner_type != "pooling" else "classify" if architecture.classifier else "embed"
         self.pooler = self._pooler(config, model_dir, checkpoint_config.hidden_size)
+        self.classifier = self._classifier_head(model_dir) if architecture.classifier else None
         check_layout(checkpoint_config, tp, config.data_parallel_size, len(jax.devices()))
         self.mesh = make_mesh(tp, devices)
         unrolled = config.layer_loop == "unrolled" or (config.layer_loop == "auto" and unrolled_by_default(
@@ -221,11 +224,11 @@ class LLMEngine:
         self._landed: list[RequestOutput] = []  # outputs of steps finished early (see launch)
 
     def _runner_type(self, config: EngineConfig, architecture) -> str:
-        """"generate" or "pooling" (vLLM's --runner): auto is pooling for a base model's checkpoint (which has no
-        output head) or with convert='embed'."""
+        """"generate" or "pooling" (vLLM's --runner): auto is pooling for a base model's or a sequence classifier's
+        checkpoint (neither has a language-model head) or with convert='embed'."""
         if config.runner == "generate" and architecture.embedding_only:
-            raise ValueError(f"runner='generate': the checkpoint is a base model without an output head "
-                             f"({config.model}); serve it for embeddings with runner 'pooling' or 'auto'")
+            raise ValueError(f"runner='generate': the checkpoint ({config.model}) has no language-model head (an "
+                             f"embedding model or a classifier); serve it with runner 'pooling' or 'auto'")
         if config.runner == "auto":
             return "pooling" if architecture.embedding_only or config.convert == "embed" else "generate"
         return config.runner
@@ -248,7 +251,18 @@ class LLMEngine:
             self._check_dimensions(pooler.dimensions, "pooler_config: dimensions")
         return pooler
 
+    @staticmethod
+    def _classifier_head(model_dir: Path) -> ClassifierHead:
+        from jaxengine.models import orbax_io
+
+        if orbax_io.is_orbax_checkpoint(model_dir):
+            raise ValueError("a sequence classifier loads from its Hugging Face checkpoint (its score head is not in a "
+                             "converted Orbax checkpoint)")
+        return ClassifierHead.load(model_dir, read_hf_config(model_dir))
+
     def _check_dimensions(self, dimensions: int, field: str = "dimensions") -> None:
+        if self.pooling_task == "classify":
+            raise ValueError(f"{field}: dimensions apply to embeddings, not to a classifier's outputs")
         if not self.matryoshka:
             raise ValueError(f"{field}: the model does not support Matryoshka embeddings, so dimensions must be unset "
                              f"(got {dimensions})")
@@ -368,7 +382,8 @@ class LLMEngine:
             raise ValueError(
                 "pooling_params: this engine generates text (runner 'generate'); embeddings need an engine with "
                 "runner 'pooling'" if pooling else
-                "sampling_params: this engine makes embeddings (runner 'pooling'): use LLM.embed or /v1/embeddings")
+                "sampling_params: this engine runs a pooling model (runner 'pooling'), which generates no text: use "
+                "LLM.embed, LLM.classify or LLM.score")
         if pooling:
             if params.dimensions is not None:
                 self._check_dimensions(params.dimensions)
@@ -433,7 +448,8 @@ class LLMEngine:
             seq.min_tokens_banned = min_tokens_banned
             seq.bad_words = bad_words
             seq.grammar = self.grammars.matcher(grammar) if grammar is not None else None
-            seq.pooling = PoolState(self.pooler, pooling, len(token_ids)) if pooling is not None else None
+            seq.pooling = (PoolState(self.pooler, pooling, len(token_ids), self.classifier) if pooling is not None
+                           else None)
             seqs.append(seq)
         detoks = [IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens,
                                          params.spaces_between_special_tokens) for _ in seqs]
@@ -635,7 +651,7 @@ class LLMEngine:
             if not finished:
                 return None
             seq = request.seqs[0]  # an aborted request has no embedding
-            data = seq.pooling.embedding if seq.finish_reason != "abort" else None
+            data = seq.pooling.data if seq.finish_reason != "abort" else None
             return PoolingRequestOutput(request.request_id, PoolingOutput(data), request.prompt_token_ids, True,
                                         max(seq.num_cached_tokens, 0), dataclasses.replace(request.metrics))
         kind = request.params.output_kind

@@ -1,24 +1,86 @@
-"""A pooling sequence's embedding, made on the host from the final hidden states of its prompt's chunks."""
+"""A pooling sequence's embedding (or a classifier's probabilities), made on the host from the final hidden states
+of its prompt's chunks."""
+
+from pathlib import Path
 
 import numpy as np
 
 from jaxengine.pooling_params import PoolerConfig, PoolingParams
 
 
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+class ClassifierHead:
+    """A sequence classifier's `score` head ([labels, hidden], no bias) and its activation, applied on the host to
+    the pooled hidden state: as transformers' loss (and vLLM) reads the config, `problem_type` regression none,
+    multi-label sigmoid, otherwise softmax over two or more labels and sigmoid over one; a Sentence Transformers
+    cross-encoder's own activation (Identity, Sigmoid or Softmax) where its config names one."""
+
+    ACTIVATIONS = {"none": lambda x: x, "sigmoid": _sigmoid, "softmax": _softmax}
+
+    def __init__(self, weight: np.ndarray, activation: str, labels: list[str]):
+        self.weight, self.activation, self.labels = np.asarray(weight, np.float32), activation, labels
+
+    @classmethod
+    def load(cls, model_dir: Path, hf: dict) -> "ClassifierHead":
+        from jaxengine.models.loader import checkpoint_files
+        from jaxengine.models.safetensors_io import read_safetensors
+
+        weight = next((tensors["score.weight"] for tensors in map(read_safetensors, checkpoint_files(model_dir))
+                       if "score.weight" in tensors), None)
+        if weight is None:
+            raise ValueError(f"{model_dir}: a sequence classifier's checkpoint needs its head, score.weight")
+        num_labels = weight.shape[0]
+        names = hf.get("id2label") or {}
+        labels = [str(names.get(str(i), names.get(i, f"LABEL_{i}"))) for i in range(num_labels)]
+        return cls(np.asarray(weight, np.float32), cls._activation(hf, num_labels), labels)
+
+    @staticmethod
+    def _activation(hf: dict, num_labels: int) -> str:
+        problem = hf.get("problem_type")
+        if problem == "regression":
+            return "none"
+        if problem == "multi_label_classification":
+            return "sigmoid"
+        named = (hf.get("sentence_transformers") or {}).get("activation_fn") or hf.get(
+            "sbert_ce_default_activation_function")
+        if named is not None and problem is None:
+            known = {"torch.nn.modules.linear.Identity": "none", "torch.nn.modules.activation.Sigmoid": None,
+                     "torch.nn.modules.activation.Softmax": None}
+            if named not in known:
+                raise ValueError(f"the classifier's activation {named!r} is not supported; supported: {sorted(known)}")
+            if known[named] is not None:
+                return known[named]
+        return "softmax" if num_labels >= 2 else "sigmoid"
+
+    def __call__(self, pooled: np.ndarray, activate: bool) -> np.ndarray:
+        logits = self.weight @ np.asarray(pooled, np.float32)
+        return self.ACTIVATIONS[self.activation](logits) if activate else logits
+
+
 class PoolState:
     """The pooled state of one prompt as its chunks land (in order; a recomputation after preemption starts again
     at position 0). LAST keeps the last position's row, CLS the first's, MEAN a running sum; once the prompt's
-    last position has landed, `embedding` holds the result: the first `dimensions` values, normalised to unit
+    last position has landed, `data` holds the result: the first `dimensions` values, normalised to unit
     length where `use_activation` (each the request's, else the pooler's)."""
 
-    def __init__(self, pooler: PoolerConfig, params: PoolingParams, prompt_len: int):
-        self.kind = pooler.pooling_type
-        self.normalize = pooler.use_activation if params.use_activation is None else params.use_activation
+    def __init__(self, pooler: PoolerConfig, params: PoolingParams, prompt_len: int,
+                 head: ClassifierHead | None = None):
+        """`head`: a classifier's, which takes the pooled state (use_activation: its activation, not a norm)."""
+        self.kind, self.head = pooler.pooling_type, head
+        self.activate = pooler.use_activation if params.use_activation is None else params.use_activation
         self.dimensions = pooler.dimensions if params.dimensions is None else params.dimensions
         self.prompt_len = prompt_len
         self.pooled: np.ndarray | None = None  # CLS's row or MEAN's sum so far
         self.next = 0  # the position the next chunk starts at (CLS, MEAN)
-        self.embedding: np.ndarray | None = None
+        self.data: np.ndarray | None = None
 
     @property
     def reads_prefix_cache(self) -> bool:
@@ -48,11 +110,27 @@ class PoolState:
             vector = (self.pooled / self.prompt_len).astype(np.float32)
         else:
             vector = self.pooled
+        if self.head is not None:
+            self.data = self.head(vector, self.activate).astype(np.float32)
+            return
         if self.dimensions is not None:
             vector = vector[: self.dimensions]
-        if self.normalize:
+        if self.activate:
             vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
-        self.embedding = np.asarray(vector, np.float32)
+        self.data = np.asarray(vector, np.float32)
+
+
+def cross_encoder_ids(tokenizer, first: str, second: str) -> list[int]:
+    """A classifier's scoring prompt for a pair of texts: the tokenizer's encoding of the pair, as vLLM makes it
+    for cross-encoders."""
+    return tokenizer(first, text_pair=second)["input_ids"]
+
+
+def check_cross_encoder(head: "ClassifierHead") -> None:
+    """A classifier scores pairs when it has one label (its score)."""
+    if len(head.labels) != 1:
+        raise ValueError(f"score: this classifier has {len(head.labels)} labels; scoring pairs needs one (a "
+                         f"cross-encoder's score)")
 
 
 def score_pairs(num_first: int, num_second: int) -> list[tuple[int, int]]:

@@ -19,6 +19,7 @@ class Architecture:
     # a checkpoint tensor's name -> the name the model's weight map knows it by; None: not the model's
     tensor_name: Callable[[str], str | None] = _same_name
     embedding_only: bool = False  # a base model (`*Model`): served by the pooling runner only
+    classifier: bool = False  # `*ForSequenceClassification`: pooled, then its `score` head (on the host)
 
 
 def _base_model_tensor(name: str) -> str | None:
@@ -27,16 +28,24 @@ def _base_model_tensor(name: str) -> str | None:
     return name if name.startswith("model.") else "model." + name
 
 
-def _base_model(causal_name: str) -> "Architecture":
-    """A causal LM's base model (Qwen2Model, ...), which embedding checkpoints ship: the same layers and no output
-    head; the step's logits, which a pooling engine never reads, come from the tied embedding."""
+def _classifier_tensor(name: str) -> str | None:
+    """A sequence classifier's tensor under its causal LM's name; its head (`score.weight`) is the engine's, not
+    the device model's (jaxengine.engine.pooler.ClassifierHead)."""
+    return None if name.startswith("score.") else name
+
+
+def _base_model(causal_name: str, classifier: bool = False) -> "Architecture":
+    """A causal LM's base model (Qwen2Model, ...), which embedding checkpoints ship, or (`classifier`) its sequence
+    classifier: the same layers and no language-model head; the step's logits, which a pooling engine never reads,
+    come from the tied embedding."""
     causal = _REGISTRY[causal_name]
 
     def read_config(hf: dict) -> ModelConfig:
         cfg = causal.read_config(hf | {"architectures": [causal_name]})
         return dataclasses.replace(cfg, architecture=hf["architectures"][0], tie_word_embeddings=True)
 
-    return Architecture(causal.model_class, read_config, _base_model_tensor, embedding_only=True)
+    return Architecture(causal.model_class, read_config, _classifier_tensor if classifier else _base_model_tensor,
+                        embedding_only=True, classifier=classifier)
 
 
 _GEMMA3_LANGUAGE = (("language_model.model.", "model."), ("model.language_model.", "model."),
@@ -72,6 +81,10 @@ _REGISTRY = {
 }
 
 _REGISTRY |= {name.replace("ForCausalLM", "Model"): _base_model(name)
+              for name in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                           "GemmaForCausalLM", "Gemma2ForCausalLM")}
+
+_REGISTRY |= {name.replace("ForCausalLM", "ForSequenceClassification"): _base_model(name, classifier=True)
               for name in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "GemmaForCausalLM", "Gemma2ForCausalLM")}
 

@@ -207,3 +207,57 @@ def test_scoring_refused_by_a_generating_server(http):
     assert r.status_code == 400 and "--runner pooling" in r.json()["error"]["message"]
     r = http.post("/v1/rerank", json={"query": "a", "documents": ["b"]})
     assert r.status_code == 400 and "--runner pooling" in r.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def classifier_servers(pooling_engines):
+    """A three-label classifier's server and a one-label (cross-encoder) one's, with their engine clients."""
+    out = {}
+    for name in ("classifier", "cross-encoder"):
+        client = AsyncEngine(pooling_engines(name), EngineMetrics(name))
+        out[name] = (LiveServer(build_app(client, name)), client)
+    yield out
+    for server, client in out.values():
+        server.stop()
+        client.shutdown()
+
+
+def test_classify_route(classifier_servers, embed_http):
+    server, client = classifier_servers["classifier"]
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        r = h.post("/classify", json={"input": [[5, 9, 33, 7], [40, 41]], "request_id": "c1"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["id"] == "c1" and body["usage"]["prompt_tokens"] == 6
+        for item, prompt in zip(body["data"], [[5, 9, 33, 7], [40, 41]]):
+            direct = _direct(client, prompt)
+            np.testing.assert_allclose(item["probs"], direct, atol=1e-6)
+            assert item["num_classes"] == 3 and abs(sum(item["probs"]) - 1) < 1e-5
+            assert item["label"] == ["negative", "neutral", "positive"][int(np.argmax(direct))]
+        logits = h.post("/classify", json={"input": "some text", "use_activation": False}).json()["data"][0]["probs"]
+        assert abs(sum(logits) - 1) > 1e-3  # not probabilities
+        for route, body, param in [("/v1/embeddings", {"input": "x"}, "model"),
+                                   ("/v1/score", {"text_1": "a", "text_2": "b"}, "model"),
+                                   ("/classify", {"input": []}, "input"),
+                                   ("/classify", {"input": [[5, 10**6]]}, "input")]:
+            r = h.post(route, json=body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        wait_until_idle(client.engine)
+    r = embed_http.post("/classify", json={"input": "x"})
+    assert r.status_code == 400 and "makes embeddings" in r.json()["error"]["message"]
+
+
+def test_cross_encoder_score_and_rerank(classifier_servers):
+    server, client = classifier_servers["cross-encoder"]
+    tok = client.engine.tokenizer
+    query, documents = "the cat sat", ["a dog ran far away", "the cat sat on the mat", "zzz"]
+    expected = [float(_direct(client, tok(query, text_pair=d)["input_ids"])[0]) for d in documents]
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        body = h.post("/v1/score", json={"queries": query, "documents": documents}).json()
+        np.testing.assert_allclose([d["score"] for d in body["data"]], expected, atol=1e-6)
+        pair_tokens = sum(len(tok(query, text_pair=d)["input_ids"]) for d in documents)
+        assert body["usage"]["prompt_tokens"] == pair_tokens
+        results = h.post("/v1/rerank", json={"query": query, "documents": documents, "top_n": 2}).json()["results"]
+        assert [r["index"] for r in results] == list(np.argsort(expected)[::-1][:2])
+        np.testing.assert_allclose([r["relevance_score"] for r in results], sorted(expected, reverse=True)[:2],
+                                   atol=1e-6)
