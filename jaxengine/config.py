@@ -62,6 +62,9 @@ class EngineConfig:
     # The pooler's settings over the model's (jaxengine.pooling_params.PoolerConfig): {"pooling_type": "MEAN",
     # "use_activation": false, "dimensions": 256}
     pooler_config: dict | None = None
+    # Speculative decoding, as vLLM's: {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+    # "prompt_lookup_min": 2} guesses greedy sequences' next tokens from their context (jaxengine.engine.speculative)
+    speculative_config: dict | None = None
 
     def __post_init__(self):
         check_field_types(
@@ -77,7 +80,7 @@ class EngineConfig:
                             "generation_config"))
         if self.generation_config is None:
             raise ValueError("generation_config must be 'auto', 'vllm' or a directory, got None")
-        for name in ("override_generation_config", "pooler_config"):
+        for name in ("override_generation_config", "pooler_config", "speculative_config"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), dict):
                 raise field_error(self, name, "a dict or None")
         if self.runner not in RUNNERS:
@@ -85,6 +88,10 @@ class EngineConfig:
         if self.convert not in CONVERTS:
             raise ValueError(f"convert must be one of {', '.join(CONVERTS)} (embeddings are the one pooling task "
                              f"supported), got {self.convert!r}")
+        if self.speculative_config is not None:
+            from jaxengine.engine.speculative import SpeculativeConfig
+
+            SpeculativeConfig.of(self.speculative_config)  # its errors now, not after the model loads
         if self.convert != "auto" and self.runner == "generate":
             raise ValueError(f"convert={self.convert!r} makes a pooling model: use runner 'pooling' or 'auto'")
         if self.model is None and (self.revision is not None or self.download_dir is not None):
@@ -153,7 +160,6 @@ VLLM_SETTINGS = {
     "tokenizer_mode": "the tokenizer is always transformers' AutoTokenizer (a fast one where it exists)",
     "pipeline_parallel_size": "not supported; use tensor_parallel_size and data_parallel_size",
     "enable_lora": "LoRA adapters are not supported yet",
-    "speculative_config": "speculative decoding is not supported yet",
     "task": "use runner='pooling' for embeddings (convert='embed')",
     "override_pooler_config": "use pooler_config",
 }

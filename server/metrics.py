@@ -38,6 +38,11 @@ class EngineMetrics:
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of finished prefills")
         self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens")
         self.preemptions = counter("vllm:num_preemptions", "Sequences preempted")
+        # Speculative decoding (vLLM's names): steps with guesses, the guessed tokens and those the model accepted
+        self.spec = {"drafts": counter("vllm:spec_decode_num_drafts", "Speculative guesses made (a step's run)"),
+                     "draft_tokens": counter("vllm:spec_decode_num_draft_tokens", "Tokens guessed"),
+                     "accepted_tokens": counter("vllm:spec_decode_num_accepted_tokens", "Guessed tokens accepted")}
+        self._spec_totals = dict.fromkeys(self.spec, 0)
         self._success = Counter("vllm:request_success", "Finished requests by finish reason",
                                 list(labels) + ["finished_reason"], registry=r)
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token")
@@ -80,6 +85,10 @@ class EngineMetrics:
         preemptions = sum(r.scheduler.num_preemptions for r in replicas)
         self.preemptions.inc(preemptions - self._preemptions)
         self._preemptions = preemptions
+        for name, counter in self.spec.items():
+            total = sum(getattr(r, "spec_stats", {}).get(name, 0) for r in replicas)
+            counter.inc(total - self._spec_totals[name])
+            self._spec_totals[name] = total
         for out in outputs:
             self._observe(out)
 

@@ -38,7 +38,7 @@ def engines(model_dirs):
     cache = {}
 
     def get(arch, **settings):
-        key = (arch, tuple(sorted(settings.items())))
+        key = (arch, tuple(sorted((k, repr(v)) for k, v in settings.items())))
         if key not in cache:
             base = dict(model=str(model_dirs[arch]), dtype="float32", max_model_len=512, max_num_seqs=8,
                         max_num_batched_tokens=64, min_token_bucket=8, kv_cache_gib=0.01, seed=0)

@@ -20,6 +20,7 @@ from jaxengine.engine.detokenizer import IncrementalDetokenizer
 from jaxengine.engine.pooler import ClassifierHead, PoolState
 from jaxengine.engine.request import Sequence
 from jaxengine.engine.scheduler import Scheduler
+from jaxengine.engine.speculative import SpeculativeConfig
 from jaxengine.engine.structured_outputs import GrammarCompiler
 from jaxengine.models.config import read_hf_config
 from jaxengine.models.loader import load_config, load_model, resolve_model_dir, weight_dtypes
@@ -198,9 +199,12 @@ class LLMEngine:
                            "(--generation-config vllm turns this off)", self.default_sampling)
         num_blocks = self._num_kv_blocks(model)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.speculation = self._speculation(config)
+        self.spec_stats = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}  # vLLM's spec_decode counters
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
-                                   policy=config.scheduling_policy, max_model_len=self.max_model_len)
+                                   policy=config.scheduling_policy, max_model_len=self.max_model_len,
+                                   speculation=self.speculation)
         self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=config.block_size,
                                   max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
                                   max_num_batched_tokens=config.max_num_batched_tokens, mesh=self.mesh,
@@ -250,6 +254,22 @@ class LLMEngine:
         if pooler.dimensions is not None:
             self._check_dimensions(pooler.dimensions, "pooler_config: dimensions")
         return pooler
+
+    def _speculation(self, config: EngineConfig) -> SpeculativeConfig | None:
+        if config.speculative_config is None:
+            return None
+        if self.runner_type == "pooling":
+            raise ValueError("speculative_config applies to generation; a pooling model (runner 'pooling') decodes "
+                             "nothing")
+        return SpeculativeConfig.of(config.speculative_config)
+
+    @staticmethod
+    def _speculates(params: SamplingParams) -> bool:
+        """Whether a sequence's tokens may be guessed ahead: greedy, with nothing that a guess would have to see
+        per token (logprobs, penalties, biases, bans, a grammar, min_tokens)."""
+        return (params.temperature == 0 and params.logprobs is None and params.prompt_logprobs is None
+                and not params.needs_slot_state and not params.logit_bias and not params.bad_words
+                and params.min_tokens == 0)
 
     @staticmethod
     def _classifier_head(model_dir: Path) -> ClassifierHead:
@@ -450,6 +470,7 @@ class LLMEngine:
             seq.grammar = self.grammars.matcher(grammar) if grammar is not None else None
             seq.pooling = (PoolState(self.pooler, pooling, len(token_ids), self.classifier) if pooling is not None
                            else None)
+            seq.speculative = self.speculation is not None and self._speculates(params)
             seqs.append(seq)
         detoks = [IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens,
                                          params.spaces_between_special_tokens) for _ in seqs]
@@ -510,8 +531,11 @@ class LLMEngine:
 
     @staticmethod
     def _can_schedule_ahead(started) -> bool:
+        """Not past a sequence that needs its last tokens on the host: to ban bad words, to advance its grammar, or
+        to guess its next tokens (speculative decoding)."""
         _, chunks, _ = started
-        return not any(c.completes_sequence and (c.seq.bad_words or c.seq.grammar is not None) for c in chunks)
+        return not any(c.completes_sequence and (c.seq.bad_words or c.seq.grammar is not None or c.seq.speculative)
+                       for c in chunks)
 
     def start_step(self):
         """Schedules and launches a step on the device without waiting (see `finish_step`). The scheduled
@@ -532,8 +556,10 @@ class LLMEngine:
         touched, chunks, launched = started
         if chunks:
             pooled = any(c.seq.pooling is not None for c in chunks)
-            tokens, logprobs, prompt_logprobs, hidden = self.runner.collect(launched, len(chunks), hidden=pooled)
+            rows = len(chunks) + sum(len(c.drafts) for c in chunks)  # a sampling row per chunk, then per guess
+            tokens, logprobs, prompt_logprobs, hidden = self.runner.collect(launched, rows, hidden=pooled)
             start = 0  # the chunk's first flat position
+            draft_row = len(chunks)
             for row, (chunk, token) in enumerate(zip(chunks, tokens)):
                 seq, offset = chunk.seq, start
                 start += chunk.num_tokens
@@ -541,13 +567,18 @@ class LLMEngine:
                 if completes:
                     seq.num_pending_tokens -= 1
                 if seq.is_finished:  # stopped or aborted while this step ran: its row is dropped
+                    draft_row += len(chunk.drafts)
                     continue
                 if prompt_logprobs is not None and seq.prompt_logprobs is not None:
                     self._record_prompt_logprobs(seq, chunk, offset, prompt_logprobs)
                 if seq.pooling is not None:
                     seq.pooling.add(hidden[offset:offset + chunk.num_tokens], chunk.start)
                 self.block_manager.cache_full_blocks(seq)
-                if completes:
+                if completes and chunk.drafts:
+                    k = len(chunk.drafts)
+                    self._append_verified(seq, chunk.drafts, [int(token), *tokens[draft_row:draft_row + k]])
+                    draft_row += k
+                elif completes:
                     if seq.logprobs is not None:
                         self._record_logprobs(seq, int(token), [x[row] for x in logprobs])
                     self._append_token(seq, int(token))
@@ -603,6 +634,23 @@ class LLMEngine:
             row = [x[start + p - first] for x in flat]
             seq.prompt_logprobs[p + 1] = self._logprob_entry(seq.params.prompt_logprobs, seq.prompt_token_ids[p + 1],
                                                               row, seq.params.detokenize)
+
+    def _append_verified(self, seq: Sequence, drafts: list[int], greedy: list[int]) -> None:
+        """A speculative chunk's tokens: `greedy[i]`, the model's choice after the last token and the first i
+        guesses, is the next token; guesses are taken while they match it, then its choice where one does not (or
+        after the last), as decoding one token at a time would have (stops included). The rejected guesses' K/V
+        positions are computed again from the next step on."""
+        accepted = 0
+        while accepted < len(drafts) and greedy[accepted] == drafts[accepted]:
+            accepted += 1
+        seq.num_computed_tokens -= len(drafts) - accepted
+        self.spec_stats["drafts"] += 1
+        self.spec_stats["draft_tokens"] += len(drafts)
+        self.spec_stats["accepted_tokens"] += accepted
+        for token in greedy[:accepted + 1]:
+            self._append_token(seq, token)
+            if seq.is_finished:
+                return
 
     def _append_token(self, seq: Sequence, token: int) -> None:
         seq.output_token_ids.append(token)

@@ -8,6 +8,7 @@ the priority policy, the lowest-priority) running sequence, which frees its bloc
 import dataclasses
 import time
 
+from jaxengine.engine import speculative
 from jaxengine.engine.block_manager import BlockManager
 from jaxengine.engine.request import Sequence, Status
 
@@ -15,10 +16,11 @@ from jaxengine.engine.request import Sequence, Status
 @dataclasses.dataclass
 class ScheduledChunk:
     seq: Sequence
-    num_tokens: int  # new tokens computed this step
+    num_tokens: int  # new tokens computed this step (speculative guesses included)
     start: int = dataclasses.field(init=False)  # the first one's position: seq.num_computed_tokens when scheduled
     # The chunk reaches the sequence's last token (known or pending), so its logits give the next token.
     completes_sequence: bool = dataclasses.field(init=False)
+    drafts: list[int] = dataclasses.field(default_factory=list)  # guessed tokens after the last (speculative)
 
     def __post_init__(self):
         self.start = self.seq.num_computed_tokens
@@ -27,8 +29,11 @@ class ScheduledChunk:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 policy: str = "fcfs", max_model_len: int | None = None):
-        """`max_model_len`: where a sequence stops by length (None: no limit but max_tokens)."""
+                 policy: str = "fcfs", max_model_len: int | None = None,
+                 speculation: speculative.SpeculativeConfig | None = None):
+        """`max_model_len`: where a sequence stops by length (None: no limit but max_tokens). `speculation`: guess
+        tokens for the decoding sequences that may speculate (Sequence.speculative)."""
+        self.speculation = speculation
         self.block_manager = block_manager
         self.max_model_len = max_model_len if max_model_len is not None else float("inf")
         self.max_num_seqs = max_num_seqs
@@ -73,7 +78,33 @@ class Scheduler:
             self.block_manager.cache_full_blocks(chunk.seq, chunk.start + chunk.num_tokens)
         if not preempted:
             budget = self._admit_waiting(chunks, budget)
+        if self.speculation is not None:
+            self._add_drafts(chunks, budget)
         return chunks
+
+    def _add_drafts(self, chunks: list[ScheduledChunk], budget: int) -> None:
+        """Guesses for the step's decoding sequences that may speculate, from the token budget the step leaves, a
+        sampling row each (a step has max_num_seqs rows) and the blocks free (none is preempted for a guess);
+        never past max_tokens or max_model_len."""
+        spec = self.speculation
+        if spec.disable_by_batch_size is not None and len(self.running) >= spec.disable_by_batch_size:
+            return
+        rows = len(chunks)
+        for chunk in chunks:
+            seq = chunk.seq
+            if not (seq.speculative and chunk.num_tokens == 1 and chunk.completes_sequence
+                    and not seq.num_pending_tokens):
+                continue
+            max_tokens = seq.params.max_tokens
+            left = (max_tokens - len(seq.output_token_ids) - 1) if max_tokens is not None else spec.num_speculative_tokens
+            k = min(spec.num_speculative_tokens, budget, self.max_num_seqs - rows, left,
+                    self.max_model_len - seq.num_tokens - 1)
+            drafts = speculative.propose(seq.all_token_ids, k, spec.prompt_lookup_min, spec.prompt_lookup_max)
+            if drafts and self.block_manager.allocate(seq, 1 + len(drafts)):
+                chunk.drafts = drafts
+                chunk.num_tokens += len(drafts)
+                budget -= len(drafts)
+                rows += len(drafts)
 
     def _admit_waiting(self, chunks: list[ScheduledChunk], budget: int) -> int:
         self.waiting.sort(key=lambda s: s.sort_key(self.policy))

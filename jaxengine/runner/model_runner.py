@@ -330,10 +330,13 @@ class ModelRunner:
             self._set_allowed(constrained)
         num_tokens = self._bucket(self.token_buckets, sum(c.num_tokens for c in chunks))
         num_reqs = self.requests_for(num_tokens)  # >= len(chunks): each chunk has a token
+        # Sampling rows: one per chunk (its last real token's logits), then one per speculative guess (the logits
+        # after it), at most max_num_seqs in all (the scheduler's limit) and so within num_reqs.
+        draft_row = len(chunks)
         start = 0
         self.token_sources[:num_tokens] = -1  # every token from the host but those pending below
         for i, chunk in enumerate(chunks):
-            seq, n, done = chunk.seq, chunk.num_tokens, chunk.start
+            seq, n, done = chunk.seq, chunk.num_tokens - len(chunk.drafts), chunk.start
             known = seq.token_ids(done, done + n)
             self.input_ids[start:start + len(known)] = known
             if len(known) < n:  # the last token is the step in flight's sample, taken on the device
@@ -344,18 +347,27 @@ class ModelRunner:
                 self.token_sources[start + n - 1] = row
             following = seq.token_ids(done + 1, done + n + 1)
             self.prompt_targets[start:start + len(following)] = following
+            self.logits_indices[i] = start + n - 1
+            self._fill_sampling_row(i, chunk)
+            for j, draft in enumerate(chunk.drafts):  # after the known tokens; each row verifies the next guess
+                self.input_ids[start + n + j] = draft
+                self.logits_indices[draft_row] = start + n + j
+                self._fill_sampling_row(draft_row, chunk)
+                draft_row += 1
+            n = chunk.num_tokens
             self.positions[start:start + n] = np.arange(done, done + n)
             self.kv_lens[i] = done + n
             self.block_tables[i, : len(seq.block_ids)] = seq.block_ids
             start += n
             self.cu_q_lens[i + 1] = start
-            self.logits_indices[i] = start - 1
-            self._fill_sampling_row(i, chunk)
+        if draft_row > num_reqs:
+            raise AssertionError(f"{draft_row} sampling rows in a step of {num_reqs}")
         self.cu_q_lens[len(chunks) + 1: num_reqs + 1] = start
         self.kv_lens[len(chunks):num_reqs] = 0
-        self._clear_padding_rows(len(chunks), num_reqs)
+        self._clear_padding_rows(draft_row, num_reqs)
         variant = self._variant(chunks)
-        host_inputs = self._host_inputs(num_tokens, num_reqs, len(chunks))
+        # num_seqs: the live rows (requests beyond the chunks are empty: no tokens, no keys)
+        host_inputs = self._host_inputs(num_tokens, num_reqs, draft_row)
         if self.channel is not None:
             self.channel.send(multihost.STEP, (num_tokens, num_reqs, STEP_VARIANTS.index(variant)), host_inputs)
         return self._run_step(num_tokens, num_reqs, variant, host_inputs)

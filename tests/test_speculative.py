@@ -1,0 +1,102 @@
+"""Speculative decoding by n-gram lookup: the same tokens as decoding one at a time, in fewer steps."""
+
+import pytest
+
+from jaxengine import EngineConfig, SamplingParams
+from jaxengine.compile_counter import assert_no_compiles
+from jaxengine.engine.speculative import SpeculativeConfig, propose
+from tests.engine_util import random_prompts, run_to_completion
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+def test_propose():
+    assert propose([1, 2, 3, 9, 1, 2, 3], 3, 1, 3) == [9, 1, 2]  # the suffix [1, 2, 3] occurred at 0
+    assert propose([5, 1, 2, 7, 7, 1, 2], 2, 1, 3) == [7, 7]  # the longest suffix that recurs: [1, 2]
+    assert propose([4, 4, 4, 4, 4], 3, 1, 2) == [4, 4, 4]  # the latest occurrence that 3 tokens follow
+    assert propose([1, 2, 3, 1, 2], 4, 1, 2) == [3, 1, 2]  # fewer follow: the earliest, as many as there are
+    assert propose([1, 2, 3, 4], 3, 1, 3) == []  # nothing recurs
+    assert propose([1, 2, 1, 2], 2, 3, 3) == []  # shorter than prompt_lookup_min + 1 matches
+    assert propose([1, 2, 1], 0, 1, 3) == []
+
+
+def test_config():
+    assert SpeculativeConfig.of({"method": "ngram", "num_speculative_tokens": 3}) == SpeculativeConfig(3, 5, 5)
+    assert SpeculativeConfig.of({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}) == \
+        SpeculativeConfig(3, 2, 2)
+    for settings, match in [({"method": "eagle", "num_speculative_tokens": 3}, "method must be one of ngram"),
+                            ({"method": "ngram"}, "num_speculative_tokens is required"),
+                            ({"method": "ngram", "num_speculative_tokens": 0}, "must be a positive integer"),
+                            ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4,
+                              "prompt_lookup_max": 2}, "prompt_lookup_min=4 must be <= prompt_lookup_max=2"),
+                            ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, "unknown keys")]:
+        with pytest.raises(ValueError, match=match):
+            EngineConfig(speculative_config=settings)
+
+
+def _greedy(engine, prompts, **params):
+    requests = [(f"r{i}", p, SamplingParams(temperature=0, ignore_eos=True, **params)) for i, p in enumerate(prompts)]
+    finals = run_to_completion(engine, requests)
+    return [finals[f"r{i}"].outputs[0] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("backend", ["native", "reference"])
+def test_same_tokens_as_one_at_a_time(engines, backend):
+    """Greedy requests (random prompts, and prompts that repeat, whose outputs the guesses follow) give the same
+    tokens with and without speculation, through chunked prompts, max_tokens and max_model_len cut inside a run
+    of guesses; guesses are made and accepted; nothing compiles; every block comes back."""
+    base = engines("llama", attention_backend=backend)
+    spec = engines("llama", attention_backend=backend, speculative_config=NGRAM)
+    prompts = random_prompts(base.model_config.vocab_size, [5, 70, 12, 1], seed=3) + [[7, 8, 9, 10] * 9]
+    for params in (dict(max_tokens=40), dict(max_tokens=7)):
+        want = _greedy(base, prompts, **params)
+        with assert_no_compiles("speculative steps"):
+            got = _greedy(spec, prompts, **params)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        assert [o.finish_reason for o in got] == [o.finish_reason for o in want]
+    stats = spec.spec_stats
+    assert stats["draft_tokens"] > stats["drafts"] > 0 and stats["accepted_tokens"] > 0
+    long = [random_prompts(base.model_config.vocab_size, [480], seed=4)[0]]  # ends at max_model_len (512)
+    assert [o.token_ids for o in _greedy(spec, long, max_tokens=100)] == \
+        [o.token_ids for o in _greedy(base, long, max_tokens=100)]
+    assert spec.block_manager.num_free_blocks == spec.block_manager.num_blocks
+
+
+def test_mixed_batches_stops_and_preemption(engines):
+    """Speculating sequences beside others that may not (sampled, with logprobs, penalties, n=2 samples): each
+    request's tokens and stops as without speculation; a pool too small for all preempts and recomputes."""
+    base = engines("llama", num_kv_blocks=24)
+    spec = engines("llama", num_kv_blocks=24, speculative_config=NGRAM)
+    prompts = random_prompts(base.model_config.vocab_size, [30, 40, 50, 20, 60, 35], seed=5)
+    prompts[0] = [11, 12, 13] * 10
+    params = [SamplingParams(temperature=0, max_tokens=48, ignore_eos=True),
+              SamplingParams(temperature=0.8, seed=1, max_tokens=40, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=30, logprobs=2, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=30, repetition_penalty=1.3, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=45, n=2, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)]
+    first = _greedy(base, prompts[:1], max_tokens=48)[0].token_ids
+    params[0] = SamplingParams(temperature=0, max_tokens=48, stop_token_ids=[first[20]])  # stops inside a run
+
+    def run(engine):
+        before = engine.scheduler.num_preemptions
+        finals = run_to_completion(engine, [(f"m{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))])
+        return [[(c.token_ids, c.finish_reason) for c in finals[f"m{i}"].outputs] for i in range(len(prompts))], \
+            engine.scheduler.num_preemptions - before
+
+    want, _ = run(base)
+    accepted = spec.spec_stats["accepted_tokens"]
+    got, preempted = run(spec)
+    assert got == want and preempted > 0
+    assert got[0][0][1] == "stop" and len(got[0][0][0]) == first.index(first[20]) + 1
+    assert spec.spec_stats["accepted_tokens"] > accepted
+    assert spec.block_manager.num_free_blocks == spec.block_manager.num_blocks
+
+
+def test_refused_for_pooling(embedding_models):
+    from jaxengine import LLM
+
+    with pytest.raises(ValueError, match="speculative_config applies to generation"):
+        LLM(str(embedding_models["base"]), runner="pooling", speculative_config=NGRAM, dtype="float32",
+            max_model_len=64, max_num_seqs=2, max_num_batched_tokens=8, kv_cache_gib=0.01, warmup=False,
+            progress=False)
