@@ -217,7 +217,8 @@ class ScoreRequest(ScoringFields):
     text_1: str | list[str] | None = None
     text_2: str | list[str] | None = None
 
-    NAMES: ClassVar[tuple] = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
+    NAMES: ClassVar[tuple] = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"),
+                              ("text_1", "text_2"))
 
     def sides(self) -> tuple[str, str]:
         """The names of the two sides given; a ValueError unless exactly one pair of names is."""

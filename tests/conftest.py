@@ -70,9 +70,9 @@ def embedding_models(tmp_path_factory, tokenizer_dir):
         {"word_embedding_dimension": 96, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
          "pooling_mode_max_tokens": False, "pooling_mode_lasttoken": False}))
     labels = {0: "negative", 1: "neutral", 2: "positive"}
-    classifier = tiny_models.make_model("qwen2", root / "classifier", tokenizer_dir, cls="Qwen2ForSequenceClassification",
-                                        config_cls="Qwen2Config", id2label=labels,
-                                        label2id={v: k for k, v in labels.items()})
+    classifier = tiny_models.make_model("qwen2", root / "classifier", tokenizer_dir,
+                                        cls="Qwen2ForSequenceClassification", config_cls="Qwen2Config",
+                                        id2label=labels, label2id={v: k for k, v in labels.items()})
     cross_encoder = tiny_models.make_model("llama", root / "cross-encoder", tokenizer_dir,
                                            cls="LlamaForSequenceClassification", config_cls="LlamaConfig", num_labels=1)
     return {"base": base, "st": st, "classifier": classifier, "cross-encoder": cross_encoder}

@@ -54,6 +54,7 @@ def test_same_tokens_as_one_at_a_time(engines, backend):
             got = _greedy(spec, prompts, **params)
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
         assert [o.finish_reason for o in got] == [o.finish_reason for o in want]
+        assert all(type(t) is int for o in got for t in o.token_ids)  # as the server serialises them
     stats = spec.spec_stats
     assert stats["draft_tokens"] > stats["drafts"] > 0 and stats["accepted_tokens"] > 0
     long = [random_prompts(base.model_config.vocab_size, [480], seed=4)[0]]  # ends at max_model_len (512)

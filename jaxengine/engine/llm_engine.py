@@ -135,7 +135,8 @@ class _Request:
 
 
 # What a pooling request runs: its prompt, and one greedy token (the step's sample, dropped) that ends it.
-_POOLING_STEP = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+_POOLING_STEP = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
+                               output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def unrolled_by_default(backend: str, native_matmul: bool) -> bool:
@@ -171,7 +172,8 @@ class LLMEngine:
         architecture, checkpoint_config = load_config(model_dir)
         self.runner_type = self._runner_type(config, architecture)
         # What a pooling engine's outputs are: "embed" (embeddings) or "classify" (a classifier's probabilities).
-        self.pooling_task = None if self.runner_type != "pooling" else "classify" if architecture.classifier else "embed"
+        self.pooling_task = (None if self.runner_type != "pooling" else
+                             "classify" if architecture.classifier else "embed")
         self.pooler = self._pooler(config, model_dir, checkpoint_config.hidden_size)
         self.classifier = self._classifier_head(model_dir) if architecture.classifier else None
         check_layout(checkpoint_config, tp, config.data_parallel_size, len(jax.devices()))
@@ -576,7 +578,8 @@ class LLMEngine:
                 self.block_manager.cache_full_blocks(seq)
                 if completes and chunk.drafts:
                     k = len(chunk.drafts)
-                    self._append_verified(seq, chunk.drafts, [int(token), *tokens[draft_row:draft_row + k]])
+                    greedy = [int(t) for t in (token, *tokens[draft_row:draft_row + k])]
+                    self._append_verified(seq, chunk.drafts, greedy)
                     draft_row += k
                 elif completes:
                     if seq.logprobs is not None:

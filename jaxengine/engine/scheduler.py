@@ -96,7 +96,7 @@ class Scheduler:
                     and not seq.num_pending_tokens):
                 continue
             max_tokens = seq.params.max_tokens
-            left = (max_tokens - len(seq.output_token_ids) - 1) if max_tokens is not None else spec.num_speculative_tokens
+            left = spec.num_speculative_tokens if max_tokens is None else max_tokens - len(seq.output_token_ids) - 1
             k = min(spec.num_speculative_tokens, budget, self.max_num_seqs - rows, left,
                     self.max_model_len - seq.num_tokens - 1)
             drafts = speculative.propose(seq.all_token_ids, k, spec.prompt_lookup_min, spec.prompt_lookup_max)

@@ -156,8 +156,8 @@ def _cosine(a, b):
 
 def test_score_and_rerank(embed_http):
     texts = ["the cat sat", "a dog ran far away", "the cat sat on the mat"]
-    vectors = [d["embedding"] for d in embed_http.post("/v1/embeddings", json={"input": texts,
-                                                                               "encoding_format": "float"}).json()["data"]]
+    body = {"input": texts, "encoding_format": "float"}
+    vectors = [d["embedding"] for d in embed_http.post("/v1/embeddings", json=body).json()["data"]]
     for names in (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2")):
         r = embed_http.post("/v1/score", json={names[0]: texts[0], names[1]: texts[1:]})
         assert r.status_code == 200, r.text
