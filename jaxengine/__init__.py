@@ -1,6 +1,7 @@
 """jaxengine: LLM inference and serving on JAX/XLA."""
 
 from jaxengine.config import EngineConfig
+from jaxengine.engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from jaxengine.engine.llm_engine import LLMEngine
 from jaxengine.llm import LLM
 from jaxengine.outputs import (ClassificationOutput, ClassificationRequestOutput, CompletionOutput, EmbeddingOutput,
@@ -13,4 +14,4 @@ __version__ = "0.1.0"
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "StructuredOutputsParams", "RequestOutput",
            "CompletionOutput", "RequestOutputKind", "PoolingParams", "PoolingOutput", "PoolingRequestOutput",
            "EmbeddingOutput", "EmbeddingRequestOutput", "ScoringOutput", "ScoringRequestOutput", "ClassificationOutput",
-           "ClassificationRequestOutput"]
+           "ClassificationRequestOutput", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence"]

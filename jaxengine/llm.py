@@ -8,6 +8,7 @@ from tqdm.auto import tqdm
 from jaxengine import profiler
 from jaxengine.config import EngineConfig
 from jaxengine.engine.dp_engine import create_engine
+from jaxengine.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, beam_step_params
 from jaxengine.engine.pooler import check_cross_encoder, cosine_similarity, cross_encoder_ids, score_pairs
 from jaxengine.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput,
                                RequestOutput, ScoringOutput, ScoringRequestOutput)
@@ -53,6 +54,32 @@ class LLM:
         prompts, params = self._per_prompt(prompts, params, "sampling_params")
         final = [SamplingParams(**{**p.__dict__, "output_kind": RequestOutputKind.FINAL_ONLY}) for p in params]
         return self._run(self._submit(prompts, final, priority), use_tqdm)
+
+    def beam_search(self, prompts, params: BeamSearchParams, *, use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Beam search, as vLLM's `LLM.beam_search` (jaxengine.engine.beam_search): each prompt's best
+        `beam_width` sequences (`tokens` the prompt's and the beam's, `text` their decoding), best first."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        prompts, _ = self._per_prompt(prompts, params, "params")
+        step = beam_step_params(params, self.engine.config.max_logprobs)
+        searches = []
+        for prompt in prompts:
+            _, ids = self.engine.tokenize_prompt(prompt)
+            self.engine.validate(ids, step)
+            searches.append(BeamSearch(ids, params, self.engine.eos_token_ids, self.engine.max_model_len))
+        for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm):
+            live = [(search, tokens) for search in searches for tokens in search.prompts()]
+            if not live:
+                break
+            outputs = self._run(self._submit([{"prompt_token_ids": t} for _, t in live], [step] * len(live), None),
+                                use_tqdm=False)
+            for search in searches:
+                taken = [out.outputs[0].logprobs[0] for (s, _), out in zip(live, outputs) if s is search]
+                if taken:
+                    search.advance(taken)
+        decode = self.get_tokenizer().decode
+        return [search.result(lambda ids: decode(ids, skip_special_tokens=params.skip_special_tokens), True)
+                for search in searches]
 
     def encode(self, prompts, pooling_params: PoolingParams | list[PoolingParams] | None = None, *,
                use_tqdm: bool = True, pooling_task: str | None = None, truncate_prompt_tokens: int | None = None,

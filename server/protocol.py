@@ -62,6 +62,8 @@ class SamplingFields(BaseModel):
     request_id: str | None = None
     return_tokens_as_token_ids: bool | None = None  # None: the server's --return-tokens-as-token-ids
     structured_outputs: StructuredOutputs | None = None
+    use_beam_search: bool = False  # n beams (completions only; see Serving._beam_completion)
+    length_penalty: float = 1.0  # beam search's
 
 
 class CompletionRequest(SamplingFields):

@@ -13,6 +13,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from jaxengine.engine.beam_search import BeamSearch, BeamSearchParams, beam_step_params
 from jaxengine.engine.pooler import check_cross_encoder, cosine_similarity, cross_encoder_ids, score_pairs
 from jaxengine.llm import chat_prompt_ids
 from jaxengine.outputs import RequestOutput
@@ -433,11 +434,15 @@ class Serving:
         if req.suffix is not None:
             raise APIError("suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
-            raise APIError("best_of must equal n (beam search and best-of ranking are not supported)",
+            raise APIError("best_of must equal n (best-of ranking is not supported; use_beam_search ranks n beams)",
                            param="best_of")
         prompts = self._completion_prompts(req.prompt, req.add_special_tokens)
         # An explicit null is the default 16, as vLLM reads it (the generation config's limit is chat's only).
         max_tokens = 16 if req.max_tokens is None else req.max_tokens
+        if req.use_beam_search:
+            return await self._beam_completion(req, prompts, max_tokens)
+        if req.length_penalty != 1.0:
+            raise APIError("length_penalty applies to beam search (use_beam_search)", param="length_penalty")
         # echo with max_tokens 0, as vLLM: the prompt comes back (with its logprobs if asked: how eval harnesses
         # score a text) and nothing is generated; the engine runs one token, which is dropped.
         echo_only = max_tokens == 0
@@ -479,6 +484,57 @@ class Serving:
         if req.stream:  # echo_only: the whole prompt in one chunk per choice
             return _sse_stream(self._echo_chunks(base, choices, prompts, usage, req))
         return base | {"choices": choices, "usage": usage}
+
+    # Fields beam search does not use: refused with it rather than ignored (vLLM's beam search drops them).
+    _NOT_WITH_BEAMS = ("stream", "logprobs", "prompt_logprobs", "stop", "stop_token_ids", "top_p", "top_k", "min_p",
+                       "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids",
+                       "bad_words", "min_tokens", "seed", "structured_outputs", "suffix")
+
+    async def _beam_completion(self, req: CompletionRequest, prompts, max_tokens: int) -> dict:
+        """use_beam_search, as vLLM's: each prompt's n best beams (jaxengine.engine.beam_search) as its choices,
+        best first; `length_penalty`, `temperature`, `ignore_eos`, `include_stop_str_in_output`,
+        `skip_special_tokens` and `echo` apply."""
+        given = [name for name in self._NOT_WITH_BEAMS
+                 if getattr(req, name) not in (None, False, [], {}, type(req).model_fields[name].default)]
+        if given:
+            raise APIError(f"{given[0]} is not supported with use_beam_search", param=given[0])
+        engine = self.engine.engine
+        try:
+            params = BeamSearchParams(beam_width=req.n, max_tokens=max_tokens, ignore_eos=req.ignore_eos,
+                                      temperature=engine.default_sampling.get("temperature", 1.0)
+                                      if req.temperature is None else req.temperature,
+                                      length_penalty=req.length_penalty,
+                                      include_stop_str_in_output=req.include_stop_str_in_output,
+                                      skip_special_tokens=req.skip_special_tokens)
+            step = beam_step_params(params, engine.config.max_logprobs)
+        except ValueError as e:
+            name = str(e).split(" ")[0].split("=")[0]
+            raise APIError(str(e), param={"beam_width": "n"}.get(name, name)) from None
+        prompts = self._admitted(prompts, step, req)
+        request_id = req.request_id or f"cmpl-{uuid.uuid4().hex}"
+        searches = [BeamSearch(ids, params, engine.eos_token_ids, engine.max_model_len) for _, ids in prompts]
+        for t in range(params.max_tokens):
+            live = [(search, tokens) for search in searches for tokens in search.prompts()]
+            if not live:
+                break
+            finals = await self._finals(f"{request_id}-step{t}", [(None, tokens) for _, tokens in live], step, req)
+            for search in searches:
+                search.advance([finals[i].outputs[0].logprobs[0] for i, (s, _) in enumerate(live) if s is search])
+
+        def decode(ids):
+            return self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+
+        choices, generated = [], 0
+        for i, (prompt, search) in enumerate(zip(prompts, searches)):
+            for j, beam in enumerate(search.result(decode, with_prompt=False).sequences):
+                generated += len(beam.tokens) - search.prompt_len
+                text = (self._echo_text(prompt) if req.echo else "") + beam.text
+                choices.append({"index": i * req.n + j, "text": text, "logprobs": None,
+                                "finish_reason": beam.finish_reason, "stop_reason": beam.stop_reason})
+        prompt_tokens = sum(len(ids) for _, ids in prompts)
+        return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": self.model_name,
+                "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                                              "total_tokens": prompt_tokens + generated}}
 
     @staticmethod
     async def _echo_chunks(base: dict, choices: list[dict], prompts, usage: dict, req: CompletionRequest):
@@ -662,6 +718,10 @@ class Serving:
     async def chat(self, req: ChatCompletionRequest):
         self.check_model(req.model)
         self._check_runner("generate", "/v1/chat/completions")
+        if req.use_beam_search:
+            raise APIError("use_beam_search is supported on /v1/completions (not chat yet)", param="use_beam_search")
+        if req.length_penalty != 1.0:
+            raise APIError("length_penalty applies to beam search (use_beam_search)", param="length_penalty")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs requires logprobs=true", param="top_logprobs")
         self._check_streaming_fields(req)
