@@ -62,7 +62,7 @@ class SamplingFields(BaseModel):
     request_id: str | None = None
     return_tokens_as_token_ids: bool | None = None  # None: the server's --return-tokens-as-token-ids
     structured_outputs: StructuredOutputs | None = None
-    use_beam_search: bool = False  # n beams (completions only; see Serving._beam_completion)
+    use_beam_search: bool = False  # n beams (see Serving._beam_search)
     length_penalty: float = 1.0  # beam search's
 
 

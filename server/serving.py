@@ -488,14 +488,32 @@ class Serving:
     # Fields beam search does not use: refused with it rather than ignored (vLLM's beam search drops them).
     _NOT_WITH_BEAMS = ("stream", "logprobs", "prompt_logprobs", "stop", "stop_token_ids", "top_p", "top_k", "min_p",
                        "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids",
-                       "bad_words", "min_tokens", "seed", "structured_outputs", "suffix")
+                       "bad_words", "min_tokens", "seed", "structured_outputs", "suffix", "top_logprobs",
+                       "response_format", "tools", "tool_choice")
 
     async def _beam_completion(self, req: CompletionRequest, prompts, max_tokens: int) -> dict:
         """use_beam_search, as vLLM's: each prompt's n best beams (jaxengine.engine.beam_search) as its choices,
         best first; `length_penalty`, `temperature`, `ignore_eos`, `include_stop_str_in_output`,
         `skip_special_tokens` and `echo` apply."""
-        given = [name for name in self._NOT_WITH_BEAMS
-                 if getattr(req, name) not in (None, False, [], {}, type(req).model_fields[name].default)]
+        request_id = req.request_id or f"cmpl-{uuid.uuid4().hex}"
+        prompts, results = await self._beam_search(request_id, req, prompts, max_tokens)
+        choices, generated = [], 0
+        for i, (prompt, (prompt_len, beams)) in enumerate(zip(prompts, results)):
+            for j, beam in enumerate(beams):
+                generated += len(beam.tokens) - prompt_len
+                text = (self._echo_text(prompt) if req.echo else "") + beam.text
+                choices.append({"index": i * req.n + j, "text": text, "logprobs": None,
+                                "finish_reason": beam.finish_reason, "stop_reason": beam.stop_reason})
+        prompt_tokens = sum(len(ids) for _, ids in prompts)
+        return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": self.model_name,
+                "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                                              "total_tokens": prompt_tokens + generated}}
+
+    async def _beam_search(self, request_id: str, req: SamplingFields, prompts, max_tokens: int):
+        """Runs every prompt's search (its steps' requests through the engine together); returns the admitted
+        prompts and each one's (prompt length, best beams, best first, `text` their generated tokens')."""
+        given = [name for name in self._NOT_WITH_BEAMS if name in type(req).model_fields
+                 and getattr(req, name) not in (None, False, [], {}, type(req).model_fields[name].default)]
         if given:
             raise APIError(f"{given[0]} is not supported with use_beam_search", param=given[0])
         engine = self.engine.engine
@@ -511,7 +529,6 @@ class Serving:
             name = str(e).split(" ")[0].split("=")[0]
             raise APIError(str(e), param={"beam_width": "n"}.get(name, name)) from None
         prompts = self._admitted(prompts, step, req)
-        request_id = req.request_id or f"cmpl-{uuid.uuid4().hex}"
         searches = [BeamSearch(ids, params, engine.eos_token_ids, engine.max_model_len) for _, ids in prompts]
         for t in range(params.max_tokens):
             live = [(search, tokens) for search in searches for tokens in search.prompts()]
@@ -524,17 +541,7 @@ class Serving:
         def decode(ids):
             return self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
 
-        choices, generated = [], 0
-        for i, (prompt, search) in enumerate(zip(prompts, searches)):
-            for j, beam in enumerate(search.result(decode, with_prompt=False).sequences):
-                generated += len(beam.tokens) - search.prompt_len
-                text = (self._echo_text(prompt) if req.echo else "") + beam.text
-                choices.append({"index": i * req.n + j, "text": text, "logprobs": None,
-                                "finish_reason": beam.finish_reason, "stop_reason": beam.stop_reason})
-        prompt_tokens = sum(len(ids) for _, ids in prompts)
-        return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": self.model_name,
-                "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
-                                              "total_tokens": prompt_tokens + generated}}
+        return prompts, [(s.prompt_len, s.result(decode, with_prompt=False).sequences) for s in searches]
 
     @staticmethod
     async def _echo_chunks(base: dict, choices: list[dict], prompts, usage: dict, req: CompletionRequest):
@@ -718,10 +725,10 @@ class Serving:
     async def chat(self, req: ChatCompletionRequest):
         self.check_model(req.model)
         self._check_runner("generate", "/v1/chat/completions")
-        if req.use_beam_search:
-            raise APIError("use_beam_search is supported on /v1/completions (not chat yet)", param="use_beam_search")
-        if req.length_penalty != 1.0:
+        if req.length_penalty != 1.0 and not req.use_beam_search:
             raise APIError("length_penalty applies to beam search (use_beam_search)", param="length_penalty")
+        if req.use_beam_search:
+            return await self._beam_chat(req)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs requires logprobs=true", param="top_logprobs")
         self._check_streaming_fields(req)
@@ -746,6 +753,22 @@ class Serving:
         return {"id": request_id, "object": "chat.completion", "created": created, "model": self.model_name,
                 "choices": choices, "usage": _usage([ids], {0: final})} \
             | self._prompt_logprobs_field(ids, final.prompt_logprobs, req)
+
+    async def _beam_chat(self, req: ChatCompletionRequest) -> dict:
+        """use_beam_search on chat, as vLLM's: the conversation's n best beams as the choices' messages, best
+        first (tools and response_format are refused with it)."""
+        ids = self.chat_prompt(req)
+        request_id = req.request_id or f"chatcmpl-{uuid.uuid4().hex}"
+        max_tokens = (req.max_completion_tokens or req.max_tokens or self.engine.engine.default_sampling.get(
+            "max_tokens") or max(self.engine.engine.max_model_len - len(ids), 1))
+        prompts, [(prompt_len, beams)] = await self._beam_search(request_id, req, [(None, ids)], max_tokens)
+        choices = [{"index": j, "message": {"role": "assistant", "content": beam.text}, "logprobs": None,
+                    "finish_reason": beam.finish_reason, "stop_reason": beam.stop_reason}
+                   for j, beam in enumerate(beams)]
+        prompt_tokens, generated = len(prompts[0][1]), sum(len(b.tokens) - prompt_len for b in beams)
+        return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.model_name,
+                "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                                              "total_tokens": prompt_tokens + generated}}
 
     def _token_info(self, token: int, logprob: float, as_ids: bool) -> dict:
         """`bytes`: the token's text's UTF-8 bytes, also where as_ids names it "token_id:N"."""
