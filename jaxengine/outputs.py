@@ -75,18 +75,26 @@ class EmbeddingOutput:
 
 
 @dataclasses.dataclass
-class EmbeddingRequestOutput:
-    """An embedding, as vLLM's `LLM.embed` returns it."""
+class _TaskRequestOutput:
+    """A PoolingRequestOutput read for one task, as vLLM's `from_base`: its data wrapped in the task's output."""
 
     request_id: str
-    outputs: EmbeddingOutput
+    outputs: object
     prompt_token_ids: list[int]
     finished: bool
 
     @classmethod
-    def from_base(cls, output: PoolingRequestOutput) -> "EmbeddingRequestOutput":
-        return cls(output.request_id, EmbeddingOutput(output.outputs.data.tolist()), output.prompt_token_ids,
+    def from_base(cls, output: PoolingRequestOutput):
+        return cls(output.request_id, cls.wrap(output.outputs.data.tolist()), output.prompt_token_ids,
                    output.finished)
+
+
+@dataclasses.dataclass
+class EmbeddingRequestOutput(_TaskRequestOutput):
+    """An embedding, as vLLM's `LLM.embed` returns it."""
+
+    outputs: EmbeddingOutput
+    wrap = EmbeddingOutput
 
 
 @dataclasses.dataclass
@@ -97,7 +105,8 @@ class ScoringOutput:
 @dataclasses.dataclass
 class ScoringRequestOutput:
     """A pair's score, as vLLM's `LLM.score` returns it: an embedding model's cosine similarity of the two texts'
-    embeddings (`prompt_token_ids`: the first's, then the second's)."""
+    embeddings (`prompt_token_ids`: the first's, then the second's), or a one-label classifier's score of the pair
+    (`prompt_token_ids`: the pair's joint encoding)."""
 
     request_id: str
     outputs: ScoringOutput
@@ -115,15 +124,8 @@ class ClassificationOutput:
 
 
 @dataclasses.dataclass
-class ClassificationRequestOutput:
+class ClassificationRequestOutput(_TaskRequestOutput):
     """A sequence classifier's output, as vLLM's `LLM.classify` returns it."""
 
-    request_id: str
     outputs: ClassificationOutput
-    prompt_token_ids: list[int]
-    finished: bool
-
-    @classmethod
-    def from_base(cls, output: PoolingRequestOutput) -> "ClassificationRequestOutput":
-        return cls(output.request_id, ClassificationOutput(output.outputs.data.tolist()), output.prompt_token_ids,
-                   output.finished)
+    wrap = ClassificationOutput
