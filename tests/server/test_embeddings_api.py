@@ -15,7 +15,9 @@ from server.app import build_app
 from server.engine_client import AsyncEngine
 from server.metrics import EngineMetrics
 from tests.server.conftest import LiveServer, wait_until_idle
-from tests.server.test_errors_and_ops import metric_values
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tests.server.test_errors_and_ops import _values, assert_no_5xx_and_healthy, metric_values
 
 EMBED_MODEL = "tiny-embed"
 
@@ -261,3 +263,24 @@ def test_cross_encoder_score_and_rerank(classifier_servers):
         assert [r["index"] for r in results] == list(np.argsort(expected)[::-1][:2])
         np.testing.assert_allclose([r["relevance_score"] for r in results], sorted(expected, reverse=True)[:2],
                                    atol=1e-6)
+
+
+_POOLING_FIELDS = {
+    "/v1/embeddings": ["model", "input", "messages", "encoding_format", "dimensions", "use_activation",
+                       "truncate_prompt_tokens", "add_special_tokens", "embed_dtype", "endianness", "priority",
+                       "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "unknown"],
+    "/v1/score": ["model", "queries", "documents", "items", "data_1", "data_2", "text_1", "text_2", "use_activation",
+                  "truncate_prompt_tokens", "priority", "unknown"],
+    "/v1/rerank": ["model", "query", "documents", "top_n", "use_activation", "truncate_prompt_tokens", "unknown"],
+    "/classify": ["model", "input", "use_activation", "truncate_prompt_tokens", "add_special_tokens", "unknown"],
+}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(route=st.sampled_from(sorted(_POOLING_FIELDS)), data=st.data())
+def test_fuzzed_pooling_bodies_never_cause_5xx(embed_server, route, data):
+    """Random bodies on every pooling route of an embedding server (/classify included, which it refuses): 200 or
+    a 4xx, the server healthy, and no block left held."""
+    body = data.draw(st.fixed_dictionaries({}, optional={f: _values for f in _POOLING_FIELDS[route]}))
+    assert_no_5xx_and_healthy(embed_server[0], route, body)
+    wait_until_idle(embed_server[1].engine)

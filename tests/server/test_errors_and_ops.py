@@ -271,10 +271,10 @@ _COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "
                       "logprobs", "echo", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
                       "min_tokens", "ignore_eos", "stop_token_ids", "allowed_token_ids", "bad_words", "priority",
                       "prompt_logprobs", "stream", "best_of", "suffix", "truncate_prompt_tokens", "structured_outputs",
-                      "unknown"]
+                      "use_beam_search", "length_penalty", "unknown"]
 _CHAT_FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "logprobs", "top_logprobs",
                 "n", "stop", "seed", "stream", "response_format", "top_k", "min_p", "truncate_prompt_tokens",
-                "structured_outputs", "tools", "tool_choice", "parallel_tool_calls"]
+                "structured_outputs", "tools", "tool_choice", "parallel_tool_calls", "use_beam_search", "length_penalty"]
 
 
 def _bodies(fields, required):
