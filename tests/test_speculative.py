@@ -101,3 +101,23 @@ def test_refused_for_pooling(embedding_models):
         LLM(str(embedding_models["base"]), runner="pooling", speculative_config=NGRAM, dtype="float32",
             max_model_len=64, max_num_seqs=2, max_num_batched_tokens=8, kv_cache_gib=0.01, warmup=False,
             progress=False)
+
+
+def test_full_batches_keep_scheduling_ahead(engines, monkeypatch):
+    """Guesses need the tokens read back, so a step that may get some waits for the one before; a batch that fills
+    the step's sampling rows (max_num_seqs) gets none and keeps scheduling ahead (its decode tokens taken on the
+    device), as does one past disable_by_batch_size."""
+    for settings, count, ahead in [(NGRAM, 8, True), (NGRAM, 3, False),
+                                   (NGRAM | {"disable_by_batch_size": 3}, 3, True)]:
+        engine = engines("llama", speculative_config=settings)
+        prompts = random_prompts(engine.model_config.vocab_size, [6] * count, seed=9)
+        run_step, from_device = engine.runner._run_step, []
+
+        def recording(num_tokens, num_reqs, variant, host_inputs):
+            from_device.append(int((host_inputs[3] >= 0).sum()))  # token_sources: tokens taken on the device
+            return run_step(num_tokens, num_reqs, variant, host_inputs)
+
+        monkeypatch.setattr(engine.runner, "_run_step", recording)
+        _greedy(engine, prompts, max_tokens=6)
+        monkeypatch.undo()
+        assert (sum(from_device) > 0) == ahead, (settings, count, from_device)

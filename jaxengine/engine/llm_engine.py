@@ -531,13 +531,17 @@ class LLMEngine:
             outputs += self.finish_step(self._in_flight.popleft())
         return outputs
 
-    @staticmethod
-    def _can_schedule_ahead(started) -> bool:
-        """Not past a sequence that needs its last tokens on the host: to ban bad words, to advance its grammar, or
-        to guess its next tokens (speculative decoding)."""
+    def _can_schedule_ahead(self, started) -> bool:
+        """Not past a step with guesses (how many hold decides the next tokens), nor past a sequence that needs its
+        last tokens on the host: to ban bad words, to advance its grammar, or to guess its next tokens (speculative
+        decoding, while the steps have room for guesses: a batch that fills its sampling rows, or runs past
+        disable_by_batch_size, gets none and keeps scheduling ahead)."""
         _, chunks, _ = started
-        return not any(c.completes_sequence and (c.seq.bad_words or c.seq.grammar is not None or c.seq.speculative)
-                       for c in chunks)
+        if any(c.drafts for c in chunks):
+            return False
+        guesses = self.speculation is not None and self.scheduler.may_add_drafts(len(chunks))
+        return not any(c.completes_sequence and (c.seq.bad_words or c.seq.grammar is not None
+                                                 or (guesses and c.seq.speculative)) for c in chunks)
 
     def start_step(self):
         """Schedules and launches a step on the device without waiting (see `finish_step`). The scheduled

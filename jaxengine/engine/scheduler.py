@@ -82,14 +82,19 @@ class Scheduler:
             self._add_drafts(chunks, budget)
         return chunks
 
+    def may_add_drafts(self, rows: int) -> bool:
+        """Whether a step of `rows` sampling rows leaves room for guesses (a row each) and the running batch is
+        below disable_by_batch_size."""
+        limit = self.speculation.disable_by_batch_size
+        return rows < self.max_num_seqs and (limit is None or len(self.running) < limit)
+
     def _add_drafts(self, chunks: list[ScheduledChunk], budget: int) -> None:
         """Guesses for the step's decoding sequences that may speculate, from the token budget the step leaves, a
         sampling row each (a step has max_num_seqs rows) and the blocks free (none is preempted for a guess);
         never past max_tokens or max_model_len."""
-        spec = self.speculation
-        if spec.disable_by_batch_size is not None and len(self.running) >= spec.disable_by_batch_size:
+        if not self.may_add_drafts(len(chunks)):
             return
-        rows = len(chunks)
+        spec, rows = self.speculation, len(chunks)
         for chunk in chunks:
             seq = chunk.seq
             if not (seq.speculative and chunk.num_tokens == 1 and chunk.completes_sequence
