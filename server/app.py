@@ -238,6 +238,8 @@ def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | l
         tok = serving.tokenizer
         if (req.prompt is None) == (req.messages is None):
             raise APIError("give exactly one of prompt or messages", param="prompt")
+        if req.tools is not None and req.messages is None:
+            raise APIError("tools are rendered with messages (the chat template), not with a prompt", param="tools")
         if req.prompt is not None:
             ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
         else:

@@ -163,6 +163,7 @@ class TokenizeRequest(BaseModel):
     continue_final_message: bool = False
     chat_template_kwargs: dict | None = None
     chat_template: str | None = None
+    tools: list[Tool] | None = None  # rendered with the messages, as chat renders them
 
 
 class DetokenizeRequest(BaseModel):

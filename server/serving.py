@@ -668,7 +668,10 @@ class Serving:
             raise APIError("this model's tokenizer has no chat template; start the server with --chat-template, "
                            "or use /v1/completions", param="messages")
         messages = [_template_message(m) for m in req.messages]
-        tools = getattr(req, "tools", None) if self._tool_choice(req) != "none" else None
+        # /tokenize renders a request's tools as they stand (nothing is parsed there); chat as its tool_choice says
+        tools = getattr(req, "tools", None)
+        if not isinstance(req, TokenizeRequest) and self._tool_choice(req) == "none":
+            tools = None
         try:
             return chat_prompt_ids(self.tokenizer, messages, chat_template=template,
                                    add_generation_prompt=req.add_generation_prompt,

@@ -258,3 +258,18 @@ def test_tool_choices_that_cannot_be_honoured_are_refused(tool_servers, server, 
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == "tool_choice" and message in error["message"]
+
+
+def test_tokenize_renders_tools_with_the_messages(tool_servers, async_engine):
+    """/tokenize takes a chat's tools (vLLM's), rendered by the template as chat renders them, with or without a
+    tool call parser; a prompt with tools is refused."""
+    tokenizer = async_engine.engine.tokenizer
+    rendered = tokenizer.apply_chat_template(ASK, chat_template=TEMPLATE, tokenize=False, add_generation_prompt=True,
+                                             tools=TOOLS)
+    for name in ("no-parser", "calls"):
+        with httpx.Client(base_url=tool_servers[name].url, timeout=60) as h:
+            r = h.post("/tokenize", json={"messages": ASK, "tools": TOOLS})
+            assert r.status_code == 200, r.text
+            assert r.json()["tokens"] == tokenizer.encode(rendered, add_special_tokens=False)
+            r = h.post("/tokenize", json={"prompt": "hi", "tools": TOOLS})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
