@@ -5,11 +5,15 @@
   message's content.
 - `llama3_json` (Llama 3.1 and later): an output that is calls only, JSON objects {"name": ..., "parameters":
   {...}} separated by ";" (after <|python_tag|> where special tokens are kept); any other output is content.
+- `pythonic` (Llama 3.2 and 4, ToolACE): an output that is calls only, a Python list of calls with keyword
+  arguments of literal values, `[get_weather(city="Paris"), get_time(zone="CET")]` (between <|python_start|> and
+  <|python_end|> where special tokens are kept); any other output is content.
 
 Each parser is `parse(text) -> (content, calls)` for a whole output and `Stream()` for a growing one, whose
 `feed(text, final) -> (content delta, new calls)`.
 """
 
+import ast
 import dataclasses
 import json
 import re
@@ -145,21 +149,23 @@ class _WholeStream:
         return content or "", calls
 
 
-class _Llama3JsonStream:
-    """An output that starts as calls ("{" or <|python_tag|>) is held to its end and parsed whole (the calls go
-    out then, or the text as content where it does not parse); any other output streams as content."""
+class _CallsOnlyStream:
+    """For formats whose calls are a whole output: an output that starts as calls (`starts`: "{" or
+    <|python_tag|>, say) is held to its end and parsed whole (the calls go out then, or the text as content where
+    it does not parse); any other output streams as content."""
 
-    def __init__(self):
+    def __init__(self, parse, starts: tuple[str, ...]):
+        self.starts = starts
         self.calls = None  # unknown until the output's first characters say
         self.sent = 0
-        self._whole = _WholeStream(_parse_llama3_json)
+        self._whole = _WholeStream(parse)
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
         if self.calls is None:
             head = text.lstrip()
-            if not head or (_PYTHON_TAG.startswith(head) and not final):
+            if not head or (not final and any(s.startswith(head) and s != head for s in self.starts)):
                 return "", []
-            self.calls = head.startswith("{") or head.startswith(_PYTHON_TAG)
+            self.calls = head.startswith(self.starts)
         if self.calls:
             return self._whole.feed(text, final)
         delta, self.sent = text[self.sent:], len(text)
@@ -168,10 +174,51 @@ class _Llama3JsonStream:
 
 class Llama3Json:
     parse = staticmethod(_parse_llama3_json)
-    Stream = _Llama3JsonStream
+
+    @staticmethod
+    def Stream():
+        return _CallsOnlyStream(_parse_llama3_json, ("{", _PYTHON_TAG))
 
 
-PARSERS = {"hermes": Hermes, "llama3_json": Llama3Json}
+_PYTHON_START, _PYTHON_END = "<|python_start|>", "<|python_end|>"
+
+
+def _parse_pythonic(text: str) -> tuple[str | None, list[ToolCall]]:
+    """(None, calls) where the whole output is a Python list of calls `name(key=literal, ...)`; (text, [])
+    otherwise, as vLLM's parser."""
+    body = text.strip()
+    if body.startswith(_PYTHON_START):
+        body = body[len(_PYTHON_START):]
+        body = body[:-len(_PYTHON_END)] if body.endswith(_PYTHON_END) else body
+        body = body.strip()
+    if not body.startswith("["):
+        return text, []
+    try:
+        tree = ast.parse(body, mode="eval").body
+        if not isinstance(tree, ast.List) or not tree.elts:
+            return text, []
+        calls = []
+        for node in tree.elts:
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+                return text, []
+            arguments = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
+            if len(arguments) != len(node.keywords):  # a **mapping
+                return text, []
+            calls.append(ToolCall(node.func.id, json.dumps(arguments, ensure_ascii=False)))
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return text, []
+    return None, calls
+
+
+class Pythonic:
+    parse = staticmethod(_parse_pythonic)
+
+    @staticmethod
+    def Stream():
+        return _CallsOnlyStream(_parse_pythonic, ("[", _PYTHON_START))
+
+
+PARSERS = {"hermes": Hermes, "llama3_json": Llama3Json, "pythonic": Pythonic}
 TOOL_CALL_PARSERS = tuple(PARSERS)
 
 

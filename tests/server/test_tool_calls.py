@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from server.app import build_app
-from server.tool_parsers import Hermes, Llama3Json
+from server.tool_parsers import Hermes, Llama3Json, Pythonic
 from tests.server.conftest import MODEL, LiveServer
 from tests.server.test_structured_outputs_api import no_whitespace
 
@@ -87,6 +87,38 @@ def test_llama3_json_stream_holds_calls_to_the_end_and_streams_content():
     assert stream.feed('{"name": "f"', final=True) == ('{"name": "f"', [])
 
 
+PYTHONIC = '[get_weather(city="Paris", unit="C"), get_time(zone="CET", hours=[1, 2.5], dst=True, note=None)]'
+PYTHONIC_CALLS = [("get_weather", {"city": "Paris", "unit": "C"}),
+                  ("get_time", {"zone": "CET", "hours": [1, 2.5], "dst": True, "note": None})]
+
+
+def test_pythonic_output_that_is_calls_only():
+    content, calls = Pythonic.parse(PYTHONIC)
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == PYTHONIC_CALLS
+    wrapped = Pythonic.parse("<|python_start|>" + PYTHONIC + "<|python_end|>")
+    assert [(c.name, json.loads(c.arguments)) for c in wrapped[1]] == PYTHONIC_CALLS
+    assert Pythonic.parse(" [f()] ")[1][0].arguments == "{}"
+
+
+@pytest.mark.parametrize("text", ["The weather is fine.", "[get_weather(city=\"Paris\")", "[1, 2]", "[]",
+                                  "[f(x)]", "[f(a=g())]", "[f(**kw)]", "[obj.f(a=1)]", "[f(a=1)] and more",
+                                  "[" * 200 + "]" * 200])
+def test_pythonic_output_that_is_not_calls_is_content(text):
+    assert Pythonic.parse(text) == (text, [])
+
+
+def test_pythonic_stream_holds_calls_to_the_end_and_streams_content():
+    for step in (1, 4, len(PYTHONIC)):
+        stream, content, calls = Pythonic.Stream(), "", []
+        for end in list(range(step, len(PYTHONIC), step)) + [len(PYTHONIC)]:
+            text, new = stream.feed(PYTHONIC[:end], final=end == len(PYTHONIC))
+            content, calls = content + text, calls + new
+        assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == PYTHONIC_CALLS
+    stream = Pythonic.Stream()
+    assert stream.feed("<|py") == ("", []) and stream.feed("It") == ("It", [])
+    assert Pythonic.Stream().feed("[not a call", final=True) == ("[not a call", [])
+
+
 class ScriptedText:
     """The shared engine, its completions' text replaced by SCRIPT: a prefix in proportion to the tokens
     generated so far, all of it once a completion finishes."""
@@ -110,7 +142,8 @@ def tool_servers(async_engine):
     servers = {name: LiveServer(build_app(ScriptedText(async_engine, script), MODEL, chat_template=TEMPLATE,
                                           tool_call_parser=parser))
                for name, script, parser in (("calls", SCRIPT, "hermes"), ("plain", "Just text.", "hermes"),
-                                            ("no-parser", SCRIPT, None), ("llama3", LLAMA3, "llama3_json"))}
+                                            ("no-parser", SCRIPT, None), ("llama3", LLAMA3, "llama3_json"),
+                                            ("pythonic", PYTHONIC, "pythonic"))}
     yield servers
     for server in servers.values():
         server.stop()
@@ -154,6 +187,21 @@ def test_streamed_calls_arrive_whole_with_their_index_after_the_content(tool_ser
     assert content == "Let me look that up.\n" and finish == "tool_calls"
     assert [(t.index, t.id is not None, t.function.name, json.loads(t.function.arguments)) for t in calls] == [
         (0, True, "get_weather", {"city": "Paris", "unit": "C"}), (1, True, "get_time", {"zone": "CET"})]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_pythonic_calls_come_back_as_tool_calls(tool_servers, stream):
+    response = ask(tool_servers["pythonic"], stream=stream)
+    if stream:
+        chunks = [c for chunk in response for c in chunk.choices]
+        calls = [t.function for c in chunks for t in c.delta.tool_calls or []]
+        content, finish = "".join(c.delta.content or "" for c in chunks), chunks[-1].finish_reason
+    else:
+        choice = response.choices[0]
+        content, calls, finish = choice.message.content or "", [t.function for t in choice.message.tool_calls], \
+            choice.finish_reason
+    assert content == "" and finish == "tool_calls"
+    assert [(f.name, json.loads(f.arguments)) for f in calls] == PYTHONIC_CALLS
 
 
 @pytest.mark.parametrize("stream", [False, True])
