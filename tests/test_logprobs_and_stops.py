@@ -193,3 +193,20 @@ def test_detokenize_off_gives_the_same_tokens_without_text(engines):
     with pytest.raises(ValueError, match="detokenize"):
         SamplingParams(detokenize="no")
     SamplingParams(stop_token_ids=[5], detokenize=False)
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_token_adds_its_text_only_when_included(engines, include):
+    """As vLLM's: the token that stops a sequence (a stop_token_id here; EOS alike) stays in token_ids, and its text
+    joins the output only with include_stop_str_in_output."""
+    engine = engines("llama")
+    tok = engine.tokenizer
+    prompt = [5, 9, 33, 7, 100]
+    free = run_to_completion(engine, [("free", prompt, SamplingParams(temperature=0, max_tokens=12,
+                                                                      ignore_eos=True))])["free"].outputs[0]
+    stop = next(t for t in free.token_ids if tok.decode([t]).strip())  # a token with visible text
+    out = run_to_completion(engine, [("stopped", prompt, SamplingParams(
+        temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[stop],
+        include_stop_str_in_output=include))])["stopped"].outputs[0]
+    assert out.token_ids[-1] == stop and out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == tok.decode(out.token_ids if include else out.token_ids[:-1])

@@ -664,12 +664,17 @@ class LLMEngine:
         if seq.grammar is not None:
             seq.grammar.accept(token)
         detok = self.requests[seq.request_id].detokenizers[seq.index]
-        new_text = detok.add(token) if seq.params.detokenize else ""
+        finish, stop_reason = self._stop_condition(seq, token)
+        # As vLLM's: the token that stops a sequence (EOS, a stop_token_id, a grammar's EOS) adds no text unless
+        # include_stop_str_in_output (it stays in token_ids).
+        stop_token = finish == "stop" or (seq.grammar is not None and token in self.eos_token_ids)
+        shown = seq.params.detokenize and (not stop_token or seq.params.include_stop_str_in_output)
+        new_text = detok.add(token) if shown else ""
         may_stop = len(seq.output_token_ids) >= seq.params.min_tokens
         if may_stop and seq.params.stop and new_text and self._match_stop_string(seq, detok, len(new_text)):
             self.scheduler.finish(seq)  # the text is already cut at the stop string
             return
-        seq.finish_reason, seq.stop_reason = self._stop_condition(seq, token)
+        seq.finish_reason, seq.stop_reason = finish, stop_reason
         if seq.finish_reason is None and seq.grammar is not None and seq.grammar.is_finished:
             seq.finish_reason = "stop"  # the grammar ended (its EOS taken even under ignore_eos)
         if seq.finish_reason is not None:
