@@ -735,6 +735,8 @@ class Serving:
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs requires logprobs=true", param="top_logprobs")
         self._check_streaming_fields(req)
+        if self._tool_choice(req) == "auto" and getattr(PARSERS[self.tool_call_parser], "special_tokens", False):
+            req = req.model_copy(update={"skip_special_tokens": False})  # its parser reads a special token
         ids = self.chat_prompt(req)
         params = sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
                                  logprobs=(req.top_logprobs or 0) if req.logprobs else None,

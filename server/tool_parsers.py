@@ -5,6 +5,10 @@
   message's content.
 - `llama3_json` (Llama 3.1 and later): an output that is calls only, JSON objects {"name": ..., "parameters":
   {...}} separated by ";" (after <|python_tag|> where special tokens are kept); any other output is content.
+- `mistral` (Mistral's instruct models): the content, then [TOOL_CALLS] and the calls: a JSON list of
+  {"name", "arguments"} objects (older tokenizers), or `name[ARGS]{...}` after each [TOOL_CALLS] (tokenizers v11
+  on); ids of 9 letters and digits, as Mistral's templates require. [TOOL_CALLS] is a special token, so requests
+  this parser reads keep special tokens in their text (`special_tokens`), as vLLM's parser sets them.
 - `pythonic` (Llama 3.2 and 4, ToolACE): an output that is calls only, a Python list of calls with keyword
   arguments of literal values, `[get_weather(city="Paris"), get_time(zone="CET")]` (between <|python_start|> and
   <|python_end|> where special tokens are kept); any other output is content.
@@ -99,10 +103,10 @@ class _HermesStream:
             self.sent += end + len(_END)
 
 
-def _partial_tag(text: str) -> int:
-    """How many characters at the end of `text` could begin a <tool_call> tag (held back until they can't)."""
-    for n in range(min(len(_START) - 1, len(text)), 0, -1):
-        if _START.startswith(text[-n:]):
+def _partial_tag(text: str, tag: str = _START) -> int:
+    """How many characters at the end of `text` could begin `tag` (held back until they can't)."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
             return n
     return 0
 
@@ -218,7 +222,85 @@ class Pythonic:
         return _CallsOnlyStream(_parse_pythonic, ("[", _PYTHON_START))
 
 
-PARSERS = {"hermes": Hermes, "llama3_json": Llama3Json, "pythonic": Pythonic}
+_TOOL_CALLS, _ARGS = "[TOOL_CALLS]", "[ARGS]"
+_NAMED_ARGUMENTS = re.compile(r"\s*([A-Za-z_][\w.-]*)\s*(\{.*\})\s*$", re.DOTALL)
+
+
+def _mistral_id() -> str:
+    return uuid.uuid4().hex[:9]
+
+
+def _mistral_calls(part: str) -> list[ToolCall] | None:
+    """The calls after one [TOOL_CALLS]: `name[ARGS]{...}`, `name{...}`, or a JSON list (or object) of calls."""
+    part = part.strip()
+    try:
+        if _ARGS in part:
+            name, arguments = part.split(_ARGS, 1)
+            values = [{"name": name.strip(), "arguments": json.loads(arguments)}]
+        elif part.startswith(("[", "{")):
+            value = json.loads(part)
+            values = value if isinstance(value, list) else [value]
+        elif match := _NAMED_ARGUMENTS.match(part):
+            values = [{"name": match.group(1), "arguments": json.loads(match.group(2))}]
+        else:
+            return None
+    except json.JSONDecodeError:
+        return None
+    calls = [_call_of(v) for v in values]
+    if not calls or None in calls or any(not c.name for c in calls):
+        return None
+    return [dataclasses.replace(c, id=_mistral_id()) for c in calls]
+
+
+def _parse_mistral(text: str) -> tuple[str | None, list[ToolCall]]:
+    """(content before the first [TOOL_CALLS], calls); (text, []) where there are none or they do not parse."""
+    at = text.find(_TOOL_CALLS)
+    if at < 0:
+        return text, []
+    calls = []
+    for part in text[at:].split(_TOOL_CALLS)[1:]:
+        found = _mistral_calls(part)
+        if found is None:
+            return text, []
+        calls += found
+    return text[:at] or None, calls
+
+
+class _TaggedStream:
+    """Content streams up to a possible start of `tag`; from the tag on, the output is held to its end and parsed
+    whole (the calls go out then, or the held text as content where it does not parse)."""
+
+    def __init__(self, tag: str, parse):
+        self.tag, self.parse = tag, parse
+        self.sent = 0  # characters sent as content
+        self.tagged = False
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        if not self.tagged:
+            at = text.find(self.tag, self.sent)
+            self.tagged = at >= 0
+            end = at if self.tagged else len(text) - (0 if final else _partial_tag(text, self.tag))
+            delta, self.sent = text[self.sent:end], max(self.sent, end)
+            if not self.tagged:
+                return delta, []
+        else:
+            delta = ""
+        if not final:
+            return delta, []
+        content, calls = self.parse(text)
+        return (delta, calls) if calls else (delta + text[self.sent:], [])
+
+
+class Mistral:
+    parse = staticmethod(_parse_mistral)
+    special_tokens = True  # [TOOL_CALLS] is one: the output's text must keep it
+
+    @staticmethod
+    def Stream():
+        return _TaggedStream(_TOOL_CALLS, _parse_mistral)
+
+
+PARSERS = {"hermes": Hermes, "llama3_json": Llama3Json, "mistral": Mistral, "pythonic": Pythonic}
 TOOL_CALL_PARSERS = tuple(PARSERS)
 
 

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from server.app import build_app
-from server.tool_parsers import Hermes, Llama3Json, Pythonic
+from server.tool_parsers import Hermes, Llama3Json, Mistral, Pythonic
 from tests.server.conftest import MODEL, LiveServer
 from tests.server.test_structured_outputs_api import no_whitespace
 
@@ -119,6 +119,41 @@ def test_pythonic_stream_holds_calls_to_the_end_and_streams_content():
     assert Pythonic.Stream().feed("[not a call", final=True) == ("[not a call", [])
 
 
+MISTRAL_V11 = ('Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "C"}'
+               '[TOOL_CALLS]get_time[ARGS]{"zone": "CET"}')
+MISTRAL_LIST = '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}, ' \
+               '{"name": "get_time", "arguments": {"zone": "CET"}}]'
+MISTRAL_CALLS = [("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]
+
+
+@pytest.mark.parametrize("text, content", [(MISTRAL_V11, "Let me check."), (MISTRAL_LIST, None),
+                                           ('[TOOL_CALLS]get_weather{"city": "Paris", "unit": "C"}'
+                                            '[TOOL_CALLS]get_time{"zone": "CET"}', None)])
+def test_mistral_calls_in_each_format(text, content):
+    got, calls = Mistral.parse(text)
+    assert got == content and [(c.name, json.loads(c.arguments)) for c in calls] == MISTRAL_CALLS
+    assert all(len(c.id) == 9 and c.id.isalnum() for c in calls)  # Mistral's templates check the ids
+
+
+@pytest.mark.parametrize("text", ["no calls", "text[TOOL_CALLS]", "[TOOL_CALLS]f[ARGS]{bad", "[TOOL_CALLS][1, 2]",
+                                  "[TOOL_CALLS]f(x)", '[TOOL_CALLS][ARGS]{"a": 1}'])
+def test_mistral_output_without_well_formed_calls_is_content(text):
+    assert Mistral.parse(text) == (text, [])
+
+
+def test_mistral_stream_sends_content_then_the_calls_at_the_end():
+    for step in (1, 5, len(MISTRAL_V11)):
+        stream, content, calls = Mistral.Stream(), "", []
+        for end in list(range(step, len(MISTRAL_V11), step)) + [len(MISTRAL_V11)]:
+            text, new = stream.feed(MISTRAL_V11[:end], final=end == len(MISTRAL_V11))
+            assert "[" not in text
+            content, calls = content + text, calls + new
+        assert content == "Let me check." and [(c.name, json.loads(c.arguments)) for c in calls] == MISTRAL_CALLS
+    stream = Mistral.Stream()
+    assert stream.feed("a [TOOL") == ("a ", []) and stream.feed("a [TOOLS]") == ("[TOOLS]", [])
+    assert stream.feed("a [TOOLS] [TOOL_CALLS]f[ARGS]{", final=True) == (" [TOOL_CALLS]f[ARGS]{", [])
+
+
 class ScriptedText:
     """The shared engine, its completions' text replaced by SCRIPT: a prefix in proportion to the tokens
     generated so far, all of it once a completion finishes."""
@@ -143,7 +178,7 @@ def tool_servers(async_engine):
                                           tool_call_parser=parser))
                for name, script, parser in (("calls", SCRIPT, "hermes"), ("plain", "Just text.", "hermes"),
                                             ("no-parser", SCRIPT, None), ("llama3", LLAMA3, "llama3_json"),
-                                            ("pythonic", PYTHONIC, "pythonic"))}
+                                            ("pythonic", PYTHONIC, "pythonic"), ("mistral", MISTRAL_V11, "mistral"))}
     yield servers
     for server in servers.values():
         server.stop()
@@ -187,6 +222,34 @@ def test_streamed_calls_arrive_whole_with_their_index_after_the_content(tool_ser
     assert content == "Let me look that up.\n" and finish == "tool_calls"
     assert [(t.index, t.id is not None, t.function.name, json.loads(t.function.arguments)) for t in calls] == [
         (0, True, "get_weather", {"city": "Paris", "unit": "C"}), (1, True, "get_time", {"zone": "CET"})]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_mistral_calls_come_back_as_tool_calls(tool_servers, stream, monkeypatch):
+    """The content before [TOOL_CALLS], then the calls; the request keeps special tokens in its text (the
+    parser reads one), as vLLM's mistral parser sets it."""
+    seen = []
+    generate = ScriptedText.generate
+
+    def recording(self, request_id, prompt, params, **kwargs):
+        seen.append(params.skip_special_tokens)
+        return generate(self, request_id, prompt, params, **kwargs)
+
+    monkeypatch.setattr(ScriptedText, "generate", recording)
+    response = ask(tool_servers["mistral"], stream=stream)
+    if stream:
+        chunks = [c for chunk in response for c in chunk.choices]
+        calls = [t.function for c in chunks for t in c.delta.tool_calls or []]
+        content, finish = "".join(c.delta.content or "" for c in chunks), chunks[-1].finish_reason
+    else:
+        choice = response.choices[0]
+        content, calls, finish = choice.message.content or "", [t.function for t in choice.message.tool_calls], \
+            choice.finish_reason
+    assert content == "Let me check." and finish == "tool_calls" and seen == [False]
+    assert [(f.name, json.loads(f.arguments)) for f in calls] == MISTRAL_CALLS
+    seen.clear()
+    ask(tool_servers["calls"])
+    assert seen == [True]  # hermes' tags are plain text
 
 
 @pytest.mark.parametrize("stream", [False, True])
