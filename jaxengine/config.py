@@ -65,6 +65,9 @@ class EngineConfig:
     # Speculative decoding, as vLLM's: {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
     # "prompt_lookup_min": 2} guesses greedy sequences' next tokens from their context (jaxengine.engine.speculative)
     speculative_config: dict | None = None
+    # Over the model's config.json keys, as vLLM's --hf-overrides: {"max_position_embeddings": 4096}, or a
+    # causal LM served as a classifier from two of its tokens (Qwen3-Reranker: see jaxengine/engine/pooler.py)
+    hf_overrides: dict | None = None
 
     def __post_init__(self):
         check_field_types(
@@ -80,7 +83,7 @@ class EngineConfig:
                             "generation_config"))
         if self.generation_config is None:
             raise ValueError("generation_config must be 'auto', 'vllm' or a directory, got None")
-        for name in ("override_generation_config", "pooler_config", "speculative_config"):
+        for name in ("override_generation_config", "pooler_config", "speculative_config", "hf_overrides"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), dict):
                 raise field_error(self, name, "a dict or None")
         if self.runner not in RUNNERS:

@@ -242,3 +242,35 @@ def test_sharded_replicas_embed_as_one_device(pooling_engines, embedding_models)
     for got, expected in zip(llm.embed(prompts, use_tqdm=False), want):
         np.testing.assert_allclose(got.outputs.embedding, expected, atol=2e-5)
     assert all(r.block_manager.num_free_blocks == r.block_manager.num_blocks for r in llm.engine.replicas)
+
+
+def _hf_last_logits(model_dir, prompts):
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return [model(torch.tensor([p])).logits[0, -1].numpy().astype(np.float64) for p in prompts]
+
+
+def test_hf_overrides_make_a_causal_lm_a_token_classifier(model_dirs, pooling_engines):
+    """vLLM's --hf-overrides: a causal LM served as a classifier from its output head's rows of some tokens; with
+    is_original_qwen3_reranker (Qwen3-Reranker's conversion) one label, sigmoid(yes - no): its two-way softmax's
+    "yes". The tied Qwen3 (rows from the embedding) and the untied Llama (from lm_head)."""
+    small = dict(dtype="float32", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=16, min_token_bucket=8,
+                 kv_cache_gib=0.01, progress=False)
+    prompts = random_prompts(331, [9, 30], seed=10)
+    for arch, reranker in (("qwen3", True), ("llama", False)):
+        tok = transformers.AutoTokenizer.from_pretrained(model_dirs[arch])
+        ids = [40, 41] if reranker else [40, 41, 42]
+        overrides = {"architectures": [f"{arch.capitalize()}ForSequenceClassification"],
+                     "classifier_from_token": tok.convert_ids_to_tokens(ids), "is_original_qwen3_reranker": reranker}
+        llm = LLM(str(model_dirs[arch]), hf_overrides=overrides, **small)
+        assert llm.engine.pooling_task == "classify"
+        for out, logits in zip(llm.classify(prompts, use_tqdm=False), _hf_last_logits(model_dirs[arch], prompts)):
+            picked = logits[ids]
+            want = [1 / (1 + np.exp(picked[0] - picked[1]))] if reranker else np.exp(picked) / np.exp(picked).sum()
+            np.testing.assert_allclose(out.outputs.probs, want, atol=2e-5)
+    with pytest.raises(ValueError, match="classifier_from_token: \\['not-a-token'\\] are not tokens"):
+        LLM(str(model_dirs["qwen3"]), hf_overrides={"architectures": ["Qwen3ForSequenceClassification"],
+                                                    "classifier_from_token": ["not-a-token"]}, **small)
+    longer = LLM(str(model_dirs["qwen3"]), hf_overrides={"max_position_embeddings": 96},
+                 **(small | {"max_model_len": None}))
+    assert longer.engine.max_model_len == 96 and longer.engine.runner_type == "generate"

@@ -169,13 +169,12 @@ class LLMEngine:
         model_dir = (resolve_model_dir(config.model, config.trust_remote_code, config.revision, config.download_dir)
                      if config.model else _demo_model_dir())
         tp = config.tensor_parallel_size
-        architecture, checkpoint_config = load_config(model_dir)
+        architecture, checkpoint_config = load_config(model_dir, config.hf_overrides)
         self.runner_type = self._runner_type(config, architecture)
         # What a pooling engine's outputs are: "embed" (embeddings) or "classify" (a classifier's probabilities).
         self.pooling_task = (None if self.runner_type != "pooling" else
                              "classify" if architecture.classifier else "embed")
         self.pooler = self._pooler(config, model_dir, checkpoint_config.hidden_size)
-        self.classifier = self._classifier_head(model_dir) if architecture.classifier else None
         check_layout(checkpoint_config, tp, config.data_parallel_size, len(jax.devices()))
         self.mesh = make_mesh(tp, devices)
         unrolled = config.layer_loop == "unrolled" or (config.layer_loop == "auto" and unrolled_by_default(
@@ -185,12 +184,14 @@ class LLMEngine:
         tokenizer_loaded = tokenizer.submit(load_tokenizer, config.tokenizer or model_dir, config.trust_remote_code)
         tokenizer.shutdown(wait=False)
         model, self.model_config = load_model(model_dir, config.dtype, progress=progress, mesh=self.mesh,
+                                              hf_overrides=config.hf_overrides,
                                               attention_backend=self._attention_backend(config, tp),
                                               unstacked=unrolled, native_matmul=True, executables=executables)
         model.kv_dtype = self._kv_cache_dtype(config, model)
         if warning := scan_warning(config.layer_loop, jax.default_backend(), model.param_dtype, model.native_matmul):
             logger.warning(warning)
         self.tokenizer = tokenizer_loaded.result()
+        self.classifier = self._classifier_head(model_dir) if architecture.classifier else None
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(model_dir)
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
@@ -243,7 +244,7 @@ class LLMEngine:
         """A pooling engine's pooler (None for generation), and what dimensions its requests may ask for: any
         up to the hidden size on a Matryoshka model (`is_matryoshka`, or those of `matryoshka_dimensions`, as
         vLLM reads the config), none elsewhere."""
-        hf = read_hf_config(model_dir)
+        hf = read_hf_config(model_dir, config.hf_overrides)
         listed = hf.get("matryoshka_dimensions")
         self.matryoshka = bool(listed) or bool(hf.get("is_matryoshka"))
         self.matryoshka_dimensions = [int(d) for d in listed] if listed else None
@@ -273,14 +274,13 @@ class LLMEngine:
                 and not params.needs_slot_state and not params.logit_bias and not params.bad_words
                 and params.min_tokens == 0)
 
-    @staticmethod
-    def _classifier_head(model_dir: Path) -> ClassifierHead:
+    def _classifier_head(self, model_dir: Path) -> ClassifierHead:
         from jaxengine.models import orbax_io
 
         if orbax_io.is_orbax_checkpoint(model_dir):
             raise ValueError("a sequence classifier loads from its Hugging Face checkpoint (its score head is not in a "
                              "converted Orbax checkpoint)")
-        return ClassifierHead.load(model_dir, read_hf_config(model_dir))
+        return ClassifierHead.load(model_dir, read_hf_config(model_dir, self.config.hf_overrides), self.tokenizer)
 
     def _check_dimensions(self, dimensions: int, field: str = "dimensions") -> None:
         if self.pooling_task == "classify":

@@ -8,6 +8,15 @@ import numpy as np
 from jaxengine.pooling_params import PoolerConfig, PoolingParams
 
 
+def _checkpoint_tensor(model_dir: Path, name: str) -> np.ndarray | None:
+    """A tensor of the model directory's safetensors (memory-mapped), or None."""
+    from jaxengine.models.loader import checkpoint_files
+    from jaxengine.models.safetensors_io import read_safetensors
+
+    return next((tensors[name] for tensors in map(read_safetensors, checkpoint_files(model_dir)) if name in tensors),
+                None)
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
@@ -29,18 +38,41 @@ class ClassifierHead:
         self.weight, self.activation, self.labels = np.asarray(weight, np.float32), activation, labels
 
     @classmethod
-    def load(cls, model_dir: Path, hf: dict) -> "ClassifierHead":
-        from jaxengine.models.loader import checkpoint_files
-        from jaxengine.models.safetensors_io import read_safetensors
-
-        weight = next((tensors["score.weight"] for tensors in map(read_safetensors, checkpoint_files(model_dir))
-                       if "score.weight" in tensors), None)
+    def load(cls, model_dir: Path, hf: dict, tokenizer) -> "ClassifierHead":
+        """The checkpoint's `score.weight`; or, for a causal LM's checkpoint that the config (through
+        hf_overrides, as vLLM's) makes a classifier by `classifier_from_token`, its output head's rows of those
+        tokens: each token a label, or with `is_original_qwen3_reranker` (two tokens, "no" and "yes") one label,
+        the difference of their rows, whose sigmoid is the two-way softmax's "yes" (vLLM's conversion)."""
+        tokens = hf.get("classifier_from_token")
+        if tokens is not None:
+            return cls._from_tokens(model_dir, hf, tokenizer, tokens)
+        weight = _checkpoint_tensor(model_dir, "score.weight")
         if weight is None:
             raise ValueError(f"{model_dir}: a sequence classifier's checkpoint needs its head, score.weight")
         num_labels = weight.shape[0]
         names = hf.get("id2label") or {}
         labels = [str(names.get(str(i), names.get(i, f"LABEL_{i}"))) for i in range(num_labels)]
         return cls(np.asarray(weight, np.float32), cls._activation(hf, num_labels), labels)
+
+    @classmethod
+    def _from_tokens(cls, model_dir: Path, hf: dict, tokenizer, tokens) -> "ClassifierHead":
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+            raise ValueError(f"classifier_from_token must be a list of tokens, got {tokens!r}")
+        ids = [tokenizer.convert_tokens_to_ids(t) for t in tokens]
+        unknown = [t for t, i in zip(tokens, ids) if i is None or i == tokenizer.unk_token_id]
+        if unknown:
+            raise ValueError(f"classifier_from_token: {unknown} are not tokens of the model's vocabulary")
+        head = _checkpoint_tensor(model_dir, "lm_head.weight")
+        head = _checkpoint_tensor(model_dir, "model.embed_tokens.weight") if head is None else head
+        if head is None:
+            raise ValueError(f"{model_dir}: classifier_from_token needs the checkpoint's lm_head.weight (or tied "
+                             f"model.embed_tokens.weight)")
+        rows = np.asarray(head[ids], np.float32)
+        if hf.get("is_original_qwen3_reranker"):
+            if len(tokens) != 2:
+                raise ValueError(f"is_original_qwen3_reranker takes two tokens (no, yes), got {tokens}")
+            return cls(rows[1:] - rows[:1], "sigmoid", [tokens[1]])
+        return cls(rows, cls._activation(hf, len(tokens)), list(tokens))
 
     @staticmethod
     def _activation(hf: dict, num_labels: int) -> str:

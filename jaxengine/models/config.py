@@ -66,11 +66,21 @@ class ModelConfig:
         return self.head_dim ** -0.5 if self.attn_scale is None else self.attn_scale
 
 
-def read_hf_config(model_dir: Path) -> dict:
+def read_hf_config(model_dir: Path, overrides: dict | None = None) -> dict:
+    """config.json, with `overrides` (vLLM's --hf-overrides) over its keys: a key's value replaces the file's,
+    except in a nested config (`text_config`, ...: a dict on both sides), whose keys are overridden one by one."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json: not a Hugging Face model directory")
-    return json.loads(path.read_text())
+    return _overridden(json.loads(path.read_text()), overrides or {})
+
+
+def _overridden(config: dict, overrides: dict) -> dict:
+    out = dict(config)
+    for key, value in overrides.items():
+        nested = key.endswith("_config") and isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _overridden(out[key], value) if nested else value
+    return out
 
 
 def parse_rope(hf: dict) -> RopeConfig:

@@ -73,8 +73,8 @@ def resolve_dtypes(dtype: str, cfg: ModelConfig, backend: str | None = None, nat
     return DTYPES[setting], DTYPES[setting]
 
 
-def load_config(model_dir: Path) -> tuple[Architecture, ModelConfig]:
-    hf = read_hf_config(model_dir)
+def load_config(model_dir: Path, hf_overrides: dict | None = None) -> tuple[Architecture, ModelConfig]:
+    hf = read_hf_config(model_dir, hf_overrides)
     arch = get_architecture(hf)
     return arch, arch.read_config(hf)
 
@@ -116,7 +116,7 @@ def weight_dtypes(model_dir: Path, cfg: ModelConfig, dtype: str, mesh=None, nati
 
 def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, mesh=None,
                attention_backend: str = "auto", unstacked: bool = False, native_matmul: bool = False,
-               executables=None):
+               executables=None, hf_overrides: dict | None = None):
     """Returns (model, ModelConfig). Weights go from memory-mapped safetensors to the device one parameter
     at a time (on a mesh, each device receives only its shard); the model is never initialised with real
     arrays. On a mesh with more devices on 'model' than the model has KV heads, each KV head is repeated
@@ -125,10 +125,11 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     `native_matmul`: where `native_matmul_applies`, bfloat16 weights are packed for the native CPU matmul
     (and `auto` keeps a bfloat16 checkpoint in bfloat16; `LlamaForCausalLM.pack_for_native_matmul`). For
     serving; a model to convert and save keeps the checkpoint's layout. `executables`: an ExecutableCache
-    (jaxengine.runner.executables) that keeps the programs filling stacked layers across starts."""
+    (jaxengine.runner.executables) that keeps the programs filling stacked layers across starts. `hf_overrides`:
+    over config.json's keys (read_hf_config)."""
     start = time.perf_counter()
     model_dir = resolve_model_dir(model)
-    arch, cfg = load_config(model_dir)
+    arch, cfg = load_config(model_dir, hf_overrides)
     orbax = orbax_io.is_orbax_checkpoint(model_dir)
     jdtype, param_dtype, native_matmul = weight_dtypes(model_dir, cfg, dtype, mesh, native_matmul)
     repeats = kv_head_repeats(cfg, mesh.shape["model"]) if mesh is not None else 1
