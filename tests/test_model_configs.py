@@ -120,3 +120,46 @@ def test_qwen2_moe_shared_expert_is_the_dense_mlp_and_mixtral_renormalises():
 def test_moe_with_dense_layers_among_the_expert_ones_is_refused(dense):
     with pytest.raises(ValueError, match="dense layers among the expert ones.*only every layer"):
         read(QWEN3_30B_A3B | dense)
+
+
+PHI35_MINI = dict(  # microsoft/Phi-3.5-mini-instruct's config.json (rope_scaling in the older keys)
+    architectures=["Phi3ForCausalLM"], model_type="phi3", hidden_act="silu", hidden_size=3072,
+    intermediate_size=8192, max_position_embeddings=131072, num_attention_heads=32, num_hidden_layers=32,
+    num_key_value_heads=32, original_max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
+    sliding_window=262144, tie_word_embeddings=False, vocab_size=32064, bos_token_id=1, eos_token_id=32000,
+    rope_scaling={"type": "longrope", "short_factor": [1.0 + i / 100 for i in range(48)],
+                  "long_factor": [1.0 + i for i in range(48)]})
+
+
+def test_phi3_hub_config_reads_its_longrope_as_transformers():
+    """Phi-3.5-mini's LongRoPE (its original length beside the rope dict): our short-factor frequencies and
+    attention factor equal transformers' for a sequence within the original length."""
+    import numpy as np
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from jaxengine.models.config import rope_inv_freq
+
+    cfg = read(PHI35_MINI)
+    assert cfg.rope.rope_type == "longrope" and cfg.rope.param("original_max_position_embeddings") == 4096
+    assert cfg.head_dim == 96 and cfg.sliding_windows == (262144,) * 32
+    theirs = transformers.Phi3Config(**{k: v for k, v in PHI35_MINI.items() if k != "architectures"})
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS["longrope"](theirs, torch.device("cpu"), seq_len=4096)
+    ours, our_scaling = rope_inv_freq(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+    np.testing.assert_allclose(ours, inv_freq.numpy(), rtol=1e-6)
+    assert math.isclose(our_scaling, scaling, rel_tol=1e-9)
+
+
+def test_longrope_models_serve_up_to_their_original_length(model_dirs, caplog):
+    """Past its original length LongRoPE switches every position to its long factors, which a paged cache cannot
+    follow: the default max_model_len stops there (with a warning), a longer one is refused."""
+    from jaxengine import LLMEngine
+    from jaxengine.config import EngineConfig
+
+    small = dict(model=str(model_dirs["phi3"]), dtype="float32", max_num_seqs=2, max_num_batched_tokens=8,
+                 kv_cache_gib=0.01, warmup=False)
+    assert LLMEngine(EngineConfig(**small), progress=False).max_model_len == 512
+    assert "serving up to original_max_position_embeddings=512" in caplog.text
+    with pytest.raises(ValueError, match="max_model_len=600: this model's LongRoPE is supported up to its "
+                                         "original_max_position_embeddings=512"):
+        LLMEngine(EngineConfig(**small, max_model_len=600), progress=False)

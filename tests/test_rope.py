@@ -43,7 +43,7 @@ def test_legacy_rope_scaling_and_rope_theta_fields_are_read():
     assert (rope.theta, rope.rope_type, rope.param("factor")) == (123.0, "linear", 2.0)
 
 
-@pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
+@pytest.mark.parametrize("rope_type", ["dynamic", "proportional"])
 def test_unsupported_rope_type_is_refused_by_name(rope_type):
-    with pytest.raises(ValueError, match=f"rope type '{rope_type}' is not supported.*llama3.*yarn"):
+    with pytest.raises(ValueError, match=f"rope type '{rope_type}' is not supported.*llama3.*yarn.*longrope"):
         parse_rope({"rope_parameters": {"rope_type": rope_type, "factor": 2.0}})

@@ -325,6 +325,18 @@ class LLMEngine:
 
     def _max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
+        rope = self.model_config.rope
+        if rope.rope_type == "longrope" and rope.param("original_max_position_embeddings") < limit:
+            # Past its original length LongRoPE switches to its long factors for the whole sequence (transformers)
+            # or the whole batch (vLLM), which a paged cache computed with the short ones cannot follow.
+            original = rope.param("original_max_position_embeddings")
+            if self.config.max_model_len is not None and self.config.max_model_len > original:
+                raise ValueError(f"max_model_len={self.config.max_model_len}: this model's LongRoPE is supported up "
+                                 f"to its original_max_position_embeddings={original} (the short factors)")
+            if self.config.max_model_len is None:
+                logger.warning("LongRoPE: serving up to original_max_position_embeddings=%d tokens (the short "
+                               "factors), not the model's %d", original, limit)
+            limit = original
         if self.config.max_model_len is None:
             return limit
         if self.config.max_model_len > limit:

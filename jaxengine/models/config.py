@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +94,10 @@ def parse_rope(hf: dict) -> RopeConfig:
     partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
         raise ValueError(f"partial_rotary_factor={partial} is not supported; only 1.0 (full rotary) is")
+    if rope_type in ("longrope", "su"):  # Phi-3's; its original length may sit beside the rope dict
+        rope_type = "longrope"
+        params.setdefault("original_max_position_embeddings", hf.get("original_max_position_embeddings"))
+        params = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
     return RopeConfig(theta=float(theta), rope_type=rope_type, params=tuple(sorted(params.items())))
 
 
@@ -108,7 +112,24 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int, max_position_embeddings: int)
         inv_freq = _llama3_inv_freq(inv_freq, rope)
     elif rope.rope_type == "yarn":
         inv_freq, scaling = _yarn_inv_freq(rope, head_dim, max_position_embeddings)
+    elif rope.rope_type == "longrope":
+        inv_freq, scaling = _longrope_inv_freq(rope, head_dim, max_position_embeddings)
     return inv_freq.astype(np.float32), float(scaling)
+
+
+def _longrope_inv_freq(rope, head_dim, max_position_embeddings):
+    """LongRoPE (Phi-3) with its short factors, which transformers uses while a sequence is within
+    original_max_position_embeddings (the engine serves no longer ones: LLMEngine._max_model_len); the attention
+    factor from the ratio of the two lengths, as transformers computes it."""
+    original = rope.param("original_max_position_embeddings")
+    short = np.asarray(rope.param("short_factor"), np.float64)
+    if original is None or short.shape != (head_dim // 2,):
+        raise ValueError(f"longrope needs original_max_position_embeddings and {head_dim // 2} short_factor values")
+    factor = rope.param("factor") or max_position_embeddings / original
+    attention = rope.param("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return 1.0 / (short * rope.theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)), attention
 
 
 def _llama3_inv_freq(inv_freq, rope):

@@ -152,7 +152,8 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
         loaded = orbax_io.restore(model_dir, flat, targets, shardings, _KV_PARAMS, repeats, checkpoint_kv_heads)
     else:
         loaded = _fill(checkpoint_files(model_dir), hf_weight_map(cfg), targets, shardings, cfg, progress,
-                       kv_repeat=(checkpoint_kv_heads, repeats), executables=executables, tensor_name=arch.tensor_name)
+                       kv_repeat=(checkpoint_kv_heads, repeats), executables=executables, tensor_name=arch.tensor_name,
+                       split_tensor=arch.split_tensor)
     state = nnx.from_flat_state([(path, var.replace(loaded[path])) for path, var in flat])
     loaded_model = nnx.merge(graphdef, state)
     if unstacked:
@@ -228,61 +229,62 @@ def _layer_sharding(sharding, layer):
     return NamedSharding(sharding.mesh, PartitionSpec(*sharding.spec[1:]))
 
 
-def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, *, tensor_name, executables=None) -> dict:
+def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, *, tensor_name, executables=None,
+          split_tensor=lambda name, array, cfg: [(name, array)]) -> dict:
     """Streams tensors file by file: each goes from the memory map straight to its devices (only its shard
     to each), and per-layer tensors are written into their stacked parameter on device (or become the
     layer's own parameter when the targets are unstacked), so host memory peaks near one tensor (a mixture of
     experts' per-expert tensors gather on the host into the layer's [experts, ...] piece first).
-    `tensor_name`: a checkpoint tensor's name in `weight_map` (None: a tensor the model does not use)."""
+    `tensor_name`: a checkpoint tensor's name in `weight_map` (None: a tensor the model does not use);
+    `split_tensor`: the (name, array) pieces of a renamed tensor that `weight_map` knows (a fused projection's)."""
     done, seen, stacker = {}, set(), _Stacker(executables)
     expert_slices = {}  # (path, layer) -> {expert: array} until the layer's every expert has arrived
     headers = [read_safetensors(f) for f in files]
     bar = tqdm(total=sum(len(h) for h in headers), desc="Loading weights", unit="tensor", disable=not progress)
     for file, tensors in zip(files, headers):
-        for stored_name, array in tensors.items():
+        for stored_name, stored in tensors.items():
             bar.update(1)
-            name = tensor_name(stored_name)
-            if name is None:
-                continue
-            if name not in weight_map:
-                if _IGNORED.match(name) or (name == "lm_head.weight" and cfg.tie_word_embeddings):
-                    continue
-                raise ValueError(f"unexpected tensor {stored_name} in {file.name}: the {cfg.architecture} model has no "
-                                 f"such weight")
-            if name in seen:
-                raise ValueError(f"tensor {stored_name} appears twice in the checkpoint ({file.name})")
-            seen.add(name)
-            path, layer, transpose, expert = weight_map[name]
-            if layer is not None and path not in targets:  # unstacked: ("layers", name) -> ("layers", i, name)
-                path, layer = (path[0], layer, *path[1:]), None
-            target = targets[path]
-            expected = tuple(target.shape[1:] if layer is not None else target.shape)
-            num_experts, expected = (expected[0], expected[1:]) if expert is not None else (0, expected)
-            source = array.T if transpose else array
-            kv_heads, repeats = kv_repeat
-            if repeats > 1 and path[-1] in _KV_PARAMS:
-                expected = expected[:-1] + (expected[-1] // repeats,)
-                if source.shape == expected:
-                    source = _repeat_kv_heads(np.asarray(source), kv_heads, repeats)
-                    expected = source.shape
-            if source.shape != tuple(expected):
-                hf_shape = tuple(reversed(expected)) if transpose else tuple(expected)
-                raise ValueError(f"tensor {stored_name} has shape {tuple(array.shape)}, expected {hf_shape}")
-            if expert is not None:
-                slices = expert_slices.setdefault((path, layer), {})
-                slices[expert] = np.asarray(source, dtype=target.dtype)
-                if len(slices) < num_experts:
-                    continue
-                source = np.stack([slices.pop(j) for j in range(num_experts)])
-                del expert_slices[(path, layer)]
-            sharding = shardings.get(path)
-            piece = jax.device_put(np.asarray(source, dtype=target.dtype), _layer_sharding(sharding, layer))
-            if layer is None:
-                done[path] = piece
-            elif path not in done:
-                done[path] = stacker.new(piece, layer, target.shape[0], sharding)
-            else:
-                done[path] = stacker.set(done[path], piece, layer)
+            renamed = tensor_name(stored_name)
+            for name, array in split_tensor(renamed, stored, cfg) if renamed is not None else ():
+                if name not in weight_map:
+                    if _IGNORED.match(name) or (name == "lm_head.weight" and cfg.tie_word_embeddings):
+                        continue
+                    raise ValueError(f"unexpected tensor {stored_name} in {file.name}: the {cfg.architecture} model "
+                                     f"has no such weight")
+                if name in seen:
+                    raise ValueError(f"tensor {stored_name} appears twice in the checkpoint ({file.name})")
+                seen.add(name)
+                path, layer, transpose, expert = weight_map[name]
+                if layer is not None and path not in targets:  # unstacked: ("layers", n) -> ("layers", i, n)
+                    path, layer = (path[0], layer, *path[1:]), None
+                target = targets[path]
+                expected = tuple(target.shape[1:] if layer is not None else target.shape)
+                num_experts, expected = (expected[0], expected[1:]) if expert is not None else (0, expected)
+                source = array.T if transpose else array
+                kv_heads, repeats = kv_repeat
+                if repeats > 1 and path[-1] in _KV_PARAMS:
+                    expected = expected[:-1] + (expected[-1] // repeats,)
+                    if source.shape == expected:
+                        source = _repeat_kv_heads(np.asarray(source), kv_heads, repeats)
+                        expected = source.shape
+                if source.shape != tuple(expected):
+                    hf_shape = tuple(reversed(expected)) if transpose else tuple(expected)
+                    raise ValueError(f"tensor {stored_name} has shape {tuple(array.shape)}, expected {hf_shape}")
+                if expert is not None:
+                    slices = expert_slices.setdefault((path, layer), {})
+                    slices[expert] = np.asarray(source, dtype=target.dtype)
+                    if len(slices) < num_experts:
+                        continue
+                    source = np.stack([slices.pop(j) for j in range(num_experts)])
+                    del expert_slices[(path, layer)]
+                sharding = shardings.get(path)
+                piece = jax.device_put(np.asarray(source, dtype=target.dtype), _layer_sharding(sharding, layer))
+                if layer is None:
+                    done[path] = piece
+                elif path not in done:
+                    done[path] = stacker.new(piece, layer, target.shape[0], sharding)
+                else:
+                    done[path] = stacker.set(done[path], piece, layer)
     bar.close()
     missing = sorted(set(weight_map) - seen)
     if missing:

@@ -18,6 +18,8 @@ class Architecture:
     read_config: Callable[[dict], ModelConfig]
     # a checkpoint tensor's name -> the name the model's weight map knows it by; None: not the model's
     tensor_name: Callable[[str], str | None] = _same_name
+    # a (renamed) checkpoint tensor -> the (name, array) pieces the weight map knows (Phi-3's fused projections)
+    split_tensor: Callable[[str, object, ModelConfig], list] = lambda name, array, cfg: [(name, array)]
     embedding_only: bool = False  # a base model (`*Model`): served by the pooling runner only
     classifier: bool = False  # `*ForSequenceClassification`: pooled, then its `score` head (on the host)
 
@@ -26,6 +28,20 @@ def _base_model_tensor(name: str) -> str | None:
     """A base model's tensor (`layers.0...`, as transformers saves `LlamaModel`) under its causal LM's name
     (`model.layers.0...`)."""
     return name if name.startswith("model.") else "model." + name
+
+
+def _phi3_split(name: str, array, cfg: ModelConfig) -> list:
+    """Phi-3's fused q/k/v ([(heads + 2 kv_heads) x head_dim, hidden]) and gate/up ([2 x intermediate, hidden])
+    projections as the separate tensors the weight map knows (the loader packs them together again)."""
+    if name.endswith(".self_attn.qkv_proj.weight"):
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        prefix = name[: -len("qkv_proj.weight")]
+        return [(prefix + "q_proj.weight", array[:q]), (prefix + "k_proj.weight", array[q:q + kv]),
+                (prefix + "v_proj.weight", array[q + kv:])]
+    if name.endswith(".mlp.gate_up_proj.weight"):
+        prefix, i = name[: -len("gate_up_proj.weight")], cfg.intermediate_size
+        return [(prefix + "gate_proj.weight", array[:i]), (prefix + "up_proj.weight", array[i:])]
+    return [(name, array)]
 
 
 def _classifier_tensor(name: str) -> str | None:
@@ -72,6 +88,8 @@ _REGISTRY = {
     "Qwen2ForCausalLM": Architecture(
         LlamaForCausalLM, lambda hf: model_config_from_hf(hf, qkv_bias=True, o_bias=False)),
     "Qwen3ForCausalLM": Architecture(LlamaForCausalLM, lambda hf: model_config_from_hf(hf, qk_norm=True)),
+    # Phi-3 / Phi-3.5 (the Llama layer, q/k/v and gate/up fused in the checkpoint; LongRoPE)
+    "Phi3ForCausalLM": Architecture(LlamaForCausalLM, model_config_from_hf, split_tensor=_phi3_split),
 } | {name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES} | {
     name: Architecture(LlamaForCausalLM, moe_config_from_hf)
     for name in ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")} | {
