@@ -200,11 +200,16 @@ def _failure(message: str, start: float) -> dict:
     return {"success": False, "error": message, "start": start}
 
 
-async def _one_request(client, url: str, chat: bool, body: dict, headers: dict):
-    """One streamed request. Returns its timings, token count and text, or its failure (an HTTP status, an error
-    event in the stream, a dropped connection, a stream without a choice) without raising: vLLM's client counts
-    failed requests the same way. As in vLLM's client, every chunk that carries a choice is a token's arrival (the
-    first one's time is the TTFT, the gaps between them the ITLs), and the request's latency ends at the last one."""
+async def _one_request(client, url: str, kind: str, body: dict, headers: dict):
+    """One streamed request (`kind` "completions" or "chat"; "embeddings": one response, its latency the TTFT and
+    the end-to-end latency alike, as vLLM's embeddings client times it). Returns its timings, token count and text,
+    or its failure (an HTTP status, an error event in the stream, a dropped connection, a stream without a choice)
+    without raising: vLLM's client counts failed requests the same way. As in vLLM's client, every chunk that
+    carries a choice is a token's arrival (the first one's time is the TTFT, the gaps between them the ITLs), and
+    the request's latency ends at the last one."""
+    if kind == "embeddings":
+        return await _one_embedding_request(client, url, body, headers)
+    chat = kind == "chat"
     start = time.perf_counter()
     stamps, texts, tokens, prompt_tokens = [], [], None, None
     try:
@@ -232,6 +237,20 @@ async def _one_request(client, url: str, chat: bool, body: dict, headers: dict):
     return {"success": True, "start": start, "ttft": stamps[0] - start, "e2e": stamps[-1] - start,
             "tokens": sum(map(bool, texts)) if tokens is None else tokens, "prompt_tokens": prompt_tokens,
             "itl": [b - a for a, b in zip(stamps, stamps[1:])], "text": "".join(texts)}
+
+
+async def _one_embedding_request(client, url: str, body: dict, headers: dict):
+    start = time.perf_counter()
+    try:
+        response = await client.post(url, json=body, headers=headers)
+        latency = time.perf_counter() - start
+        if response.status_code != 200:
+            return _failure(f"HTTP {response.status_code}: {response.text[:300]}", start)
+        usage = response.json().get("usage") or {}
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        return _failure(f"{type(e).__name__}: {e}", start)
+    return {"success": True, "start": start, "ttft": latency, "e2e": latency, "tokens": 0,
+            "prompt_tokens": usage.get("prompt_tokens"), "itl": [], "text": ""}
 
 
 def send_times(count: int, request_rate: float, burstiness: float, seed: int, ramp_up=None) -> np.ndarray:
@@ -311,10 +330,12 @@ def _headers(args) -> dict[str, str]:
     return ({"Authorization": f"Bearer {key}"} if key else {}) | _key_values("--header", args.header)
 
 
-def _request_body(args, model: str, chat: bool, req: BenchRequest, extra: dict) -> dict:
+def _request_body(args, model: str, kind: str, req: BenchRequest, extra: dict) -> dict:
     """What vLLM's client sends, then --extra-body (the sampling flags are part of it, as in vLLM's client)."""
+    if kind == "embeddings":
+        return {"model": model, "input": req.prompt} | extra
     body = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
-    if chat:
+    if kind == "chat":
         body |= {"messages": [{"role": "user", "content": req.prompt}], "max_completion_tokens": req.output_len}
         if args.logprobs is not None:
             body |= {"logprobs": True, "top_logprobs": args.logprobs}
@@ -326,11 +347,11 @@ def _request_body(args, model: str, chat: bool, req: BenchRequest, extra: dict) 
     return body | extra
 
 
-async def _wait_until_ready(client, url: str, chat: bool, body: dict, headers: dict, deadline: float) -> dict:
+async def _wait_until_ready(client, url: str, kind: str, body: dict, headers: dict, deadline: float) -> dict:
     """--ready-check-timeout-sec: the first request, sent until it succeeds (the server may still be starting) or
     `deadline` (time.monotonic) passes; the /v1/models wait before it spent part of the same time."""
     while True:
-        result = await _one_request(client, url, chat, body, headers)
+        result = await _one_request(client, url, kind, body, headers)
         if result["success"] or time.monotonic() > deadline:
             return result
         await asyncio.sleep(1.0)
@@ -348,7 +369,7 @@ async def _profile_call(client, base_url: str, action: str, headers: dict) -> No
                          f"{response.text[:300]}")
 
 
-async def _serve_load(args, base_url, url, chat, bodies, headers, times, ready_deadline):
+async def _serve_load(args, base_url, url, kind, bodies, headers, times, ready_deadline):
     limit = asyncio.Semaphore(args.max_concurrency or len(bodies))
     bar = tqdm(total=len(bodies), disable=args.disable_tqdm, file=sys.stderr)
 
@@ -357,13 +378,13 @@ async def _serve_load(args, base_url, url, chat, bodies, headers, times, ready_d
         async def guarded(body, index=None):
             named = {} if index is None else {"x-request-id": f"{args.request_id_prefix}{index}"}
             async with limit:
-                result = await _one_request(client, url, chat, body, headers | named)
+                result = await _one_request(client, url, kind, body, headers | named)
             if index is not None:
                 bar.update(1)
             return result
 
         if args.ready_check_timeout_sec > 0:
-            first = await _wait_until_ready(client, url, chat, bodies[0], headers, ready_deadline)
+            first = await _wait_until_ready(client, url, kind, bodies[0], headers, ready_deadline)
             if not first["success"]:
                 raise ValueError(f"--ready-check-timeout-sec: the first request did not succeed within "
                                  f"{args.ready_check_timeout_sec} s; the last error: {first['error']}")
@@ -480,8 +501,19 @@ def serve(args) -> None:
     sampling = _sampling(args)
     extra = sampling | (args.extra_body or {})
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
-    chat = args.backend == "openai-chat"
-    endpoint = args.endpoint or ("/v1/chat/completions" if chat else "/v1/completions")
+    kind = {"openai-chat": "chat", "openai-embeddings": "embeddings"}.get(args.backend, "completions")
+    chat = kind == "chat"
+    endpoint = args.endpoint or {"chat": "/v1/chat/completions", "embeddings": "/v1/embeddings"}.get(
+        kind, "/v1/completions")
+    if kind == "embeddings":
+        given = [f"--{name.replace('_', '-')}" for name in SAMPLING_FLAGS if getattr(args, name) is not None]
+        given += ["--temperature"] * (args.temperature != 0.0) + ["--ignore-eos"] * args.ignore_eos
+        given += ["--logprobs"] * (args.logprobs is not None)
+        if given:
+            raise ValueError(f"--backend openai-embeddings generates nothing: {', '.join(given)} do not apply")
+        sampling, extra = {}, args.extra_body or {}
+        if args.percentile_metrics == ",".join(METRICS):  # the default: only the latency means anything here
+            metrics = ["e2el"]
     ramp_up = _ramp_up(args)
     send_times(0, args.request_rate, args.burstiness, args.seed, ramp_up)  # checks the flags before anything is sent
     at_least("--num-warmups", args.num_warmups, 0)
@@ -501,9 +533,9 @@ def serve(args) -> None:
     if chat and any(not isinstance(r.prompt, str) for r in requests):
         raise ValueError("--backend openai-chat sends text messages, and this dataset's prompts are token ids: use "
                          "a text dataset (sharegpt, custom, or json with string prompts)")
-    bodies = [_request_body(args, args.served_model_name or model, chat, req, extra) for req in requests]
+    bodies = [_request_body(args, args.served_model_name or model, kind, req, extra) for req in requests]
     times = send_times(len(requests), args.request_rate, args.burstiness, args.seed, ramp_up)
-    results, wall = asyncio.run(_serve_load(args, base_url, base_url + endpoint, chat, bodies, headers, times,
+    results, wall = asyncio.run(_serve_load(args, base_url, base_url + endpoint, kind, bodies, headers, times,
                                              ready_deadline))
     done = [(req, r) for req, r in zip(requests, results) if r["success"]]
     errors = [r["error"] for r in results if not r["success"]]
@@ -650,8 +682,9 @@ def add_bench_parser(sub) -> None:
     _add_sampling_flags(p)
     p.set_defaults(run=latency)
     p = kinds.add_parser("serve", help="a client for any OpenAI-compatible server")
-    p.add_argument("--backend", choices=("openai", "vllm", "openai-chat"), default="openai",
-                   help="openai (and vllm): /v1/completions; openai-chat: /v1/chat/completions")
+    p.add_argument("--backend", choices=("openai", "vllm", "openai-chat", "openai-embeddings"), default="openai",
+                   help="openai (and vllm): /v1/completions; openai-chat: /v1/chat/completions; openai-embeddings: "
+                        "/v1/embeddings (latency only: e2el)")
     p.add_argument("--base-url", default=None, help="default: http://HOST:PORT")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)

@@ -284,3 +284,23 @@ def test_fuzzed_pooling_bodies_never_cause_5xx(embed_server, route, data):
     body = data.draw(st.fixed_dictionaries({}, optional={f: _values for f in _POOLING_FIELDS[route]}))
     assert_no_5xx_and_healthy(embed_server[0], route, body)
     wait_until_idle(embed_server[1].engine)
+
+
+def test_bench_serve_embeddings_backend(embed_server, capsys):
+    """`bench serve --backend openai-embeddings` (vLLM's): /v1/embeddings requests, their latencies and the prompt
+    tokens the server counted; generation flags are refused."""
+    import json as json_module
+
+    from jaxengine.cli import main
+
+    url = embed_server[0].url
+    main(["bench", "serve", "--backend", "openai-embeddings", "--base-url", url, "--num-prompts", "6",
+          "--input-len", "10", "--disable-tqdm"])
+    result = json_module.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["completed"] == 6 and result["failed"] == 0 and result["endpoint"] == "/v1/embeddings"
+    assert result["total_input_tokens"] == 60 and result["total_output_tokens"] == 0
+    assert result["median_e2el_ms"] > 0 and "median_ttft_ms" not in result and result["sampling"] == {}
+    with pytest.raises(SystemExit, match="--temperature, --ignore-eos do not apply"):
+        main(["bench", "serve", "--backend", "openai-embeddings", "--base-url", url, "--num-prompts", "2",
+              "--temperature", "0.5", "--ignore-eos"])
+    wait_until_idle(embed_server[1].engine)
