@@ -107,13 +107,20 @@ def test_pythonic_output_that_is_not_calls_is_content(text):
     assert Pythonic.parse(text) == (text, [])
 
 
+def _streamed(parser, output: str, step: int, held: str = "") -> tuple[str, list]:
+    """The content and (name, arguments) calls a parser's stream gives for `output` fed `step` characters at a
+    time; no content delta holds a character of `held`."""
+    stream, content, calls = parser.Stream(), "", []
+    for end in list(range(step, len(output), step)) + [len(output)]:
+        text, new = stream.feed(output[:end], final=end == len(output))
+        assert not set(held) & set(text)
+        content, calls = content + text, calls + new
+    return content, [(c.name, json.loads(c.arguments)) for c in calls]
+
+
 def test_pythonic_stream_holds_calls_to_the_end_and_streams_content():
     for step in (1, 4, len(PYTHONIC)):
-        stream, content, calls = Pythonic.Stream(), "", []
-        for end in list(range(step, len(PYTHONIC), step)) + [len(PYTHONIC)]:
-            text, new = stream.feed(PYTHONIC[:end], final=end == len(PYTHONIC))
-            content, calls = content + text, calls + new
-        assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == PYTHONIC_CALLS
+        assert _streamed(Pythonic, PYTHONIC, step) == ("", PYTHONIC_CALLS)
     stream = Pythonic.Stream()
     assert stream.feed("<|py") == ("", []) and stream.feed("It") == ("It", [])
     assert Pythonic.Stream().feed("[not a call", final=True) == ("[not a call", [])
@@ -143,12 +150,7 @@ def test_mistral_output_without_well_formed_calls_is_content(text):
 
 def test_mistral_stream_sends_content_then_the_calls_at_the_end():
     for step in (1, 5, len(MISTRAL_V11)):
-        stream, content, calls = Mistral.Stream(), "", []
-        for end in list(range(step, len(MISTRAL_V11), step)) + [len(MISTRAL_V11)]:
-            text, new = stream.feed(MISTRAL_V11[:end], final=end == len(MISTRAL_V11))
-            assert "[" not in text
-            content, calls = content + text, calls + new
-        assert content == "Let me check." and [(c.name, json.loads(c.arguments)) for c in calls] == MISTRAL_CALLS
+        assert _streamed(Mistral, MISTRAL_V11, step, held="[") == ("Let me check.", MISTRAL_CALLS)
     stream = Mistral.Stream()
     assert stream.feed("a [TOOL") == ("a ", []) and stream.feed("a [TOOLS]") == ("[TOOLS]", [])
     assert stream.feed("a [TOOLS] [TOOL_CALLS]f[ARGS]{", final=True) == (" [TOOL_CALLS]f[ARGS]{", [])
@@ -224,6 +226,16 @@ def test_streamed_calls_arrive_whole_with_their_index_after_the_content(tool_ser
         (0, True, "get_weather", {"city": "Paris", "unit": "C"}), (1, True, "get_time", {"zone": "CET"})]
 
 
+def _content_calls_finish(response, stream: bool) -> tuple[str, list, str]:
+    """A chat response's content, its calls' functions and its finish reason, streamed (chunks gathered) or not."""
+    if stream:
+        chunks = [c for chunk in response for c in chunk.choices]
+        calls = [t.function for c in chunks for t in c.delta.tool_calls or []]
+        return "".join(c.delta.content or "" for c in chunks), calls, chunks[-1].finish_reason
+    choice = response.choices[0]
+    return choice.message.content or "", [t.function for t in choice.message.tool_calls], choice.finish_reason
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_mistral_calls_come_back_as_tool_calls(tool_servers, stream, monkeypatch):
     """The content before [TOOL_CALLS], then the calls; the request keeps special tokens in its text (the
@@ -237,14 +249,7 @@ def test_mistral_calls_come_back_as_tool_calls(tool_servers, stream, monkeypatch
 
     monkeypatch.setattr(ScriptedText, "generate", recording)
     response = ask(tool_servers["mistral"], stream=stream)
-    if stream:
-        chunks = [c for chunk in response for c in chunk.choices]
-        calls = [t.function for c in chunks for t in c.delta.tool_calls or []]
-        content, finish = "".join(c.delta.content or "" for c in chunks), chunks[-1].finish_reason
-    else:
-        choice = response.choices[0]
-        content, calls, finish = choice.message.content or "", [t.function for t in choice.message.tool_calls], \
-            choice.finish_reason
+    content, calls, finish = _content_calls_finish(response, stream)
     assert content == "Let me check." and finish == "tool_calls" and seen == [False]
     assert [(f.name, json.loads(f.arguments)) for f in calls] == MISTRAL_CALLS
     seen.clear()
@@ -255,14 +260,7 @@ def test_mistral_calls_come_back_as_tool_calls(tool_servers, stream, monkeypatch
 @pytest.mark.parametrize("stream", [False, True])
 def test_pythonic_calls_come_back_as_tool_calls(tool_servers, stream):
     response = ask(tool_servers["pythonic"], stream=stream)
-    if stream:
-        chunks = [c for chunk in response for c in chunk.choices]
-        calls = [t.function for c in chunks for t in c.delta.tool_calls or []]
-        content, finish = "".join(c.delta.content or "" for c in chunks), chunks[-1].finish_reason
-    else:
-        choice = response.choices[0]
-        content, calls, finish = choice.message.content or "", [t.function for t in choice.message.tool_calls], \
-            choice.finish_reason
+    content, calls, finish = _content_calls_finish(response, stream)
     assert content == "" and finish == "tool_calls"
     assert [(f.name, json.loads(f.arguments)) for f in calls] == PYTHONIC_CALLS
 
@@ -270,15 +268,7 @@ def test_pythonic_calls_come_back_as_tool_calls(tool_servers, stream):
 @pytest.mark.parametrize("stream", [False, True])
 def test_llama3_json_calls_come_back_as_tool_calls(tool_servers, stream):
     response = ask(tool_servers["llama3"], stream=stream)
-    if stream:
-        chunks = [c for chunk in response for c in chunk.choices]
-        content = "".join(c.delta.content or "" for c in chunks)
-        calls = [t.function for c in chunks for t in c.delta.tool_calls or []]
-        finish = chunks[-1].finish_reason
-    else:
-        choice = response.choices[0]
-        content, calls, finish = choice.message.content or "", [t.function for t in choice.message.tool_calls], \
-            choice.finish_reason
+    content, calls, finish = _content_calls_finish(response, stream)
     assert content == "" and finish == "tool_calls"
     assert [(f.name, json.loads(f.arguments)) for f in calls] == [
         ("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]
