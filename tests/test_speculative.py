@@ -63,6 +63,23 @@ def test_same_tokens_as_one_at_a_time(engines, backend):
     assert spec.block_manager.num_free_blocks == spec.block_manager.num_blocks
 
 
+def test_logprobs_of_guessed_tokens(engines):
+    """A speculating sequence's logprobs (each token's from the row that verified it) equal one-at-a-time
+    decoding's."""
+    base, spec = engines("llama"), engines("llama", speculative_config=NGRAM)
+    prompts = [[7, 8, 9, 10] * 9, random_prompts(base.model_config.vocab_size, [12], seed=11)[0]]
+    accepted = spec.spec_stats["accepted_tokens"]
+    want, got = (_greedy(engine, prompts, max_tokens=20, logprobs=3) for engine in (base, spec))
+    assert spec.spec_stats["accepted_tokens"] > accepted
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids and len(g.logprobs) == len(w.logprobs) == 20
+        for a, b in zip(w.logprobs, g.logprobs):
+            assert a.keys() == b.keys()
+            for token in a:
+                assert a[token].rank == b[token].rank and abs(a[token].logprob - b[token].logprob) < 1e-4
+        assert abs(g.cumulative_logprob - w.cumulative_logprob) < 1e-3
+
+
 def test_mixed_batches_stops_and_preemption(engines):
     """Speculating sequences beside others that may not (sampled, with logprobs, penalties, n=2 samples): each
     request's tokens and stops as without speculation; a pool too small for all preempts and recomputes."""
@@ -72,7 +89,7 @@ def test_mixed_batches_stops_and_preemption(engines):
     prompts[0] = [11, 12, 13] * 10
     params = [SamplingParams(temperature=0, max_tokens=48, ignore_eos=True),
               SamplingParams(temperature=0.8, seed=1, max_tokens=40, ignore_eos=True),
-              SamplingParams(temperature=0, max_tokens=30, logprobs=2, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=30, logprobs=2, ignore_eos=True),  # speculates too
               SamplingParams(temperature=0, max_tokens=30, repetition_penalty=1.3, ignore_eos=True),
               SamplingParams(temperature=0, max_tokens=45, n=2, ignore_eos=True),
               SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)]

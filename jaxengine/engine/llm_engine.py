@@ -269,10 +269,9 @@ class LLMEngine:
     @staticmethod
     def _speculates(params: SamplingParams) -> bool:
         """Whether a sequence's tokens may be guessed ahead: greedy, with nothing that a guess would have to see
-        per token (logprobs, penalties, biases, bans, a grammar, min_tokens)."""
-        return (params.temperature == 0 and params.logprobs is None and params.prompt_logprobs is None
-                and not params.needs_slot_state and not params.logit_bias and not params.bad_words
-                and params.min_tokens == 0)
+        per token (penalties, biases, bans, a grammar, min_tokens). Logprobs come from each guess's own row."""
+        return (params.temperature == 0 and params.prompt_logprobs is None and not params.needs_slot_state
+                and not params.logit_bias and not params.bad_words and params.min_tokens == 0)
 
     def _classifier_head(self, model_dir: Path) -> ClassifierHead:
         from jaxengine.models import orbax_io
@@ -595,7 +594,8 @@ class LLMEngine:
                 if completes and chunk.drafts:
                     k = len(chunk.drafts)
                     greedy = [int(t) for t in (token, *tokens[draft_row:draft_row + k])]
-                    self._append_verified(seq, chunk.drafts, greedy)
+                    rows = [row, *range(draft_row, draft_row + k)]  # the sampling row each choice came from
+                    self._append_verified(seq, chunk.drafts, greedy, rows, logprobs)
                     draft_row += k
                 elif completes:
                     if seq.logprobs is not None:
@@ -654,11 +654,13 @@ class LLMEngine:
             seq.prompt_logprobs[p + 1] = self._logprob_entry(seq.params.prompt_logprobs, seq.prompt_token_ids[p + 1],
                                                               row, seq.params.detokenize)
 
-    def _append_verified(self, seq: Sequence, drafts: list[int], greedy: list[int]) -> None:
+    def _append_verified(self, seq: Sequence, drafts: list[int], greedy: list[int], rows: list[int],
+                         logprobs) -> None:
         """A speculative chunk's tokens: `greedy[i]`, the model's choice after the last token and the first i
-        guesses, is the next token; guesses are taken while they match it, then its choice where one does not (or
-        after the last), as decoding one token at a time would have (stops included). The rejected guesses' K/V
-        positions are computed again from the next step on."""
+        guesses (sampling row `rows[i]`, with its logprobs where the sequence asks for them), is the next token;
+        guesses are taken while they match it, then its choice where one does not (or after the last), as decoding
+        one token at a time would have (stops included). The rejected guesses' K/V positions are computed again
+        from the next step on."""
         accepted = 0
         while accepted < len(drafts) and greedy[accepted] == drafts[accepted]:
             accepted += 1
@@ -666,7 +668,9 @@ class LLMEngine:
         self.spec_stats["drafts"] += 1
         self.spec_stats["draft_tokens"] += len(drafts)
         self.spec_stats["accepted_tokens"] += accepted
-        for token in greedy[:accepted + 1]:
+        for token, row in zip(greedy[:accepted + 1], rows):
+            if seq.logprobs is not None:
+                self._record_logprobs(seq, token, [x[row] for x in logprobs])
             self._append_token(seq, token)
             if seq.is_finished:
                 return
