@@ -8,7 +8,8 @@ from tqdm.auto import tqdm
 from jaxengine import profiler
 from jaxengine.config import EngineConfig
 from jaxengine.engine.dp_engine import create_engine
-from jaxengine.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, beam_step_params
+from jaxengine.engine.beam_search import (BeamSearch, BeamSearchOutput, BeamSearchParams, advance_all,
+                                          beam_step_params, live_prompts)
 from jaxengine.engine.pooler import check_cross_encoder, cosine_similarity, cross_encoder_ids, score_pairs
 from jaxengine.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput,
                                RequestOutput, ScoringOutput, ScoringRequestOutput)
@@ -68,15 +69,12 @@ class LLM:
             self.engine.validate(ids, step)
             searches.append(BeamSearch(ids, params, self.engine.eos_token_ids, self.engine.max_model_len))
         for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm):
-            live = [(search, tokens) for search in searches for tokens in search.prompts()]
+            live = live_prompts(searches)
             if not live:
                 break
             outputs = self._run(self._submit([{"prompt_token_ids": t} for _, t in live], [step] * len(live), None),
                                 use_tqdm=False)
-            for search in searches:
-                taken = [out.outputs[0].logprobs[0] for (s, _), out in zip(live, outputs) if s is search]
-                if taken:
-                    search.advance(taken)
+            advance_all(searches, live, [out.outputs[0].logprobs[0] for out in outputs])
         decode = self.get_tokenizer().decode
         return [search.result(lambda ids: decode(ids, skip_special_tokens=params.skip_special_tokens), True)
                 for search in searches]

@@ -13,7 +13,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from jaxengine.engine.beam_search import BeamSearch, BeamSearchParams, beam_step_params
+from jaxengine.engine.beam_search import BeamSearch, BeamSearchParams, advance_all, beam_step_params, live_prompts
 from jaxengine.engine.pooler import check_cross_encoder, cosine_similarity, cross_encoder_ids, score_pairs
 from jaxengine.llm import chat_prompt_ids
 from jaxengine.outputs import RequestOutput
@@ -311,11 +311,7 @@ class Serving:
             raise APIError("give exactly one of input or messages", param="input")
         if req.input is not None and not req.input:
             raise APIError("input must not be empty", param="input")
-        try:
-            params = PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens, dimensions=req.dimensions,
-                                   use_activation=req.use_activation)
-        except ValueError as e:
-            raise APIError(str(e), param=str(e).split(" ")[0]) from None
+        params = self._pooling_params(req, dimensions=req.dimensions)
         if req.messages is not None:
             if req.add_generation_prompt and req.continue_final_message:
                 raise APIError("add_generation_prompt and continue_final_message cannot both be true",
@@ -325,15 +321,11 @@ class Serving:
             prompts = [(None, self.chat_prompt(req.model_copy(update={"messages": c}))) for c in conversations]
         else:
             prompts = self._completion_prompts(req.input, req.add_special_tokens is not False)
-        prompts = self._admitted(prompts, params, req)
         request_id = req.request_id or f"embd-{uuid.uuid4().hex}"
-        finals = await self._finals(request_id, prompts, params, req)
-        data = [{"index": i, "object": "embedding", "embedding": _encode_embedding(finals[i].outputs.data, req)}
-                for i in range(len(prompts))]
-        tokens = sum(len(ids) for _, ids in prompts)
-        return {"id": request_id, "object": "list", "created": int(time.time()), "model": self.model_name,
-                "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
-                                        "prompt_tokens_details": None}}
+        pooled, tokens = await self._pool(request_id, req, prompts, params)
+        data = [{"index": i, "object": "embedding", "embedding": _encode_embedding(vector, req)}
+                for i, vector in enumerate(pooled)]
+        return self._pooling_response(request_id, data, tokens)
 
     async def classify(self, req: ClassificationRequest) -> dict:
         """vLLM's /classify: a sequence classifier's probabilities for each input, and its most likely label."""
@@ -341,20 +333,32 @@ class Serving:
         self._check_runner("pooling", "/classify", task="classify")
         if not req.input:
             raise APIError("input must not be empty", param="input")
+        params = self._pooling_params(req)
+        prompts = self._completion_prompts(req.input, req.add_special_tokens)
+        request_id = req.request_id or f"classify-{uuid.uuid4().hex}"
+        pooled, tokens = await self._pool(request_id, req, prompts, params)
+        labels = self.engine.engine.classifier.labels
+        data = [{"index": i, "label": labels[int(np.argmax(probs))], "probs": probs.tolist(),
+                 "num_classes": len(probs)} for i, probs in enumerate(pooled)]
+        return self._pooling_response(request_id, data, tokens)
+
+    @staticmethod
+    def _pooling_params(req, **fields) -> PoolingParams:
+        """A pooling route's PoolingParams (its truncate_prompt_tokens and use_activation, and `fields`); a bad
+        value is a 400 naming it."""
         try:
-            params = PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens, use_activation=req.use_activation)
+            return PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens, use_activation=req.use_activation,
+                                 **fields)
         except ValueError as e:
             raise APIError(str(e), param=str(e).split(" ")[0]) from None
-        prompts = self._admitted(self._completion_prompts(req.input, req.add_special_tokens), params, req)
-        request_id = req.request_id or f"classify-{uuid.uuid4().hex}"
+
+    async def _pool(self, request_id: str, req, prompts, params: PoolingParams) -> tuple[list, int]:
+        """Every prompt checked, then run: (each prompt's pooled data in order, the prompt tokens computed)."""
+        prompts = self._admitted(prompts, params, req)
         finals = await self._finals(request_id, prompts, params, req)
-        labels = self.engine.engine.classifier.labels
-        data = []
-        for i in range(len(prompts)):
-            probs = finals[i].outputs.data.tolist()
-            data.append({"index": i, "label": labels[int(np.argmax(probs))], "probs": probs,
-                         "num_classes": len(probs)})
-        tokens = sum(len(ids) for _, ids in prompts)
+        return [finals[i].outputs.data for i in range(len(prompts))], sum(len(ids) for _, ids in prompts)
+
+    def _pooling_response(self, request_id: str, data: list[dict], tokens: int) -> dict:
         return {"id": request_id, "object": "list", "created": int(time.time()), "model": self.model_name,
                 "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
                                         "prompt_tokens_details": None}}
@@ -393,28 +397,22 @@ class Serving:
                             names: tuple[str, str]) -> tuple[list[float], int]:
         """Each pair's score (score_pairs' order) and the prompt tokens computed: an embedding model's cosine (each
         text embedded once), a one-label classifier's score of the pair's joint encoding (a prompt per pair)."""
+        classifier = self.engine.engine.pooling_task == "classify"
         try:
             pairs = score_pairs(len(first), len(second))
-            params = PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens,
-                                   use_activation=req.use_activation)
-            classifier = self.engine.engine.pooling_task == "classify"
             if classifier:
                 check_cross_encoder(self.engine.engine.classifier)
         except ValueError as e:
-            param = "model" if "classifier" in str(e) else names[1] if "score" in str(e) else str(e).split(" ")[0]
-            raise APIError(str(e), param=param) from None
+            raise APIError(str(e), param="model" if "classifier" in str(e) else names[1]) from None
+        params = self._pooling_params(req)
         if classifier:
             prompts = [(None, cross_encoder_ids(self.tokenizer, first[i], second[j])) for i, j in pairs]
         else:
             prompts = self._completion_prompts(first + second, True)
-        prompts = self._admitted(prompts, params, req)
-        finals = await self._finals(request_id, prompts, params, req)
+        pooled, tokens = await self._pool(request_id, req, prompts, params)
         if classifier:
-            scores = [float(finals[k].outputs.data[0]) for k in range(len(pairs))]
-        else:
-            scores = [cosine_similarity(finals[i].outputs.data, finals[len(first) + j].outputs.data)
-                      for i, j in pairs]
-        return scores, sum(len(ids) for _, ids in prompts)
+            return [float(data[0]) for data in pooled], tokens
+        return [cosine_similarity(pooled[i], pooled[len(first) + j]) for i, j in pairs], tokens
 
     # --- completions ---------------------------------------------------------------------------------
 
@@ -531,12 +529,11 @@ class Serving:
         prompts = self._admitted(prompts, step, req)
         searches = [BeamSearch(ids, params, engine.eos_token_ids, engine.max_model_len) for _, ids in prompts]
         for t in range(params.max_tokens):
-            live = [(search, tokens) for search in searches for tokens in search.prompts()]
+            live = live_prompts(searches)
             if not live:
                 break
             finals = await self._finals(f"{request_id}-step{t}", [(None, tokens) for _, tokens in live], step, req)
-            for search in searches:
-                search.advance([finals[i].outputs[0].logprobs[0] for i, (s, _) in enumerate(live) if s is search])
+            advance_all(searches, live, [finals[i].outputs[0].logprobs[0] for i in range(len(live))])
 
         def decode(ids):
             return self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)

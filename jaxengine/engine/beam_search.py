@@ -117,3 +117,16 @@ class BeamSearch:
         for beam in best:
             beam.text = decode(beam.tokens if with_prompt else beam.tokens[self.prompt_len:])
         return BeamSearchOutput(best)
+
+
+def live_prompts(searches: list[BeamSearch]) -> list[tuple[BeamSearch, list[int]]]:
+    """A step's requests for several searches run together: each live beam's context, with its search."""
+    return [(search, tokens) for search in searches for tokens in search.prompts()]
+
+
+def advance_all(searches: list[BeamSearch], live: list[tuple[BeamSearch, list[int]]], entries: list[dict]) -> None:
+    """Each search takes its live beams' candidates: `entries[i]`, the logprobs entry of `live[i]`'s step."""
+    for search in searches:
+        taken = [entry for (owner, _), entry in zip(live, entries) if owner is search]
+        if taken:
+            search.advance(taken)

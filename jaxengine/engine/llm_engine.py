@@ -170,11 +170,12 @@ class LLMEngine:
                      if config.model else _demo_model_dir())
         tp = config.tensor_parallel_size
         architecture, checkpoint_config = load_config(model_dir, config.hf_overrides)
+        hf_config = read_hf_config(model_dir, config.hf_overrides)  # the pooler's and a classifier head's keys
         self.runner_type = self._runner_type(config, architecture)
         # What a pooling engine's outputs are: "embed" (embeddings) or "classify" (a classifier's probabilities).
         self.pooling_task = (None if self.runner_type != "pooling" else
                              "classify" if architecture.classifier else "embed")
-        self.pooler = self._pooler(config, model_dir, checkpoint_config.hidden_size)
+        self.pooler = self._pooler(config, model_dir, hf_config, checkpoint_config.hidden_size)
         check_layout(checkpoint_config, tp, config.data_parallel_size, len(jax.devices()))
         self.mesh = make_mesh(tp, devices)
         unrolled = config.layer_loop == "unrolled" or (config.layer_loop == "auto" and unrolled_by_default(
@@ -191,7 +192,7 @@ class LLMEngine:
         if warning := scan_warning(config.layer_loop, jax.default_backend(), model.param_dtype, model.native_matmul):
             logger.warning(warning)
         self.tokenizer = tokenizer_loaded.result()
-        self.classifier = self._classifier_head(model_dir) if architecture.classifier else None
+        self.classifier = self._classifier_head(model_dir, hf_config) if architecture.classifier else None
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(model_dir)
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
@@ -240,11 +241,10 @@ class LLMEngine:
             return "pooling" if architecture.embedding_only or config.convert == "embed" else "generate"
         return config.runner
 
-    def _pooler(self, config: EngineConfig, model_dir: Path, hidden_size: int) -> PoolerConfig | None:
+    def _pooler(self, config: EngineConfig, model_dir: Path, hf: dict, hidden_size: int) -> PoolerConfig | None:
         """A pooling engine's pooler (None for generation), and what dimensions its requests may ask for: any
         up to the hidden size on a Matryoshka model (`is_matryoshka`, or those of `matryoshka_dimensions`, as
         vLLM reads the config), none elsewhere."""
-        hf = read_hf_config(model_dir, config.hf_overrides)
         listed = hf.get("matryoshka_dimensions")
         self.matryoshka = bool(listed) or bool(hf.get("is_matryoshka"))
         self.matryoshka_dimensions = [int(d) for d in listed] if listed else None
@@ -273,13 +273,13 @@ class LLMEngine:
         return (params.temperature == 0 and params.prompt_logprobs is None and not params.needs_slot_state
                 and not params.logit_bias and not params.bad_words and params.min_tokens == 0)
 
-    def _classifier_head(self, model_dir: Path) -> ClassifierHead:
+    def _classifier_head(self, model_dir: Path, hf: dict) -> ClassifierHead:
         from jaxengine.models import orbax_io
 
         if orbax_io.is_orbax_checkpoint(model_dir):
             raise ValueError("a sequence classifier loads from its Hugging Face checkpoint (its score head is not in a "
                              "converted Orbax checkpoint)")
-        return ClassifierHead.load(model_dir, read_hf_config(model_dir, self.config.hf_overrides), self.tokenizer)
+        return ClassifierHead.load(model_dir, hf, self.tokenizer)
 
     def _check_dimensions(self, dimensions: int, field: str = "dimensions") -> None:
         if self.pooling_task == "classify":
@@ -598,9 +598,7 @@ class LLMEngine:
                     self._append_verified(seq, chunk.drafts, greedy, rows, logprobs)
                     draft_row += k
                 elif completes:
-                    if seq.logprobs is not None:
-                        self._record_logprobs(seq, int(token), [x[row] for x in logprobs])
-                    self._append_token(seq, int(token))
+                    self._take_token(seq, int(token), row, logprobs)
                 touched.setdefault(seq.request_id, None)
         outputs = []
         for rid in touched:
@@ -669,11 +667,15 @@ class LLMEngine:
         self.spec_stats["draft_tokens"] += len(drafts)
         self.spec_stats["accepted_tokens"] += accepted
         for token, row in zip(greedy[:accepted + 1], rows):
-            if seq.logprobs is not None:
-                self._record_logprobs(seq, token, [x[row] for x in logprobs])
-            self._append_token(seq, token)
+            self._take_token(seq, token, row, logprobs)
             if seq.is_finished:
                 return
+
+    def _take_token(self, seq: Sequence, token: int, row: int, logprobs) -> None:
+        """A sampled token (from sampling row `row`, whose logprobs the sequence may ask for) joins the output."""
+        if seq.logprobs is not None:
+            self._record_logprobs(seq, token, [x[row] for x in logprobs])
+        self._append_token(seq, token)
 
     def _append_token(self, seq: Sequence, token: int) -> None:
         seq.output_token_ids.append(token)

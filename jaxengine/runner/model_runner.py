@@ -313,12 +313,6 @@ class ModelRunner:
         s.banned[start:end] = self.vocab_size
         s.slots[start:end] = s.count_slots[start:end] = self.num_slots
 
-    def execute(self, chunks: list[ScheduledChunk]) -> tuple[np.ndarray, tuple | None, tuple | None]:
-        """Runs one step. Returns the sampled token of each chunk (meaningful where the chunk completes its
-        sequence); in the full and prompt variants (top ids, top logprobs, token logprob, rank) per chunk; in
-        the prompt variant the same for every flat token position, predicting `prompt_targets`."""
-        return self.collect(self.dispatch(chunks), len(chunks))[:3]
-
     def dispatch(self, chunks: list[ScheduledChunk]):
         """Packs and launches the step without waiting for it (JAX dispatch is asynchronous)."""
         self._release_slots()
