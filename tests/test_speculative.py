@@ -81,8 +81,8 @@ def test_logprobs_of_guessed_tokens(engines):
 
 
 def test_mixed_batches_stops_and_preemption(engines):
-    """Speculating sequences beside others that may not (sampled, with logprobs, penalties, n=2 samples): each
-    request's tokens and stops as without speculation; a pool too small for all preempts and recomputes."""
+    """Speculating sequences (greedy, sampled, with logprobs, n=2 samples) beside one that may not (penalties):
+    each request's tokens and stops as without speculation; a pool too small for all preempts and recomputes."""
     base = engines("llama", num_kv_blocks=24)
     spec = engines("llama", num_kv_blocks=24, speculative_config=NGRAM)
     prompts = random_prompts(base.model_config.vocab_size, [30, 40, 50, 20, 60, 35], seed=5)
@@ -138,3 +138,55 @@ def test_full_batches_keep_scheduling_ahead(engines, monkeypatch):
         _greedy(engine, prompts, max_tokens=6)
         monkeypatch.undo()
         assert (sum(from_device) > 0) == ahead, (settings, count, from_device)
+
+
+def _sampled_runs(base, spec, prompts, params):
+    """Each request's tokens and logprobs from both engines, and how many guesses the speculating one took."""
+    requests = [(f"s{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
+    accepted = spec.spec_stats["accepted_tokens"]
+    want = run_to_completion(base, requests)
+    with assert_no_compiles("speculative sampled steps"):
+        got = run_to_completion(spec, requests)
+    return ([[(c.token_ids, c.logprobs) for c in want[f"s{i}"].outputs] for i in range(len(prompts))],
+            [[(c.token_ids, c.logprobs) for c in got[f"s{i}"].outputs] for i in range(len(prompts))],
+            spec.spec_stats["accepted_tokens"] - accepted)
+
+
+def _check_same_samples(base, spec):
+    prompts = [[7, 8, 9, 10] * 9, [11, 12, 13] * 10] + random_prompts(base.model_config.vocab_size, [20, 9], seed=12)
+    # Low temperatures: the tiny random model's draws then repeat often enough that guesses hold and fail.
+    params = [SamplingParams(temperature=0.05, seed=7, max_tokens=40, ignore_eos=True),
+              SamplingParams(temperature=0.1, top_k=4, top_p=0.9, seed=8, max_tokens=33, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.1, min_p=0.2, seed=9, n=2, max_tokens=25, ignore_eos=True),
+              SamplingParams(temperature=1.0, top_k=2, seed=10, max_tokens=30, ignore_eos=True)]
+    drafted = spec.spec_stats["draft_tokens"]
+    want, got, accepted = _sampled_runs(base, spec, prompts, params)
+    assert 0 < accepted < spec.spec_stats["draft_tokens"] - drafted  # guesses taken, and guesses drawn against
+    for w, g in zip(want, got):
+        for (want_ids, want_lps), (got_ids, got_lps) in zip(w, g):
+            assert got_ids == want_ids
+            if want_lps is not None:
+                for a, b in zip(want_lps, got_lps):
+                    assert a.keys() == b.keys() and all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
+    assert spec.block_manager.num_free_blocks == spec.block_manager.num_blocks
+
+
+def test_sampled_requests_draw_the_tokens_they_draw_without_guesses(engines):
+    """A sampled sequence speculates too (temperature, top-k, top-p, min-p, n > 1, logprobs): each row draws the
+    token it verifies with that token's own key, so a seeded request gives the same tokens with and without
+    speculation (speculative sampling with a point-mass guess: taken with the model's probability of it)."""
+    _check_same_samples(engines("llama"), engines("llama", speculative_config=NGRAM))
+
+
+def test_sampled_guesses_with_the_xla_sampler(model_dirs, monkeypatch):
+    """The same through XLA's sampler (sort-based, jax.random; sharded engines run it) instead of the native one."""
+    from jaxengine import LLMEngine
+    from jaxengine.runner import model_runner
+
+    monkeypatch.setattr(model_runner, "native_sampler", lambda mesh: False)
+    settings = dict(model=str(model_dirs["llama"]), dtype="float32", max_model_len=256, max_num_seqs=8,
+                    max_num_batched_tokens=32, min_token_bucket=8, kv_cache_gib=0.01, seed=0)
+    base = LLMEngine(EngineConfig(**settings), progress=False)
+    spec = LLMEngine(EngineConfig(**settings, speculative_config=NGRAM), progress=False)
+    assert not base.runner._native_sampler and not spec.runner._native_sampler
+    _check_same_samples(base, spec)

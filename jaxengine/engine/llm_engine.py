@@ -268,9 +268,12 @@ class LLMEngine:
 
     @staticmethod
     def _speculates(params: SamplingParams) -> bool:
-        """Whether a sequence's tokens may be guessed ahead: greedy, with nothing that a guess would have to see
-        per token (penalties, biases, bans, a grammar, min_tokens). Logprobs come from each guess's own row."""
-        return (params.temperature == 0 and params.prompt_logprobs is None and not params.needs_slot_state
+        """Whether a sequence's tokens may be guessed ahead: nothing that a guess would have to see per token
+        (penalties, biases, bans, a grammar, min_tokens). Logprobs come from each guess's own row. Greedy or
+        sampled: a guess is a point mass, so speculative sampling's rule (take it with the probability the model
+        gives it, else draw from the rest) is drawing the token as usual and taking the guess where they agree;
+        each row draws with the key of the token it samples, so a seed gives the tokens it gives without guesses."""
+        return (params.prompt_logprobs is None and not params.needs_slot_state
                 and not params.logit_bias and not params.bad_words and params.min_tokens == 0)
 
     def _classifier_head(self, model_dir: Path, hf: dict) -> ClassifierHead:
@@ -593,9 +596,9 @@ class LLMEngine:
                 self.block_manager.cache_full_blocks(seq)
                 if completes and chunk.drafts:
                     k = len(chunk.drafts)
-                    greedy = [int(t) for t in (token, *tokens[draft_row:draft_row + k])]
+                    chosen = [int(t) for t in (token, *tokens[draft_row:draft_row + k])]
                     rows = [row, *range(draft_row, draft_row + k)]  # the sampling row each choice came from
-                    self._append_verified(seq, chunk.drafts, greedy, rows, logprobs)
+                    self._append_verified(seq, chunk.drafts, chosen, rows, logprobs)
                     draft_row += k
                 elif completes:
                     self._take_token(seq, int(token), row, logprobs)
@@ -652,21 +655,21 @@ class LLMEngine:
             seq.prompt_logprobs[p + 1] = self._logprob_entry(seq.params.prompt_logprobs, seq.prompt_token_ids[p + 1],
                                                               row, seq.params.detokenize)
 
-    def _append_verified(self, seq: Sequence, drafts: list[int], greedy: list[int], rows: list[int],
+    def _append_verified(self, seq: Sequence, drafts: list[int], chosen: list[int], rows: list[int],
                          logprobs) -> None:
-        """A speculative chunk's tokens: `greedy[i]`, the model's choice after the last token and the first i
-        guesses (sampling row `rows[i]`, with its logprobs where the sequence asks for them), is the next token;
-        guesses are taken while they match it, then its choice where one does not (or after the last), as decoding
-        one token at a time would have (stops included). The rejected guesses' K/V positions are computed again
-        from the next step on."""
+        """A speculative chunk's tokens: `chosen[i]`, the model's choice (greedy or drawn) after the last token and
+        the first i guesses (sampling row `rows[i]`, with its logprobs where the sequence asks for them), is the next
+        token; guesses are taken while they match it, then its choice where one does not (or after the last), as
+        decoding one token at a time would have (stops included). The rejected guesses' K/V positions are computed
+        again from the next step on."""
         accepted = 0
-        while accepted < len(drafts) and greedy[accepted] == drafts[accepted]:
+        while accepted < len(drafts) and chosen[accepted] == drafts[accepted]:
             accepted += 1
         seq.num_computed_tokens -= len(drafts) - accepted
         self.spec_stats["drafts"] += 1
         self.spec_stats["draft_tokens"] += len(drafts)
         self.spec_stats["accepted_tokens"] += accepted
-        for token, row in zip(greedy[:accepted + 1], rows):
+        for token, row in zip(chosen[:accepted + 1], rows):
             self._take_token(seq, token, row, logprobs)
             if seq.is_finished:
                 return

@@ -49,7 +49,7 @@ class Sequence:
         self.slot: int | None = None  # the runner's device-state row, for penalties / allowed_token_ids
         self.grammar = None  # structured outputs: its engine.structured_outputs.Matcher
         self.pooling = None  # a pooling request's engine.pooler.PoolState (its one sampled token is dropped)
-        self.speculative = False  # its tokens may be guessed ahead (engine.speculative): greedy, nothing per token
+        self.speculative = False  # its tokens may be guessed ahead (engine.speculative): nothing decided per token
 
     @property
     def reads_prefix_cache(self) -> bool:

@@ -1,10 +1,12 @@
 """Speculative decoding by n-gram lookup (vLLM's `speculative_config={"method": "ngram", ...}`).
 
-A greedy sequence's next tokens are guessed from its own context: the longest suffix of it (between
+A sequence's next tokens are guessed from its own context: the longest suffix of it (between
 prompt_lookup_min and prompt_lookup_max tokens) that occurred before, and the tokens that followed that earlier
 occurrence. The step computes the sequence's last token and the guesses together, as one chunk; the
-model's greedy choice after each position verifies the guess there, so a step yields every guess up to the first
-wrong one plus the model's own next token: the same tokens as decoding one at a time, in fewer steps.
+model's choice after each position (greedy, or drawn with the key of that token) verifies the guess there, so a
+step yields every guess up to the first wrong one plus the model's own next token: the same tokens as decoding one
+at a time, in fewer steps. For a sampled sequence this is speculative sampling with a point-mass draft: a guess
+is taken with the probability the model gives it, else the token comes from the model's distribution without it.
 """
 
 import dataclasses

@@ -347,6 +347,7 @@ class ModelRunner:
                 self.input_ids[start + n + j] = draft
                 self.logits_indices[draft_row] = start + n + j
                 self._fill_sampling_row(draft_row, chunk)
+                self.sampling.counters[draft_row] += j + 1  # it draws the (j + 1)th token after the chunk's row's
                 draft_row += 1
             n = chunk.num_tokens
             self.positions[start:start + n] = np.arange(done, done + n)
