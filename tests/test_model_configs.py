@@ -150,6 +150,32 @@ def test_phi3_hub_config_reads_its_longrope_as_transformers():
     assert math.isclose(our_scaling, scaling, rel_tol=1e-9)
 
 
+PHI4_MINI = PHI35_MINI | dict(  # microsoft/Phi-4-mini-instruct's config.json: 0.75 of a 128-dimension head rotates
+    num_attention_heads=24, num_key_value_heads=8, partial_rotary_factor=0.75, tie_word_embeddings=True,
+    vocab_size=200064, bos_token_id=199999, eos_token_id=199999, pad_token_id=199999, lm_head_bias=False,
+    rope_scaling={"type": "longrope", "short_factor": [1.0 + i / 50 for i in range(48)],
+                  "long_factor": [1.0 + 2 * i for i in range(48)]})
+
+
+def test_phi4_mini_hub_config_reads_its_partial_longrope_as_transformers():
+    """Phi-4-mini's partial rotary embedding (96 of 128 dimensions, 48 LongRoPE factors): our frequencies and
+    attention factor equal transformers'."""
+    import numpy as np
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from jaxengine.models.config import rope_inv_freq
+
+    cfg = read(PHI4_MINI)
+    assert (cfg.head_dim, cfg.rope.rotary_dim(cfg.head_dim), cfg.num_kv_heads) == (128, 96, 8)
+    theirs = transformers.Phi3Config(**{k: v for k, v in PHI4_MINI.items() if k != "architectures"})
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS["longrope"](theirs, torch.device("cpu"), seq_len=4096)
+    ours, our_scaling = rope_inv_freq(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+    assert ours.shape == (48,)
+    np.testing.assert_allclose(ours, inv_freq.numpy(), rtol=1e-6)
+    assert math.isclose(our_scaling, scaling, rel_tol=1e-9)
+
+
 def test_longrope_models_serve_up_to_their_original_length(model_dirs, caplog):
     """Past its original length LongRoPE switches every position to its long factors, which a paged cache cannot
     follow: the default max_model_len stops there (with a warning), a longer one is refused."""
@@ -163,3 +189,25 @@ def test_longrope_models_serve_up_to_their_original_length(model_dirs, caplog):
     with pytest.raises(ValueError, match="max_model_len=600: this model's LongRoPE is supported up to its "
                                          "original_max_position_embeddings=512"):
         LLMEngine(EngineConfig(**small, max_model_len=600), progress=False)
+
+
+def test_partial_rotary_layout_is_loaded_once(model_dirs, tmp_path, capsys):
+    """The loader lays each head's q/k dimensions out for the partial rotation (layers.rope.partial_rotary_layout)
+    from the Hugging Face checkpoint; the converted Orbax checkpoint keeps that layout (not laid out again)."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from jaxengine.cli import main
+    from jaxengine.layers.rope import partial_rotary_layout
+    from jaxengine.models.loader import load_model
+
+    out = tmp_path / "orbax"
+    main(["convert", "--model", str(model_dirs["phi3"]), "--output", str(out)])
+    capsys.readouterr()
+    (model, cfg), (restored, _) = (load_model(path, "float32", progress=False) for path in (model_dirs["phi3"], out))
+    fused = load_file(str(model_dirs["phi3"] / "model.safetensors"))["model.layers.1.self_attn.qkv_proj.weight"]
+    q = fused[: cfg.num_heads * cfg.head_dim].reshape(cfg.num_heads, cfg.head_dim, -1)
+    order = partial_rotary_layout(cfg.head_dim, 12)
+    want = q[:, order].reshape(cfg.num_heads * cfg.head_dim, -1).T  # ours: [hidden, heads * head_dim]
+    for loaded in (model, restored):
+        np.testing.assert_array_equal(np.asarray(loaded.layers.q_proj[...][1]), want)

@@ -47,3 +47,53 @@ def test_legacy_rope_scaling_and_rope_theta_fields_are_read():
 def test_unsupported_rope_type_is_refused_by_name(rope_type):
     with pytest.raises(ValueError, match=f"rope type '{rope_type}' is not supported.*llama3.*yarn.*longrope"):
         parse_rope({"rope_parameters": {"rope_type": rope_type, "factor": 2.0}})
+
+
+@pytest.mark.parametrize("head_dim, factor", [(16, 0.75), (128, 0.75), (64, 0.5), (32, 0.25), (16, 1.0)])
+def test_partial_rotation_through_the_head_layout_is_transformers(head_dim, factor):
+    """transformers' partial rotary embedding (the first rotary_dim dimensions rotated in pairs (i, i + r/2),
+    the rest passed through, cos and sin times the attention factor) equals our whole-head rotation with padded
+    tables on q and k laid out by partial_rotary_layout, and their dot products (attention scores) are
+    transformers' own."""
+    import jax.numpy as jnp
+    import torch
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb
+
+    from jaxengine.layers.rope import apply_rope, partial_rotary_layout, rope_tables
+
+    rotary = int(head_dim * factor)
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((2, 5, 3, head_dim)).astype(np.float32)  # [T, heads, head_dim]
+    positions = np.array([0, 1, 7, 100, 511])
+    inv_freq = (1.0 / 10000.0 ** (np.arange(0, rotary, 2) / rotary)).astype(np.float32)
+    scaling = 1.19
+    freqs = positions[:, None].astype(np.float32) * inv_freq[None, :]  # as rope_tables rounds them
+    emb = np.concatenate([freqs, freqs], -1)
+    cos, sin = (torch.tensor(np.cos(emb) * scaling)[None].float(), torch.tensor(np.sin(emb) * scaling)[None].float())
+    # transformers' layout: [batch, heads, T, head_dim]
+    q_t, k_t = (torch.tensor(x).transpose(0, 1)[None] for x in (q, k))
+    want_q, want_k = (x[0].transpose(0, 1).numpy() for x in apply_rotary_pos_emb(q_t, k_t, cos, sin))
+
+    order = partial_rotary_layout(head_dim, rotary)
+    assert sorted(order) == list(range(head_dim))
+    c, s = rope_tables(jnp.asarray(positions), jnp.asarray(inv_freq), scaling, jnp.float32, head_dim)
+    got_q, got_k = (np.asarray(apply_rope(jnp.asarray(x[..., order]), c, s)) for x in (q, k))
+    np.testing.assert_allclose(got_q, want_q[..., order], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.einsum("thd,shd->hts", got_q, got_k), np.einsum("thd,shd->hts", want_q, want_k),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_partial_rotary_factor_is_read_and_checked():
+    from jaxengine.models.config import model_config_from_hf
+
+    assert parse_rope({"partial_rotary_factor": 0.5}).rotary_dim(64) == 32  # older configs: beside the rope dict
+    assert parse_rope({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.25}}).rotary_dim(64) == 16
+    assert parse_rope({}).rotary_dim(64) == 64 and parse_rope({}).params == ()
+    for factor in (0, 1.5, -0.5, "half"):
+        with pytest.raises(ValueError, match="partial_rotary_factor must be in \\(0, 1\\]"):
+            parse_rope({"partial_rotary_factor": factor})
+    base = dict(architectures=["LlamaForCausalLM"], vocab_size=10, hidden_size=40, intermediate_size=8,
+                num_hidden_layers=1, num_attention_heads=2)
+    with pytest.raises(ValueError, match="partial_rotary_factor=0.25 of head_dim=20 rotates 5 dimensions; it must "
+                                         "rotate an even number"):
+        model_config_from_hf(base | {"partial_rotary_factor": 0.25})

@@ -47,14 +47,15 @@ SPECS = {
         tie_word_embeddings=True,
         rope_parameters=dict(full_attention=dict(rope_type="linear", rope_theta=100000.0, factor=4.0),
                              sliding_attention=dict(rope_type="default", rope_theta=1000.0))),
-    # Phi-3: q/k/v and gate/up fused in the checkpoint, LongRoPE (its short factors, and the attention factor of a
-    # context twice the original), a sliding window.
+    # Phi-3 / Phi-4-mini: q/k/v and gate/up fused in the checkpoint, LongRoPE (its short factors, and the attention
+    # factor of a context twice the original) over a partial rotary embedding (Phi-4-mini's 0.75: 12 of 16
+    # dimensions), a sliding window.
     "phi3": dict(
         cls="Phi3ForCausalLM", num_attention_heads=4, num_key_value_heads=2, sliding_window=24,
         max_position_embeddings=1024, original_max_position_embeddings=512, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=512,
-                             short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
-                             long_factor=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0])),
+                             partial_rotary_factor=0.75, short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                             long_factor=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0])),
     # Mixtures of experts: Mixtral (renormalised top 2 of 4), Qwen2 MoE (plain top 2 of 4 and a gated shared
     # expert, qkv bias), Qwen3 MoE (renormalised top 3 of 6, q/k norms).
     "mixtral": dict(

@@ -19,6 +19,11 @@ class RopeConfig:
     def param(self, name, default=None):
         return dict(self.params).get(name, default)
 
+    def rotary_dim(self, head_dim: int) -> int:
+        """How many of a head's dimensions rotate (the first ones, in transformers' layout): all, or the
+        `partial_rotary_factor` of them (Phi-4-mini's 0.75)."""
+        return int(head_dim * self.param("partial_rotary_factor", 1.0))
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -91,9 +96,12 @@ def parse_rope(hf: dict) -> RopeConfig:
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
             f"rope type {rope_type!r} is not supported; supported rope types: {', '.join(SUPPORTED_ROPE_TYPES)}")
-    partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise ValueError(f"partial_rotary_factor={partial} is not supported; only 1.0 (full rotary) is")
+    partial = params.pop("partial_rotary_factor", hf.get("partial_rotary_factor"))
+    partial = 1.0 if partial is None else partial
+    if not (isinstance(partial, (int, float)) and 0 < partial <= 1):
+        raise ValueError(f"partial_rotary_factor must be in (0, 1], got {partial!r}")
+    if partial != 1:
+        params["partial_rotary_factor"] = float(partial)
     if rope_type in ("longrope", "su"):  # Phi-3's; its original length may sit beside the rope dict
         rope_type = "longrope"
         params.setdefault("original_max_position_embeddings", hf.get("original_max_position_embeddings"))
@@ -102,7 +110,9 @@ def parse_rope(hf: dict) -> RopeConfig:
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int, max_position_embeddings: int):
-    """Returns (inv_freq f32[head_dim // 2], attention_scaling) as transformers computes them."""
+    """Returns (inv_freq f32[rotary_dim // 2], attention_scaling) as transformers computes them (a partial rotary
+    embedding's over its rotary dimensions: `rope_tables` pads them to the head)."""
+    head_dim = rope.rotary_dim(head_dim)
     exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
     inv_freq = 1.0 / (rope.theta ** exponents)
     scaling = 1.0
@@ -203,6 +213,13 @@ def _as_tuple(ids) -> tuple:
 ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
 
 
+def check_rotary_dim(rope: RopeConfig, head_dim: int) -> None:
+    rotary = rope.rotary_dim(head_dim)
+    if rotary < 2 or rotary % 2:
+        raise ValueError(f"partial_rotary_factor={rope.param('partial_rotary_factor')} of head_dim={head_dim} "
+                         f"rotates {rotary} dimensions; it must rotate an even number, at least 2")
+
+
 def model_config_from_hf(hf: dict, *, qkv_bias=None, o_bias=None, qk_norm=False) -> ModelConfig:
     """`qkv_bias`/`o_bias` default to HF's `attention_bias`; architectures override what they hard-wire."""
     act = hf.get("hidden_act", "silu")
@@ -216,6 +233,9 @@ def model_config_from_hf(hf: dict, *, qkv_bias=None, o_bias=None, qk_norm=False)
         raise ValueError(f"num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}")
     num_layers = hf["num_hidden_layers"]
     attention_bias = bool(hf.get("attention_bias", False))
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
+    rope = parse_rope(hf)
+    check_rotary_dim(rope, head_dim)
     return ModelConfig(
         architecture=hf["architectures"][0],
         vocab_size=hf["vocab_size"],
@@ -224,9 +244,9 @@ def model_config_from_hf(hf: dict, *, qkv_bias=None, o_bias=None, qk_norm=False)
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+        head_dim=head_dim,
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        rope=parse_rope(hf),
+        rope=rope,
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=attention_bias if qkv_bias is None else qkv_bias,

@@ -312,7 +312,7 @@ class LlamaForCausalLM(nnx.Module):
 
         def tables(rope_cfg):
             inv_freq, scaling = rope_inv_freq(rope_cfg, cfg.head_dim, cfg.max_position_embeddings)
-            return rope_tables(batch.positions, jnp.asarray(inv_freq), scaling, self.dtype)
+            return rope_tables(batch.positions, jnp.asarray(inv_freq), scaling, self.dtype, cfg.head_dim)
 
         ropes = (tables(cfg.rope), None if cfg.local_rope is None else tables(cfg.local_rope))
         h = self.embed[...][batch.input_ids]  # [T, hidden]

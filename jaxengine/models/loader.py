@@ -15,6 +15,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
+from jaxengine.layers.rope import partial_rotary_layout
 from jaxengine.models.config import ModelConfig, read_hf_config
 from jaxengine.models.llama import hf_weight_map
 from jaxengine.models.registry import Architecture, get_architecture
@@ -153,7 +154,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     else:
         loaded = _fill(checkpoint_files(model_dir), hf_weight_map(cfg), targets, shardings, cfg, progress,
                        kv_repeat=(checkpoint_kv_heads, repeats), executables=executables, tensor_name=arch.tensor_name,
-                       split_tensor=arch.split_tensor)
+                       split_tensor=_with_rotary_layout(arch.split_tensor, cfg))
     state = nnx.from_flat_state([(path, var.replace(loaded[path])) for path, var in flat])
     loaded_model = nnx.merge(graphdef, state)
     if unstacked:
@@ -168,6 +169,31 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
 
 
 _KV_PARAMS = {"k_proj", "v_proj", "k_bias", "v_bias"}
+_ROTATED = re.compile(r".*\.self_attn\.(q_proj|k_proj)\.(weight|bias)$|.*\.self_attn\.(q_norm|k_norm)\.weight$")
+
+
+def _with_rotary_layout(split_tensor, cfg: ModelConfig):
+    """`split_tensor`, then a partial rotary embedding's layout of each head's q and k dimensions
+    (layers.rope.partial_rotary_layout) on the projections, their biases and their norms' weights (a Phi-4-mini
+    checkpoint's, in transformers' order: the converted Orbax checkpoint keeps ours)."""
+    rotary = cfg.rope.rotary_dim(cfg.head_dim)
+    if rotary == cfg.head_dim:
+        return split_tensor
+    order = partial_rotary_layout(cfg.head_dim, rotary)
+
+    def split(name, array, cfg):
+        pieces = split_tensor(name, array, cfg)
+        return [(n, _reorder_heads(a, order) if _ROTATED.match(n) else a) for n, a in pieces]
+
+    return split
+
+
+def _reorder_heads(array, order: np.ndarray) -> np.ndarray:
+    """Each head's dimensions of a [heads * head_dim, ...] projection (or a [head_dim] norm) in `order`."""
+    array = np.asarray(array)
+    head_dim = len(order)
+    heads = array.reshape(-1, head_dim, *array.shape[1:])
+    return heads[:, order].reshape(array.shape)
 
 
 def _repeat_kv_heads(array: np.ndarray, kv_heads: int, repeats: int) -> np.ndarray:
