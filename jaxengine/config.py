@@ -5,6 +5,7 @@ from pathlib import Path
 
 import yaml
 
+from jaxengine.reasoning import REASONING_PARSERS
 from jaxengine.validation import check_field_types, field_error
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -68,6 +69,9 @@ class EngineConfig:
     # Over the model's config.json keys, as vLLM's --hf-overrides: {"max_position_embeddings": 4096}, or a
     # causal LM served as a classifier from two of its tokens (Qwen3-Reranker: see jaxengine/engine/pooler.py)
     hf_overrides: dict | None = None
+    # As vLLM's --reasoning-parser (jaxengine.reasoning: deepseek_r1, qwen3): a request's structured output starts
+    # after the model's reasoning; the server splits chat answers into `reasoning` and `content`.
+    reasoning_parser: str | None = None
 
     def __post_init__(self):
         check_field_types(
@@ -78,7 +82,7 @@ class EngineConfig:
             finite_reals=("kv_cache_memory_fraction", "kv_cache_gib", "compilation_cache_max_gib"),
             strings=("dtype", "kv_cache_dtype", "scheduling_policy", "attention_backend", "layer_loop", "runner",
                      "convert"),
-            optional_strings=("revision",),
+            optional_strings=("revision", "reasoning_parser"),
             optional_paths=("model", "tokenizer", "download_dir", "compilation_cache_dir", "profiler_dir",
                             "generation_config"))
         if self.generation_config is None:
@@ -91,6 +95,9 @@ class EngineConfig:
         if self.convert not in CONVERTS:
             raise ValueError(f"convert must be one of {', '.join(CONVERTS)} (embeddings are the one pooling task "
                              f"supported), got {self.convert!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got "
+                             f"{self.reasoning_parser!r}")
         if self.speculative_config is not None:
             from jaxengine.engine.speculative import SpeculativeConfig
 

@@ -103,6 +103,8 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[ToolCallMessage] | None = None  # an assistant's
     tool_call_id: str | None = None  # a tool message's: the call it answers
+    reasoning: str | None = None  # an assistant's reasoning (vLLM's field; templates that show it take it)
+    reasoning_content: str | None = None  # the same under its older name (DeepSeek's API, vLLM before 0.11)
 
     def text(self) -> str:
         if self.content is None:
@@ -144,6 +146,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict | None = None
     chat_template: str | None = None  # taken only from a server started with --trust-request-chat-template
     add_special_tokens: bool = False  # vLLM's: special tokens added on top of what the template writes
+    include_reasoning: bool = True  # with --reasoning-parser: false leaves the reasoning out of the response
 
 
 class StartProfileRequest(BaseModel):

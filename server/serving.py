@@ -198,6 +198,7 @@ class Serving:
             raise ValueError(f"served model names must be non-empty strings, got {model_name!r}")
         self.model_name = self.model_names[0]
         self.tokenizer = engine.engine.tokenizer
+        self.reasoning = engine.engine.reasoning  # the engine's --reasoning-parser (jaxengine.reasoning), or None
         self.chat_template = chat_template
         self.trust_request_chat_template = trust_request_chat_template
         if chat_template is not None:
@@ -708,19 +709,35 @@ class Serving:
             return RequiredCalls
         return NamedCall(_named_tool(req).function.name) if mode == "named" else None
 
+    def _thinks(self, req) -> bool:
+        """Whether a chat's output begins with reasoning (with --reasoning-parser)."""
+        return self.reasoning is not None and self.reasoning.thinks(req.chat_template_kwargs)
+
+    def _split_reasoning(self, text: str, req) -> tuple[str | None, str | None]:
+        """(reasoning, answer) of a chat's output, as vLLM's reasoning parsers give them: without a reasoning
+        parser no reasoning and the whole text; with one, an empty answer is None, and the reasoning is None where
+        the request did not think (Qwen3's enable_thinking false) or asked for none (include_reasoning false)."""
+        if self.reasoning is None:
+            return None, text
+        thinks = self._thinks(req)
+        reasoning, answer, _ = self.reasoning.split(text, thinks)
+        return (reasoning if thinks and req.include_reasoning else None), answer or None
+
     def _message(self, c, req) -> tuple[dict, str | None]:
-        """A choice's assistant message and finish reason: the calls its text holds, where the request's
-        tool_choice asks for them (finish reason tool_calls, but for a named function's, as OpenAI's)."""
-        message = {"role": "assistant", "content": c.text}
+        """A choice's assistant message and finish reason: its reasoning and answer (with --reasoning-parser); the
+        calls its answer holds, where the request's tool_choice asks for them (finish reason tool_calls, but for a
+        named function's, as OpenAI's)."""
+        reasoning, answer = self._split_reasoning(c.text, req)
+        message = {"role": "assistant", "content": answer} | ({"reasoning": reasoning} if reasoning is not None else {})
         finder = self._tool_calls(req)
         if finder is None:
             return message, c.finish_reason
-        content, calls = finder.parse(c.text)
+        content, calls = finder.parse(answer or "")
         if not calls:
             return message, c.finish_reason
         calls = calls[:1] if req.parallel_tool_calls is False else calls
         finish = c.finish_reason if isinstance(finder, NamedCall) else "tool_calls"
-        return {"role": "assistant", "content": content, "tool_calls": [t.as_dict() for t in calls]}, finish
+        return message | {"content": content, "tool_calls": [t.as_dict() for t in calls]}, finish
 
     async def chat(self, req: ChatCompletionRequest):
         self.check_model(req.model)
@@ -764,9 +781,13 @@ class Serving:
         max_tokens = (req.max_completion_tokens or req.max_tokens or self.engine.engine.default_sampling.get(
             "max_tokens") or max(self.engine.engine.max_model_len - len(ids), 1))
         prompts, [(prompt_len, beams)] = await self._beam_search(request_id, req, [(None, ids)], max_tokens)
-        choices = [{"index": j, "message": {"role": "assistant", "content": beam.text}, "logprobs": None,
-                    "finish_reason": beam.finish_reason, "stop_reason": beam.stop_reason}
-                   for j, beam in enumerate(beams)]
+        choices = []
+        for j, beam in enumerate(beams):
+            reasoning, answer = self._split_reasoning(beam.text, req)
+            message = {"role": "assistant", "content": answer} | (
+                {"reasoning": reasoning} if reasoning is not None else {})
+            choices.append({"index": j, "message": message, "logprobs": None, "finish_reason": beam.finish_reason,
+                            "stop_reason": beam.stop_reason})
         prompt_tokens, generated = len(prompts[0][1]), sum(len(b.tokens) - prompt_len for b in beams)
         return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.model_name,
                 "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
@@ -789,9 +810,10 @@ class Serving:
 
     async def _stream_chat(self, request_id, created, prompts, params, req) -> AsyncIterator[dict]:
         base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
-        sent: dict[int, tuple[int, int]] = {}
+        sent: dict[int, tuple[int, int]] = {}  # each choice's answer characters and tokens sent
         finder = self._tool_calls(req)
-        streams = {}  # with tool calls: each choice's text split into content and calls (the finder's Stream)
+        streams = {}  # with tool calls: each choice's answer split into content and calls (the finder's Stream)
+        reasoning_streams = {}  # with --reasoning-parser: each choice's text split into reasoning and answer
         calls_sent: dict[int, int] = {}
         final = None
         async for _, out in self._run_all(request_id, prompts, params, req):
@@ -800,13 +822,21 @@ class Serving:
                 if c.index not in sent:
                     sent[c.index], calls_sent[c.index] = (0, 0), 0
                     streams[c.index] = finder.Stream() if finder is not None else None
+                    reasoning_streams[c.index] = (self.reasoning.stream(self._thinks(req))
+                                                  if self.reasoning is not None else None)
                     yield base | {"choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                                "logprobs": None, "finish_reason": None}]} \
                         | _running_usage(req, len(prompts[0][1]), 0)
                 chars, ntok = sent[c.index]
                 delta, finish_reason = {}, c.finish_reason
+                answer = c.text
+                if (thoughts := reasoning_streams[c.index]) is not None:
+                    reasoning, _ = thoughts.feed(c.text, final=c.finish_reason is not None)
+                    answer = thoughts.answer
+                    if reasoning and req.include_reasoning:
+                        delta["reasoning"] = reasoning
                 if finder is not None:
-                    text, calls = streams[c.index].feed(c.text, final=c.finish_reason is not None)
+                    text, calls = streams[c.index].feed(answer, final=c.finish_reason is not None)
                     if req.parallel_tool_calls is False:
                         calls = calls[:max(0, 1 - calls_sent[c.index])]
                     if calls:
@@ -816,7 +846,7 @@ class Serving:
                     if calls_sent[c.index] and finish_reason is not None and not isinstance(finder, NamedCall):
                         finish_reason = "tool_calls"
                 else:
-                    text = c.text[chars:]
+                    text = answer[chars:]
                 if text:
                     delta = {"content": text} | delta
                 if not delta and c.finish_reason is None:
@@ -824,7 +854,7 @@ class Serving:
                 logprobs = self._chat_logprobs(c.token_ids[ntok:], c.logprobs[ntok:], req.top_logprobs or 0,
                                                self._as_ids(req)) \
                     if c.logprobs is not None else None
-                sent[c.index] = (len(c.text), len(c.token_ids))
+                sent[c.index] = (len(answer), len(c.token_ids))
                 yield base | {"choices": [{"index": c.index, "delta": delta,
                                            "logprobs": logprobs, "finish_reason": finish_reason,
                                            "stop_reason": c.stop_reason}]} \
@@ -850,6 +880,11 @@ def _template_message(m: ChatMessage) -> dict:
     as objects where they are JSON (as vLLM hands them to templates, which index into them), a tool message's
     tool_call_id."""
     message = {"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
+    reasoning = m.reasoning if m.reasoning is not None else m.reasoning_content
+    if reasoning is not None:
+        if m.role != "assistant":
+            raise APIError(f"reasoning is an assistant message's field, not a {m.role} message's", param="messages")
+        message["reasoning"] = message["reasoning_content"] = reasoning  # templates read either name
     if m.tool_calls:
         message["tool_calls"] = [
             {"id": t.id, "type": t.type,

@@ -73,9 +73,16 @@ SPECS = {
 }
 
 def make_tokenizer(out_dir: Path) -> None:
+    """The demo's tokenizer, with a reasoning model's <think> and </think> (added tokens that are not special,
+    as Qwen3's and DeepSeek-R1's: their text stays in outputs) for the reasoning parsers."""
+    from transformers import AutoTokenizer
+
     from jaxengine.demo import make_tokenizer as train
 
     train(out_dir, VOCAB_SIZE - 11)
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    tokenizer.add_tokens(["<think>", "</think>"])
+    tokenizer.save_pretrained(out_dir)
 
 
 def make_model(name: str, out_dir: Path, tokenizer_dir: Path | None = None, seed: int = 0, **overrides) -> Path:

@@ -34,7 +34,7 @@ class DataParallelEngine:
         self.validate, self.tokenize_prompt = first.validate, first.tokenize_prompt
         self.truncate_prompt = first.truncate_prompt
         self.runner_type, self.pooler, self.pooling_task = first.runner_type, first.pooler, first.pooling_task
-        self.classifier = first.classifier
+        self.classifier, self.reasoning = first.classifier, first.reasoning
         self._owner: dict[str, LLMEngine] = {}
 
     @staticmethod

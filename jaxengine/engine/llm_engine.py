@@ -29,6 +29,7 @@ from jaxengine.parallel.sharding import check_layout, make_mesh
 from jaxengine.outputs import (CompletionOutput, Logprob, PoolingOutput, PoolingRequestOutput, RequestMetrics,
                                RequestOutput)
 from jaxengine.pooling_params import PoolerConfig, PoolingParams
+from jaxengine.reasoning import ReasoningParser
 from jaxengine.runner.executables import ExecutableCache
 from jaxengine.runner.model_runner import MAX_BANNED, MAX_LOGIT_BIAS, ModelRunner
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
@@ -204,6 +205,7 @@ class LLMEngine:
         num_blocks = self._num_kv_blocks(model)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.speculation = self._speculation(config)
+        self.reasoning = self._reasoning(config)
         self.spec_stats = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}  # vLLM's spec_decode counters
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
@@ -265,6 +267,14 @@ class LLMEngine:
             raise ValueError("speculative_config applies to generation; a pooling model (runner 'pooling') decodes "
                              "nothing")
         return SpeculativeConfig.of(config.speculative_config)
+
+    def _reasoning(self, config: EngineConfig) -> ReasoningParser | None:
+        if config.reasoning_parser is None:
+            return None
+        if self.runner_type == "pooling":
+            raise ValueError("reasoning_parser applies to generation; a pooling model (runner 'pooling') generates "
+                             "no text")
+        return ReasoningParser.of(config.reasoning_parser, self.tokenizer)
 
     @staticmethod
     def _speculates(params: SamplingParams) -> bool:
@@ -474,6 +484,9 @@ class LLMEngine:
         bad_words = self._tokenize_bad_words(params.bad_words)
         spec = params.structured_outputs
         grammar = self.grammars.grammar(spec) if spec is not None else None
+        # With a reasoning parser, a structured output starts after the reasoning (unless the prompt closed it)
+        after_reasoning = (grammar is not None and self.reasoning is not None
+                           and not self.reasoning.ended_in_prompt(token_ids))
         min_tokens_banned = sorted(self.eos_token_ids | set(params.stop_token_ids))
         base_seed = params.seed if params.seed is not None else int(self._rng.integers(1 << 62))
         seqs = []
@@ -483,7 +496,8 @@ class LLMEngine:
             seq.fork_parent = seqs[0] if i else None
             seq.min_tokens_banned = min_tokens_banned
             seq.bad_words = bad_words
-            seq.grammar = self.grammars.matcher(grammar) if grammar is not None else None
+            matcher = self.grammars.matcher(grammar) if grammar is not None else None
+            seq.grammar, seq.grammar_after_reasoning = (None, matcher) if after_reasoning else (matcher, None)
             seq.pooling = (PoolState(self.pooler, pooling, len(token_ids), self.classifier) if pooling is not None
                            else None)
             seq.speculative = self.speculation is not None and self._speculates(params)
@@ -555,6 +569,7 @@ class LLMEngine:
             return False
         guesses = self.speculation is not None and self.scheduler.may_add_drafts(len(chunks))
         return not any(c.completes_sequence and (c.seq.bad_words or c.seq.grammar is not None
+                                                 or c.seq.grammar_after_reasoning is not None
                                                  or (guesses and c.seq.speculative)) for c in chunks)
 
     def start_step(self):
@@ -684,6 +699,8 @@ class LLMEngine:
         seq.output_token_ids.append(token)
         if seq.grammar is not None:
             seq.grammar.accept(token)
+        elif seq.grammar_after_reasoning is not None and token == self.reasoning.end_token_id:
+            seq.grammar, seq.grammar_after_reasoning = seq.grammar_after_reasoning, None  # from the next token on
         detok = self.requests[seq.request_id].detokenizers[seq.index]
         finish, stop_reason = self._stop_condition(seq, token)
         # As vLLM's: the token that stops a sequence (EOS, a stop_token_id, a grammar's EOS) adds no text unless

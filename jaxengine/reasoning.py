@@ -1,0 +1,98 @@
+"""Reasoning parsers, as vLLM's `--reasoning-parser`: where a thinking model's reasoning ends and its answer begins.
+
+- `deepseek_r1` (DeepSeek-R1 and its distillations, QwQ): the output is reasoning up to `</think>`, the answer
+  after it (their templates open `<think>` in the prompt; one at the start of the output is dropped). An output
+  that never closes its reasoning is all reasoning.
+- `qwen3` (Qwen3, thinking on by default): as deepseek_r1, and a `<tool_call>` also ends the reasoning (it belongs
+  to the answer, where the tool-call parser finds it). With `chat_template_kwargs: {"enable_thinking": false}` the
+  output is all answer.
+
+Both tags must be tokens of the model's vocabulary (as vLLM requires): the engine starts a request's structured
+output (its grammar) only after the reasoning's end token, where its prompt has not already closed the reasoning
+(Qwen3 without thinking renders an empty `<think></think>` into the prompt).
+
+Decided: the start tag is recognised at the start of the output only (after white space), so that a stream, which
+cannot take text back, splits an output as the whole output splits.
+"""
+
+import dataclasses
+
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
+_START, _END, _TOOL_CALL = "<think>", "</think>", "<tool_call>"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReasoningParser:
+    name: str
+    start_token_id: int
+    end_token_id: int
+    ends_at: tuple[str, ...]  # the tags that end the reasoning; the first is its own end tag (dropped)
+
+    @classmethod
+    def of(cls, name: str, tokenizer) -> "ReasoningParser":
+        if name not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {name!r}")
+        vocab = tokenizer.get_vocab()
+        missing = [tag for tag in (_START, _END) if tag not in vocab]
+        if missing:
+            raise ValueError(f"reasoning_parser {name!r}: the tokenizer has no {' or '.join(missing)} token (a "
+                             f"reasoning model's vocabulary has both {_START} and {_END})")
+        ends_at = (_END, _TOOL_CALL) if name == "qwen3" else (_END,)
+        return cls(name, vocab[_START], vocab[_END], ends_at)
+
+    def ended_in_prompt(self, prompt_ids) -> bool:
+        """Whether the prompt closed the reasoning: its last start or end token is an end token (vLLM's rule)."""
+        for token in reversed(prompt_ids):
+            if token == self.start_token_id:
+                return False
+            if token == self.end_token_id:
+                return True
+        return False
+
+    def thinks(self, chat_template_kwargs: dict | None) -> bool:
+        """Whether a request's output begins with reasoning (Qwen3: unless enable_thinking is false)."""
+        return self.name != "qwen3" or (chat_template_kwargs or {}).get("enable_thinking", True) is not False
+
+    def split(self, text: str, thinks: bool = True, final: bool = True) -> tuple[str, str, bool]:
+        """(reasoning, answer, done) of an output, or of its first part (`final` false: text that may still become a
+        tag is held back from both). `done`: the reasoning has ended."""
+        if not thinks:
+            return "", text, True
+        body = text.lstrip()
+        if body.startswith(_START):
+            body = body[len(_START):]
+        elif not final and _START.startswith(body):  # maybe the start tag, still arriving
+            return "", "", False
+        ends = [(i, tag) for tag in self.ends_at if (i := body.find(tag)) >= 0]
+        if ends:
+            i, tag = min(ends)
+            return body[:i], body[i + len(tag) if tag == _END else i:], True
+        held = 0 if final else max(_partial_suffix(body, tag) for tag in self.ends_at)
+        return body[:len(body) - held], "", False
+
+    def stream(self, thinks: bool = True) -> "ReasoningStream":
+        return ReasoningStream(self, thinks)
+
+
+class ReasoningStream:
+    """A growing output's reasoning and answer deltas: feed(text so far, final) -> (reasoning delta, answer
+    delta); text that may still become a tag is held back until it cannot."""
+
+    def __init__(self, parser: ReasoningParser, thinks: bool):
+        self.parser, self.thinks = parser, thinks
+        self.sent = (0, 0)
+        self.answer = ""  # the answer so far (what a tool-call parser reads)
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, str]:
+        reasoning, answer, _ = self.parser.split(text, self.thinks, final)
+        sent_reasoning, sent_answer = self.sent
+        self.sent, self.answer = (max(sent_reasoning, len(reasoning)), max(sent_answer, len(answer))), answer
+        return reasoning[sent_reasoning:], answer[sent_answer:]
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """How many characters at the end of `text` could begin `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0

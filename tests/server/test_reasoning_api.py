@@ -1,0 +1,119 @@
+"""Chat answers split into `reasoning` and `content` by the server's reasoning parser (vLLM's --reasoning-parser),
+unstreamed and streamed, with tool calls in the answer. The tiny model's output is random, so its text is
+replaced by a fixed one (tests.server.test_tool_calls.ScriptedText)."""
+
+import json
+
+import httpx
+import pytest
+
+from jaxengine.reasoning import ReasoningParser
+from server.app import build_app
+from tests.server.conftest import MODEL, LiveServer
+from tests.server.test_tool_calls import CALLS, TOOLS, ScriptedText
+
+THOUGHT = "The user wants 2 + 2. That is 4."
+SCRIPT = f"<think>{THOUGHT}</think>\n\nIt is 4."
+
+
+class Reasoning:
+    """The scripted engine as one started with --reasoning-parser `name`."""
+
+    def __init__(self, scripted, name):
+        self.inner = scripted
+        self.engine = _EngineWith(scripted.engine, ReasoningParser.of(name, scripted.engine.tokenizer))
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+
+class _EngineWith:
+    def __init__(self, engine, reasoning):
+        self.inner, self.reasoning = engine, reasoning
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+
+@pytest.fixture(scope="module")
+def servers(async_engine):
+    made = {name: LiveServer(build_app(Reasoning(ScriptedText(async_engine, script), parser), MODEL,
+                                       tool_call_parser=tools))
+            for name, script, parser, tools in (("r1", SCRIPT, "deepseek_r1", None),
+                                                ("qwen3", "<think>Weather first.</think>\n" + CALLS, "qwen3", "hermes"),
+                                                ("unclosed", "<think>Still going", "qwen3", None),
+                                                ("no-thinking", "It is 4.", "qwen3", None))}
+    yield made
+    for server in made.values():
+        server.stop()
+
+
+def chat(server, stream=False, **body):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "2 + 2?"}], "max_tokens": 16,
+            "ignore_eos": True, "stream": stream} | body
+    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    if not stream:
+        return response.json()["choices"][0]
+    deltas = [json.loads(line[6:])["choices"] for line in response.text.splitlines()
+              if line.startswith("data: {")]
+    return [c for choices in deltas for c in choices]
+
+
+def gathered(chunks) -> tuple[str, str, list, str]:
+    deltas = [c["delta"] for c in chunks]
+    calls = [t for d in deltas for t in d.get("tool_calls") or []]
+    return ("".join(d.get("reasoning") or "" for d in deltas), "".join(d.get("content") or "" for d in deltas),
+            calls, chunks[-1]["finish_reason"])
+
+
+def test_reasoning_and_answer_come_apart(servers):
+    message = chat(servers["r1"])["message"]
+    assert message["reasoning"] == THOUGHT and message["content"] == "\n\nIt is 4."
+    reasoning, content, calls, finish = gathered(chat(servers["r1"], stream=True))
+    assert (reasoning, content, calls, finish) == (THOUGHT, "\n\nIt is 4.", [], "length")
+
+
+def test_include_reasoning_false_leaves_it_out(servers):
+    message = chat(servers["r1"], include_reasoning=False)["message"]
+    assert "reasoning" not in message and message["content"] == "\n\nIt is 4."
+    chunks = chat(servers["r1"], stream=True, include_reasoning=False)
+    assert not any("reasoning" in c["delta"] for c in chunks) and gathered(chunks)[1] == "\n\nIt is 4."
+
+
+def test_tool_calls_in_the_answer_after_the_reasoning(servers):
+    for stream in (False, True):
+        got = chat(servers["qwen3"], stream=stream, tools=TOOLS, max_tokens=24)
+        if stream:
+            reasoning, content, calls, finish = gathered(got)
+        else:
+            message, finish = got["message"], got["finish_reason"]
+            reasoning, content, calls = message["reasoning"], message["content"], message["tool_calls"]
+        assert reasoning == "Weather first." and (content or "").strip() == "" and finish == "tool_calls"
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+            ("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]
+
+
+def test_unclosed_reasoning_and_thinking_turned_off(servers):
+    message = chat(servers["unclosed"])["message"]
+    assert message["reasoning"] == "Still going" and message["content"] is None
+    assert gathered(chat(servers["unclosed"], stream=True))[:2] == ("Still going", "")
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    message = chat(servers["no-thinking"], **off)["message"]
+    assert "reasoning" not in message and message["content"] == "It is 4."
+    assert gathered(chat(servers["no-thinking"], stream=True, **off))[:2] == ("", "It is 4.")
+
+
+def test_an_assistant_turn_with_reasoning_reaches_the_template(servers):
+    """An earlier turn's reasoning (`reasoning`, or `reasoning_content` as DeepSeek's API and older vLLM name it)
+    goes to the template under both names; on another role it is refused."""
+    from server.protocol import ChatMessage
+    from server.serving import _template_message
+
+    for field in ("reasoning", "reasoning_content"):
+        message = _template_message(ChatMessage(role="assistant", content="4", **{field: "2 + 2"}))
+        assert message["reasoning"] == message["reasoning_content"] == "2 + 2"
+    response = httpx.post(servers["r1"].url + "/v1/chat/completions", timeout=60, json={
+        "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi", "reasoning": "x"}]})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
+    assert "reasoning is an assistant message's field" in response.json()["error"]["message"]

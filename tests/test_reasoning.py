@@ -1,0 +1,95 @@
+"""Reasoning parsers (vLLM's --reasoning-parser): the split of an output into reasoning and answer, whole and
+streamed, and structured outputs that start after the reasoning."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from jaxengine import EngineConfig, SamplingParams, StructuredOutputsParams
+from jaxengine.reasoning import ReasoningParser
+from tests.engine_util import run_to_completion
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tokenizer_dir):
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+@pytest.mark.parametrize("text, want", [
+    ("<think>Let me see.</think>\n\nIt is 4.", ("Let me see.", "\n\nIt is 4.", True)),
+    ("Let me see.</think>It is 4.", ("Let me see.", "It is 4.", True)),  # <think> opened by the template
+    ("\n<think>\nhmm</think>", ("\nhmm", "", True)),
+    ("Still thinking", ("Still thinking", "", False)),  # never closed: all reasoning
+    ("<think>a</think>b</think>c", ("a", "b</think>c", True)),
+])
+def test_deepseek_r1_splits_at_the_end_tag(tokenizer, text, want):
+    assert ReasoningParser.of("deepseek_r1", tokenizer).split(text) == want
+
+
+def test_qwen3_ends_reasoning_at_a_tool_call_and_may_not_think(tokenizer):
+    parser = ReasoningParser.of("qwen3", tokenizer)
+    assert parser.split("<think>call it<tool_call>{}</tool_call>") == ("call it", "<tool_call>{}</tool_call>", True)
+    assert parser.split("<think>a</think>b<tool_call>x") == ("a", "b<tool_call>x", True)
+    assert parser.thinks(None) and parser.thinks({"enable_thinking": True})
+    assert not parser.thinks({"enable_thinking": False})
+    assert parser.split("plain answer", thinks=False) == ("", "plain answer", True)
+    assert ReasoningParser.of("deepseek_r1", tokenizer).split("x<tool_call>y") == ("x<tool_call>y", "", False)
+
+
+@pytest.mark.parametrize("name", ["deepseek_r1", "qwen3"])
+@pytest.mark.parametrize("step", [1, 2, 3, 7])
+def test_streamed_split_is_the_whole_split_whatever_the_chunks(tokenizer, name, step):
+    parser = ReasoningParser.of(name, tokenizer)
+    for text in ["<think>Let me see: 2 + 2.</think>\n\nIt is <b>4</b>.", "  <thi", "ab</thi", "r</think>",
+                 "<think>x<tool_call>{\"a\": 1}</tool_call>", "<think>a < b</think> <thinking>"]:
+        stream, reasoning, answer = parser.stream(), "", ""
+        ends = list(range(step, len(text), step)) + [len(text)]
+        for end in ends:
+            r, a = stream.feed(text[:end], final=end == len(text))
+            assert not any(tag in r + a for tag in ("<think>", "</think>"))
+            reasoning, answer = reasoning + r, answer + a
+        whole = parser.split(text)
+        assert (reasoning, answer) == whole[:2] and stream.answer == whole[1], text
+
+
+def test_prompt_that_closed_the_reasoning(tokenizer):
+    parser = ReasoningParser.of("deepseek_r1", tokenizer)
+    start, end = parser.start_token_id, parser.end_token_id
+    assert parser.ended_in_prompt([5, start, 6, end, 7]) and not parser.ended_in_prompt([5, end, start, 6])
+    assert not parser.ended_in_prompt([5, 6])
+
+
+def test_unknown_parser_and_a_vocabulary_without_the_tags_are_refused():
+    with pytest.raises(ValueError, match="reasoning_parser must be one of deepseek_r1, qwen3, got 'granite'"):
+        EngineConfig(reasoning_parser="granite")
+    class Vocab:  # a tokenizer's vocabulary without </think>
+        def get_vocab(self):
+            return {"<think>": 5}
+
+    with pytest.raises(ValueError, match="the tokenizer has no </think> token"):
+        ReasoningParser.of("qwen3", Vocab())
+
+
+CHOICE = StructuredOutputsParams(choice=["yes", "no"])
+
+
+def _first_output(engine, prompt, params):
+    return run_to_completion(engine, [("r", prompt, params)])["r"].outputs[0]
+
+
+def test_structured_output_starts_after_the_reasoning(engines):
+    """With a reasoning parser a grammar holds the tokens after the reasoning's end token: here the model, biased to
+    it, ends its reasoning at once (a token the grammar would not allow), then answers in the grammar; without the
+    parser, or where the prompt closed the reasoning, the grammar holds from the first token."""
+    engine = engines("llama", reasoning_parser="deepseek_r1")
+    plain = engines("llama")
+    end = engine.reasoning.end_token_id
+    params = SamplingParams(temperature=0, max_tokens=12, logit_bias={end: 100.0}, structured_outputs=CHOICE)
+    prompt = [5, 6, 7, engine.reasoning.start_token_id]
+    out = _first_output(engine, prompt, params)
+    assert out.token_ids[0] == end and out.text.startswith("</think>")
+    assert out.text[len("</think>"):] in ("yes", "no") and out.finish_reason == "stop"
+    for eng, prompt in ((plain, prompt), (engine, [5, 6, 7, engine.reasoning.start_token_id, 9, end])):
+        out = _first_output(eng, prompt, params)
+        assert end not in out.token_ids and out.text in ("yes", "no")
+    for eng in (engine, plain):
+        assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
