@@ -704,7 +704,10 @@ class Serving:
         """What finds a request's calls in its outputs (`parse(text)` and `Stream()`), or None."""
         mode = self._tool_choice(req)
         if mode == "auto":
-            return PARSERS[self.tool_call_parser]
+            parser = PARSERS[self.tool_call_parser]
+            if hasattr(parser, "with_tools"):  # one that reads the request's tool schemas
+                return parser.with_tools([t.model_dump(exclude_none=True) for t in req.tools])
+            return parser
         if mode == "required":
             return RequiredCalls
         return NamedCall(_named_tool(req).function.name) if mode == "named" else None

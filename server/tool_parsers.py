@@ -12,6 +12,8 @@
 - `pythonic` (Llama 3.2 and 4, ToolACE): an output that is calls only, a Python list of calls with keyword
   arguments of literal values, `[get_weather(city="Paris"), get_time(zone="CET")]` (between <|python_start|> and
   <|python_end|> where special tokens are kept); any other output is content.
+- `qwen3_coder` / `qwen3_xml` (Qwen3-Coder): `<function=name>` blocks of `<parameter=key>value</parameter>`s in
+  <tool_call> tags, the values typed by the request's tool schemas (`with_tools`).
 
 Each parser is `parse(text) -> (content, calls)` for a whole output and `Stream()` for a growing one, whose
 `feed(text, final) -> (content delta, new calls)`.
@@ -20,6 +22,7 @@ Each parser is `parse(text) -> (content, calls)` for a whole output and `Stream(
 import ast
 import dataclasses
 import json
+import math
 import re
 import uuid
 
@@ -300,7 +303,175 @@ class Mistral:
         return _TaggedStream(_TOOL_CALLS, _parse_mistral)
 
 
-PARSERS = {"hermes": Hermes, "llama3_json": Llama3Json, "mistral": Mistral, "pythonic": Pythonic}
+_FUNCTION_START, _FUNCTION_END = "<function=", "</function>"
+_XML_STARTS = (_START, _FUNCTION_START)
+_XML_FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(</function>|$)", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
+_TYPE_NAMES = {"str": "string", "text": "string", "varchar": "string", "char": "string", "enum": "string",
+               "int": "integer", "int32": "integer", "int64": "integer", "uint": "integer", "uint32": "integer",
+               "uint64": "integer", "long": "integer", "short": "integer", "unsigned": "integer",
+               "float": "number", "float32": "number", "float64": "number", "double": "number", "bool": "boolean",
+               "dict": "object", "arr": "array", "list": "array", "sequence": "array"}
+_JSON_TYPES = {type(None): "null", bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+               dict: "object"}
+
+
+def _schema_types(schema) -> set[str]:
+    """The JSON types a property's schema allows (`type`, its `enum` values' types, anyOf/oneOf/allOf), by their
+    JSON Schema names (common aliases mapped); {"string"} where it says none."""
+    if not isinstance(schema, dict):
+        return {"string"}
+    types = set()
+    named = schema.get("type")
+    for name in [named] if isinstance(named, str) else named if isinstance(named, list) else []:
+        if isinstance(name, str):
+            types.add(_TYPE_NAMES.get(name.strip().lower(), name.strip().lower()))
+    if isinstance(schema.get("enum"), list):
+        types |= {_JSON_TYPES.get(type(v), "string") for v in schema["enum"]}
+    for key in ("anyOf", "oneOf", "allOf"):
+        for option in schema.get(key) or [] if isinstance(schema.get(key), list) else []:
+            types |= _schema_types(option)
+    return types or {"string"}
+
+
+def _finite(value) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True
+
+
+def _typed(value: str, schema):
+    """An XML parameter's text as the type its schema gives it, as vLLM reads Qwen3-Coder's calls: the first of
+    null, integer, number, boolean, object, array, string that the schema allows and the text is; else the text
+    as JSON, else the text."""
+    types = _schema_types(schema)
+    if "null" in types and value.lower() == "null":
+        return None
+    if "integer" in types:
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    if "number" in types:
+        try:
+            number = float(value)
+            if math.isfinite(number):
+                return int(number) if number == int(number) else number
+        except ValueError:
+            pass
+    if "boolean" in types and value.strip().lower() in ("true", "1", "false", "0"):
+        return value.strip().lower() in ("true", "1")
+    if types & {"object", "array"}:
+        try:
+            parsed = json.loads(value)
+            if isinstance(parsed, (dict, list)) and _finite(parsed):
+                return parsed
+        except json.JSONDecodeError:
+            pass
+    if "string" in types:
+        return value
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        return value
+    return parsed if _finite(parsed) else value
+
+
+def _xml_call(name: str, body: str, tools: list[dict]) -> ToolCall | None:
+    """A `<function=name>` block's call: its `<parameter=key>value</parameter>`s (one newline each side of a value
+    dropped), typed by the tool's parameter schema where the request gives one (strings otherwise)."""
+    name = name.strip()
+    if not name:
+        return None
+    tool = next((t["function"] for t in tools if t["function"]["name"] == name), None)
+    properties = ((tool or {}).get("parameters") or {}).get("properties") or {}
+    arguments = {}
+    for key, value in _XML_PARAMETER.findall(body):
+        value = value[1:] if value.startswith("\n") else value
+        value = value[:-1] if value.endswith("\n") else value
+        key = key.strip()
+        arguments[key] = _typed(value, properties[key]) if key in properties else value
+    return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
+
+
+def _xml_start(text: str, start: int = 0) -> int:
+    found = [at for tag in _XML_STARTS if (at := text.find(tag, start)) >= 0]
+    return min(found) if found else -1
+
+
+def _parse_qwen3_xml(text: str, tools: list[dict]) -> tuple[str | None, list[ToolCall]]:
+    """(content before the first <tool_call> or <function=, calls); (text, []) where there are none or one does
+    not parse. A function block the output leaves open (cut by the token limit) is read as far as it goes."""
+    at = _xml_start(text)
+    if at < 0:
+        return text, []
+    calls = [_xml_call(name, body, tools) for name, body, _ in _XML_FUNCTION.findall(text, at)]
+    if not calls or None in calls:
+        return text, []
+    return text[:at] or None, calls
+
+
+class _XmlStream:
+    """Content streams up to a possible start of <tool_call> or <function=; each call goes out, arguments whole,
+    once its </function> closes (the text between calls is framing), an open one when the output ends. A closed
+    block that does not parse, or an output with no block after the tag, goes out as content."""
+
+    def __init__(self, tools: list[dict]):
+        self.tools = tools
+        self.sent = 0  # characters handled (sent as content, or read as calls)
+        self.in_calls = False
+        self.any_call = False
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        content, calls = "", []
+        if not self.in_calls:
+            at = _xml_start(text, self.sent)
+            self.in_calls = at >= 0
+            end = at if self.in_calls else len(text) - (0 if final else max(_partial_tag(text, tag)
+                                                                               for tag in _XML_STARTS))
+            content, self.sent = text[self.sent:end], max(self.sent, end)
+            if not self.in_calls:
+                return content, []
+        for match in _XML_FUNCTION.finditer(text, self.sent):
+            if not match.group(3) and not final:  # still open
+                break
+            call = _xml_call(match.group(1), match.group(2), self.tools)
+            if call is None:
+                content += text[self.sent:match.end()]
+            else:
+                calls.append(call)
+                self.any_call = True
+            self.sent = match.end()
+        if final and not self.any_call:
+            content, self.sent = content + text[self.sent:], len(text)
+        return content, calls
+
+
+class Qwen3Xml:
+    """`qwen3_coder` / `qwen3_xml` (Qwen3-Coder and later Qwen templates): each call a `<function=name>` block of
+    `<parameter=key>value</parameter>`s, inside <tool_call> tags; the text before the first is the content. The
+    parameters are typed by the request's tool schemas, so a parser is made for a request's tools."""
+
+    def __init__(self, tools: list[dict]):
+        self.tools = tools
+
+    @classmethod
+    def with_tools(cls, tools: list[dict]) -> "Qwen3Xml":
+        return cls(tools)
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        return _parse_qwen3_xml(text, self.tools)
+
+    def Stream(self):
+        return _XmlStream(self.tools)
+
+
+PARSERS = {"hermes": Hermes, "llama3_json": Llama3Json, "mistral": Mistral, "pythonic": Pythonic,
+           "qwen3_coder": Qwen3Xml, "qwen3_xml": Qwen3Xml}
 TOOL_CALL_PARSERS = tuple(PARSERS)
 
 

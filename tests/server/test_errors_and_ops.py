@@ -218,7 +218,7 @@ class FaultyEngine:
         self.model_config, self.validate = engine.model_config, engine.validate
         self.truncate_prompt = engine.truncate_prompt
         self.default_sampling, self.config = engine.default_sampling, engine.config
-        self.runner_type = engine.runner_type
+        self.runner_type, self.reasoning = engine.runner_type, engine.reasoning
         self.pending = []
 
     def add_request(self, request_id, *args, **kwargs):

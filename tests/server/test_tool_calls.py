@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from server.app import build_app
-from server.tool_parsers import Hermes, Llama3Json, Mistral, Pythonic
+from server.tool_parsers import Hermes, Llama3Json, Mistral, Pythonic, Qwen3Xml
 from tests.server.conftest import MODEL, LiveServer
 from tests.server.test_structured_outputs_api import no_whitespace
 
@@ -156,6 +156,55 @@ def test_mistral_stream_sends_content_then_the_calls_at_the_end():
     assert stream.feed("a [TOOLS] [TOOL_CALLS]f[ARGS]{", final=True) == (" [TOOL_CALLS]f[ARGS]{", [])
 
 
+QWEN3_XML = ("I will check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+             "<parameter=days>\n3\n</parameter>\n<parameter=hourly>\ntrue\n</parameter>\n<parameter=unit>\nC\n"
+             "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=zone>\nCET\n"
+             "</parameter>\n<parameter=at>\n{\"h\": 9}\n</parameter>\n</function>\n</tool_call>")
+XML_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "hourly": {"type": ["boolean", "null"]},
+    "unit": {"enum": ["C", "F"]}}}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {
+        "zone": {"type": "string"}, "at": {"anyOf": [{"type": "object"}, {"type": "string"}]}}}}}]
+XML_CALLS = [("get_weather", {"city": "Paris", "days": 3, "hourly": True, "unit": "C"}),
+             ("get_time", {"zone": "CET", "at": {"h": 9}})]
+
+
+def test_qwen3_xml_calls_typed_by_the_tools_schemas():
+    """Qwen3-Coder's XML calls: parameters typed by the request's tool schemas (strings without one), the text
+    before the first call the content; an output without a well-formed call is all content."""
+    content, calls = Qwen3Xml.with_tools(XML_TOOLS).parse(QWEN3_XML)
+    assert content == "I will check.\n" and [(c.name, json.loads(c.arguments)) for c in calls] == XML_CALLS
+    untyped = Qwen3Xml.with_tools([]).parse(QWEN3_XML)[1]
+    assert json.loads(untyped[0].arguments) == {"city": "Paris", "days": "3", "hourly": "true", "unit": "C"}
+    parser = Qwen3Xml.with_tools(XML_TOOLS)
+    # no <tool_call> wrapper, an unclosed parameter, and a block cut by the token limit
+    assert [(c.name, json.loads(c.arguments)) for c in parser.parse(
+        "<function=get_weather><parameter=days>7<parameter=city>Oslo</function>")[1]] == [
+        ("get_weather", {"days": 7, "city": "Oslo"})]
+    assert json.loads(parser.parse("<tool_call><function=get_weather><parameter=days>\n2")[1][0].arguments) == \
+        {"days": 2}
+    for text in ("plain text", "<tool_call>{\"name\": \"get_weather\"}</tool_call>", "<function=>x</function>"):
+        assert parser.parse(text) == (text, [])
+
+
+def test_qwen3_xml_stream_sends_each_call_when_its_function_closes():
+    parser = Qwen3Xml.with_tools(XML_TOOLS)
+    for step in (1, 5, 13, len(QWEN3_XML)):
+        stream, content, calls = parser.Stream(), "", []
+        for end in list(range(step, len(QWEN3_XML), step)) + [len(QWEN3_XML)]:
+            text, new = stream.feed(QWEN3_XML[:end], final=end == len(QWEN3_XML))
+            assert "<" not in text
+            if new and end < len(QWEN3_XML):
+                assert QWEN3_XML[:end].count("</function>") == len(calls) + len(new)  # sent as each closes
+            content, calls = content + text, calls + new
+        assert content == "I will check.\n" and [(c.name, json.loads(c.arguments)) for c in calls] == XML_CALLS
+    stream = parser.Stream()
+    assert stream.feed("a <func") == ("a ", []) and stream.feed("a <funny>") == ("<funny>", [])
+    assert stream.feed("a <funny> <function=get_time><parameter=zone>UTC", final=True)[1][0].name == "get_time"
+    stream = parser.Stream()
+    assert stream.feed("x <tool_call>{}</tool_call>", final=True) == ("x <tool_call>{}</tool_call>", [])
+
+
 class ScriptedText:
     """The shared engine, its completions' text replaced by SCRIPT: a prefix in proportion to the tokens
     generated so far, all of it once a completion finishes."""
@@ -180,7 +229,8 @@ def tool_servers(async_engine):
                                           tool_call_parser=parser))
                for name, script, parser in (("calls", SCRIPT, "hermes"), ("plain", "Just text.", "hermes"),
                                             ("no-parser", SCRIPT, None), ("llama3", LLAMA3, "llama3_json"),
-                                            ("pythonic", PYTHONIC, "pythonic"), ("mistral", MISTRAL_V11, "mistral"))}
+                                            ("pythonic", PYTHONIC, "pythonic"), ("mistral", MISTRAL_V11, "mistral"),
+                                            ("qwen3-xml", QWEN3_XML, "qwen3_coder"))}
     yield servers
     for server in servers.values():
         server.stop()
@@ -255,6 +305,15 @@ def test_mistral_calls_come_back_as_tool_calls(tool_servers, stream, monkeypatch
     seen.clear()
     ask(tool_servers["calls"])
     assert seen == [True]  # hermes' tags are plain text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_qwen3_xml_calls_come_back_as_tool_calls(tool_servers, stream):
+    response = client_of(tool_servers["qwen3-xml"]).chat.completions.create(
+        model=MODEL, messages=ASK, tools=XML_TOOLS, max_tokens=24, extra_body={"ignore_eos": True}, stream=stream)
+    content, calls, finish = _content_calls_finish(response, stream)
+    assert content == "I will check.\n" and finish == "tool_calls"
+    assert [(f.name, json.loads(f.arguments)) for f in calls] == XML_CALLS
 
 
 @pytest.mark.parametrize("stream", [False, True])
