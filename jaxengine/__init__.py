@@ -4,6 +4,7 @@ from jaxengine.config import EngineConfig
 from jaxengine.engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from jaxengine.engine.llm_engine import LLMEngine
 from jaxengine.llm import LLM
+from jaxengine.lora import LoRARequest
 from jaxengine.outputs import (ClassificationOutput, ClassificationRequestOutput, CompletionOutput, EmbeddingOutput,
                                EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput, RequestOutput,
                                ScoringOutput, ScoringRequestOutput)
@@ -14,4 +15,4 @@ __version__ = "0.1.0"
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "StructuredOutputsParams", "RequestOutput",
            "CompletionOutput", "RequestOutputKind", "PoolingParams", "PoolingOutput", "PoolingRequestOutput",
            "EmbeddingOutput", "EmbeddingRequestOutput", "ScoringOutput", "ScoringRequestOutput", "ClassificationOutput",
-           "ClassificationRequestOutput", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence"]
+           "ClassificationRequestOutput", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence", "LoRARequest"]

@@ -72,12 +72,17 @@ class EngineConfig:
     # As vLLM's --reasoning-parser (jaxengine.reasoning: deepseek_r1, qwen3): a request's structured output starts
     # after the model's reasoning; the server splits chat answers into `reasoning` and `content`.
     reasoning_parser: str | None = None
+    # LoRA adapters, as vLLM's: requests name one (LoRARequest; the server's --lora-modules), up to max_loras at
+    # once on the device, of rank up to max_lora_rank (jaxengine/lora.py)
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
 
     def __post_init__(self):
         check_field_types(
-            self, bools=("trust_remote_code", "enable_prefix_caching", "async_scheduling", "warmup"),
+            self, bools=("trust_remote_code", "enable_prefix_caching", "async_scheduling", "warmup", "enable_lora"),
             integers=("block_size", "max_num_seqs", "max_num_batched_tokens", "min_token_bucket", "seed",
-                      "tensor_parallel_size", "data_parallel_size", "max_logprobs"),
+                      "tensor_parallel_size", "data_parallel_size", "max_logprobs", "max_loras", "max_lora_rank"),
             optional_integers=("max_model_len", "num_kv_blocks"),
             finite_reals=("kv_cache_memory_fraction", "kv_cache_gib", "compilation_cache_max_gib"),
             strings=("dtype", "kv_cache_dtype", "scheduling_policy", "attention_backend", "layer_loop", "runner",
@@ -107,7 +112,7 @@ class EngineConfig:
         if self.model is None and (self.revision is not None or self.download_dir is not None):
             raise ValueError("revision and download_dir apply to a hub id given as model")
         positive = ("block_size", "max_num_seqs", "max_num_batched_tokens", "min_token_bucket", "tensor_parallel_size",
-                    "data_parallel_size")
+                    "data_parallel_size", "max_loras", "max_lora_rank")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -169,7 +174,6 @@ VLLM_SETTINGS = {
     "quantization": "quantized checkpoints are not supported yet",
     "tokenizer_mode": "the tokenizer is always transformers' AutoTokenizer (a fast one where it exists)",
     "pipeline_parallel_size": "not supported; use tensor_parallel_size and data_parallel_size",
-    "enable_lora": "LoRA adapters are not supported yet",
     "task": "use runner='pooling' for embeddings (convert='embed')",
     "override_pooler_config": "use pooler_config",
 }

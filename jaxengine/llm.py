@@ -13,6 +13,7 @@ from jaxengine.engine.beam_search import (BeamSearch, BeamSearchOutput, BeamSear
 from jaxengine.engine.pooler import check_cross_encoder, cosine_similarity, cross_encoder_ids, score_pairs
 from jaxengine.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput,
                                RequestOutput, ScoringOutput, ScoringRequestOutput)
+from jaxengine.lora import LoRARequest
 from jaxengine.pooling_params import POOLING_TASKS, PoolingParams
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams
 
@@ -49,12 +50,15 @@ class LLM:
         return SamplingParams(**self.engine.default_sampling)
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
-                 use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
-        """Prompts: a string, a list of token ids, a dict, or a list of those. Outputs come back in input order."""
+                 use_tqdm: bool = True, priority: list[int] | None = None,
+                 lora_request: LoRARequest | list[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """Prompts: a string, a list of token ids, a dict, or a list of those. Outputs come back in input order.
+        `lora_request`: the LoRA adapter every prompt (or each prompt: a list) runs with (enable_lora)."""
         params = sampling_params or self.get_default_sampling_params()
         prompts, params = self._per_prompt(prompts, params, "sampling_params")
+        _, loras = self._per_prompt(prompts, lora_request, "lora_request")
         final = [SamplingParams(**{**p.__dict__, "output_kind": RequestOutputKind.FINAL_ONLY}) for p in params]
-        return self._run(self._submit(prompts, final, priority), use_tqdm)
+        return self._run(self._submit(prompts, final, priority, loras), use_tqdm)
 
     def beam_search(self, prompts, params: BeamSearchParams, *, use_tqdm: bool = False) -> list[BeamSearchOutput]:
         """Beam search, as vLLM's `LLM.beam_search` (jaxengine.engine.beam_search): each prompt's best
@@ -150,24 +154,31 @@ class LLM:
             raise ValueError(f"got {len(params)} {name} for {len(prompts)} prompts")
         return prompts, params
 
-    def _submit(self, prompts: list, params: list, priority: list[int] | None) -> dict[str, int]:
-        """Adds a request per prompt, every prompt checked before any is scheduled; returns each request's index."""
+    def _submit(self, prompts: list, params: list, priority: list[int] | None,
+                loras: list | None = None) -> dict[str, int]:
+        """Adds a request per prompt, every prompt (and LoRA adapter) checked before any is scheduled; returns each
+        request's index."""
         priority = priority or [0] * len(prompts)
+        loras = loras or [None] * len(prompts)
         tokenized = [self.engine.tokenize_prompt(p) for p in prompts]
         tokenized = [(text, self.engine.truncate_prompt(ids, p)) for (text, ids), p in zip(tokenized, params)]
         for (_, ids), p in zip(tokenized, params):
             self.engine.validate(ids, p)
+        for lora in loras:
+            if lora is not None:
+                self.engine.add_lora(lora)
         order = {}
-        for (text, ids), p, prio in zip(tokenized, params, priority):
+        for (text, ids), p, prio, lora in zip(tokenized, params, priority, loras):
             rid = str(next(self._ids))
             order[rid] = len(order)
-            self.engine.add_request(rid, {"prompt": text, "prompt_token_ids": ids}, p, priority=prio)
+            self.engine.add_request(rid, {"prompt": text, "prompt_token_ids": ids}, p, priority=prio,
+                                    lora_request=lora)
         return order
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, *, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template: str | None = None,
              continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
-             tools: list[dict] | None = None) -> list[RequestOutput]:
+             tools: list[dict] | None = None, lora_request: LoRARequest | None = None) -> list[RequestOutput]:
         """One conversation (a list of {role, content}) or a list of conversations. A message's content is a
         string, None or a list of text parts ({"type": "text", "text": ...}, joined); other parts are refused.
         `continue_final_message`: the last message is continued (no generation prompt after it), as in vLLM.
@@ -189,7 +200,7 @@ class LLM:
             except Exception as e:  # the template's own errors (roles it refuses, unknown kwargs)
                 raise ValueError(f"messages: could not apply the chat template: {e}") from None
             prompts.append({"prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def _run(self, order: dict[str, int], use_tqdm: bool, desc: str = "Generating") -> list:
         results: list = [None] * len(order)

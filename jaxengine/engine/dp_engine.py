@@ -56,6 +56,15 @@ class DataParallelEngine:
     def has_unfinished_requests(self) -> bool:
         return any(r.has_unfinished_requests() for r in self.replicas)
 
+    def add_lora(self, lora_request) -> bool:
+        return all([r.add_lora(lora_request) for r in self.replicas])
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return all([r.remove_lora(lora_int_id) for r in self.replicas])
+
+    def list_loras(self) -> set[int]:
+        return self.replicas[0].list_loras()
+
     def reset_prefix_cache(self) -> bool:
         return not self.has_unfinished_requests() and all([r.reset_prefix_cache() for r in self.replicas])
 

@@ -28,6 +28,9 @@ from jaxengine.parallel.multihost import CommandChannel, is_leader
 from jaxengine.parallel.sharding import check_layout, make_mesh
 from jaxengine.outputs import (CompletionOutput, Logprob, PoolingOutput, PoolingRequestOutput, RequestMetrics,
                                RequestOutput)
+from jaxengine import lora
+from jaxengine.layers.rope import partial_rotary_layout
+from jaxengine.lora import LoRAAdapter, LoRARequest, LoRASlots
 from jaxengine.pooling_params import PoolerConfig, PoolingParams
 from jaxengine.reasoning import ReasoningParser
 from jaxengine.runner.executables import ExecutableCache
@@ -206,17 +209,20 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.speculation = self._speculation(config)
         self.reasoning = self._reasoning(config)
+        self.lora_slots = self._lora_slots(config, checkpoint_config)
+        self.loras: dict[int, LoRAAdapter] = {}  # adapters read so far, by lora_int_id
         self.spec_stats = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}  # vLLM's spec_decode counters
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    policy=config.scheduling_policy, max_model_len=self.max_model_len,
-                                   speculation=self.speculation)
+                                   speculation=self.speculation, lora_slots=self.lora_slots)
         self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=config.block_size,
                                   max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
                                   max_num_batched_tokens=config.max_num_batched_tokens, mesh=self.mesh,
                                   min_token_bucket=config.min_token_bucket, max_logprobs=config.max_logprobs,
                                   channel=CommandChannel() if jax.process_count() > 1 and is_leader() else None,
-                                  executable_cache=executables)
+                                  executable_cache=executables,
+                                  lora=(config.max_loras, config.max_lora_rank) if config.enable_lora else None)
         logger.info("KV cache: %d blocks of %d tokens (%d tokens); at most %.1f requests of max_model_len=%d at once",
                     num_blocks, config.block_size, num_blocks * config.block_size,
                     num_blocks * config.block_size / self.max_model_len, self.max_model_len)
@@ -267,6 +273,55 @@ class LLMEngine:
             raise ValueError("speculative_config applies to generation; a pooling model (runner 'pooling') decodes "
                              "nothing")
         return SpeculativeConfig.of(config.speculative_config)
+
+    def _lora_slots(self, config: EngineConfig, checkpoint_config) -> LoRASlots | None:
+        if not config.enable_lora:
+            return None
+        if self.runner_type == "pooling":
+            raise ValueError("enable_lora: LoRA adapters on a pooling model (runner 'pooling') are not supported yet")
+        if jax.process_count() > 1:
+            raise ValueError("enable_lora: LoRA adapters on a multi-process engine are not supported yet")
+        lora.check_supported(checkpoint_config)
+        self._checkpoint_kv_heads = checkpoint_config.num_kv_heads
+        return LoRASlots(config.max_loras, lambda slot, adapter: self.runner.load_lora(slot, adapter))
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Reads an adapter ahead of its requests, as vLLM's `add_lora` (a ValueError where it does not fit)."""
+        self._adapter(lora_request)
+        return True
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forgets an adapter no request uses (False where one does, or none has the id), as vLLM's."""
+        if lora_int_id not in self.loras or any(
+                s.lora is not None and s.lora.request.lora_int_id == lora_int_id
+                for r in self.requests.values() for s in r.seqs):
+            return False
+        del self.loras[lora_int_id]
+        self.lora_slots.forget(lora_int_id)
+        return True
+
+    def list_loras(self) -> set[int]:
+        return set(self.loras)
+
+    def _adapter(self, request: LoRARequest) -> LoRAAdapter:
+        """The adapter a request names, read on first use (a ValueError where it does not fit the model)."""
+        if not isinstance(request, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest, got {type(request).__name__}")
+        if self.lora_slots is None:
+            raise ValueError("lora_request: this engine was started without enable_lora")
+        known = self.loras.get(request.lora_int_id)
+        if known is not None:
+            if (known.request.lora_name, known.request.lora_path) != (request.lora_name, request.lora_path):
+                raise ValueError(f"lora_request: lora_int_id {request.lora_int_id} already names adapter "
+                                 f"{known.request.lora_name!r} ({known.request.lora_path})")
+            return known
+        cfg = self.model_config
+        rotary = cfg.rope.rotary_dim(cfg.head_dim)
+        order = partial_rotary_layout(cfg.head_dim, rotary) if rotary < cfg.head_dim else None
+        adapter = lora.load_adapter(request, cfg, self.config.max_lora_rank, order,
+                                    cfg.num_kv_heads // self._checkpoint_kv_heads)
+        self.loras[request.lora_int_id] = adapter
+        return adapter
 
     def _reasoning(self, config: EngineConfig) -> ReasoningParser | None:
         if config.reasoning_parser is None:
@@ -469,15 +524,19 @@ class LLMEngine:
                              f"{self.block_manager.num_blocks}; lower max_tokens or enlarge the KV cache")
 
     def add_request(self, request_id: str, prompt, params: SamplingParams | PoolingParams | None = None, *,
-                    priority: int = 0, arrival_time: float | None = None, cache_salt: str | None = None) -> None:
+                    priority: int = 0, arrival_time: float | None = None, cache_salt: str | None = None,
+                    lora_request: LoRARequest | None = None) -> None:
         """`params`: SamplingParams on a generating engine, PoolingParams on a pooling one (default: either's
-        defaults)."""
+        defaults). `lora_request`: the LoRA adapter the request runs with (an engine with enable_lora)."""
         params = params or (PoolingParams() if self.runner_type == "pooling" else SamplingParams())
         text, token_ids = self.tokenize_prompt(prompt)
         token_ids = self.truncate_prompt(token_ids, params)  # RequestOutput.prompt keeps the text given, as vLLM
         self.validate(token_ids, params)
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        adapter = self._adapter(lora_request) if lora_request is not None else None
+        if adapter is not None:  # its K/V are the adapter's: no prefix shared with the base model or other adapters
+            cache_salt = f"{cache_salt or ''}\x00lora:{adapter.request.lora_int_id}"
         pooling = None
         if isinstance(params, PoolingParams):  # its prompt runs as a one-token request whose token is dropped
             pooling, params = params, _POOLING_STEP
@@ -501,6 +560,7 @@ class LLMEngine:
             seq.pooling = (PoolState(self.pooler, pooling, len(token_ids), self.classifier) if pooling is not None
                            else None)
             seq.speculative = self.speculation is not None and self._speculates(params)
+            seq.lora = adapter
             seqs.append(seq)
         detoks = [IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens,
                                          params.spaces_between_special_tokens) for _ in seqs]

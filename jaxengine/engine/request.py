@@ -51,6 +51,8 @@ class Sequence:
         self.grammar_after_reasoning = None  # the Matcher that starts after the reasoning's end token (reasoning_parser)
         self.pooling = None  # a pooling request's engine.pooler.PoolState (its one sampled token is dropped)
         self.speculative = False  # its tokens may be guessed ahead (engine.speculative): nothing decided per token
+        self.lora = None  # its LoRA adapter (jaxengine.lora.LoRAAdapter), or None: the base model
+        self.lora_slot: int | None = None  # the device slot holding the adapter while it runs (lora.LoRASlots)
 
     @property
     def reads_prefix_cache(self) -> bool:

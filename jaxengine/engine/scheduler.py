@@ -30,10 +30,12 @@ class ScheduledChunk:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
                  policy: str = "fcfs", max_model_len: int | None = None,
-                 speculation: speculative.SpeculativeConfig | None = None):
+                 speculation: speculative.SpeculativeConfig | None = None, lora_slots=None):
         """`max_model_len`: where a sequence stops by length (None: no limit but max_tokens). `speculation`: guess
-        tokens for the decoding sequences that may speculate (Sequence.speculative)."""
+        tokens for the decoding sequences that may speculate (Sequence.speculative). `lora_slots`: the LoRA
+        adapters' device slots (jaxengine.lora.LoRASlots): a sequence with an adapter runs while it holds one."""
         self.speculation = speculation
+        self.lora_slots = lora_slots
         self.block_manager = block_manager
         self.max_model_len = max_model_len if max_model_len is not None else float("inf")
         self.max_num_seqs = max_num_seqs
@@ -121,6 +123,8 @@ class Scheduler:
                 continue
             if seq.num_pending_tokens:  # preempted with a token in flight: resumes once it is read back
                 continue
+            if seq.lora is not None and not self.lora_slots.acquire(seq):
+                continue  # every LoRA slot holds other adapters' running sequences: waits for one
             if not seq.block_ids:
                 if seq.fork_parent is not None:
                     self.block_manager.fork(seq.fork_parent, seq)
@@ -131,6 +135,7 @@ class Scheduler:
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.block_manager.allocate(seq, num_new):
                 self.block_manager.free_sequence(seq)  # give back prefix hits; retried next step
+                self._release_lora(seq)
                 break
             seq.status = Status.RUNNING
             if seq.first_scheduled_time is None:
@@ -154,9 +159,14 @@ class Scheduler:
     def _pick_victim(self) -> Sequence:
         return max(self.running, key=lambda s: s.sort_key(self.policy))
 
+    def _release_lora(self, seq: Sequence) -> None:
+        if self.lora_slots is not None:
+            self.lora_slots.release(seq)
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.free_sequence(seq)
+        self._release_lora(seq)
         seq.status = Status.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -169,4 +179,5 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free_sequence(seq)
+        self._release_lora(seq)
         seq.status = Status.FINISHED

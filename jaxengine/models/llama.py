@@ -88,6 +88,21 @@ def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer
     return h + rms_norm(_dot(gated, down, n, live_rows=live_rows, layer=layer), out_norm, eps)
 
 
+def _lora_delta(x, lora, name: str):
+    """The LoRA adapters' update to projection `name` of x [T, in] (None where no adapter targets it): `lora` is
+    (this layer's {name: (A f32[slots, in, rank], B f32[slots, rank, out])}, the tokens' slots one-hot f32[T,
+    slots]); each token's update is its slot's (x A) B, all slots in two matmuls (jaxengine/lora.py)."""
+    if lora is None or name not in lora[0]:
+        return None
+    (a, b), onehot = lora[0][name], lora[1]
+    xa = jnp.einsum("ti,sir->tsr", x.astype(jnp.float32), a) * onehot[:, :, None]
+    return jnp.einsum("tsr,sro->to", xa, b)
+
+
+def _plus(y, delta):
+    return y if delta is None else y + delta.astype(y.dtype)
+
+
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "expert_gate", "expert_up",
            "expert_down")
 
@@ -192,9 +207,9 @@ class DecoderLayers(nnx.Module):
     def norm(self, name: str) -> jax.Array:
         return _norm_scale(self.cfg, getattr(self, name)[...])
 
-    def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, ropes):
+    def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, ropes, lora=None):
         """`ropes`: the rotary tables (cos, sin) of full-attention layers and those of sliding-window layers
-        (None: the same)."""
+        (None: the same). `lora`: the LoRA adapters' weights of this layer and the tokens' slots (`_lora_delta`)."""
         cfg = self.cfg
         rope, local_rope = ropes
         if local_rope is not None:
@@ -206,6 +221,11 @@ class DecoderLayers(nnx.Module):
         qkv = None
         if hasattr(self, "qkv_proj"):  # fused at packing (pack_for_native_matmul)
             qkv = _normed_dot(h, self.norm("attn_norm"), eps, self.qkv_proj[...], q_width + 2 * kv_width, live, layer)
+            if lora is not None and any(p in lora[0] for p in ("q_proj", "k_proj", "v_proj")):
+                x = rms_norm(h, self.norm("attn_norm"), eps)
+                deltas = [_lora_delta(x, lora, p) for p in ("q_proj", "k_proj", "v_proj")]
+                qkv = qkv + jnp.concatenate([jnp.zeros((T, w), jnp.float32) if d is None else d for d, w in
+                                             zip(deltas, (q_width, kv_width, kv_width))], -1).astype(qkv.dtype)
         if (qkv is not None and not (cfg.qkv_bias or cfg.qk_norm)
                 and kv_writer(kv_cache, qkv.dtype, self.attention_backend) == "cpu"):
             # The native writer rotates q and k on the way: one pass from the fused projection instead of
@@ -218,9 +238,12 @@ class DecoderLayers(nnx.Module):
                 q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], -1)
             else:
                 x = rms_norm(h, self.norm("attn_norm"), eps)
-                q, k, v = (_dot(x, self.q_proj[...], q_width, live_rows=live, layer=layer),
-                           _dot(x, self.k_proj[...], kv_width, live_rows=live, layer=layer),
-                           _dot(x, self.v_proj[...], kv_width, live_rows=live, layer=layer))
+                q, k, v = (_plus(_dot(x, self.q_proj[...], q_width, live_rows=live, layer=layer),
+                                 _lora_delta(x, lora, "q_proj")),
+                           _plus(_dot(x, self.k_proj[...], kv_width, live_rows=live, layer=layer),
+                                 _lora_delta(x, lora, "k_proj")),
+                           _plus(_dot(x, self.v_proj[...], kv_width, live_rows=live, layer=layer),
+                                 _lora_delta(x, lora, "v_proj")))
             if cfg.qkv_bias:
                 q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
             q = q.reshape(T, cfg.num_heads, cfg.head_dim)
@@ -234,16 +257,42 @@ class DecoderLayers(nnx.Module):
         o = attention(q, kv_cache, layer, batch, sm_scale=cfg.sm_scale, sliding_window=window,
                       soft_cap=cfg.attn_logit_softcap, backend=self.attention_backend).reshape(T, -1)
         D = cfg.hidden_size
+        o_delta = _lora_delta(o, lora, "o_proj")
         if cfg.sandwich_norms:
-            out = _dot(o, self.o_proj[...], D, live_rows=live, layer=layer)
+            out = _plus(_dot(o, self.o_proj[...], D, live_rows=live, layer=layer), o_delta)
             if cfg.o_bias:
                 out = out + self.o_bias[...]
             h = h + rms_norm(out, self.norm("post_attn_norm"), eps)
         else:
             if cfg.o_bias:
                 h = h + self.o_bias[...]
-            h = _dot(o, self.o_proj[...], D, residual=h, live_rows=live, layer=layer)
+            h = _plus(_dot(o, self.o_proj[...], D, residual=h, live_rows=live, layer=layer), o_delta)
+        if lora is not None and any(p in lora[0] for p in ("gate_proj", "up_proj", "down_proj")):
+            return self._adapted_mlp(h, live, layer, lora), kv_cache
         return self.mlp(h, live, layer), kv_cache
+
+    def _adapted_mlp(self, h, live, layer, lora):
+        """The dense MLP with LoRA updates to its gate, up and down projections (the native kernel's fused
+        gate/up/down cannot take them: the packed gate/up products are split back instead)."""
+        cfg = self.cfg
+        eps, D, I = cfg.rms_norm_eps, cfg.hidden_size, cfg.intermediate_size
+        norm = self.norm("mlp_norm")
+        x = rms_norm(h, norm, eps)
+        if hasattr(self, "gate_up_proj"):
+            from pallas_kernels import cpu
+
+            gate_up = self.gate_up_proj[...]
+            gate, up = cpu.unpack_gated(_normed_dot(h, norm, eps, gate_up, gate_up.shape[-3] * cpu.PANEL, live, layer))
+        else:
+            gate = _normed_dot(h, norm, eps, self.gate_proj[...], I, live, layer)
+            up = _normed_dot(h, norm, eps, self.up_proj[...], I, live, layer)
+        gate, up = _plus(gate, _lora_delta(x, lora, "gate_proj")), _plus(up, _lora_delta(x, lora, "up_proj"))
+        gated = ACTIVATIONS[cfg.hidden_act](gate) * up
+        out = _plus(_dot(gated, self.down_proj[...], D, live_rows=live, layer=layer),
+                    _lora_delta(gated, lora, "down_proj"))
+        if cfg.sandwich_norms:
+            out = rms_norm(out, self.norm("post_mlp_norm"), eps)
+        return h + out
 
     def mlp(self, h, live, layer):
         """h + the MLP's output (dense, or a mixture of experts with its shared expert) over the normed h."""
@@ -298,16 +347,27 @@ class LlamaForCausalLM(nnx.Module):
         self,
         kv_cache: jax.Array,  # [num_layers, num_pages, page_size, 2 * num_kv_heads, head_dim], donated
         batch: RaggedBatch,
+        lora=None,
     ) -> tuple[jax.Array, jax.Array]:  # logits f32[len(logits_indices), vocab], updated kv_cache
-        hidden, kv_cache = self.hidden_states(kv_cache, batch)
+        hidden, kv_cache = self.hidden_states(kv_cache, batch, lora)
         return self.logits(hidden[batch.logits_indices]), kv_cache
 
     def hidden_states(
         self,
         kv_cache: jax.Array,  # [num_layers, num_pages, page_size, 2 * num_kv_heads, head_dim], donated
         batch: RaggedBatch,
+        lora=None,
     ) -> tuple[jax.Array, jax.Array]:  # final-normed hidden states [T, hidden] of every token, kv_cache
+        """`lora`: ({projection: (A f32[layers, slots, in, rank], B f32[layers, slots, rank, out])}, each token's
+        adapter slot i32[T], `slots` for none): the LoRA adapters' updates (jaxengine/lora.py)."""
         cfg = self.cfg
+        onehot = None
+        if lora is not None:
+            weights, adapter_slots = lora
+            num_slots = next(iter(weights.values()))[0].shape[1]
+            onehot = (adapter_slots[:, None] == jnp.arange(num_slots)[None, :]).astype(jnp.float32)
+        else:
+            weights = {}
         slots = token_slots(batch, kv_cache.shape[2], kv_cache.shape[1])
 
         def tables(rope_cfg):
@@ -322,7 +382,8 @@ class LlamaForCausalLM(nnx.Module):
         windows = jnp.asarray(cfg.sliding_windows, jnp.int32)
         if self.layers_unstacked:
             for i, layer_module in enumerate(self.layers):
-                h, kv_cache = layer_module(h, kv_cache, jnp.int32(i), windows[i], batch, slots, ropes)
+                layer_lora = None if onehot is None else ({p: (a[i], b[i]) for p, (a, b) in weights.items()}, onehot)
+                h, kv_cache = layer_module(h, kv_cache, jnp.int32(i), windows[i], batch, slots, ropes, layer_lora)
         else:
             # Packed weights (the native CPU matmul's) stay whole: the kernel reads the step's layer in place,
             # as the attention reads the KV cache's. Sliced per step instead, XLA:CPU converted every stacked
@@ -331,12 +392,13 @@ class LlamaForCausalLM(nnx.Module):
 
             def one_layer(carry, xs):
                 h, kv_cache = carry
-                state, layer, window = xs
+                state, layer, window, layer_weights = xs
                 layer_module = nnx.merge(graphdef, in_place, state)
-                return layer_module(h, kv_cache, layer, window, batch, slots, ropes), None
+                layer_lora = None if onehot is None else (layer_weights, onehot)
+                return layer_module(h, kv_cache, layer, window, batch, slots, ropes, layer_lora), None
 
             layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
-            (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows))
+            (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows, weights))
         return rms_norm(h, _norm_scale(cfg, self.final_norm[...]), cfg.rms_norm_eps), kv_cache
 
     def logits(self, hidden: jax.Array, live_rows=None) -> jax.Array:  # hidden [N, hidden] -> logits f32[N, vocab]

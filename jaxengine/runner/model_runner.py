@@ -35,20 +35,22 @@ def power_of_two_buckets(low: int, high: int) -> list[int]:
     return buckets + [high]
 
 
-def _forward(graphdef, state_treedef, replicated, state_leaves, kv_cache, last_tokens, batch_ints, *,
-             packing: Packing):
+def _forward(graphdef, state_treedef, replicated, state_leaves, kv_cache, last_tokens, batch_ints, lora_weights=None,
+             *, packing: Packing):
     """The model over one ragged batch: logits f32[R, vocab] at `batch.logits_indices`, every token's final
     hidden state [T, hidden] (what prompt logprobs need; both replicated, as the programs after it expect
     them) and the updated cache. The weights come as their flat list of arrays (no pytree to flatten at each
     call: ~0.25 ms of host time a step for a 30-layer model), the batch packed (`Packing`). Rows of logits past
     `num_seqs` are padding: the native CPU matmul leaves them zero instead of computing them.
     `last_tokens`: i32[max_num_seqs], what the previous step sampled; a token whose `token_sources` entry is
-    a row r >= 0 is last_tokens[r] (async scheduling: the host launched this step before reading them)."""
-    batch, _, token_sources = packing.unpack(batch_ints)
+    a row r >= 0 is last_tokens[r] (async scheduling: the host launched this step before reading them).
+    `lora_weights`: the LoRA slots' weights (jaxengine/lora.py), with each token's slot packed after the batch."""
+    batch, _, token_sources, *adapter_slots = packing.unpack(batch_ints)
     from_device = last_tokens[jnp.maximum(token_sources, 0)]
     batch = dataclasses.replace(batch, input_ids=jnp.where(token_sources >= 0, from_device, batch.input_ids))
     model = nnx.merge(graphdef, jax.tree.unflatten(state_treedef, state_leaves))
-    hidden, kv_cache = model.hidden_states(kv_cache, batch)
+    lora = (lora_weights, adapter_slots[0]) if lora_weights is not None else None
+    hidden, kv_cache = model.hidden_states(kv_cache, batch, lora)
     logits = model.logits(hidden[batch.logits_indices], batch.num_seqs)
     constrain = functools.partial(jax.lax.with_sharding_constraint, shardings=replicated)
     return constrain(logits), constrain(hidden), kv_cache
@@ -68,7 +70,7 @@ def _prompt_logprobs(graphdef, state_treedef, native, state_leaves, hidden, batc
                      num_logprobs: int):
     """`prompt_logprobs` of every flat position. hidden: [T, hidden] from the forward program; the packed
     batch's prompt_targets: i32[T], the token that follows each position."""
-    _, prompt_targets, _ = packing.unpack(batch_ints)
+    _, prompt_targets, *_ = packing.unpack(batch_ints)
     model = nnx.merge(graphdef, jax.tree.unflatten(state_treedef, state_leaves))
     return token_logprobs(model.logits(hidden), prompt_targets, num_logprobs, native=native)
 
@@ -77,9 +79,10 @@ class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int,
                  max_num_batched_tokens: int, mesh, min_token_bucket: int = 1, max_logprobs: int = 20,
                  channel: multihost.CommandChannel | None = None,
-                 executable_cache: ExecutableCache | None = None):
+                 executable_cache: ExecutableCache | None = None, lora: tuple[int, int] | None = None):
         """`channel`: on the leader of a multi-process mesh, every device command is sent through it first.
-        `executable_cache`: where compiled programs are kept across processes (one process only)."""
+        `executable_cache`: where compiled programs are kept across processes (one process only). `lora`:
+        (max_loras, max_lora_rank): device slots for LoRA adapters (jaxengine/lora.py), else none."""
         graphdef, self.state = nnx.split(model)
         self._state_leaves, state_treedef = jax.tree.flatten(self.state)
         self.vocab_size = vocab = model.cfg.vocab_size
@@ -125,6 +128,17 @@ class ModelRunner:
         self.prompt_targets = np.zeros(max_t, np.int32)
         self.token_sources = np.full(max_t, -1, np.int32)  # see _forward
         self.last_tokens = jax.device_put(np.zeros(max_r, np.int32), self.replicated)  # the latest step's samples
+        self.lora_weights = self._lora_host = None
+        if lora is not None:  # every slot's A and B per projection: host copies, and the device's
+            from jaxengine.lora import projection_shapes
+
+            num_loras, rank = lora
+            self._lora_host = {p: (np.zeros((model.cfg.num_layers, num_loras, n_in, rank), np.float32),
+                                   np.zeros((model.cfg.num_layers, num_loras, rank, n_out), np.float32))
+                               for p, (n_in, n_out) in projection_shapes(model.cfg).items()}
+            self.lora_weights = jax.device_put(self._lora_host, self.replicated)
+            self.adapter_slots = np.full(max_t, num_loras, np.int32)  # each token's LoRA slot; num_loras: none
+            self.num_loras = num_loras
         self.num_steps = 0  # steps launched: a pending token's source is (step, row)
         self._row_owners: list[Sequence | None] = [None] * max_r  # whose parameters each sampling row holds
         self.sampling = SamplingInputs(
@@ -183,8 +197,8 @@ class ModelRunner:
         """Arguments with the shapes, dtypes and shardings a program is called with, and its static ones."""
         if kind == "forward":
             packing = self._batch_packing(size, extra)
-            return ((self._state_leaves, self.kv_cache, self.last_tokens, *packing.like(self.replicated)),
-                    {"packing": packing})
+            return ((self._state_leaves, self.kv_cache, self.last_tokens, *packing.like(self.replicated),
+                     self.lora_weights), {"packing": packing})
         if kind == "prompt":
             packing = self._batch_packing(size, self.requests_for(size))
             hidden = jax.ShapeDtypeStruct((size, self.hidden_size), self.dtype, sharding=self.replicated)
@@ -201,6 +215,16 @@ class ModelRunner:
         return (self.slot_state, *jax.device_put(self._reset_args_like(), self.replicated)), {}
 
     # --- slots ----------------------------------------------------------------------------------------
+
+    def load_lora(self, slot: int, adapter) -> None:
+        """An adapter's weights (jaxengine.lora.LoRAAdapter) into a LoRA slot, the projections it does not adapt
+        zeroed there. A step in flight keeps the arrays it was given; nothing compiles."""
+        for p, (a_all, b_all) in self._lora_host.items():
+            a_all[:, slot], b_all[:, slot] = 0.0, 0.0
+            if p in adapter.weights:
+                a, b = adapter.weights[p]
+                a_all[:, slot, :, :adapter.rank], b_all[:, slot, :adapter.rank, :] = a, b
+        self.lora_weights = jax.device_put(self._lora_host, self.replicated)
 
     def _release_slots(self) -> None:
         for slot, seq in list(self.slot_owners.items()):
@@ -263,15 +287,16 @@ class ModelRunner:
         batch = RaggedBatch(self.input_ids[:t], self.positions[:t], self.cu_q_lens[: r + 1], self.kv_lens[:r],
                             self.block_tables[:r], np.int32(num_seqs), self.logits_indices[:r])
         sampling = jax.tree.map(lambda a: a[:r], self.sampling)
-        return batch, sampling, self.prompt_targets[:t], self.token_sources[:t]
+        adapters = (self.adapter_slots[:t],) if self.lora_weights is not None else ()  # each token's LoRA slot
+        return batch, sampling, self.prompt_targets[:t], self.token_sources[:t], *adapters
 
     def _batch_packing(self, num_tokens: int, num_reqs: int) -> Packing:
         """The forward's (and prompt logprobs') inputs: the batch, prompt_targets and token_sources, in one int32
         buffer."""
         key = ("batch", num_tokens, num_reqs)
         if key not in self._packings:
-            batch, _, prompt_targets, token_sources = self._host_inputs(num_tokens, num_reqs)
-            self._packings[key] = Packing.of((batch, prompt_targets, token_sources))
+            batch, _, *rest = self._host_inputs(num_tokens, num_reqs)
+            self._packings[key] = Packing.of((batch, *rest))
         return self._packings[key]
 
     def _sampling_packing(self, num_reqs: int) -> Packing:
@@ -343,6 +368,9 @@ class ModelRunner:
             self.prompt_targets[start:start + len(following)] = following
             self.logits_indices[i] = start + n - 1
             self._fill_sampling_row(i, chunk)
+            if self.lora_weights is not None:
+                slot = self.num_loras if seq.lora_slot is None else seq.lora_slot
+                self.adapter_slots[start:start + chunk.num_tokens] = slot
             for j, draft in enumerate(chunk.drafts):  # after the known tokens; each row verifies the next guess
                 self.input_ids[start + n + j] = draft
                 self.logits_indices[draft_row] = start + n + j
@@ -369,12 +397,12 @@ class ModelRunner:
 
     def _run_step(self, num_tokens: int, num_reqs: int, variant: str, host_inputs):
         """`variant`: one of STEP_VARIANTS; "prompt" samples as "full" does and adds prompt logprobs."""
-        batch, sampling, prompt_targets, token_sources = host_inputs
+        batch, sampling, *rest = host_inputs
         # Host arrays straight into the calls, which transfer them (~0.45 ms less a step than device_put first)
-        batch_buffers = self._batch_packing(num_tokens, num_reqs).pack((batch, prompt_targets, token_sources))
+        batch_buffers = self._batch_packing(num_tokens, num_reqs).pack((batch, *rest))
         sampling_buffers = self._sampling_packing(num_reqs).pack(sampling)
         logits, hidden, self.kv_cache = self._executable("forward", num_tokens, num_reqs)(
-            self._state_leaves, self.kv_cache, self.last_tokens, *batch_buffers)
+            self._state_leaves, self.kv_cache, self.last_tokens, *batch_buffers, self.lora_weights)
         prompt_logprobs = None
         if variant == "prompt":
             prompt_logprobs = self._executable("prompt", num_tokens, None)(self._state_leaves, hidden, *batch_buffers)

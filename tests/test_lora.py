@@ -1,0 +1,189 @@
+"""LoRA adapters (vLLM's enable_lora / LoRARequest): each request's tokens are those of the base model with the
+adapter merged into its weights (transformers as the oracle), whatever else shares the batch."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import save_file
+
+from jaxengine import EngineConfig, LLMEngine, LoRARequest, SamplingParams
+from jaxengine.compile_counter import assert_no_compiles
+from tests.engine_util import hf_greedy, random_prompts, run_to_completion
+
+LORA = dict(enable_lora=True, max_loras=2, max_lora_rank=8)
+TARGETS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+           "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+
+
+def make_adapter(out, config: dict, rank: int, targets, seed: int, alpha: float = 16.0, rslora: bool = False,
+                 **extra_config) -> dict:
+    """A PEFT LoRA adapter of random A and B for `targets` in every layer; returns {tensor name: array}."""
+    rng = np.random.default_rng(seed)
+    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    D, I = config["hidden_size"], config["intermediate_size"]
+    shapes = {"q_proj": (D, heads * head_dim), "k_proj": (D, kv * head_dim), "v_proj": (D, kv * head_dim),
+              "o_proj": (heads * head_dim, D), "gate_proj": (D, I), "up_proj": (D, I), "down_proj": (I, D)}
+    tensors = {}
+    for layer in range(config["num_hidden_layers"]):
+        for t in targets:
+            n_in, n_out = shapes[t]
+            prefix = f"base_model.model.model.layers.{layer}.{TARGETS[t]}.{t}"
+            tensors[f"{prefix}.lora_A.weight"] = rng.normal(0, 0.3, (rank, n_in)).astype(np.float32)
+            tensors[f"{prefix}.lora_B.weight"] = rng.normal(0, 0.3, (n_out, rank)).astype(np.float32)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    (out / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": list(targets), "bias": "none",
+         "use_rslora": rslora} | extra_config))
+    return tensors
+
+
+def merged_hf(model_dir, tensors, scale):
+    """transformers' model with each adapter update merged: W + scale * B A."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    params = dict(hf.named_parameters())
+    with torch.no_grad():
+        for name, a in tensors.items():
+            if ".lora_A." in name:
+                b = tensors[name.replace("lora_A", "lora_B")]
+                weight = params[name.replace("base_model.model.", "").replace(".lora_A", "")]
+                weight += torch.tensor(scale * (b @ a))
+    return hf.eval()
+
+
+@pytest.fixture(scope="module")
+def adapters(model_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("loras")
+    config = json.loads((model_dirs["llama"] / "config.json").read_text())
+    made = {}
+    for name, rank, targets, seed, rslora in (("all", 8, tuple(TARGETS), 1, False),
+                                              ("attn", 4, ("q_proj", "v_proj"), 2, True),
+                                              ("mlp", 2, ("gate_proj", "down_proj"), 3, False)):
+        tensors = make_adapter(root / name, config, rank, targets, seed, rslora=rslora)
+        scale = 16.0 / (rank ** 0.5 if rslora else rank)
+        made[name] = (LoRARequest(name, len(made) + 1, str(root / name)), merged_hf(model_dirs["llama"], tensors, scale))
+    made[None] = (None, merged_hf(model_dirs["llama"], {}, 0.0))
+    return made
+
+
+def _run(engine, jobs, max_tokens=12):
+    """jobs: (prompt, lora_request or None) -> each request's token ids."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    for i, (prompt, lora) in enumerate(jobs):
+        engine.add_request(f"j{i}", prompt, params, lora_request=lora)
+    finals = run_to_completion(engine, [])
+    return [finals[f"j{i}"].outputs[0].token_ids for i in range(len(jobs))]
+
+
+@pytest.mark.parametrize("layer_loop", ["auto", "scan"])
+def test_adapters_and_the_base_model_in_one_batch_match_merged_weights(engines, adapters, layer_loop):
+    """Two adapters and the base model in the same steps (chunked prompts, a shared prompt that the prefix cache
+    must not hand from one adapter to another): each request's tokens are transformers' with its adapter merged;
+    nothing compiles after warm-up; every block and slot comes back."""
+    engine = engines("llama", layer_loop=layer_loop, **LORA)
+    prompts = random_prompts(engine.model_config.vocab_size, [9, 40, 17, 70], seed=21)
+    shared = prompts[1]
+    jobs = [(prompts[0], adapters["all"][0]), (shared, None), (shared, adapters["attn"][0]),
+            (prompts[2], adapters["attn"][0]), (shared, adapters["all"][0]), (prompts[3], None)]
+    with assert_no_compiles("LoRA steps"):
+        got = _run(engine, jobs)
+    for (prompt, lora), tokens in zip(jobs, got):
+        oracle = adapters[None if lora is None else lora.lora_name][1]
+        assert tokens == hf_greedy(oracle, prompt, 12), lora
+    assert got[4] != got[1] and got[2] != got[1]  # the adapters change the output
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert engine.lora_slots.users == [0, 0]
+
+
+def _prompt_logprobs(engine, prompt, lora):
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    engine.add_request("p", prompt, params, lora_request=lora)
+    out = run_to_completion(engine, [])["p"]
+    return np.array([entry[t].logprob for entry, t in zip(out.prompt_logprobs[1:], prompt[1:])])
+
+
+def test_native_bfloat16_layers_take_the_updates(engines, adapters):
+    """bfloat16 weights on the native CPU matmul (fused q/k/v and gate/up, scanned layers): each adapter's prompt
+    logprobs are transformers' (float32) with it merged, to bfloat16's precision (the base model's own error here:
+    median 0.006, at most 0.03; the adapters' updates grow the activations and so the rounding), and far from
+    the base model's."""
+    engine = engines("llama", dtype="bfloat16", **LORA)
+    from jaxengine.models.loader import native_matmul_applies
+
+    if not native_matmul_applies(engine.mesh):
+        pytest.skip("the native CPU matmul does not run here (no AVX-512 BF16)")
+    prompt = random_prompts(engine.model_config.vocab_size, [40], seed=22)[0]
+    base = _prompt_logprobs(engine, prompt, None)
+    for name in ("all", "mlp"):
+        lora, hf = adapters[name]
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt])).logits[0, :-1]
+        want = torch.log_softmax(logits, -1)[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].numpy()
+        got = _prompt_logprobs(engine, prompt, lora)
+        error, effect = np.abs(got - want), np.abs(want - base)
+        assert np.median(error) < 0.05 < 0.5 < np.median(effect) and error.max() < 0.25, (name, error, effect)
+
+
+def test_one_slot_serves_adapters_in_turn(engines, adapters):
+    """max_loras=1: a request whose adapter finds the slot held by another's running requests waits, then loads
+    it; all finish with their own adapter's tokens, and nothing compiles."""
+    engine = engines("llama", enable_lora=True, max_loras=1, max_lora_rank=8)
+    prompts = random_prompts(engine.model_config.vocab_size, [12, 20, 7, 15], seed=23)
+    jobs = [(prompts[0], adapters["all"][0]), (prompts[1], adapters["mlp"][0]), (prompts[2], None),
+            (prompts[3], adapters["all"][0])]
+    with assert_no_compiles("LoRA slot loads"):
+        got = _run(engine, jobs)
+    for (prompt, lora), tokens in zip(jobs, got):
+        assert tokens == hf_greedy(adapters[None if lora is None else lora.lora_name][1], prompt, 12)
+    assert engine.lora_slots.users == [0]
+
+
+def test_adapters_that_do_not_fit_are_refused(engines, adapters, model_dirs, tmp_path):
+    engine = engines("llama", **LORA)
+    config = json.loads((model_dirs["llama"] / "config.json").read_text())
+    cases = {
+        "rank": (dict(rank=16), "rank 16 is above max_lora_rank=8"),
+        "dora": (dict(use_dora=True), "use_dora=True is not supported"),
+        "saved": (dict(modules_to_save=["lm_head"]), "modules_to_save=\\['lm_head'\\] is not supported"),
+        "bias": (dict(bias="all"), "bias='all' is not supported"),
+    }
+    for name, (settings, match) in cases.items():
+        rank = settings.pop("rank", 4)
+        make_adapter(tmp_path / name, config, rank, ("q_proj",), 5, **settings)
+        if "bias" in settings:  # the config's bias key is the one written last
+            (tmp_path / name / "adapter_config.json").write_text(json.dumps(
+                json.loads((tmp_path / name / "adapter_config.json").read_text()) | {"bias": settings["bias"]}))
+        with pytest.raises(ValueError, match=match):
+            engine.add_lora(LoRARequest(name, 50 + len(name), str(tmp_path / name)))
+    embed = tmp_path / "embed"
+    make_adapter(embed, config, 4, ("q_proj",), 6)
+    tensors = {"base_model.model.model.embed_tokens.lora_A.weight": np.zeros((4, 331), np.float32)}
+    save_file(tensors, str(embed / "adapter_model.safetensors"))
+    with pytest.raises(ValueError, match="is not a layer's LoRA weight"):
+        engine.add_lora(LoRARequest("embed", 60, str(embed)))
+    with pytest.raises(ValueError, match="has no adapter_config.json"):
+        engine.add_lora(LoRARequest("nowhere", 61, str(tmp_path / "nowhere")))
+    with pytest.raises(ValueError, match="lora_int_id 1 already names adapter 'all'"):
+        engine.add_lora(adapters["all"][0])
+        engine.add_lora(LoRARequest("other", 1, adapters["attn"][0].lora_path))
+    for bad, match in ((dict(lora_int_id=0), "lora_int_id must be a positive integer"),
+                       (dict(lora_name=""), "lora_name must be a non-empty string")):
+        with pytest.raises(ValueError, match=match):
+            LoRARequest(**(dict(lora_name="x", lora_int_id=3, lora_path="p") | bad))
+    with pytest.raises(ValueError, match="this engine was started without enable_lora"):
+        engines("llama").add_request("x", [5, 6], SamplingParams(max_tokens=1), lora_request=adapters["all"][0])
+    with pytest.raises(ValueError, match="mixture of experts are not supported"):
+        LLMEngine(EngineConfig(model=str(model_dirs["mixtral"]), dtype="float32", warmup=False, enable_lora=True,
+                               kv_cache_gib=0.01, max_num_seqs=2, max_num_batched_tokens=8), progress=False)
+    assert not engine.has_unfinished_requests()
+
+
+def test_add_list_and_remove_adapters(engines, adapters):
+    engine = engines("llama", **LORA)
+    assert engine.add_lora(adapters["mlp"][0]) and 3 in engine.list_loras()
+    assert engine.remove_lora(3) and 3 not in engine.list_loras() and not engine.remove_lora(3)
