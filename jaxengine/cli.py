@@ -40,6 +40,20 @@ def json_strings(value: str) -> list[str]:
                       lambda parsed: isinstance(parsed, list) and all(isinstance(item, str) for item in parsed))
 
 
+def lora_module(value: str) -> tuple[str, str]:
+    """An argparse type: one of vLLM's --lora-modules, `name=path` or '{"name": ..., "path": ...}'."""
+    if value.lstrip().startswith("{"):
+        spec = json_object(value)
+        unknown = sorted(set(spec) - {"name", "path", "base_model_name"})
+        if unknown or not isinstance(spec.get("name"), str) or not isinstance(spec.get("path"), str):
+            raise argparse.ArgumentTypeError(f"expected {{\"name\": ..., \"path\": ...}}, got {value!r}")
+        return spec["name"], spec["path"]
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected name=path, got {value!r}")
+    return name, path
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per `EngineConfig` field. A boolean one is written as vLLM writes it (`--enable-prefix-caching`,
     `--no-enable-prefix-caching`) or with a value (`--enable-prefix-caching false`)."""
@@ -87,6 +101,7 @@ def _serve(args) -> None:
     from jaxengine import profiler
     from jaxengine.engine.dp_engine import create_engine
     from jaxengine.engine.llm_engine import LLMEngine
+    from jaxengine.lora import LoRARequest
     from jaxengine.parallel import multihost
     from server.app import build_app
     from server.engine_client import AsyncEngine
@@ -102,6 +117,8 @@ def _serve(args) -> None:
     chat_template = None if args.chat_template is None else load_chat_template(args.chat_template)
     if args.enable_auto_tool_choice != (args.tool_call_parser is not None):
         raise ValueError("--enable-auto-tool-choice and --tool-call-parser go together (as in vLLM)")
+    if args.lora_modules and not args.enable_lora:
+        raise ValueError("--lora-modules needs --enable-lora")
     config = engine_config(args)
     if args.distributed:
         multihost.initialize(args.coordinator_address, args.num_processes, args.process_id,
@@ -120,7 +137,9 @@ def _serve(args) -> None:
                     request_id_headers=args.enable_request_id_headers, cors=cors, chat_template=chat_template,
                     trust_request_chat_template=args.trust_request_chat_template,
                     return_tokens_as_token_ids=args.return_tokens_as_token_ids,
-                    tool_call_parser=args.tool_call_parser)
+                    tool_call_parser=args.tool_call_parser,
+                    lora_modules=[LoRARequest(name, i + 1, path)
+                                  for i, (name, path) in enumerate(args.lora_modules or [])])
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                     ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
@@ -177,6 +196,9 @@ def main(argv: list[str] | None = None) -> None:
                        help="tool_choice 'auto': tool calls parsed from outputs (with --tool-call-parser)")
     serve.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
                        help="how outputs write tool calls (hermes: Qwen 2.5/3, Hermes; llama3_json: Llama 3.1+)")
+    serve.add_argument("--lora-modules", nargs="+", type=lora_module, default=None,
+                       help="LoRA adapters served by name (with --enable-lora): name=path, or a JSON object "
+                            "'{\"name\": ..., \"path\": ...}'")
     serve.add_argument("--uvicorn-log-level", default="info",
                        choices=("critical", "error", "warning", "info", "debug", "trace"))
     serve.add_argument("--allowed-origins", type=json_strings, default=[],

@@ -112,16 +112,16 @@ CORS_DEFAULTS = {"allow_origins": [], "allow_credentials": False, "allow_methods
 def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | list[str] | None = None,
               request_id_headers: bool = False, cors: dict | None = None, chat_template: str | None = None,
               trust_request_chat_template: bool = False, return_tokens_as_token_ids: bool = False,
-              tool_call_parser: str | None = None) -> FastAPI:
+              tool_call_parser: str | None = None, lora_modules: list | None = None) -> FastAPI:
     """`model_name`: the served name, or names (vLLM's --served-model-name: requests may name any, responses
     carry the first). `api_key`: the key, or keys, any of which a /v1 request must bear. `cors`: Starlette
     CORSMiddleware's settings, as vLLM's --allowed-origins, --allow-credentials, --allowed-methods and
     --allowed-headers set them (default CORS_DEFAULTS: no cross-origin browser access). `chat_template` (the
-    template's text), `trust_request_chat_template`, `return_tokens_as_token_ids` and `tool_call_parser`: see
-    Serving."""
+    template's text), `trust_request_chat_template`, `return_tokens_as_token_ids`, `tool_call_parser` and
+    `lora_modules`: see Serving."""
     app = FastAPI(title="jaxengine", version=jaxengine.__version__)
     serving = Serving(engine, model_name, chat_template, trust_request_chat_template, return_tokens_as_token_ids,
-                      tool_call_parser)
+                      tool_call_parser, lora_modules)
     app.state.engine, app.state.serving = engine, serving
 
     # Each middleware added wraps those before it. The key is checked innermost: a browser's preflight (which
@@ -201,9 +201,12 @@ def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | l
     @app.get("/v1/models")
     async def models():
         root = engine.engine.config.model or serving.model_name
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "jaxengine",
-                                            "root": root, "max_model_len": engine.engine.max_model_len}
-                                           for name in serving.model_names]}
+        base = [{"id": name, "object": "model", "created": 0, "owned_by": "jaxengine", "root": root,
+                 "max_model_len": engine.engine.max_model_len} for name in serving.model_names]
+        adapters = [{"id": name, "object": "model", "created": 0, "owned_by": "jaxengine", "root": lora.lora_path,
+                     "parent": serving.model_name, "max_model_len": engine.engine.max_model_len}
+                    for name, lora in serving.loras.items()]  # as vLLM lists --lora-modules
+        return {"object": "list", "data": base + adapters}
 
     @app.get("/health")
     @app.api_route("/ping", methods=["GET", "POST"])  # vLLM's (SageMaker's) name for the same check

@@ -59,7 +59,7 @@ class AsyncEngine:
     # --- handler side -----------------------------------------------------------------------------------
 
     async def generate(self, request_id: str, prompt: dict, params: SamplingParams, *, priority: int = 0,
-                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+                       cache_salt: str | None = None, lora_request=None) -> AsyncIterator[RequestOutput]:
         """Yields the request's outputs until it finishes; leaving early (a disconnect) aborts it."""
         if not self.is_alive:
             raise EngineDeadError(f"the engine loop has stopped: {self.error!r}")
@@ -74,7 +74,7 @@ class AsyncEngine:
             request_logger.info("Received request %s: prompt: %r, prompt_token_ids: %s, params: %s", request_id,
                                 text[cut] if text is not None else None, ids[cut] if ids is not None else None,
                                 params)
-        self._submissions.put((request_id, prompt, params, priority, cache_salt))
+        self._submissions.put((request_id, prompt, params, priority, cache_salt, lora_request))
         self._wakeup.set()
         finished = False
         try:
@@ -118,11 +118,12 @@ class AsyncEngine:
     def _admit_submissions(self) -> None:
         while True:
             try:
-                request_id, prompt, params, priority, cache_salt = self._submissions.get_nowait()
+                request_id, prompt, params, priority, cache_salt, lora_request = self._submissions.get_nowait()
             except queue.Empty:
                 return
             try:
-                self.engine.add_request(request_id, prompt, params, priority=priority, cache_salt=cache_salt)
+                self.engine.add_request(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
+                                        lora_request=lora_request)
             except ValueError as e:  # validated before submission; anything left is the caller's fault
                 self._deliver(request_id, e)
 

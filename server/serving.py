@@ -180,13 +180,15 @@ def load_chat_template(value: str) -> str:
 class Serving:
     def __init__(self, engine: AsyncEngine, model_name: str | list[str], chat_template: str | None = None,
                  trust_request_chat_template: bool = False, return_tokens_as_token_ids: bool = False,
-                 tool_call_parser: str | None = None):
+                 tool_call_parser: str | None = None, lora_modules: list | None = None):
         """`model_name`: the served name or names (requests may name any; responses carry the first).
         `chat_template`: the template for chat requests over the tokenizer's (--chat-template);
         `trust_request_chat_template`: a request's own `chat_template` is taken (otherwise refused, as vLLM);
         `return_tokens_as_token_ids`: the default of the requests' field (--return-tokens-as-token-ids);
         `tool_call_parser`: how tool calls are found in outputs, one of TOOL_CALL_PARSERS (vLLM's
-        --enable-auto-tool-choice --tool-call-parser); None: requests with tools and tool_choice auto are refused."""
+        --enable-auto-tool-choice --tool-call-parser); None: requests with tools and tool_choice auto are refused.
+        `lora_modules`: LoRA adapters (jaxengine.LoRARequest) served under their names (vLLM's --lora-modules):
+        a request that names one runs with it; each is read here, so one that does not fit stops the start."""
         if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"tool call parser {tool_call_parser!r} is not supported; supported: "
                              f"{', '.join(TOOL_CALL_PARSERS)}")
@@ -197,6 +199,12 @@ class Serving:
         if not self.model_names or not all(isinstance(n, str) and n for n in self.model_names):
             raise ValueError(f"served model names must be non-empty strings, got {model_name!r}")
         self.model_name = self.model_names[0]
+        self.loras = {}
+        for lora in lora_modules or []:
+            if lora.lora_name in self.model_names or lora.lora_name in self.loras:
+                raise ValueError(f"--lora-modules: the name {lora.lora_name!r} is already served")
+            engine.engine.add_lora(lora)
+            self.loras[lora.lora_name] = lora
         self.tokenizer = engine.engine.tokenizer
         self.reasoning = engine.engine.reasoning  # the engine's --reasoning-parser (jaxengine.reasoning), or None
         self.chat_template = chat_template
@@ -218,10 +226,14 @@ class Serving:
             pass
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name not in self.model_names:
-            served = ", ".join(map(repr, self.model_names))
+        if name is not None and name not in self.model_names and name not in self.loras:
+            served = ", ".join(map(repr, self.model_names + list(self.loras)))
             raise APIError(f"model {name!r} does not exist; this server serves {served}", status=404,
                            param="model", code="model_not_found")
+
+    def _model_of(self, req) -> str:
+        """The model a response names: the LoRA adapter the request named, else the served (first) name."""
+        return req.model if req.model in self.loras else self.model_name
 
     def _check_runner(self, runner: str, route: str, task: str | None = None) -> None:
         """A route of another runner's (or pooling task's) kind is refused (400, as vLLM's server has no such route
@@ -271,7 +283,8 @@ class Serving:
 
         def generate(i, text, ids):
             return self.engine.generate(f"{request_id}-{i}", {"prompt": text, "prompt_token_ids": ids}, params,
-                                        priority=req.priority, cache_salt=getattr(req, "cache_salt", None))
+                                        priority=req.priority, cache_salt=getattr(req, "cache_salt", None),
+                                        lora_request=self.loras.get(req.model))
 
         if len(prompts) == 1:  # nothing to merge: no task and queue in between
             async with contextlib.aclosing(generate(0, *prompts[0])) as outputs:  # closed (aborted) on leaving
@@ -479,7 +492,7 @@ class Serving:
                                 "finish_reason": finish, "stop_reason": stop}
                                | self._prompt_logprobs_field(prompts[i][1], finals[i].prompt_logprobs, req))
         usage = _usage([p[1] for p in prompts], {} if echo_only else finals)
-        base = {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name}
+        base = {"id": request_id, "object": "text_completion", "created": created, "model": self._model_of(req)}
         if req.stream:  # echo_only: the whole prompt in one chunk per choice
             return _sse_stream(self._echo_chunks(base, choices, prompts, usage, req))
         return base | {"choices": choices, "usage": usage}
@@ -504,7 +517,7 @@ class Serving:
                 choices.append({"index": i * req.n + j, "text": text, "logprobs": None,
                                 "finish_reason": beam.finish_reason, "stop_reason": beam.stop_reason})
         prompt_tokens = sum(len(ids) for _, ids in prompts)
-        return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": self.model_name,
+        return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": self._model_of(req),
                 "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
                                               "total_tokens": prompt_tokens + generated}}
 
@@ -623,7 +636,7 @@ class Serving:
     async def _stream_completion(self, request_id, created, prompts, params, req) -> AsyncIterator[dict]:
         sent: dict[tuple[int, int], tuple[int, int]] = {}  # (prompt, sample) -> (chars, tokens) sent
         finals, shifts, as_ids = {}, {}, self._as_ids(req)  # shifts: an echoed prompt's text offset, by prompt
-        base = {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name}
+        base = {"id": request_id, "object": "text_completion", "created": created, "model": self._model_of(req)}
         async for i, out in self._run_all(request_id, prompts, params, req):
             if out.finished:
                 finals[i] = out
@@ -772,7 +785,7 @@ class Serving:
                             "logprobs": self._chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0,
                                                             self._as_ids(req)),
                             "finish_reason": finish_reason, "stop_reason": c.stop_reason})
-        return {"id": request_id, "object": "chat.completion", "created": created, "model": self.model_name,
+        return {"id": request_id, "object": "chat.completion", "created": created, "model": self._model_of(req),
                 "choices": choices, "usage": _usage([ids], {0: final})} \
             | self._prompt_logprobs_field(ids, final.prompt_logprobs, req)
 
@@ -792,7 +805,7 @@ class Serving:
             choices.append({"index": j, "message": message, "logprobs": None, "finish_reason": beam.finish_reason,
                             "stop_reason": beam.stop_reason})
         prompt_tokens, generated = len(prompts[0][1]), sum(len(b.tokens) - prompt_len for b in beams)
-        return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.model_name,
+        return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self._model_of(req),
                 "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
                                               "total_tokens": prompt_tokens + generated}}
 
@@ -812,7 +825,7 @@ class Serving:
         return {"content": content}
 
     async def _stream_chat(self, request_id, created, prompts, params, req) -> AsyncIterator[dict]:
-        base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
+        base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": self._model_of(req)}
         sent: dict[int, tuple[int, int]] = {}  # each choice's answer characters and tokens sent
         finder = self._tool_calls(req)
         streams = {}  # with tool calls: each choice's answer split into content and calls (the finder's Stream)

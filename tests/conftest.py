@@ -96,3 +96,11 @@ def pooling_engines(embedding_models):
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def lora_adapters(model_dirs, tmp_path_factory):
+    """tests.lora_util.make_adapters for the tiny Llama."""
+    from tests.lora_util import make_adapters
+
+    return make_adapters(model_dirs["llama"], tmp_path_factory.mktemp("loras"))
