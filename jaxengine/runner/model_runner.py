@@ -136,7 +136,7 @@ class ModelRunner:
             self._lora_host = {p: (np.zeros((model.cfg.num_layers, num_loras, n_in, rank), np.float32),
                                    np.zeros((model.cfg.num_layers, num_loras, rank, n_out), np.float32))
                                for p, (n_in, n_out) in projection_shapes(model.cfg).items()}
-            self.lora_weights = jax.device_put(self._lora_host, self.replicated)
+            self.lora_weights = jax.device_put(jax.tree.map(np.copy, self._lora_host), self.replicated)
             self.adapter_slots = np.full(max_t, num_loras, np.int32)  # each token's LoRA slot; num_loras: none
             self.num_loras = num_loras
         self.num_steps = 0  # steps launched: a pending token's source is (step, row)
@@ -224,7 +224,9 @@ class ModelRunner:
             if p in adapter.weights:
                 a, b = adapter.weights[p]
                 a_all[:, slot, :, :adapter.rank], b_all[:, slot, :adapter.rank, :] = a, b
-        self.lora_weights = jax.device_put(self._lora_host, self.replicated)
+        # Copies: a CPU device array may share its host buffer, which the next load rewrites (a step in flight
+        # keeps the arrays it was given).
+        self.lora_weights = jax.device_put(jax.tree.map(np.copy, self._lora_host), self.replicated)
 
     def _release_slots(self) -> None:
         for slot, seq in list(self.slot_owners.items()):
