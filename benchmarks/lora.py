@@ -115,7 +115,7 @@ def main() -> None:
     from workload import make_prompts
 
     prompts = make_prompts(args.model, args.num_prompts, args.input_len, 0)
-    result = {"engine": args.engine, "benchmark": "lora", "model": args.model, "adapter": args.adapter,
+    result = {"engine": args.engine, "benchmark": "lora", "model": args.model, "adapter_path": args.adapter,
               "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}}
     modes = args.modes.split(",")
