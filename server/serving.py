@@ -24,7 +24,8 @@ from server.errors import APIError, error_body
 from server.protocol import (ChatCompletionRequest, ChatMessage, ClassificationRequest, CompletionRequest,
                              EmbeddingRequest, RerankRequest, SamplingFields, ScoreRequest, ScoringFields,
                              TokenizeRequest)
-from server.tool_parsers import PARSERS, TOOL_CALL_PARSERS, NamedCall, RequiredCalls, required_schema
+from server.tool_parsers import (PARSERS, TOOL_CALL_PARSERS, NamedCall, RequiredCalls, ToolCall,
+                                 required_schema)
 
 
 def _refused_field(message: str, req: SamplingFields) -> str | None:
@@ -853,12 +854,17 @@ class Serving:
                         delta["reasoning"] = reasoning
                 if finder is not None:
                     text, calls = streams[c.index].feed(answer, final=c.finish_reason is not None)
-                    if req.parallel_tool_calls is False:
-                        calls = calls[:max(0, 1 - calls_sent[c.index])]
-                    if calls:
-                        delta["tool_calls"] = [{"index": calls_sent[c.index] + k} | t.as_dict()
-                                               for k, t in enumerate(calls)]
-                        calls_sent[c.index] += len(calls)
+                    pieces = []  # a whole call, or part of one (ToolCallDelta: its header, or its arguments')
+                    for t in calls:
+                        whole = isinstance(t, ToolCall)
+                        index = calls_sent[c.index] if whole else t.index
+                        if req.parallel_tool_calls is False and index > 0:
+                            continue
+                        pieces.append({"index": index} | t.as_dict() if whole else t.as_dict())
+                        if whole or t.call is not None:
+                            calls_sent[c.index] = index + 1
+                    if pieces:
+                        delta["tool_calls"] = pieces
                     if calls_sent[c.index] and finish_reason is not None and not isinstance(finder, NamedCall):
                         finish_reason = "tool_calls"
                 else:

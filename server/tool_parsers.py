@@ -31,6 +31,22 @@ _BLOCK = re.compile(re.escape(_START) + r"(.*?)" + re.escape(_END), re.DOTALL)
 
 
 @dataclasses.dataclass(frozen=True)
+class ToolCallDelta:
+    """Part of a streamed call: its header (`call`: id and name, arguments still empty) when it opens, then pieces
+    of its arguments' JSON text; `index`: the call's place among the output's calls."""
+
+    index: int
+    arguments: str = ""
+    call: "ToolCall | None" = None
+
+    def as_dict(self) -> dict:
+        if self.call is not None:
+            return {"index": self.index, "id": self.call.id, "type": "function",
+                    "function": {"name": self.call.name, "arguments": self.arguments}}
+        return {"index": self.index, "function": {"arguments": self.arguments}}
+
+
+@dataclasses.dataclass(frozen=True)
 class ToolCall:
     name: str
     arguments: str  # JSON text, as the OpenAI API carries it
@@ -68,17 +84,88 @@ def _parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
     return content or None, calls
 
 
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+# a surrogate pair's two escapes, one \\u escape, or a one-character escape
+_ESCAPE = re.compile(r'\\(?:u[dD][89abAB][0-9a-fA-F]{2}\\u[0-9a-fA-F]{4}|u[0-9a-fA-F]{4}|["\\/bfnrt])')
+_LITERAL = re.compile(r"-?[0-9][0-9.eE+-]*|true|false|null|-")
+
+
+def _settled_json(raw: str) -> str:
+    """json.dumps' form (ensure_ascii off, its default separators) of as much of the JSON value being written at
+    the start of `raw` as is settled: a number or literal once it ends, a string character by character, an escape
+    once whole, up to the value's end or to a flaw (where the text stops being JSON). It only grows as `raw` does,
+    so a stream can send it piece by piece."""
+    out, depth, i, n = [], 0, 0, len(raw)
+    while i < n:
+        c = raw[i]
+        if c in " \t\r\n":
+            i += 1
+        elif c in "{[":
+            out.append(c)
+            depth, i = depth + 1, i + 1
+        elif c in "}]":
+            out.append(c)
+            depth, i = depth - 1, i + 1
+            if depth <= 0:
+                return "".join(out)
+        elif c in ",:":
+            out.append(c + " ")
+            i += 1
+        elif c == '"':
+            out.append('"')
+            i += 1
+            while i < n and raw[i] != '"':
+                if raw[i] != "\\":
+                    out.append(json.dumps(raw[i], ensure_ascii=False)[1:-1])
+                    i += 1
+                    continue
+                escape = _ESCAPE.match(raw, i)
+                if escape is None or (len(escape.group()) == 6 and 0xD800 <= int(raw[i + 2:i + 6], 16) < 0xDC00):
+                    return "".join(out)  # an escape, or a surrogate pair's second half, still arriving (or a flaw)
+                try:
+                    out.append(json.dumps(json.loads(f'"{escape.group()}"'), ensure_ascii=False)[1:-1])
+                except json.JSONDecodeError:
+                    return "".join(out)
+                i += len(escape.group())
+            if i == n:
+                return "".join(out)
+            out.append('"')
+            i += 1
+            if depth == 0:
+                return "".join(out)
+        else:
+            if any(word.startswith(raw[i:]) for word in ("true", "false", "null")):  # one still arriving
+                return "".join(out)
+            literal = _LITERAL.match(raw, i)
+            if literal is None or literal.end() == n:  # a flaw, or a number that may go on
+                return "".join(out)
+            try:
+                out.append(json.dumps(json.loads(literal.group())))
+            except json.JSONDecodeError:
+                return "".join(out)
+            i = literal.end()
+            if depth == 0:
+                return "".join(out)
+    return "".join(out)
+
+
 class _HermesStream:
-    """Splits a growing output into content deltas and whole calls for a streamed response: content goes out up
-    to a possible start of a <tool_call> tag; each call goes out, arguments whole, once its block is closed.
-    Decided: a closed block that does not parse is passed on as content (the unstreamed answer makes the whole
-    text content then, which a stream can no longer do), as is an unclosed one when the output ends."""
+    """Splits a growing output into content deltas and calls for a streamed response, as vLLM's hermes parser
+    streams them: content goes out up to a possible start of a <tool_call> tag; a call's header (id and name) goes
+    out once its block has written `{"name": ..., "arguments":`, then its arguments as they settle, in the JSON
+    text the unstreamed response gives (`_settled_json`); a block of another shape goes out whole once closed.
+    Decided: a closed block that does not parse, and whose header has not gone out, is passed on as content (the
+    unstreamed answer makes the whole text content then, which a stream can no longer do), as is an unclosed one
+    when the output ends; arguments that stop being JSON stop streaming (what went out stays)."""
 
     def __init__(self):
         self.sent = 0  # characters of the text handled (sent as content, or parsed as calls)
         self.in_calls = False  # a <tool_call> has been seen: only calls (and the text between them) follow
+        self.count = 0  # calls begun
+        self.open: ToolCallDelta | None = None  # the call streaming now: its header, and the arguments sent
+        self.arguments_sent = ""
 
-    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+    def feed(self, text: str, final: bool = False) -> tuple[str, list]:
         content, calls = [], []
         while True:
             rest = text[self.sent:]
@@ -93,17 +180,50 @@ class _HermesStream:
                 content.append(rest[:start])
             self.in_calls = True
             end = rest.find(_END, start)
+            block = rest[start + len(_START):end if end >= 0 else len(rest)]
             if end < 0:
-                if final:
+                if final and self.open is None:
                     content.append(rest[start:])
                     self.sent = len(text)
+                elif not final:
+                    calls += self._stream_open(block)
                 return "".join(content), calls
-            call = _call(rest[start + len(_START):end])
-            if call is None:
+            call = _call(block)
+            if self.open is not None:  # its header went out: the rest of its arguments
+                if call is not None and call.arguments.startswith(self.arguments_sent):
+                    remainder = call.arguments[len(self.arguments_sent):]
+                    if remainder:
+                        calls.append(ToolCallDelta(self.open.index, remainder))
+                self.open = None
+            elif call is None:
                 content.append(rest[start:end + len(_END)])
             else:
                 calls.append(call)
+                self.count += 1
             self.sent += end + len(_END)
+
+    def _stream_open(self, block: str) -> list:
+        """The deltas of the block still being written: its header once the name and the arguments' key are
+        written, then the arguments' settled JSON beyond what went out."""
+        deltas = []
+        if self.open is None:
+            head = _HEAD.match(block)
+            if head is None:
+                return []
+            try:
+                name = json.loads(head.group(1))
+            except json.JSONDecodeError:
+                return []
+            self.open = ToolCallDelta(self.count, "", ToolCall(name, ""))
+            self.count += 1
+            self.arguments_sent = ""
+            self.arguments_from = head.end()
+            deltas.append(self.open)
+        settled = _settled_json(block[self.arguments_from:])
+        if settled.startswith(self.arguments_sent) and len(settled) > len(self.arguments_sent):
+            deltas.append(ToolCallDelta(self.open.index, settled[len(self.arguments_sent):]))
+            self.arguments_sent = settled
+        return deltas
 
 
 def _partial_tag(text: str, tag: str = _START) -> int:

@@ -62,7 +62,11 @@ def chat(server, stream=False, **body):
 
 def gathered(chunks) -> tuple[str, str, list, str]:
     deltas = [c["delta"] for c in chunks]
-    calls = [t for d in deltas for t in d.get("tool_calls") or []]
+    calls = {}
+    for t in (t for d in deltas for t in d.get("tool_calls") or []):  # joined by index, as clients join them
+        call = calls.setdefault(t["index"], {"function": {"name": t["function"].get("name"), "arguments": ""}})
+        call["function"]["arguments"] += t["function"].get("arguments") or ""
+    calls = list(calls.values())
     return ("".join(d.get("reasoning") or "" for d in deltas), "".join(d.get("content") or "" for d in deltas),
             calls, chunks[-1]["finish_reason"])
 

@@ -4,13 +4,15 @@ choices we refuse. The tiny model's output is random, so the server tests replac
 revealed in step with the generated tokens."""
 
 import json
+from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from server.app import build_app
-from server.tool_parsers import Hermes, Llama3Json, Mistral, Pythonic, Qwen3Xml
+from server.tool_parsers import Hermes, Llama3Json, Mistral, Pythonic, Qwen3Xml, ToolCall, ToolCallDelta
 from tests.server.conftest import MODEL, LiveServer
 from tests.server.test_structured_outputs_api import no_whitespace
 
@@ -42,15 +44,61 @@ def test_text_without_a_well_formed_call_is_all_content(text):
     assert Hermes.parse(text) == (text, [])
 
 
+def assembled(pieces) -> list[tuple[int, str, str, str]]:
+    """A stream's calls, (index, id, name, arguments), from its pieces in order: whole calls (ToolCall, numbered in
+    turn) and parts of calls (ToolCallDelta: a header, then arguments)."""
+    calls = {}
+    for piece in pieces:
+        if isinstance(piece, ToolCall):
+            calls[len(calls)] = [piece.id, piece.name, piece.arguments]
+        elif piece.call is not None:
+            assert piece.index == len(calls)
+            calls[piece.index] = [piece.call.id, piece.call.name, piece.arguments]
+        else:
+            calls[piece.index][2] += piece.arguments
+    return [(i, *fields) for i, fields in calls.items()]
+
+
 def test_streamed_split_gives_the_same_content_and_calls_whatever_the_chunks():
+    """A call's header goes out once its name and the arguments' key are written, then its arguments as they
+    settle, in the unstreamed response's JSON text; joined, the same calls as the whole output's."""
     for step in (1, 3, 7, len(SCRIPT)):
-        stream, content, calls = Hermes.Stream(), "", []
+        stream, content, pieces = Hermes.Stream(), "", []
         for end in list(range(step, len(SCRIPT), step)) + [len(SCRIPT)]:
             text, new = stream.feed(SCRIPT[:end], final=end == len(SCRIPT))
             assert "<" not in text  # a possible start of a tag is held back
-            content, calls = content + text, calls + new
+            if any(isinstance(p, ToolCallDelta) and p.call is not None for p in new):
+                assert SCRIPT[:end].count("</tool_call>") < SCRIPT[:end].count("<tool_call>")  # before it closes
+            content, pieces = content + text, pieces + new
         assert content == "Let me look that up.\n"
-        assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in Hermes.parse(SCRIPT)[1]]
+        assert [(name, arguments) for _, _, name, arguments in assembled(pieces)] == \
+            [(c.name, c.arguments) for c in Hermes.parse(SCRIPT)[1]]
+        if step == 1:  # each argument streamed in pieces: the quote-delimited values character by character
+            assert sum(isinstance(p, ToolCallDelta) and p.call is None for p in pieces) > 20
+
+
+@pytest.mark.parametrize("block, want", [
+    ('{"name": "f", "arguments": {"q": "caf\\u00e9 \\ud83d\\ude00", "n": [1, 2.50, true, null]}}',
+     '{"q": "café 😀", "n": [1, 2.5, true, null]}'),
+    ('{ "name" : "f" , "parameters" : { "a" :{"b":[ ]} } }', '{"a": {"b": []}}'),
+    ('{"arguments": {"x": 1}, "name": "f"}', '{"x": 1}'),  # another order: the call goes out whole when it closes
+])
+def test_streamed_arguments_are_the_unstreamed_ones(block, want):
+    text = "<tool_call>" + block + "</tool_call>"
+    for step in (1, 2, 5):
+        stream, pieces = Hermes.Stream(), []
+        for end in list(range(step, len(text), step)) + [len(text)]:
+            pieces += stream.feed(text[:end], final=end == len(text))[1]
+        assert [(name, arguments) for _, _, name, arguments in assembled(pieces)] == [("f", want)]
+        assert Hermes.parse(text)[1][0].arguments == want
+
+
+def test_arguments_that_stop_being_json_stop_streaming():
+    stream = Hermes.Stream()
+    _, pieces = stream.feed('<tool_call>{"name": "f", "arguments": {"a": 1, \'b\': 2')
+    assert assembled(pieces) == [(0, pieces[0].call.id, "f", '{"a": 1, ')]
+    _, more = stream.feed('<tool_call>{"name": "f", "arguments": {"a": 1, \'b\': 2}}</tool_call>', final=True)
+    assert more == []  # what went out stays; nothing more follows
 
 
 def test_streamed_text_that_only_looks_like_a_tag_is_released():
@@ -253,26 +301,40 @@ def test_calls_in_the_output_come_back_as_tool_calls(tool_servers):
         ("function", "get_weather", {"city": "Paris", "unit": "C"}), ("function", "get_time", {"zone": "CET"})]
 
 
+def joined_calls(pieces) -> list[SimpleNamespace]:
+    """Streamed tool-call deltas (the OpenAI client's objects) joined by index, as clients join them: the first of a
+    call brings its id and name, every one a piece of its arguments."""
+    calls = {}
+    for t in pieces:
+        if t.index not in calls:
+            calls[t.index] = SimpleNamespace(index=t.index, id=t.id, name=t.function.name, arguments="")
+        else:
+            assert t.id is None and t.function.name is None
+        calls[t.index].arguments += t.function.arguments or ""
+    return list(calls.values())
+
+
 def test_parallel_tool_calls_false_keeps_the_first_call(tool_servers):
     for stream in (False, True):
         response = ask(tool_servers["calls"], parallel_tool_calls=False, stream=stream)
         if stream:
-            names = [t.function.name for chunk in response for c in chunk.choices for t in c.delta.tool_calls or []]
+            calls = joined_calls([t for chunk in response for c in chunk.choices for t in c.delta.tool_calls or []])
+            names = [t.name for t in calls]
         else:
             names = [t.function.name for t in response.choices[0].message.tool_calls]
         assert names == ["get_weather"]
 
 
-def test_streamed_calls_arrive_whole_with_their_index_after_the_content(tool_servers):
-    content, calls, finish = "", [], None
+def test_streamed_calls_arrive_in_pieces_with_their_index_after_the_content(tool_servers):
+    content, pieces, finish = "", [], None
     for chunk in ask(tool_servers["calls"], stream=True):
         delta = chunk.choices[0].delta
         assert not (delta.content and "<" in delta.content)
         content += delta.content or ""
-        calls += delta.tool_calls or []
+        pieces += delta.tool_calls or []
         finish = chunk.choices[0].finish_reason or finish
-    assert content == "Let me look that up.\n" and finish == "tool_calls"
-    assert [(t.index, t.id is not None, t.function.name, json.loads(t.function.arguments)) for t in calls] == [
+    assert content == "Let me look that up.\n" and finish == "tool_calls" and len(pieces) > 2
+    assert [(t.index, t.id is not None, t.name, json.loads(t.arguments)) for t in joined_calls(pieces)] == [
         (0, True, "get_weather", {"city": "Paris", "unit": "C"}), (1, True, "get_time", {"zone": "CET"})]
 
 
@@ -280,7 +342,7 @@ def _content_calls_finish(response, stream: bool) -> tuple[str, list, str]:
     """A chat response's content, its calls' functions and its finish reason, streamed (chunks gathered) or not."""
     if stream:
         chunks = [c for chunk in response for c in chunk.choices]
-        calls = [t.function for c in chunks for t in c.delta.tool_calls or []]
+        calls = joined_calls([t for c in chunks for t in c.delta.tool_calls or []])
         return "".join(c.delta.content or "" for c in chunks), calls, chunks[-1].finish_reason
     choice = response.choices[0]
     return choice.message.content or "", [t.function for t in choice.message.tool_calls], choice.finish_reason
@@ -433,3 +495,26 @@ def test_tokenize_renders_tools_with_the_messages(tool_servers, async_engine):
             assert r.json()["tokens"] == tokenizer.encode(rendered, add_special_tokens=False)
             r = h.post("/tokenize", json={"prompt": "hi", "tools": TOOLS})
             assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-10 ** 6, 10 ** 6) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=st.dictionaries(st.text(max_size=4), _JSON_VALUES, max_size=4), ascii_only=st.booleans(),
+       indent=st.sampled_from([None, 1]))
+def test_settled_json_grows_into_the_unstreamed_arguments(value, ascii_only, indent):
+    """Whatever way a model writes an arguments object (escapes, spacing, number forms), every prefix's settled
+    text is a prefix of json.dumps' of the whole, which it reaches once the object closes."""
+    from server.tool_parsers import _settled_json
+
+    raw, want = json.dumps(value, ensure_ascii=ascii_only, indent=indent), json.dumps(value, ensure_ascii=False)
+    previous = ""
+    for end in range(1, len(raw) + 1):
+        settled = _settled_json(raw[:end])
+        assert settled.startswith(previous) and want.startswith(settled), (raw[:end], settled)
+        previous = settled
+    assert previous == want
