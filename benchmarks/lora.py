@@ -21,35 +21,14 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-TARGETS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-           "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
-
-
 def make_adapter(model: str, out: Path, rank: int) -> None:
-    from safetensors.numpy import save_file
+    """A random adapter of all seven projections of every layer (tests/lora_util.py's, with small weights)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.lora_util import TARGETS, make_adapter as write
 
     config = json.loads((Path(model) / "config.json").read_text())
-    heads = config["num_attention_heads"]
-    kv = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    D, I = config["hidden_size"], config["intermediate_size"]
-    shapes = {"q_proj": (D, heads * head_dim), "k_proj": (D, kv * head_dim), "v_proj": (D, kv * head_dim),
-              "o_proj": (heads * head_dim, D), "gate_proj": (D, I), "up_proj": (D, I), "down_proj": (I, D)}
-    rng = np.random.default_rng(0)
-    tensors = {}
-    for layer in range(config["num_hidden_layers"]):
-        for proj, module in TARGETS.items():
-            n_in, n_out = shapes[proj]
-            prefix = f"base_model.model.model.layers.{layer}.{module}.{proj}"
-            tensors[f"{prefix}.lora_A.weight"] = rng.normal(0, 0.02, (rank, n_in)).astype(np.float32)
-            tensors[f"{prefix}.lora_B.weight"] = rng.normal(0, 0.02, (n_out, rank)).astype(np.float32)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / "adapter_model.safetensors"))
-    (out / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(TARGETS), "bias": "none",
-         "base_model_name_or_path": model, "task_type": "CAUSAL_LM"}))
+    write(out, config, rank, tuple(TARGETS), seed=0, alpha=2 * rank, std=0.02, base_model_name_or_path=model,
+          task_type="CAUSAL_LM")
 
 
 def _jaxengine(args, lora_on: bool):

@@ -13,8 +13,9 @@ TARGETS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", 
 
 
 def make_adapter(out, config: dict, rank: int, targets, seed: int, alpha: float = 16.0, rslora: bool = False,
-                 **extra_config) -> dict:
-    """A PEFT LoRA adapter of random A and B for `targets` in every layer; returns {tensor name: array}."""
+                 std: float = 0.3, **extra_config) -> dict:
+    """A PEFT LoRA adapter of random A and B (normal, `std`) for `targets` in every layer of the model of
+    `config` (its config.json); returns {tensor name: array}. benchmarks/lora.py makes its adapter here too."""
     rng = np.random.default_rng(seed)
     heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
@@ -26,8 +27,8 @@ def make_adapter(out, config: dict, rank: int, targets, seed: int, alpha: float 
         for t in targets:
             n_in, n_out = shapes[t]
             prefix = f"base_model.model.model.layers.{layer}.{TARGETS[t]}.{t}"
-            tensors[f"{prefix}.lora_A.weight"] = rng.normal(0, 0.3, (rank, n_in)).astype(np.float32)
-            tensors[f"{prefix}.lora_B.weight"] = rng.normal(0, 0.3, (n_out, rank)).astype(np.float32)
+            tensors[f"{prefix}.lora_A.weight"] = rng.normal(0, std, (rank, n_in)).astype(np.float32)
+            tensors[f"{prefix}.lora_B.weight"] = rng.normal(0, std, (n_out, rank)).astype(np.float32)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "adapter_model.safetensors"))
     (out / "adapter_config.json").write_text(json.dumps(
