@@ -518,7 +518,8 @@ class Serving:
                 choices.append({"index": i * req.n + j, "text": text, "logprobs": None,
                                 "finish_reason": beam.finish_reason, "stop_reason": beam.stop_reason})
         prompt_tokens = sum(len(ids) for _, ids in prompts)
-        return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": self._model_of(req),
+        return {"id": request_id, "object": "text_completion", "created": int(time.time()),
+                "model": self._model_of(req),
                 "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
                                               "total_tokens": prompt_tokens + generated}}
 
@@ -806,7 +807,8 @@ class Serving:
             choices.append({"index": j, "message": message, "logprobs": None, "finish_reason": beam.finish_reason,
                             "stop_reason": beam.stop_reason})
         prompt_tokens, generated = len(prompts[0][1]), sum(len(b.tokens) - prompt_len for b in beams)
-        return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self._model_of(req),
+        return {"id": request_id, "object": "chat.completion", "created": int(time.time()),
+                "model": self._model_of(req),
                 "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
                                               "total_tokens": prompt_tokens + generated}}
 

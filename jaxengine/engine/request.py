@@ -48,7 +48,7 @@ class Sequence:
         self.fork_parent: "Sequence | None" = None  # n > 1: waits for this sequence's prompt, then shares it
         self.slot: int | None = None  # the runner's device-state row, for penalties / allowed_token_ids
         self.grammar = None  # structured outputs: its engine.structured_outputs.Matcher
-        self.grammar_after_reasoning = None  # the Matcher that starts after the reasoning's end token (reasoning_parser)
+        self.grammar_after_reasoning = None  # the Matcher that starts after the reasoning's end (reasoning_parser)
         self.pooling = None  # a pooling request's engine.pooler.PoolState (its one sampled token is dropped)
         self.speculative = False  # its tokens may be guessed ahead (engine.speculative): nothing decided per token
         self.lora = None  # its LoRA adapter (jaxengine.lora.LoRAAdapter), or None: the base model

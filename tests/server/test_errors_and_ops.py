@@ -274,8 +274,8 @@ _COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "
                       "use_beam_search", "length_penalty", "unknown"]
 _CHAT_FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "logprobs", "top_logprobs",
                 "n", "stop", "seed", "stream", "response_format", "top_k", "min_p", "truncate_prompt_tokens",
-                "structured_outputs", "tools", "tool_choice", "parallel_tool_calls", "use_beam_search", "length_penalty",
-                "include_reasoning", "chat_template_kwargs"]
+                "structured_outputs", "tools", "tool_choice", "parallel_tool_calls", "use_beam_search",
+                "length_penalty", "include_reasoning", "chat_template_kwargs"]
 
 
 def _bodies(fields, required):
