@@ -60,24 +60,28 @@ class LLM:
         final = [SamplingParams(**{**p.__dict__, "output_kind": RequestOutputKind.FINAL_ONLY}) for p in params]
         return self._run(self._submit(prompts, final, priority, loras), use_tqdm)
 
-    def beam_search(self, prompts, params: BeamSearchParams, *, use_tqdm: bool = False) -> list[BeamSearchOutput]:
+    def beam_search(self, prompts, params: BeamSearchParams, *, use_tqdm: bool = False,
+                    lora_request: LoRARequest | list[LoRARequest | None] | None = None) -> list[BeamSearchOutput]:
         """Beam search, as vLLM's `LLM.beam_search` (jaxengine.engine.beam_search): each prompt's best
-        `beam_width` sequences (`tokens` the prompt's and the beam's, `text` their decoding), best first."""
+        `beam_width` sequences (`tokens` the prompt's and the beam's, `text` their decoding), best first.
+        `lora_request`: the LoRA adapter every prompt (or each prompt: a list) searches with."""
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
         prompts, _ = self._per_prompt(prompts, params, "params")
+        _, loras = self._per_prompt(prompts, lora_request, "lora_request")
         step = beam_step_params(params, self.engine.config.max_logprobs)
         searches = []
         for prompt in prompts:
             _, ids = self.engine.tokenize_prompt(prompt)
             self.engine.validate(ids, step)
             searches.append(BeamSearch(ids, params, self.engine.eos_token_ids, self.engine.max_model_len))
+        lora_of = {id(search): lora for search, lora in zip(searches, loras)}
         for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm):
             live = live_prompts(searches)
             if not live:
                 break
-            outputs = self._run(self._submit([{"prompt_token_ids": t} for _, t in live], [step] * len(live), None),
-                                use_tqdm=False)
+            outputs = self._run(self._submit([{"prompt_token_ids": t} for _, t in live], [step] * len(live), None,
+                                             [lora_of[id(search)] for search, _ in live]), use_tqdm=False)
             advance_all(searches, live, [out.outputs[0].logprobs[0] for out in outputs])
         decode = self.get_tokenizer().decode
         return [search.result(lambda ids: decode(ids, skip_special_tokens=params.skip_special_tokens), True)

@@ -134,3 +134,19 @@ def test_add_list_and_remove_adapters(engines, adapters):
     engine = engines("llama", **LORA)
     assert engine.add_lora(adapters["mlp"][0]) and 3 in engine.list_loras()
     assert engine.remove_lora(3) and 3 not in engine.list_loras() and not engine.remove_lora(3)
+
+
+def test_beam_search_with_an_adapter(engines, adapters):
+    """LLM.beam_search's lora_request (one per prompt here): each prompt's beams are the search over transformers
+    with its adapter merged."""
+    from jaxengine import BeamSearchParams
+    from tests.test_beam_search import _llm, _reference
+
+    engine = engines("llama", **LORA)
+    prompts = random_prompts(engine.model_config.vocab_size, [6, 11], seed=24)
+    params = BeamSearchParams(beam_width=2, max_tokens=4, ignore_eos=True)
+    outputs = _llm(engine).beam_search([{"prompt_token_ids": p} for p in prompts], params,
+                                       lora_request=[adapters["attn"][0], None])
+    for prompt, out, name in zip(prompts, outputs, ("attn", None)):
+        assert [s.tokens for s in out.sequences] == [w[0] for w in _reference(adapters[name][1], prompt, 2, 4, 1.0)]
+    assert engine.lora_slots.users == [0, 0]
