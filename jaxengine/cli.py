@@ -139,7 +139,8 @@ def _serve(args) -> None:
                     return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                     tool_call_parser=args.tool_call_parser,
                     lora_modules=[LoRARequest(name, i + 1, path)
-                                  for i, (name, path) in enumerate(args.lora_modules or [])])
+                                  for i, (name, path) in enumerate(args.lora_modules or [])],
+                    runtime_lora_updating=_bool(os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING") or "false"))
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                     ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)

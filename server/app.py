@@ -18,7 +18,8 @@ from jaxengine import profiler
 from server.engine_client import AsyncEngine, EngineDeadError
 from server.errors import APIError, error_body, error_response
 from server.protocol import (ChatCompletionRequest, ClassificationRequest, CompletionRequest, DetokenizeRequest,
-                             EmbeddingRequest, RerankRequest, ScoreRequest, StartProfileRequest, TokenizeRequest)
+                             EmbeddingRequest, LoadLoRAAdapterRequest, RerankRequest, ScoreRequest,
+                             StartProfileRequest, TokenizeRequest, UnloadLoRAAdapterRequest)
 from server.serving import Serving
 
 logger = logging.getLogger(__name__)
@@ -112,13 +113,15 @@ CORS_DEFAULTS = {"allow_origins": [], "allow_credentials": False, "allow_methods
 def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | list[str] | None = None,
               request_id_headers: bool = False, cors: dict | None = None, chat_template: str | None = None,
               trust_request_chat_template: bool = False, return_tokens_as_token_ids: bool = False,
-              tool_call_parser: str | None = None, lora_modules: list | None = None) -> FastAPI:
+              tool_call_parser: str | None = None, lora_modules: list | None = None,
+              runtime_lora_updating: bool = False) -> FastAPI:
     """`model_name`: the served name, or names (vLLM's --served-model-name: requests may name any, responses
     carry the first). `api_key`: the key, or keys, any of which a /v1 request must bear. `cors`: Starlette
     CORSMiddleware's settings, as vLLM's --allowed-origins, --allow-credentials, --allowed-methods and
     --allowed-headers set them (default CORS_DEFAULTS: no cross-origin browser access). `chat_template` (the
     template's text), `trust_request_chat_template`, `return_tokens_as_token_ids`, `tool_call_parser` and
-    `lora_modules`: see Serving."""
+    `lora_modules`: see Serving. `runtime_lora_updating` (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING): an engine with
+    enable_lora gets POST /v1/load_lora_adapter and /v1/unload_lora_adapter."""
     app = FastAPI(title="jaxengine", version=jaxengine.__version__)
     serving = Serving(engine, model_name, chat_template, trust_request_chat_template, return_tokens_as_token_ids,
                       tool_call_parser, lora_modules)
@@ -234,6 +237,15 @@ def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | l
         @app.post("/stop_profile")
         async def stop_profile():
             return await profiling(profiler.stop)
+
+    if runtime_lora_updating and engine.engine.config.enable_lora:
+        @app.post("/v1/load_lora_adapter")
+        async def load_lora_adapter(req: LoadLoRAAdapterRequest):
+            return PlainTextResponse(await serving.load_lora(req))
+
+        @app.post("/v1/unload_lora_adapter")
+        async def unload_lora_adapter(req: UnloadLoRAAdapterRequest):
+            return PlainTextResponse(await serving.unload_lora(req))
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):

@@ -34,6 +34,7 @@ class AsyncEngine:
         self.stats = StatsLogger(metrics, log_stats_interval) if metrics and log_stats_interval else None
         self.error: BaseException | None = None
         self._submissions: queue.SimpleQueue = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()  # (future, fn) to run on the engine thread
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
@@ -98,7 +99,30 @@ class AsyncEngine:
                 if self.log_requests:
                     request_logger.info("Aborted request %s", request_id)
 
+    async def call(self, fn):
+        """fn() run on the engine thread between steps (what must not race the scheduler: adding or removing a
+        LoRA adapter); its result, or its exception raised here."""
+        if not self.is_alive:
+            raise EngineDeadError(f"the engine loop has stopped: {self.error!r}")
+        future = asyncio.get_running_loop().create_future()
+        self._calls.put((future, fn))
+        self._wakeup.set()
+        return await future
+
     # --- engine side ------------------------------------------------------------------------------------
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                future, fn = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                result, error = fn(), None
+            except Exception as e:  # noqa: BLE001 - handed to the caller
+                result, error = None, e
+            loop = future.get_loop()
+            loop.call_soon_threadsafe(_settle, future, result, error)
 
     def _deliver(self, request_id: str, item) -> None:
         self._deliver_all([(request_id, item)])
@@ -130,6 +154,7 @@ class AsyncEngine:
     def _loop(self) -> None:
         try:
             while not self._stopping:
+                self._run_calls()
                 self._admit_submissions()
                 if self.stats is not None:
                     self.stats.maybe_log()
@@ -147,6 +172,15 @@ class AsyncEngine:
             with self._lock:
                 streams = list(self._streams)
             self._deliver_all([(request_id, EngineDeadError(f"the engine loop died: {e!r}")) for request_id in streams])
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def _put_all(batch) -> None:

@@ -169,6 +169,20 @@ class TokenizeRequest(BaseModel):
     tools: list[Tool] | None = None  # rendered with the messages, as chat renders them
 
 
+class LoadLoRAAdapterRequest(BaseModel):
+    """POST /v1/load_lora_adapter, as vLLM's (with runtime LoRA updating allowed)."""
+
+    model_config = ConfigDict(extra="forbid")
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lora_name: str = Field(min_length=1)
+    lora_int_id: int | None = None
+
+
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str | None = None

@@ -16,6 +16,7 @@ import numpy as np
 from jaxengine.engine.beam_search import BeamSearch, BeamSearchParams, advance_all, beam_step_params, live_prompts
 from jaxengine.engine.pooler import check_cross_encoder, cosine_similarity, cross_encoder_ids, score_pairs
 from jaxengine.llm import chat_prompt_ids
+from jaxengine.lora import LoRARequest
 from jaxengine.outputs import RequestOutput
 from jaxengine.pooling_params import PoolingParams
 from jaxengine.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
@@ -231,6 +232,39 @@ class Serving:
             served = ", ".join(map(repr, self.model_names + list(self.loras)))
             raise APIError(f"model {name!r} does not exist; this server serves {served}", status=404,
                            param="model", code="model_not_found")
+
+    async def load_lora(self, req) -> str:
+        """Serves a LoRA adapter under its name from here on (POST /v1/load_lora_adapter, as vLLM's): read on the
+        engine thread (between steps), a 400 where it does not fit or the name is taken."""
+        if req.lora_name in self.loras or req.lora_name in self.model_names:
+            raise APIError(f"The lora adapter '{req.lora_name}' has already been loaded.", param="lora_name")
+        engine = self.engine.engine
+
+        def add() -> LoRARequest:  # an id no adapter of the engine's or the server's has
+            taken = engine.list_loras() | {r.lora_int_id for r in self.loras.values()}
+            lora = LoRARequest(req.lora_name, max(taken, default=0) + 1, req.lora_path)
+            engine.add_lora(lora)
+            return lora
+
+        try:
+            lora = await self.engine.call(add)
+        except ValueError as e:
+            raise APIError(str(e), param="lora_path") from None
+        self.loras[req.lora_name] = lora
+        return f"Success: LoRA adapter '{req.lora_name}' added successfully."
+
+    async def unload_lora(self, req) -> str:
+        """Stops serving an adapter (POST /v1/unload_lora_adapter): 404 where none has the name, 400 while requests
+        use it."""
+        lora = self.loras.get(req.lora_name)
+        if lora is None or (req.lora_int_id is not None and req.lora_int_id != lora.lora_int_id):
+            raise APIError(f"The lora adapter '{req.lora_name}' cannot be found.", status=404, param="lora_name",
+                           code="not_found")
+        if not await self.engine.call(lambda: self.engine.engine.remove_lora(lora.lora_int_id)):
+            raise APIError(f"The lora adapter '{req.lora_name}' is in use by running requests; unload it when they "
+                           f"have finished.", param="lora_name")
+        del self.loras[req.lora_name]
+        return f"Success: LoRA adapter '{req.lora_name}' removed successfully."
 
     def _model_of(self, req) -> str:
         """The model a response names: the LoRA adapter the request named, else the served (first) name."""

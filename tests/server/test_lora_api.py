@@ -77,3 +77,35 @@ def test_unknown_names_and_adapters_that_do_not_fit_are_refused(lora_server, eng
         Serving(client, BASE, lora_modules=[LoRARequest("gone", 9, str(tmp_path))])
     with pytest.raises(ValueError, match="the name 'tiny-llama' is already served"):
         Serving(client, BASE, lora_modules=[LoRARequest(BASE, 9, str(tmp_path))])
+
+
+def test_adapters_load_and_unload_at_run_time(engines, lora_adapters, tmp_path):
+    """vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter, with runtime updating allowed (else no such
+    routes): an adapter loaded by path is served under its name until unloaded."""
+    engine = engines("llama", **LORA)
+    client = AsyncEngine(engine, EngineMetrics(BASE))
+    server = LiveServer(build_app(client, BASE, runtime_lora_updating=True))
+    plain = LiveServer(build_app(client, BASE))
+    try:
+        url, path = server.url, lora_adapters["mlp"][0].lora_path
+        body = {"model": "mlp", "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+        assert httpx.post(url + "/v1/completions", json=body).status_code == 404
+        loaded = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "mlp", "lora_path": path})
+        assert loaded.status_code == 200 and "added successfully" in loaded.text
+        response = httpx.post(url + "/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200 and response.json()["model"] == "mlp"
+        assert "mlp" in [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]]
+        again = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "mlp", "lora_path": path})
+        assert again.status_code == 400 and "has already been loaded" in again.json()["error"]["message"]
+        bad = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": str(tmp_path)})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "lora_path"
+        unloaded = httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": "mlp"})
+        assert unloaded.status_code == 200 and "removed successfully" in unloaded.text
+        assert httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": "mlp"}).status_code == 404
+        assert httpx.post(url + "/v1/completions", json=body).status_code == 404
+        assert httpx.post(plain.url + "/v1/load_lora_adapter",
+                          json={"lora_name": "mlp", "lora_path": path}).status_code == 404
+    finally:
+        server.stop()
+        plain.stop()
+        client.shutdown()
