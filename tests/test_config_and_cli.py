@@ -1,5 +1,6 @@
 """Engine configuration from YAML and flags, and the `jaxengine generate` command."""
 
+import json
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -207,3 +208,31 @@ def test_tool_call_flags_go_together(flags):
     """As vLLM: tool_choice auto needs both; either alone is refused at start, before the model loads."""
     with pytest.raises(SystemExit, match="--enable-auto-tool-choice and --tool-call-parser go together"):
         main(["serve", *flags])
+
+
+def test_lora_modules_flag(engines, lora_adapters, monkeypatch, capsys):
+    """`--lora-modules name=path` or JSON, with --enable-lora (refused without it, before the model loads): the
+    adapters reach the app under their names; VLLM_ALLOW_RUNTIME_LORA_UPDATING adds the load/unload routes."""
+    import uvicorn
+
+    from jaxengine.cli import lora_module
+    from jaxengine.engine import dp_engine
+
+    assert lora_module("a=/x") == ("a", "/x") and lora_module('{"name": "b", "path": "/y"}') == ("b", "/y")
+    for bad in ("nopath", "=/x", '{"name": "b"}', '{"name": "b", "path": "/y", "rank": 4}'):
+        with pytest.raises(SystemExit):
+            main(["serve", "--lora-modules", bad])
+        assert "expected" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--lora-modules needs --enable-lora"):
+        main(["serve", "--lora-modules", "a=/x"])
+    engine = engines("llama", enable_lora=True, max_loras=2, max_lora_rank=8)
+    monkeypatch.setattr(dp_engine, "create_engine", lambda config: engine)
+    ran = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: ran.update(app=app))
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "true")
+    paths = {name: lora_adapters[name][0].lora_path for name in ("all", "attn")}
+    main(["serve", "--enable-lora", "--lora-modules", f"all={paths['all']}",
+          json.dumps({"name": "attn", "path": paths["attn"]})])
+    serving = ran["app"].state.serving
+    assert {name: r.lora_path for name, r in serving.loras.items()} == paths
+    assert {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"} <= {route.path for route in ran["app"].routes}
