@@ -43,6 +43,9 @@ def test_adapters_and_the_base_model_in_one_batch_match_merged_weights(engines, 
         oracle = adapters[None if lora is None else lora.lora_name][1]
         assert tokens == hf_greedy(oracle, prompt, 12), lora
     assert got[4] != got[1] and got[2] != got[1]  # the adapters change the output
+    # Steps without an adapter's token skip the updates (the fused MLP runs): the base model's tokens still
+    alone = _run(engine, [(prompts[3], None), (prompts[0], None)])
+    assert alone == [got[5], hf_greedy(adapters[None][1], prompts[0], 12)]
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert engine.lora_slots.users == [0, 0]
 

@@ -91,12 +91,17 @@ def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer
 def _lora_delta(x, lora, name: str):
     """The LoRA adapters' update to projection `name` of x [T, in] (None where no adapter targets it): `lora` is
     (this layer's {name: (A f32[slots, in, rank], B f32[slots, rank, out])}, the tokens' slots one-hot f32[T,
-    slots]); each token's update is its slot's (x A) B, all slots in two matmuls (jaxengine/lora.py)."""
+    slots], whether any token has one); each token's update is its slot's (x A) B, all slots in two matmuls
+    (jaxengine/lora.py), computed only in steps where a token has an adapter."""
     if lora is None or name not in lora[0]:
         return None
-    (a, b), onehot = lora[0][name], lora[1]
-    xa = jnp.einsum("ti,sir->tsr", x.astype(jnp.float32), a) * onehot[:, :, None]
-    return jnp.einsum("tsr,sro->to", xa, b)
+    (a, b), onehot, active = lora[0][name], lora[1], lora[2]
+
+    def update():
+        xa = jnp.einsum("ti,sir->tsr", x.astype(jnp.float32), a) * onehot[:, :, None]
+        return jnp.einsum("tsr,sro->to", xa, b)
+
+    return jax.lax.cond(active, update, lambda: jnp.zeros((x.shape[0], b.shape[-1]), jnp.float32))
 
 
 def _plus(y, delta):
@@ -209,7 +214,8 @@ class DecoderLayers(nnx.Module):
 
     def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, ropes, lora=None):
         """`ropes`: the rotary tables (cos, sin) of full-attention layers and those of sliding-window layers
-        (None: the same). `lora`: the LoRA adapters' weights of this layer and the tokens' slots (`_lora_delta`)."""
+        (None: the same). `lora`: the LoRA adapters' weights of this layer, the tokens' slots and whether any token
+        has one (`_lora_delta`)."""
         cfg = self.cfg
         rope, local_rope = ropes
         if local_rope is not None:
@@ -268,7 +274,9 @@ class DecoderLayers(nnx.Module):
                 h = h + self.o_bias[...]
             h = _plus(_dot(o, self.o_proj[...], D, residual=h, live_rows=live, layer=layer), o_delta)
         if lora is not None and any(p in lora[0] for p in ("gate_proj", "up_proj", "down_proj")):
-            return self._adapted_mlp(h, live, layer, lora), kv_cache
+            # the unfused MLP only in steps where a token has an adapter: the others keep the fused kernels
+            return jax.lax.cond(lora[2], lambda h: self._adapted_mlp(h, live, layer, lora),
+                                lambda h: self.mlp(h, live, layer), h), kv_cache
         return self.mlp(h, live, layer), kv_cache
 
     def _adapted_mlp(self, h, live, layer, lora):
@@ -366,6 +374,7 @@ class LlamaForCausalLM(nnx.Module):
             weights, adapter_slots = lora
             num_slots = next(iter(weights.values()))[0].shape[1]
             onehot = (adapter_slots[:, None] == jnp.arange(num_slots)[None, :]).astype(jnp.float32)
+            active = jnp.any(adapter_slots < num_slots)
         else:
             weights = {}
         slots = token_slots(batch, kv_cache.shape[2], kv_cache.shape[1])
@@ -382,7 +391,8 @@ class LlamaForCausalLM(nnx.Module):
         windows = jnp.asarray(cfg.sliding_windows, jnp.int32)
         if self.layers_unstacked:
             for i, layer_module in enumerate(self.layers):
-                layer_lora = None if onehot is None else ({p: (a[i], b[i]) for p, (a, b) in weights.items()}, onehot)
+                layer_lora = None if onehot is None else (
+                    {p: (a[i], b[i]) for p, (a, b) in weights.items()}, onehot, active)
                 h, kv_cache = layer_module(h, kv_cache, jnp.int32(i), windows[i], batch, slots, ropes, layer_lora)
         else:
             # Packed weights (the native CPU matmul's) stay whole: the kernel reads the step's layer in place,
@@ -394,7 +404,7 @@ class LlamaForCausalLM(nnx.Module):
                 h, kv_cache = carry
                 state, layer, window, layer_weights = xs
                 layer_module = nnx.merge(graphdef, in_place, state)
-                layer_lora = None if onehot is None else (layer_weights, onehot)
+                layer_lora = None if onehot is None else (layer_weights, onehot, active)
                 return layer_module(h, kv_cache, layer, window, batch, slots, ropes, layer_lora), None
 
             layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)

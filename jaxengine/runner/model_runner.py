@@ -356,6 +356,8 @@ class ModelRunner:
         draft_row = len(chunks)
         start = 0
         self.token_sources[:num_tokens] = -1  # every token from the host but those pending below
+        if self.lora_weights is not None:
+            self.adapter_slots[:num_tokens] = self.num_loras  # no adapter, but the chunks' below (padding too)
         for i, chunk in enumerate(chunks):
             seq, n, done = chunk.seq, chunk.num_tokens - len(chunk.drafts), chunk.start
             known = seq.token_ids(done, done + n)
