@@ -95,13 +95,16 @@ def _lora_delta(x, lora, name: str):
     (jaxengine/lora.py), computed only in steps where a token has an adapter."""
     if lora is None or name not in lora[0]:
         return None
-    (a, b), onehot, active = lora[0][name], lora[1], lora[2]
+    width = lora[0][name][1].shape[-1]
+    return jax.lax.cond(lora[2], lambda: _lora_update(x, lora, name),
+                        lambda: jnp.zeros((x.shape[0], width), jnp.float32))
 
-    def update():
-        xa = jnp.einsum("ti,sir->tsr", x.astype(jnp.float32), a) * onehot[:, :, None]
-        return jnp.einsum("tsr,sro->to", xa, b)
 
-    return jax.lax.cond(active, update, lambda: jnp.zeros((x.shape[0], b.shape[-1]), jnp.float32))
+def _lora_update(x, lora, name: str):
+    """`_lora_delta`'s update, computed whatever the step holds."""
+    (a, b), onehot = lora[0][name], lora[1]
+    xa = jnp.einsum("ti,sir->tsr", x.astype(jnp.float32), a) * onehot[:, :, None]
+    return jnp.einsum("tsr,sro->to", xa, b)
 
 
 def _plus(y, delta):
@@ -228,10 +231,14 @@ class DecoderLayers(nnx.Module):
         if hasattr(self, "qkv_proj"):  # fused at packing (pack_for_native_matmul)
             qkv = _normed_dot(h, self.norm("attn_norm"), eps, self.qkv_proj[...], q_width + 2 * kv_width, live, layer)
             if lora is not None and any(p in lora[0] for p in ("q_proj", "k_proj", "v_proj")):
-                x = rms_norm(h, self.norm("attn_norm"), eps)
-                deltas = [_lora_delta(x, lora, p) for p in ("q_proj", "k_proj", "v_proj")]
-                qkv = qkv + jnp.concatenate([jnp.zeros((T, w), jnp.float32) if d is None else d for d, w in
-                                             zip(deltas, (q_width, kv_width, kv_width))], -1).astype(qkv.dtype)
+                def qkv_update():  # the fused projection's three updates side by side
+                    x = rms_norm(h, self.norm("attn_norm"), eps)
+                    return jnp.concatenate([_lora_update(x, lora, p) if p in lora[0] else jnp.zeros((T, w))
+                                            for p, w in zip(("q_proj", "k_proj", "v_proj"),
+                                                            (q_width, kv_width, kv_width))], -1)
+
+                qkv = qkv + jax.lax.cond(lora[2], qkv_update, lambda: jnp.zeros((T, q_width + 2 * kv_width))
+                                         ).astype(qkv.dtype)
         if (qkv is not None and not (cfg.qkv_bias or cfg.qk_norm)
                 and kv_writer(kv_cache, qkv.dtype, self.attention_backend) == "cpu"):
             # The native writer rotates q and k on the way: one pass from the fused projection instead of
