@@ -153,3 +153,20 @@ def test_beam_search_with_an_adapter(engines, adapters):
     for prompt, out, name in zip(prompts, outputs, ("attn", None)):
         assert [s.tokens for s in out.sequences] == [w[0] for w in _reference(adapters[name][1], prompt, 2, 4, 1.0)]
     assert engine.lora_slots.users == [0, 0]
+
+
+def test_tensor_parallel_adapters_with_repeated_kv_heads(engines, model_dirs, tmp_path):
+    """tensor_parallel_size=2 over Qwen3's one KV head (each device holds a copy: the adapter's k/v updates are
+    repeated as the weights are): an adapter's tokens and the base model's beside it are transformers' with and
+    without it merged."""
+    from tests.lora_util import TARGETS, merged_hf
+
+    config = json.loads((model_dirs["qwen3"] / "config.json").read_text())
+    tensors = make_adapter(tmp_path / "q3", config, 4, tuple(TARGETS), 7)
+    engine = engines("qwen3", tensor_parallel_size=2, **LORA)
+    assert engine.model_config.num_kv_heads == 2  # repeated
+    prompts = random_prompts(engine.model_config.vocab_size, [9, 30], seed=25)
+    got = _run(engine, [(prompts[0], LoRARequest("q3", 9, str(tmp_path / "q3"))), (prompts[1], None)])
+    base = merged_hf(model_dirs["qwen3"], {}, 0.0)
+    assert got[0] == hf_greedy(merged_hf(model_dirs["qwen3"], tensors, 16.0 / 4), prompts[0], 12)
+    assert got[1] == hf_greedy(base, prompts[1], 12) and got[0] != hf_greedy(base, prompts[0], 12)
