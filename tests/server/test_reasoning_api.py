@@ -6,10 +6,12 @@ import json
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from jaxengine.reasoning import ReasoningParser
 from server.app import build_app
 from tests.server.conftest import MODEL, LiveServer
+from tests.server.test_errors_and_ops import _CHAT_FIELDS, _bodies, assert_no_5xx_and_healthy
 from tests.server.test_tool_calls import CALLS, TOOLS, ScriptedText
 
 THOUGHT = "The user wants 2 + 2. That is 4."
@@ -121,3 +123,11 @@ def test_an_assistant_turn_with_reasoning_reaches_the_template(servers):
         "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi", "reasoning": "x"}]})
     assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
     assert "reasoning is an assistant message's field" in response.json()["error"]["message"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=_bodies(_CHAT_FIELDS, {"messages": [{"role": "user", "content": "fuzz"}]}),
+       stream=st.booleans())
+def test_fuzzed_chat_bodies_with_a_reasoning_parser_never_cause_5xx(servers, body, stream):
+    """The fuzzer of tests/server/test_errors_and_ops.py against the qwen3 reasoning server with tool calls."""
+    assert_no_5xx_and_healthy(servers["qwen3"], "/v1/chat/completions", body | {"stream": stream})
