@@ -9,8 +9,8 @@ and up to `max_loras` adapters in one compiled program, and loading an adapter i
 A sequence takes a slot when it is scheduled (one holding its adapter, else a free one, loaded from the host) and
 gives it back when it finishes or is preempted; a sequence whose adapter finds no slot waits.
 
-Supported: adapters of q/k/v/o and gate/up/down projections of the dense models (not Phi-3's fused projections,
-not a mixture of experts), `lora_alpha` / `r` scaling or rsLoRA's `lora_alpha / sqrt(r)`. Refused with their
+Supported: adapters of q/k/v/o and gate/up/down projections of the dense models (Phi-3's fused qkv_proj and
+gate_up_proj too: one A, B split by rows; not a mixture of experts), `lora_alpha` / `r` scaling or rsLoRA's `lora_alpha / sqrt(r)`. Refused with their
 field: DoRA, biases, `modules_to_save` (whole replaced embeddings or heads), per-module rank or alpha patterns,
 `layers_to_transform`.
 """
@@ -26,7 +26,8 @@ from jaxengine.validation import is_integer
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _MODULE = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-           "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+           "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp", "qkv_proj": "self_attn", "gate_up_proj": "mlp"}
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}  # Phi-3's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,12 +65,8 @@ def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
 
 def check_supported(cfg) -> None:
     """LoRA on this model, or a ValueError saying why not."""
-    architecture = cfg.architecture
     if cfg.num_experts:
         raise ValueError("enable_lora: LoRA adapters on a mixture of experts are not supported yet")
-    if architecture == "Phi3ForCausalLM":
-        raise ValueError("enable_lora: LoRA adapters on Phi-3 (its fused qkv_proj and gate_up_proj) are not "
-                         "supported yet")
 
 
 def load_adapter(request: LoRARequest, cfg, max_rank: int, head_order=None, kv_repeats: int = 1) -> LoRAAdapter:
@@ -113,13 +110,26 @@ def load_adapter(request: LoRARequest, cfg, max_rank: int, head_order=None, kv_r
         except (ValueError, IndexError):
             raise ValueError(f"lora adapter {name!r}: tensor {tensor_name!r} is not a layer's LoRA weight "
                              f"(only {', '.join(TARGETS)} may be adapted)") from None
-        if proj not in TARGETS or _MODULE[proj] != module or which not in ("lora_A", "lora_B"):
+        if _MODULE.get(proj) != module or which not in ("lora_A", "lora_B"):
             raise ValueError(f"lora adapter {name!r}: tensor {tensor_name!r}: only the LoRA A and B of "
                              f"{', '.join(TARGETS)} are supported")
         if not 0 <= layer < cfg.num_layers:
             raise ValueError(f"lora adapter {name!r}: tensor {tensor_name!r} names layer {layer}; the model has "
                              f"{cfg.num_layers}")
         pieces.setdefault(proj, {}).setdefault(layer, {})[which] = np.asarray(array, np.float32)
+    for fused, parts in _FUSED.items():  # one A for the parts, their B's rows one after the other
+        if fused not in pieces:
+            continue
+        if any(part in pieces for part in parts):
+            raise ValueError(f"lora adapter {name!r}: both {fused} and its parts {', '.join(parts)} are adapted")
+        widths = [shapes[part][1] // (kv_repeats if part in ("k_proj", "v_proj") else 1) for part in parts]
+        for layer, ab in pieces.pop(fused).items():
+            b = ab.get("lora_B")
+            if b is None or b.shape[0] != sum(widths):
+                raise ValueError(f"lora adapter {name!r}: layer {layer} {fused} needs lora_B [{sum(widths)}, {rank}], "
+                                 f"got {None if b is None else b.shape}")
+            for part, rows in zip(parts, np.split(b, np.cumsum(widths)[:-1])):
+                pieces.setdefault(part, {})[layer] = {"lora_A": ab.get("lora_A"), "lora_B": rows}
     weights = {}
     for proj, layers in pieces.items():
         n_in, n_out = shapes[proj]

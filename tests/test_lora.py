@@ -170,3 +170,30 @@ def test_tensor_parallel_adapters_with_repeated_kv_heads(engines, model_dirs, tm
     base = merged_hf(model_dirs["qwen3"], {}, 0.0)
     assert got[0] == hf_greedy(merged_hf(model_dirs["qwen3"], tensors, 16.0 / 4), prompts[0], 12)
     assert got[1] == hf_greedy(base, prompts[1], 12) and got[0] != hf_greedy(base, prompts[0], 12)
+
+
+def test_phi3_fused_projections_adapter(engines, model_dirs, tmp_path):
+    """Phi-3's adapters target its fused qkv_proj and gate_up_proj (one A, B rows for each part; the tiny model's
+    partial rotary layout applies to the q/k rows): tokens as transformers' with the adapter merged."""
+    from tests.lora_util import merged_hf
+
+    config = json.loads((model_dirs["phi3"] / "config.json").read_text())
+    D, I, heads, kv = (config["hidden_size"], config["intermediate_size"], config["num_attention_heads"],
+                       config["num_key_value_heads"])
+    head_dim, rank, rng = D // heads, 4, np.random.default_rng(8)
+    shapes = {"self_attn.qkv_proj": (D, (heads + 2 * kv) * head_dim), "self_attn.o_proj": (heads * head_dim, D),
+              "mlp.gate_up_proj": (D, 2 * I), "mlp.down_proj": (I, D)}
+    tensors = {}
+    for layer in range(config["num_hidden_layers"]):
+        for module, (n_in, n_out) in shapes.items():
+            prefix = f"base_model.model.model.layers.{layer}.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = rng.normal(0, 0.3, (rank, n_in)).astype(np.float32)
+            tensors[f"{prefix}.lora_B.weight"] = rng.normal(0, 0.3, (n_out, rank)).astype(np.float32)
+    (tmp_path / "phi").mkdir()
+    save_file(tensors, str(tmp_path / "phi" / "adapter_model.safetensors"))
+    (tmp_path / "phi" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 8}))
+    engine = engines("phi3", **LORA)
+    prompt = random_prompts(engine.model_config.vocab_size, [20], seed=26)[0]
+    got = _run(engine, [(prompt, LoRARequest("phi", 11, str(tmp_path / "phi"))), (prompt, None)])
+    assert got[0] == hf_greedy(merged_hf(model_dirs["phi3"], tensors, 2.0), prompt, 12) != got[1]
+    assert got[1] == hf_greedy(merged_hf(model_dirs["phi3"], {}, 0.0), prompt, 12)
