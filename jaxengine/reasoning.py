@@ -67,7 +67,7 @@ class ReasoningParser:
         if ends:
             i, tag = min(ends)
             return body[:i], body[i + len(tag) if tag == _END else i:], True
-        held = 0 if final else max(_partial_suffix(body, tag) for tag in self.ends_at)
+        held = 0 if final else max(partial_tag(body, tag) for tag in self.ends_at)
         return body[:len(body) - held], "", False
 
     def stream(self, thinks: bool = True) -> "ReasoningStream":
@@ -90,8 +90,8 @@ class ReasoningStream:
         return reasoning[sent_reasoning:], answer[sent_answer:]
 
 
-def _partial_suffix(text: str, tag: str) -> int:
-    """How many characters at the end of `text` could begin `tag`."""
+def partial_tag(text: str, tag: str) -> int:
+    """How many characters at the end of `text` could begin `tag` (a stream holds them back until they can't)."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-n:]):
             return n

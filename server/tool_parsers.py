@@ -26,6 +26,8 @@ import math
 import re
 import uuid
 
+from jaxengine.reasoning import partial_tag
+
 _START, _END = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(_START) + r"(.*?)" + re.escape(_END), re.DOTALL)
 
@@ -171,7 +173,7 @@ class _HermesStream:
             rest = text[self.sent:]
             start = rest.find(_START)
             if start < 0:
-                held = 0 if final else _partial_tag(rest)
+                held = 0 if final else partial_tag(rest, _START)
                 if not self.in_calls or final:
                     content.append(rest[:len(rest) - held])
                     self.sent += len(rest) - held
@@ -224,14 +226,6 @@ class _HermesStream:
             deltas.append(ToolCallDelta(self.open.index, settled[len(self.arguments_sent):]))
             self.arguments_sent = settled
         return deltas
-
-
-def _partial_tag(text: str, tag: str = _START) -> int:
-    """How many characters at the end of `text` could begin `tag` (held back until they can't)."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
 
 
 class Hermes:
@@ -402,7 +396,7 @@ class _TaggedStream:
         if not self.tagged:
             at = text.find(self.tag, self.sent)
             self.tagged = at >= 0
-            end = at if self.tagged else len(text) - (0 if final else _partial_tag(text, self.tag))
+            end = at if self.tagged else len(text) - (0 if final else partial_tag(text, self.tag))
             delta, self.sent = text[self.sent:end], max(self.sent, end)
             if not self.tagged:
                 return delta, []
@@ -551,7 +545,7 @@ class _XmlStream:
         if not self.in_calls:
             at = _xml_start(text, self.sent)
             self.in_calls = at >= 0
-            end = at if self.in_calls else len(text) - (0 if final else max(_partial_tag(text, tag)
+            end = at if self.in_calls else len(text) - (0 if final else max(partial_tag(text, tag)
                                                                                for tag in _XML_STARTS))
             content, self.sent = text[self.sent:end], max(self.sent, end)
             if not self.in_calls:
