@@ -77,13 +77,14 @@ class EngineConfig:
     enable_lora: bool = False
     max_loras: int = 1
     max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # adapters kept read in host memory (least recently used go; None: max_loras)
 
     def __post_init__(self):
         check_field_types(
             self, bools=("trust_remote_code", "enable_prefix_caching", "async_scheduling", "warmup", "enable_lora"),
             integers=("block_size", "max_num_seqs", "max_num_batched_tokens", "min_token_bucket", "seed",
                       "tensor_parallel_size", "data_parallel_size", "max_logprobs", "max_loras", "max_lora_rank"),
-            optional_integers=("max_model_len", "num_kv_blocks"),
+            optional_integers=("max_model_len", "num_kv_blocks", "max_cpu_loras"),
             finite_reals=("kv_cache_memory_fraction", "kv_cache_gib", "compilation_cache_max_gib"),
             strings=("dtype", "kv_cache_dtype", "scheduling_policy", "attention_backend", "layer_loop", "runner",
                      "convert"),
@@ -120,6 +121,8 @@ class EngineConfig:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.dtype not in DTYPES:

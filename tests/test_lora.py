@@ -197,3 +197,21 @@ def test_phi3_fused_projections_adapter(engines, model_dirs, tmp_path):
     got = _run(engine, [(prompt, LoRARequest("phi", 11, str(tmp_path / "phi"))), (prompt, None)])
     assert got[0] == hf_greedy(merged_hf(model_dirs["phi3"], tensors, 2.0), prompt, 12) != got[1]
     assert got[1] == hf_greedy(merged_hf(model_dirs["phi3"], {}, 0.0), prompt, 12)
+
+
+def test_host_memory_keeps_max_cpu_loras_adapters(engines, adapters):
+    """max_cpu_loras (default max_loras): reading one more adapter lets the least recently used idle one go; a
+    request for it reads it again, with the same tokens."""
+    engine = engines("llama", enable_lora=True, max_loras=1, max_lora_rank=8, max_cpu_loras=2)
+    prompt = random_prompts(engine.model_config.vocab_size, [10], seed=27)[0]
+    want = hf_greedy(adapters["all"][1], prompt, 12)
+    assert _run(engine, [(prompt, adapters["all"][0])]) == [want]
+    engine.add_lora(adapters["attn"][0])
+    engine.add_lora(adapters["all"][0])  # used again: "attn" is now the least recently used
+    engine.add_lora(adapters["mlp"][0])
+    assert engine.list_loras() == {1, 3}
+    engine.add_lora(adapters["attn"][0])
+    assert engine.list_loras() == {3, 2}
+    assert _run(engine, [(prompt, adapters["all"][0])]) == [want] and engine.list_loras() == {2, 1}
+    with pytest.raises(ValueError, match="max_cpu_loras \\(1\\) must be >= max_loras \\(2\\)"):
+        EngineConfig(enable_lora=True, max_loras=2, max_cpu_loras=1)

@@ -210,7 +210,7 @@ class LLMEngine:
         self.speculation = self._speculation(config)
         self.reasoning = self._reasoning(config)
         self.lora_slots = self._lora_slots(config, checkpoint_config)
-        self.loras: dict[int, LoRAAdapter] = {}  # adapters read so far, by lora_int_id
+        self.loras: dict[int, LoRAAdapter] = {}  # adapters read and kept (max_cpu_loras), by lora_int_id, LRU first
         self.spec_stats = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}  # vLLM's spec_decode counters
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
@@ -309,8 +309,9 @@ class LLMEngine:
             raise ValueError(f"lora_request must be a LoRARequest, got {type(request).__name__}")
         if self.lora_slots is None:
             raise ValueError("lora_request: this engine was started without enable_lora")
-        known = self.loras.get(request.lora_int_id)
+        known = self.loras.pop(request.lora_int_id, None)
         if known is not None:
+            self.loras[request.lora_int_id] = known  # the most recently used
             if (known.request.lora_name, known.request.lora_path) != (request.lora_name, request.lora_path):
                 raise ValueError(f"lora_request: lora_int_id {request.lora_int_id} already names adapter "
                                  f"{known.request.lora_name!r} ({known.request.lora_path})")
@@ -320,8 +321,19 @@ class LLMEngine:
         order = partial_rotary_layout(cfg.head_dim, rotary) if rotary < cfg.head_dim else None
         adapter = lora.load_adapter(request, cfg, self.config.max_lora_rank, order,
                                     cfg.num_kv_heads // self._checkpoint_kv_heads)
+        self._evict_loras(keep=request.lora_int_id)
         self.loras[request.lora_int_id] = adapter
         return adapter
+
+    def _evict_loras(self, keep: int) -> None:
+        """Room for one more adapter within max_cpu_loras (default max_loras): the least recently used ones no
+        request holds leave host memory (a later request reads its adapter again; a device slot keeps serving
+        the one it holds)."""
+        limit = self.config.max_cpu_loras or self.config.max_loras
+        in_use = {s.lora.request.lora_int_id for r in self.requests.values() for s in r.seqs if s.lora is not None}
+        idle = [i for i in self.loras if i not in in_use and i != keep]
+        for lora_int_id in idle[:max(0, len(self.loras) + 1 - limit)]:
+            del self.loras[lora_int_id]
 
     def _reasoning(self, config: EngineConfig) -> ReasoningParser | None:
         if config.reasoning_parser is None:
