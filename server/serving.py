@@ -775,16 +775,20 @@ class Serving:
         reasoning, answer, _ = self.reasoning.split(text, thinks)
         return (reasoning if thinks and req.include_reasoning else None), answer or None
 
+    def _answer_message(self, text: str, req) -> dict:
+        """An assistant message of an output's text: its reasoning and answer (with --reasoning-parser)."""
+        reasoning, answer = self._split_reasoning(text, req)
+        return {"role": "assistant", "content": answer} | ({"reasoning": reasoning} if reasoning is not None else {})
+
     def _message(self, c, req) -> tuple[dict, str | None]:
         """A choice's assistant message and finish reason: its reasoning and answer (with --reasoning-parser); the
         calls its answer holds, where the request's tool_choice asks for them (finish reason tool_calls, but for a
         named function's, as OpenAI's)."""
-        reasoning, answer = self._split_reasoning(c.text, req)
-        message = {"role": "assistant", "content": answer} | ({"reasoning": reasoning} if reasoning is not None else {})
+        message = self._answer_message(c.text, req)
         finder = self._tool_calls(req)
         if finder is None:
             return message, c.finish_reason
-        content, calls = finder.parse(answer or "")
+        content, calls = finder.parse(message["content"] or "")
         if not calls:
             return message, c.finish_reason
         calls = calls[:1] if req.parallel_tool_calls is False else calls
@@ -833,13 +837,9 @@ class Serving:
         max_tokens = (req.max_completion_tokens or req.max_tokens or self.engine.engine.default_sampling.get(
             "max_tokens") or max(self.engine.engine.max_model_len - len(ids), 1))
         prompts, [(prompt_len, beams)] = await self._beam_search(request_id, req, [(None, ids)], max_tokens)
-        choices = []
-        for j, beam in enumerate(beams):
-            reasoning, answer = self._split_reasoning(beam.text, req)
-            message = {"role": "assistant", "content": answer} | (
-                {"reasoning": reasoning} if reasoning is not None else {})
-            choices.append({"index": j, "message": message, "logprobs": None, "finish_reason": beam.finish_reason,
-                            "stop_reason": beam.stop_reason})
+        choices = [{"index": j, "message": self._answer_message(beam.text, req), "logprobs": None,
+                    "finish_reason": beam.finish_reason, "stop_reason": beam.stop_reason}
+                   for j, beam in enumerate(beams)]
         prompt_tokens, generated = len(prompts[0][1]), sum(len(b.tokens) - prompt_len for b in beams)
         return {"id": request_id, "object": "chat.completion", "created": int(time.time()),
                 "model": self._model_of(req),

@@ -166,6 +166,7 @@ class _HermesStream:
         self.count = 0  # calls begun
         self.open: ToolCallDelta | None = None  # the call streaming now: its header, and the arguments sent
         self.arguments_sent = ""
+        self.arguments_from = 0  # where the open call's arguments begin in its block
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list]:
         content, calls = [], []
@@ -383,6 +384,14 @@ def _parse_mistral(text: str) -> tuple[str | None, list[ToolCall]]:
     return text[:at] or None, calls
 
 
+def _content_before(text: str, sent: int, tags: tuple[str, ...], final: bool) -> tuple[str, int, bool]:
+    """A stream's content from `sent` up to where the first of `tags` begins, or (none found) to the end, less what
+    may still become one unless the output has ended: (content, where it stops, whether a tag begins there)."""
+    found = [at for tag in tags if (at := text.find(tag, sent)) >= 0]
+    end = min(found) if found else len(text) - (0 if final else max(partial_tag(text, tag) for tag in tags))
+    return text[sent:end], max(sent, end), bool(found)
+
+
 class _TaggedStream:
     """Content streams up to a possible start of `tag`; from the tag on, the output is held to its end and parsed
     whole (the calls go out then, or the held text as content where it does not parse)."""
@@ -394,10 +403,7 @@ class _TaggedStream:
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
         if not self.tagged:
-            at = text.find(self.tag, self.sent)
-            self.tagged = at >= 0
-            end = at if self.tagged else len(text) - (0 if final else partial_tag(text, self.tag))
-            delta, self.sent = text[self.sent:end], max(self.sent, end)
+            delta, self.sent, self.tagged = _content_before(text, self.sent, (self.tag,), final)
             if not self.tagged:
                 return delta, []
         else:
@@ -512,21 +518,16 @@ def _xml_call(name: str, body: str, tools: list[dict]) -> ToolCall | None:
     return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
 
 
-def _xml_start(text: str, start: int = 0) -> int:
-    found = [at for tag in _XML_STARTS if (at := text.find(tag, start)) >= 0]
-    return min(found) if found else -1
-
-
 def _parse_qwen3_xml(text: str, tools: list[dict]) -> tuple[str | None, list[ToolCall]]:
     """(content before the first <tool_call> or <function=, calls); (text, []) where there are none or one does
     not parse. A function block the output leaves open (cut by the token limit) is read as far as it goes."""
-    at = _xml_start(text)
-    if at < 0:
+    content, at, tagged = _content_before(text, 0, _XML_STARTS, final=True)
+    if not tagged:
         return text, []
     calls = [_xml_call(name, body, tools) for name, body, _ in _XML_FUNCTION.findall(text, at)]
     if not calls or None in calls:
         return text, []
-    return text[:at] or None, calls
+    return content or None, calls
 
 
 class _XmlStream:
@@ -543,11 +544,7 @@ class _XmlStream:
     def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
         content, calls = "", []
         if not self.in_calls:
-            at = _xml_start(text, self.sent)
-            self.in_calls = at >= 0
-            end = at if self.in_calls else len(text) - (0 if final else max(partial_tag(text, tag)
-                                                                               for tag in _XML_STARTS))
-            content, self.sent = text[self.sent:end], max(self.sent, end)
+            content, self.sent, self.in_calls = _content_before(text, self.sent, _XML_STARTS, final)
             if not self.in_calls:
                 return content, []
         for match in _XML_FUNCTION.finditer(text, self.sent):

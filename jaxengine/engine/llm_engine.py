@@ -292,9 +292,7 @@ class LLMEngine:
 
     def remove_lora(self, lora_int_id: int) -> bool:
         """Forgets an adapter no request uses (False where one does, or none has the id), as vLLM's."""
-        if lora_int_id not in self.loras or any(
-                s.lora is not None and s.lora.request.lora_int_id == lora_int_id
-                for r in self.requests.values() for s in r.seqs):
+        if lora_int_id not in self.loras or lora_int_id in self._loras_in_use():
             return False
         del self.loras[lora_int_id]
         self.lora_slots.forget(lora_int_id)
@@ -302,6 +300,10 @@ class LLMEngine:
 
     def list_loras(self) -> set[int]:
         return set(self.loras)
+
+    def _loras_in_use(self) -> set[int]:
+        """The lora_int_ids of the adapters unfinished requests run with."""
+        return {s.lora.request.lora_int_id for r in self.requests.values() for s in r.seqs if s.lora is not None}
 
     def _adapter(self, request: LoRARequest) -> LoRAAdapter:
         """The adapter a request names, read on first use (a ValueError where it does not fit the model)."""
@@ -330,8 +332,8 @@ class LLMEngine:
         request holds leave host memory (a later request reads its adapter again; a device slot keeps serving
         the one it holds)."""
         limit = self.config.max_cpu_loras or self.config.max_loras
-        in_use = {s.lora.request.lora_int_id for r in self.requests.values() for s in r.seqs if s.lora is not None}
-        idle = [i for i in self.loras if i not in in_use and i != keep]
+        in_use = self._loras_in_use() | {keep}
+        idle = [i for i in self.loras if i not in in_use]
         for lora_int_id in idle[:max(0, len(self.loras) + 1 - limit)]:
             del self.loras[lora_int_id]
 

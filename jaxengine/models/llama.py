@@ -64,6 +64,14 @@ def _normed_dot(h, norm, eps: float, w, n: int, live_rows=None, layer=None):
     return _dot(rms_norm(h, norm, eps), w, n, live_rows=live_rows, layer=layer)
 
 
+def _unpacked_gate_up(h, norm, eps: float, gate_up, live_rows=None, layer=None):
+    """The gate and up products of a `pack_gated` weight over rms_norm(h), split back apart (for XLA's
+    activation, or updates to add to each)."""
+    from pallas_kernels import cpu
+
+    return cpu.unpack_gated(_normed_dot(h, norm, eps, gate_up, gate_up.shape[-3] * cpu.PANEL, live_rows, layer))
+
+
 def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer=None, activation="silu",
                out_norm=None):
     """h + (act(gate) * up) @ down over rms_norm(h) for a gate/up projection packed by `pallas_kernels.cpu.
@@ -81,7 +89,7 @@ def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer
                                    layer=_stack_index(down, layer))
         out = cpu.matmul_bf16(pairs, down, n, prologue="rounded", live_rows=live_rows, layer=_stack_index(down, layer))
         return h + rms_norm(out, out_norm, eps)
-    gate, up = cpu.unpack_gated(_normed_dot(h, norm, eps, gate_up, gate_up.shape[-3] * cpu.PANEL, live_rows, layer))
+    gate, up = _unpacked_gate_up(h, norm, eps, gate_up, live_rows, layer)
     gated = ACTIVATIONS[activation](gate) * up
     if out_norm is None:
         return _dot(gated, down, n, h, live_rows, layer)
@@ -290,17 +298,10 @@ class DecoderLayers(nnx.Module):
         """The dense MLP with LoRA updates to its gate, up and down projections (the native kernel's fused
         gate/up/down cannot take them: the packed gate/up products are split back instead)."""
         cfg = self.cfg
-        eps, D, I = cfg.rms_norm_eps, cfg.hidden_size, cfg.intermediate_size
+        eps, D = cfg.rms_norm_eps, cfg.hidden_size
         norm = self.norm("mlp_norm")
         x = rms_norm(h, norm, eps)
-        if hasattr(self, "gate_up_proj"):
-            from pallas_kernels import cpu
-
-            gate_up = self.gate_up_proj[...]
-            gate, up = cpu.unpack_gated(_normed_dot(h, norm, eps, gate_up, gate_up.shape[-3] * cpu.PANEL, live, layer))
-        else:
-            gate = _normed_dot(h, norm, eps, self.gate_proj[...], I, live, layer)
-            up = _normed_dot(h, norm, eps, self.up_proj[...], I, live, layer)
+        gate, up = self._gate_up(h, norm, live, layer)
         gate, up = _plus(gate, _lora_delta(x, lora, "gate_proj")), _plus(up, _lora_delta(x, lora, "up_proj"))
         gated = ACTIVATIONS[cfg.hidden_act](gate) * up
         out = _plus(_dot(gated, self.down_proj[...], D, live_rows=live, layer=layer),
@@ -308,6 +309,14 @@ class DecoderLayers(nnx.Module):
         if cfg.sandwich_norms:
             out = rms_norm(out, self.norm("post_mlp_norm"), eps)
         return h + out
+
+    def _gate_up(self, h, norm, live, layer):
+        """The dense MLP's gate and up products over rms_norm(h, norm), from the packed gate/up weight or the two."""
+        cfg = self.cfg
+        if hasattr(self, "gate_up_proj"):
+            return _unpacked_gate_up(h, norm, cfg.rms_norm_eps, self.gate_up_proj[...], live, layer)
+        return tuple(_normed_dot(h, norm, cfg.rms_norm_eps, w[...], cfg.intermediate_size, live, layer)
+                     for w in (self.gate_proj, self.up_proj))
 
     def mlp(self, h, live, layer):
         """h + the MLP's output (dense, or a mixture of experts with its shared expert) over the normed h."""
@@ -320,8 +329,7 @@ class DecoderLayers(nnx.Module):
         mlp_norm, activation = self.norm("mlp_norm"), ACTIVATIONS[cfg.hidden_act]
         out = None
         if I:
-            gate = _normed_dot(h, mlp_norm, eps, self.gate_proj[...], I, live, layer)
-            up = _normed_dot(h, mlp_norm, eps, self.up_proj[...], I, live, layer)
+            gate, up = self._gate_up(h, mlp_norm, live, layer)
             gated = activation(gate) * up
             if not (cfg.sandwich_norms or cfg.num_experts):
                 return _dot(gated, self.down_proj[...], D, residual=h, live_rows=live, layer=layer)

@@ -370,29 +370,19 @@ def test_mistral_calls_come_back_as_tool_calls(tool_servers, stream, monkeypatch
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_qwen3_xml_calls_come_back_as_tool_calls(tool_servers, stream):
-    response = client_of(tool_servers["qwen3-xml"]).chat.completions.create(
-        model=MODEL, messages=ASK, tools=XML_TOOLS, max_tokens=24, extra_body={"ignore_eos": True}, stream=stream)
-    content, calls, finish = _content_calls_finish(response, stream)
-    assert content == "I will check.\n" and finish == "tool_calls"
-    assert [(f.name, json.loads(f.arguments)) for f in calls] == XML_CALLS
-
-
-@pytest.mark.parametrize("stream", [False, True])
-def test_pythonic_calls_come_back_as_tool_calls(tool_servers, stream):
-    response = ask(tool_servers["pythonic"], stream=stream)
-    content, calls, finish = _content_calls_finish(response, stream)
-    assert content == "" and finish == "tool_calls"
-    assert [(f.name, json.loads(f.arguments)) for f in calls] == PYTHONIC_CALLS
-
-
-@pytest.mark.parametrize("stream", [False, True])
-def test_llama3_json_calls_come_back_as_tool_calls(tool_servers, stream):
-    response = ask(tool_servers["llama3"], stream=stream)
-    content, calls, finish = _content_calls_finish(response, stream)
-    assert content == "" and finish == "tool_calls"
-    assert [(f.name, json.loads(f.arguments)) for f in calls] == [
-        ("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]
+@pytest.mark.parametrize("server, tools, content, want", [
+    ("qwen3-xml", XML_TOOLS, "I will check.\n", XML_CALLS),
+    ("pythonic", TOOLS, "", PYTHONIC_CALLS),
+    ("llama3", TOOLS, "", [("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]),
+])
+def test_parsed_calls_come_back_as_tool_calls(tool_servers, server, tools, content, want, stream):
+    """qwen3_coder, pythonic and llama3_json: the content before the calls (none for the calls-only formats), the
+    calls, finish reason tool_calls; streamed or not."""
+    response = client_of(tool_servers[server]).chat.completions.create(
+        model=MODEL, messages=ASK, tools=tools, max_tokens=24, extra_body={"ignore_eos": True}, stream=stream)
+    got_content, calls, finish = _content_calls_finish(response, stream)
+    assert got_content == content and finish == "tool_calls"
+    assert [(f.name, json.loads(f.arguments)) for f in calls] == want
 
 
 def test_output_without_calls_is_plain_content(tool_servers):
