@@ -162,6 +162,14 @@ def _convert(args) -> None:
     print(f"wrote an Orbax checkpoint to {args.output}; serve it with --model {args.output}")
 
 
+def _quantize(args) -> None:
+    from jaxengine.models.loader import resolve_model_dir
+    from jaxengine.models.quantization import write_w8a8_checkpoint
+
+    write_w8a8_checkpoint(resolve_model_dir(args.model), args.output)
+    print(f"wrote a W8A8 int8 (compressed-tensors) checkpoint to {args.output}; serve it with --model {args.output}")
+
+
 def main(argv: list[str] | None = None) -> None:
     from server.tool_parsers import TOOL_CALL_PARSERS
 
@@ -231,6 +239,11 @@ def main(argv: list[str] | None = None) -> None:
     convert.add_argument("--output", required=True, help="a new directory for the checkpoint")
     convert.add_argument("--dtype", default="auto")
     convert.set_defaults(run=_convert)
+    quantize = sub.add_parser("quantize", help="write a W8A8 int8 (compressed-tensors) checkpoint of a float one: "
+                                               "per-channel weights, round to nearest")
+    quantize.add_argument("--model", required=True, help="Hugging Face directory or hub id of a dense model")
+    quantize.add_argument("--output", required=True, help="a new directory for the checkpoint")
+    quantize.set_defaults(run=_quantize)
     from jaxengine.bench import add_bench_parser
 
     add_bench_parser(sub)

@@ -14,6 +14,7 @@ ATTENTION_BACKENDS = ("auto", "reference", "pallas", "native")  # see jaxengine/
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # see jaxengine/models/loader.py: resolve_dtypes
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")  # see LLMEngine._kv_cache_dtype
 RUNNERS = ("auto", "generate", "pooling")  # see LLMEngine._runner_type
+QUANTIZATION_METHODS = ("compressed-tensors",)  # vLLM's names of those served (jaxengine/models/quantization.py)
 CONVERTS = ("auto", "embed")  # vLLM's --convert: what a pooling runner makes of the model (embeddings only here)
 
 
@@ -25,6 +26,9 @@ class EngineConfig:
     revision: str | None = None  # a hub id's branch, tag or commit (default: main), as vLLM's --revision
     download_dir: str | None = None  # where a hub id's files go (default: the Hugging Face cache)
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    # As vLLM's --quantization: None takes the checkpoint's (config.json's quantization_config); a method named
+    # must be the checkpoint's. Served: compressed-tensors W8A8 int8 (jaxengine/models/quantization.py).
+    quantization: str | None = None
     kv_cache_dtype: str = "auto"  # auto | float32 | bfloat16 | float16; auto: see LLMEngine._kv_cache_dtype
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     block_size: int = 16
@@ -88,7 +92,7 @@ class EngineConfig:
             finite_reals=("kv_cache_memory_fraction", "kv_cache_gib", "compilation_cache_max_gib"),
             strings=("dtype", "kv_cache_dtype", "scheduling_policy", "attention_backend", "layer_loop", "runner",
                      "convert"),
-            optional_strings=("revision", "reasoning_parser"),
+            optional_strings=("revision", "reasoning_parser", "quantization"),
             optional_paths=("model", "tokenizer", "download_dir", "compilation_cache_dir", "profiler_dir",
                             "generation_config"))
         if self.generation_config is None:
@@ -101,6 +105,9 @@ class EngineConfig:
         if self.convert not in CONVERTS:
             raise ValueError(f"convert must be one of {', '.join(CONVERTS)} (embeddings are the one pooling task "
                              f"supported), got {self.convert!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} or None (the checkpoint's), "
+                             f"got {self.quantization!r}")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got "
                              f"{self.reasoning_parser!r}")
@@ -174,7 +181,6 @@ VLLM_SETTINGS = {
     "swap_space": "preempted requests are recomputed, never swapped to host memory",
     "cpu_offload_gb": "weights are not offloaded to host memory",
     "enforce_eager": "there are no CUDA graphs to turn off: every step runs compiled XLA programs",
-    "quantization": "quantized checkpoints are not supported yet",
     "tokenizer_mode": "the tokenizer is always transformers' AutoTokenizer (a fast one where it exists)",
     "pipeline_parallel_size": "not supported; use tensor_parallel_size and data_parallel_size",
     "task": "use runner='pooling' for embeddings (convert='embed')",

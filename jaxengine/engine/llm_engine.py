@@ -174,6 +174,9 @@ class LLMEngine:
                      if config.model else _demo_model_dir())
         tp = config.tensor_parallel_size
         architecture, checkpoint_config = load_config(model_dir, config.hf_overrides)
+        if config.quantization is not None and checkpoint_config.quantization is None:
+            raise ValueError(f"quantization={config.quantization!r}, but {model_dir} is not a quantized checkpoint (its "
+                             f"config.json has no quantization_config; quantizing at load is not supported)")
         hf_config = read_hf_config(model_dir, config.hf_overrides)  # the pooler's and a classifier head's keys
         self.runner_type = self._runner_type(config, architecture)
         # What a pooling engine's outputs are: "embed" (embeddings) or "classify" (a classifier's probabilities).

@@ -61,6 +61,8 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalise the top experts' router probabilities to sum to 1
     shared_expert_gate: bool = False  # Qwen2 MoE: the shared expert's output times sigmoid(x @ gate)
+    # None, or "w8a8_int8": the decoder layers' projections int8 (jaxengine/models/quantization.py)
+    quantization: str | None = None
 
     @property
     def q_per_kv(self) -> int:

@@ -20,6 +20,7 @@ from jaxengine.layers.moe import moe_mlp
 from jaxengine.layers.norms import gemma_scale, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
 from jaxengine.models.config import ModelConfig, rope_inv_freq
+from jaxengine.models.quantization import QUANTIZED_LINEARS, Int8Weight, int8_matmul
 from jaxengine.runner.batch import RaggedBatch
 
 
@@ -35,14 +36,22 @@ def _stack_index(w, layer):
     return layer if w.ndim == 4 else None
 
 
+def _native(w) -> bool:
+    """Whether `w` is packed for the native CPU matmul."""
+    return not isinstance(w, Int8Weight) and w.ndim >= 3
+
+
 def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
     """x @ w (+ residual) -> [.., n] in the weight's dtype, accumulated in float32 (a bf16 x bf16 -> bf16 dot is
-    far slower on CPU), returned in x's dtype. A packed weight (`pack_for_native_matmul`: 3 dimensions, or 4
+    far slower on CPU), returned in x's dtype. A quantized weight (Int8Weight) quantizes x per row and multiplies
+    in int8 (jaxengine/models/quantization.py). A packed weight (`pack_for_native_matmul`: 3 dimensions, or 4
     for all layers' stacked, of which `layer` is used) runs the native CPU kernel: same numbers up to summation
     order (pallas_kernels/cpu_matmul.cc), the residual added as the result is stored. `live_rows` (i32[]): x's
     rows from it on are a bucket's padding, which the native kernel skips (they come out zero); XLA's dot
     computes them like the others."""
-    if w.ndim >= 3:
+    if isinstance(w, Int8Weight):
+        out = int8_matmul(x, w).astype(x.dtype)
+    elif w.ndim >= 3:
         from pallas_kernels import cpu
 
         layer = _stack_index(w, layer)
@@ -56,7 +65,7 @@ def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
 
 def _normed_dot(h, norm, eps: float, w, n: int, live_rows=None, layer=None):
     """rms_norm(h, norm, eps) @ w; the native CPU matmul normalises the rows on its way in (no separate pass)."""
-    if w.ndim >= 3 and h.dtype == jnp.float32:
+    if _native(w) and h.dtype == jnp.float32:
         from pallas_kernels import cpu
 
         return cpu.matmul_bf16(h, w, n, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows,
@@ -164,6 +173,8 @@ def _pack_layer(layer) -> None:
 
     lead = layer.q_proj.get_metadata()["logical_axes"][:-2]  # ("layers",) when stacked
     parts = ("q_proj", "k_proj", "v_proj")
+    if layer.cfg.quantization is not None:  # the int8 projections stay as they are (XLA's int8 dots)
+        return
     if all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
         value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
         layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
@@ -189,11 +200,12 @@ class DecoderLayers(nnx.Module):
         self.attention_backend = attention_backend
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.cfg = cfg
+        linear = dtype if cfg.quantization is None else jnp.int8  # the projections' weights
         self.attn_norm = _param((L, D), dtype, ("layers", "embed"))
-        self.q_proj = _param((L, D, q_width), dtype, ("layers", "embed", "heads"))
-        self.k_proj = _param((L, D, kv_width), dtype, ("layers", "embed", "kv_heads"))
-        self.v_proj = _param((L, D, kv_width), dtype, ("layers", "embed", "kv_heads"))
-        self.o_proj = _param((L, q_width, D), dtype, ("layers", "heads", "embed"))
+        self.q_proj = _param((L, D, q_width), linear, ("layers", "embed", "heads"))
+        self.k_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
+        self.v_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
+        self.o_proj = _param((L, q_width, D), linear, ("layers", "heads", "embed"))
         if cfg.qkv_bias:
             self.q_bias = _param((L, q_width), dtype, ("layers", "heads"))
             self.k_bias = _param((L, kv_width), dtype, ("layers", "kv_heads"))
@@ -208,9 +220,9 @@ class DecoderLayers(nnx.Module):
             self.post_attn_norm = _param((L, D), dtype, ("layers", "embed"))
             self.post_mlp_norm = _param((L, D), dtype, ("layers", "embed"))
         if I:  # the dense MLP, or a mixture of experts' shared expert
-            self.gate_proj = _param((L, D, I), dtype, ("layers", "embed", "mlp"))
-            self.up_proj = _param((L, D, I), dtype, ("layers", "embed", "mlp"))
-            self.down_proj = _param((L, I, D), dtype, ("layers", "mlp", "embed"))
+            self.gate_proj = _param((L, D, I), linear, ("layers", "embed", "mlp"))
+            self.up_proj = _param((L, D, I), linear, ("layers", "embed", "mlp"))
+            self.down_proj = _param((L, I, D), linear, ("layers", "mlp", "embed"))
         if cfg.num_experts:
             E, M = cfg.num_experts, cfg.moe_intermediate_size
             self.router = _param((L, D, E), dtype, ("layers", "embed", "experts"))
@@ -219,9 +231,20 @@ class DecoderLayers(nnx.Module):
             self.expert_down = _param((L, E, M, D), dtype, ("layers", "experts", "mlp", "embed"))
         if cfg.shared_expert_gate:
             self.shared_expert_gate = _param((L, D, 1), dtype, ("layers", "embed", "unit"))
+        if cfg.quantization is not None:  # each int8 projection's scales per output channel
+            for name in QUANTIZED_LINEARS:
+                if hasattr(self, name):
+                    axes = getattr(self, name).get_metadata()["logical_axes"]
+                    setattr(self, name + "_scale", _param((L, getattr(self, name).get_value().shape[-1]), jnp.float32,
+                                                          (axes[0], axes[-1])))
 
     def norm(self, name: str) -> jax.Array:
         return _norm_scale(self.cfg, getattr(self, name)[...])
+
+    def linear(self, name: str):
+        """Projection `name`'s weight as the matmuls take it: the array, or an int8 one with its scales."""
+        w = getattr(self, name)[...]
+        return w if self.cfg.quantization is None else Int8Weight(w, getattr(self, name + "_scale")[...])
 
     def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, ropes, lora=None):
         """`ropes`: the rotary tables (cos, sin) of full-attention layers and those of sliding-window layers
@@ -259,11 +282,11 @@ class DecoderLayers(nnx.Module):
                 q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], -1)
             else:
                 x = rms_norm(h, self.norm("attn_norm"), eps)
-                q, k, v = (_plus(_dot(x, self.q_proj[...], q_width, live_rows=live, layer=layer),
+                q, k, v = (_plus(_dot(x, self.linear("q_proj"), q_width, live_rows=live, layer=layer),
                                  _lora_delta(x, lora, "q_proj")),
-                           _plus(_dot(x, self.k_proj[...], kv_width, live_rows=live, layer=layer),
+                           _plus(_dot(x, self.linear("k_proj"), kv_width, live_rows=live, layer=layer),
                                  _lora_delta(x, lora, "k_proj")),
-                           _plus(_dot(x, self.v_proj[...], kv_width, live_rows=live, layer=layer),
+                           _plus(_dot(x, self.linear("v_proj"), kv_width, live_rows=live, layer=layer),
                                  _lora_delta(x, lora, "v_proj")))
             if cfg.qkv_bias:
                 q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
@@ -280,14 +303,14 @@ class DecoderLayers(nnx.Module):
         D = cfg.hidden_size
         o_delta = _lora_delta(o, lora, "o_proj")
         if cfg.sandwich_norms:
-            out = _plus(_dot(o, self.o_proj[...], D, live_rows=live, layer=layer), o_delta)
+            out = _plus(_dot(o, self.linear("o_proj"), D, live_rows=live, layer=layer), o_delta)
             if cfg.o_bias:
                 out = out + self.o_bias[...]
             h = h + rms_norm(out, self.norm("post_attn_norm"), eps)
         else:
             if cfg.o_bias:
                 h = h + self.o_bias[...]
-            h = _plus(_dot(o, self.o_proj[...], D, residual=h, live_rows=live, layer=layer), o_delta)
+            h = _plus(_dot(o, self.linear("o_proj"), D, residual=h, live_rows=live, layer=layer), o_delta)
         if lora is not None and any(p in lora[0] for p in ("gate_proj", "up_proj", "down_proj")):
             # the unfused MLP only in steps where a token has an adapter: the others keep the fused kernels
             return jax.lax.cond(lora[2], lambda h: self._adapted_mlp(h, live, layer, lora),
@@ -304,7 +327,7 @@ class DecoderLayers(nnx.Module):
         gate, up = self._gate_up(h, norm, live, layer)
         gate, up = _plus(gate, _lora_delta(x, lora, "gate_proj")), _plus(up, _lora_delta(x, lora, "up_proj"))
         gated = ACTIVATIONS[cfg.hidden_act](gate) * up
-        out = _plus(_dot(gated, self.down_proj[...], D, live_rows=live, layer=layer),
+        out = _plus(_dot(gated, self.linear("down_proj"), D, live_rows=live, layer=layer),
                     _lora_delta(gated, lora, "down_proj"))
         if cfg.sandwich_norms:
             out = rms_norm(out, self.norm("post_mlp_norm"), eps)
@@ -315,8 +338,8 @@ class DecoderLayers(nnx.Module):
         cfg = self.cfg
         if hasattr(self, "gate_up_proj"):
             return _unpacked_gate_up(h, norm, cfg.rms_norm_eps, self.gate_up_proj[...], live, layer)
-        return tuple(_normed_dot(h, norm, cfg.rms_norm_eps, w[...], cfg.intermediate_size, live, layer)
-                     for w in (self.gate_proj, self.up_proj))
+        return tuple(_normed_dot(h, norm, cfg.rms_norm_eps, self.linear(name), cfg.intermediate_size, live, layer)
+                     for name in ("gate_proj", "up_proj"))
 
     def mlp(self, h, live, layer):
         """h + the MLP's output (dense, or a mixture of experts with its shared expert) over the normed h."""
@@ -324,7 +347,7 @@ class DecoderLayers(nnx.Module):
         eps, D, I = cfg.rms_norm_eps, cfg.hidden_size, cfg.intermediate_size
         if hasattr(self, "gate_up_proj"):  # fused at packing (pack_for_native_matmul)
             out_norm = self.norm("post_mlp_norm") if cfg.sandwich_norms else None
-            return _gated_mlp(h, self.norm("mlp_norm"), eps, self.gate_up_proj[...], self.down_proj[...], D, live,
+            return _gated_mlp(h, self.norm("mlp_norm"), eps, self.gate_up_proj[...], self.linear("down_proj"), D, live,
                               layer, cfg.hidden_act, out_norm)
         mlp_norm, activation = self.norm("mlp_norm"), ACTIVATIONS[cfg.hidden_act]
         out = None
@@ -332,8 +355,8 @@ class DecoderLayers(nnx.Module):
             gate, up = self._gate_up(h, mlp_norm, live, layer)
             gated = activation(gate) * up
             if not (cfg.sandwich_norms or cfg.num_experts):
-                return _dot(gated, self.down_proj[...], D, residual=h, live_rows=live, layer=layer)
-            out = _dot(gated, self.down_proj[...], D, live_rows=live, layer=layer)
+                return _dot(gated, self.linear("down_proj"), D, residual=h, live_rows=live, layer=layer)
+            out = _dot(gated, self.linear("down_proj"), D, live_rows=live, layer=layer)
         if cfg.num_experts:
             x = rms_norm(h, mlp_norm, eps)
             if cfg.shared_expert_gate:
@@ -527,6 +550,9 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
         per_layer |= {"post_attention_layernorm.weight": ("post_attn_norm", False),
                       "pre_feedforward_layernorm.weight": ("mlp_norm", False),
                       "post_feedforward_layernorm.weight": ("post_mlp_norm", False)}
+    if cfg.quantization is not None:  # each int8 projection's scales (`[out]` by then: quantization.with_scales)
+        per_layer |= {hf_name + "_scale": (ours + "_scale", False) for hf_name, (ours, _) in per_layer.items()
+                      if ours in QUANTIZED_LINEARS}
     for i in range(cfg.num_layers):
         for hf_name, (ours, transpose) in per_layer.items():
             names[f"model.layers.{i}.{hf_name}"] = (("layers", ours), i, transpose, None)

@@ -20,6 +20,7 @@ from jaxengine.models.config import ModelConfig, read_hf_config
 from jaxengine.models.llama import hf_weight_map
 from jaxengine.models.registry import Architecture, get_architecture
 from jaxengine.models import orbax_io
+from jaxengine.models.quantization import parse_quantization, with_scales
 from jaxengine.models.safetensors_io import read_safetensors
 from jaxengine.parallel.sharding import kv_head_repeats, named_sharding
 from jaxengine.runner.executables import signature
@@ -77,7 +78,11 @@ def resolve_dtypes(dtype: str, cfg: ModelConfig, backend: str | None = None, nat
 def load_config(model_dir: Path, hf_overrides: dict | None = None) -> tuple[Architecture, ModelConfig]:
     hf = read_hf_config(model_dir, hf_overrides)
     arch = get_architecture(hf)
-    return arch, arch.read_config(hf)
+    cfg = arch.read_config(hf)
+    quantization = parse_quantization(hf)
+    if quantization is not None and cfg.num_experts:
+        raise ValueError("quantization_config: a quantized mixture of experts is not supported")
+    return arch, dataclasses.replace(cfg, quantization=quantization)
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -134,7 +139,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     orbax = orbax_io.is_orbax_checkpoint(model_dir)
     jdtype, param_dtype, native_matmul = weight_dtypes(model_dir, cfg, dtype, mesh, native_matmul)
     repeats = kv_head_repeats(cfg, mesh.shape["model"]) if mesh is not None else 1
-    checkpoint_kv_heads = cfg.num_kv_heads
+    checkpoint_cfg, checkpoint_kv_heads = cfg, cfg.num_kv_heads
     cfg = dataclasses.replace(cfg, num_kv_heads=cfg.num_kv_heads * repeats)
 
     def build():
@@ -152,9 +157,11 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     if orbax:
         loaded = orbax_io.restore(model_dir, flat, targets, shardings, _KV_PARAMS, repeats, checkpoint_kv_heads)
     else:
+        # the checkpoint's tensors split by its own shapes (KV heads are repeated after)
+        split = _with_rotary_layout(with_scales(arch.split_tensor, checkpoint_cfg), checkpoint_cfg)
         loaded = _fill(checkpoint_files(model_dir), hf_weight_map(cfg), targets, shardings, cfg, progress,
                        kv_repeat=(checkpoint_kv_heads, repeats), executables=executables, tensor_name=arch.tensor_name,
-                       split_tensor=_with_rotary_layout(arch.split_tensor, cfg))
+                       split_tensor=lambda name, array, _: split(name, array, checkpoint_cfg))
     state = nnx.from_flat_state([(path, var.replace(loaded[path])) for path, var in flat])
     loaded_model = nnx.merge(graphdef, state)
     if unstacked:
@@ -168,8 +175,9 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     return loaded_model, cfg
 
 
-_KV_PARAMS = {"k_proj", "v_proj", "k_bias", "v_bias"}
-_ROTATED = re.compile(r".*\.self_attn\.(q_proj|k_proj)\.(weight|bias)$|.*\.self_attn\.(q_norm|k_norm)\.weight$")
+_KV_PARAMS = {"k_proj", "v_proj", "k_bias", "v_bias", "k_proj_scale", "v_proj_scale"}
+_ROTATED = re.compile(
+    r".*\.self_attn\.(q_proj|k_proj)\.(weight|weight_scale|bias)$|.*\.self_attn\.(q_norm|k_norm)\.weight$")
 
 
 def _with_rotary_layout(split_tensor, cfg: ModelConfig):

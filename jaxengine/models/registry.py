@@ -32,15 +32,19 @@ def _base_model_tensor(name: str) -> str | None:
 
 def _phi3_split(name: str, array, cfg: ModelConfig) -> list:
     """Phi-3's fused q/k/v ([(heads + 2 kv_heads) x head_dim, hidden]) and gate/up ([2 x intermediate, hidden])
-    projections as the separate tensors the weight map knows (the loader packs them together again)."""
-    if name.endswith(".self_attn.qkv_proj.weight"):
+    projections as the separate tensors the weight map knows (the loader packs them together again); a quantized
+    checkpoint's scales of them ([out]) split by the same rows."""
+    stem, _, kind = name.rpartition(".")
+    if kind not in ("weight", "weight_scale"):
+        return [(name, array)]
+    if stem.endswith(".self_attn.qkv_proj"):
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        prefix = name[: -len("qkv_proj.weight")]
-        return [(prefix + "q_proj.weight", array[:q]), (prefix + "k_proj.weight", array[q:q + kv]),
-                (prefix + "v_proj.weight", array[q + kv:])]
-    if name.endswith(".mlp.gate_up_proj.weight"):
-        prefix, i = name[: -len("gate_up_proj.weight")], cfg.intermediate_size
-        return [(prefix + "gate_proj.weight", array[:i]), (prefix + "up_proj.weight", array[i:])]
+        prefix = stem[: -len("qkv_proj")]
+        return [(f"{prefix}q_proj.{kind}", array[:q]), (f"{prefix}k_proj.{kind}", array[q:q + kv]),
+                (f"{prefix}v_proj.{kind}", array[q + kv:])]
+    if stem.endswith(".mlp.gate_up_proj"):
+        prefix, i = stem[: -len("gate_up_proj")], cfg.intermediate_size
+        return [(f"{prefix}gate_proj.{kind}", array[:i]), (f"{prefix}up_proj.{kind}", array[i:])]
     return [(name, array)]
 
 

@@ -1,0 +1,169 @@
+"""W8A8 int8 checkpoints (compressed-tensors): the oracle is transformers' float model with each quantized
+projection's weight replaced by the checkpoint's int8 values and scales and its input quantized per token, as
+vLLM's W8A8 kernels compute it."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+
+from jaxengine import LLMEngine
+from jaxengine.cli import main as cli_main
+from jaxengine.config import EngineConfig
+from jaxengine.models.loader import load_config
+from jaxengine.models.quantization import compressed_tensors_config, parse_quantization, write_w8a8_checkpoint
+from jaxengine.sampling_params import SamplingParams
+from tests import tiny_models
+from tests.engine_util import run_to_completion
+
+ARCHS = ("llama", "qwen3", "phi3", "gemma2")
+
+
+@pytest.fixture(scope="session")
+def quantized(model_dirs, tmp_path_factory):
+    """arch -> its W8A8 checkpoint (written by `jaxengine quantize`), and "llama-tensor": per-tensor scales."""
+    root = tmp_path_factory.mktemp("w8a8")
+    out = {}
+    for arch in ARCHS:
+        cli_main(["quantize", "--model", str(model_dirs[arch]), "--output", str(root / arch)])
+        out[arch] = root / arch
+    out["llama-tensor"] = write_w8a8_checkpoint(model_dirs["llama"], root / "llama-tensor", strategy="tensor")
+    return out
+
+
+def emulated(float_dir, quantized_dir):
+    """transformers' model of `float_dir` computing every projection the checkpoint quantized in W8A8 int8."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32).eval()
+    tensors = {}
+    for f in quantized_dir.glob("*.safetensors"):
+        tensors |= load_file(f)
+    count = 0
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name + ".weight_scale" in tensors:
+            weight = tensors[name + ".weight"].double()
+            scale = tensors[name + ".weight_scale"].float().reshape(-1)
+
+            def forward(x, weight=weight, scale=scale, bias=module.bias):
+                x = x.float()
+                x_scale = x.abs().amax(-1, keepdim=True) / 127
+                xq = torch.round(x / torch.where(x_scale > 0, x_scale, torch.ones_like(x_scale))).clamp(-128, 127)
+                y = (xq.double() @ weight.T).float() * x_scale * scale
+                return y if bias is None else y + bias
+
+            module.forward = forward
+            count += 1
+    assert count == 7 * model.config.num_hidden_layers or model.config.architectures[0] == "Phi3ForCausalLM"
+    return model
+
+
+def prompt_logprobs(engine, prompt):
+    out = run_to_completion(engine, [("q", prompt, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0))])
+    return np.array([entry[token].logprob for entry, token in zip(out["q"].prompt_logprobs[1:], prompt[1:])])
+
+
+def reference_logprobs(model, prompt):
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), -1).numpy()
+    return ref[np.arange(len(prompt) - 1), prompt[1:]]
+
+
+PROMPT = list(np.random.default_rng(5).integers(3, tiny_models.VOCAB_SIZE, 70))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_w8a8_matches_transformers_with_int8_projections(engines, model_dirs, quantized, arch):
+    """Every prompt position's log-probability (a 70-token prompt in three chunks) as the emulated W8A8 model's,
+    and measurably off the float model's: the int8 path runs (fused Phi-3 projections split with their scales,
+    its partial rotary layout applied to q/k scales; Gemma 2's sandwich norms; Qwen3's one KV head)."""
+    engine = engines(arch, model=str(quantized[arch]), max_num_batched_tokens=32, num_kv_blocks=30)
+    assert engine.model_config.quantization == "w8a8_int8"
+    ours = prompt_logprobs(engine, PROMPT)
+    ref = reference_logprobs(emulated(model_dirs[arch], quantized[arch]), PROMPT)
+    float_ref = reference_logprobs(
+        transformers.AutoModelForCausalLM.from_pretrained(model_dirs[arch], dtype=torch.float32).eval(), PROMPT)
+    assert np.abs(ours - ref).max() < 2e-3
+    assert np.abs(ours - float_ref).max() > 1e-2
+
+
+def test_per_tensor_scales_and_the_scanned_layer_loop(engines, model_dirs, quantized):
+    engine = engines("llama", model=str(quantized["llama-tensor"]), layer_loop="scan", max_num_batched_tokens=32,
+                     num_kv_blocks=30)
+    ours = prompt_logprobs(engine, PROMPT)
+    ref = reference_logprobs(emulated(model_dirs["llama"], quantized["llama-tensor"]), PROMPT)
+    assert np.abs(ours - ref).max() < 2e-3
+
+
+def test_bfloat16_embedding_and_head_around_int8_layers(engines, model_dirs, quantized):
+    """dtype bfloat16 on CPU: the layers stay int8, the embedding and output head bfloat16 (packed for the native
+    matmul where the CPU has it), greedy tokens as the emulation's."""
+    engine = engines("qwen3", model=str(quantized["qwen3"]), dtype="bfloat16")
+    model = emulated(model_dirs["qwen3"], quantized["qwen3"])
+    prompt = PROMPT[:20]
+    out = run_to_completion(engine, [("g", prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
+                                                                  logprobs=0))])["g"].outputs[0]
+    tokens = list(prompt)
+    with torch.no_grad():
+        for token, entry in zip(out.token_ids, out.logprobs):
+            ref = torch.log_softmax(model(torch.tensor([tokens])).logits[0, -1], -1)
+            assert abs(entry[token].logprob - float(ref[token])) < 0.05
+            assert float(ref[token]) > float(ref.max()) - 0.05  # ours is the emulation's top token (up to bf16)
+            tokens.append(token)
+
+
+def test_tensor_parallel_w8a8_with_repeated_kv_heads(engines, quantized):
+    """Qwen3's one KV head repeated over tp=2 with its scales: the single device's log-probabilities."""
+    settings = dict(model=str(quantized["qwen3"]), max_num_batched_tokens=32, num_kv_blocks=30)
+    one = prompt_logprobs(engines("qwen3", **settings), PROMPT)
+    two = prompt_logprobs(engines("qwen3", tensor_parallel_size=2, **settings), PROMPT)
+    np.testing.assert_allclose(two, one, atol=2e-4)
+
+
+def _config_with(quantization_config: dict) -> dict:
+    return {"quantization_config": quantization_config}
+
+
+def _group_args(**changes) -> dict:
+    config = compressed_tensors_config()
+    group = config["config_groups"]["group_0"]
+    for path, value in changes.items():
+        part, field = path.split("__")
+        group[part][field] = value
+    return config
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"quant_method": "awq", "bits": 4}, r"quant_method 'awq' is not supported"),
+    (compressed_tensors_config() | {"format": "float-quantized"}, r"format 'float-quantized' is not supported"),
+    (_group_args(input_activations__dynamic=False), r"input_activations.dynamic=False is not supported"),
+    (_group_args(weights__symmetric=False), r"weights.symmetric=False is not supported"),
+    (_group_args(weights__num_bits=4), r"weights.num_bits=4 is not supported"),
+    (_group_args(weights__strategy="group", weights__group_size=128), r"weights.strategy='group' is not supported"),
+    (_group_args(input_activations__strategy="tensor"), r"input_activations.strategy='tensor' is not supported"),
+    (compressed_tensors_config() | {"ignore": ["lm_head", "model.layers.0.mlp.down_proj"]},
+     r"ignore \['model.layers.0.mlp.down_proj'\] is not supported"),
+    (compressed_tensors_config() | {"kv_cache_scheme": {"num_bits": 8}}, r"kv_cache_scheme is not supported"),
+])
+def test_unsupported_quantization_is_refused_by_field(config, message):
+    with pytest.raises(ValueError, match=message):
+        parse_quantization(_config_with(config))
+    assert parse_quantization({}) is None
+    assert parse_quantization(_config_with(compressed_tensors_config("tensor"))) == "w8a8_int8"
+
+
+def test_quantization_setting_must_be_the_checkpoints(model_dirs, quantized, tmp_path):
+    with pytest.raises(ValueError, match="quantization must be one of compressed-tensors"):
+        EngineConfig(quantization="awq")
+    with pytest.raises(ValueError, match="not a quantized checkpoint"):
+        LLMEngine(EngineConfig(model=str(model_dirs["llama"]), quantization="compressed-tensors"), progress=False)
+    moe = tmp_path / "moe"
+    shutil.copytree(model_dirs["mixtral"], moe)
+    config = json.loads((moe / "config.json").read_text()) | {"quantization_config": compressed_tensors_config()}
+    (moe / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="quantized mixture of experts is not supported"):
+        load_config(moe)
+    with pytest.raises(ValueError, match="already quantized"):
+        write_w8a8_checkpoint(quantized["llama"], tmp_path / "twice")
