@@ -106,8 +106,8 @@ class EngineConfig:
             raise ValueError(f"convert must be one of {', '.join(CONVERTS)} (embeddings are the one pooling task "
                              f"supported), got {self.convert!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
-            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} or None (the checkpoint's), "
-                             f"got {self.quantization!r}")
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} or None (the "
+                             f"checkpoint's), got {self.quantization!r}")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got "
                              f"{self.reasoning_parser!r}")

@@ -30,12 +30,14 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_attention.cc", "cpu_matmul.cc", "cpu_sampling.cc"))
+_SOURCES = tuple(Path(__file__).with_name(name)
+                 for name in ("cpu_attention.cc", "cpu_matmul.cc", "cpu_int8.cc", "cpu_sampling.cc"))
 # The headers the sources include: part of the build's key.
 _HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_pool.h", "cpu_tiles.h", "cpu_vector.h"))
 _TARGET = "jaxengine_cpu_ragged_paged_attention"
 _MATMUL_TARGET = "jaxengine_cpu_matmul_bf16"
 _GROUPED_MATMUL_TARGET = "jaxengine_cpu_grouped_matmul_bf16"
+_INT8_MATMUL_TARGET = "jaxengine_cpu_matmul_int8"
 _WRITE_TARGET = "jaxengine_cpu_write_kv"
 _ROPE_WRITE_TARGET = "jaxengine_cpu_rope_write_kv"
 _BARRIER_TARGET = "jaxengine_cpu_fusion_barrier"
@@ -86,6 +88,7 @@ def _library() -> ctypes.CDLL:
     jax.ffi.register_ffi_target(_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulBf16), platform="cpu")
     jax.ffi.register_ffi_target(_GROUPED_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuGroupedMatmulBf16),
                                 platform="cpu")
+    jax.ffi.register_ffi_target(_INT8_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulInt8), platform="cpu")
     jax.ffi.register_ffi_target(_WRITE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuWriteKv), platform="cpu")
     jax.ffi.register_ffi_target(_ROPE_WRITE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuRopeWriteKv), platform="cpu")
     jax.ffi.register_ffi_target(_BARRIER_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuFusionBarrier), platform="cpu")
@@ -163,6 +166,14 @@ def matmul_available() -> bool:
     return "avx512_bf16" in flags and "avx512bw" in flags and available()
 
 
+@functools.cache
+def int8_matmul_available() -> bool:
+    """Whether the native W8A8 int8 matmul (cpu_int8.cc) can run here: the library builds and the CPU has
+    AVX-512 VNNI."""
+    flags = cpu_flags().split()
+    return "avx512_vnni" in flags and "avx512bw" in flags and available()
+
+
 TILE_MIN_ROWS = 8  # calls with fewer live rows run on registers even where tiles run (cpu_matmul.cc: kTileMinRows)
 
 
@@ -232,6 +243,57 @@ def unpack_gated(y):
     """The [..., 2I] float32 products of a `pack_gated` weight (columns in its order) -> (gate, up) [..., I]."""
     y = y.reshape(*y.shape[:-1], -1, 2, GATED)
     return y[..., 0, :].reshape(*y.shape[:-3], -1), y[..., 1, :].reshape(*y.shape[:-3], -1)
+
+
+def pack_int8(w, scale):
+    """An int8 weight [..., K, N] and its float32 scales [..., N] (numpy, on the host) -> the native int8 matmul's
+    (packed int8 [..., ceil(N / 32), ceil(K / 4), 128], comp int32 [..., P * 32], scales float32 [..., P * 32]):
+    panels of 32 output columns, each contiguous, holding each column's 4 consecutive weights side by side
+    (zero-padded); comp is 128 times each column's sum of weights (cpu_int8.cc takes off what its unsigned
+    shift of x adds)."""
+    w, scale = np.asarray(w, np.int8), np.asarray(scale, np.float32)
+    *lead, K, N = w.shape
+    P, K4 = -(-N // PANEL), -(-K // 4)
+    padded = np.pad(w, [(0, 0)] * len(lead) + [(0, 4 * K4 - K), (0, P * PANEL - N)])
+    quads = padded.reshape(*lead, K4, 4, P, PANEL)  # [..., K4, j, P, c] -> [..., P, K4, c, j]
+    packed = np.ascontiguousarray(np.moveaxis(quads, (-2, -1), (-4, -2))).reshape(*lead, P, K4, 4 * PANEL)
+    comp = 128 * padded.astype(np.int32).sum(axis=-2)
+    scale = np.pad(scale, [(0, 0)] * len(lead) + [(0, P * PANEL - N)])
+    return packed, comp, scale
+
+
+def matmul_int8(x, packed, comp, scale, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0,
+                residual=None, live_rows=None, layer=None):
+    """x f32[M, K] @ a W8A8 int8 weight -> f32[M, n], (packed, comp, scale) = pack_int8(w, w_scale) for w int8
+    [K, n] (or stacked [L, K, n] with `layer` an int32 scalar, may be traced: read in place): each row of x
+    (after the prologue) quantized to int8 with scale max|x| / 127, int8 products summed in int32, times both
+    scales: jaxengine.models.quantization.int8_matmul's numbers. `prologue` "rms_norm" (with `norm` [K] and
+    `eps`), `residual` and `live_rows` as for `matmul_bf16`."""
+    if prologue not in (None, "rms_norm"):
+        raise ValueError(f"matmul_int8's prologue must be None or 'rms_norm', got {prologue!r}")
+    K = x.shape[-1] if x.ndim else 0
+    one = packed.shape[-3:]
+    if x.ndim != 2 or x.dtype != jnp.float32 or packed.dtype != jnp.int8 or packed.ndim not in (3, 4) or (
+            one != (-(-n // PANEL), -(-K // 4), 4 * PANEL)) or comp.shape != packed.shape[:-3] + (one[0] * PANEL,) or (
+            scale.shape != comp.shape):
+        raise ValueError(f"matmul_int8 needs float32 x [M, K] and pack_int8 of an int8 [(L,) K, {n}] weight, got "
+                         f"{x.dtype} {x.shape}, {packed.dtype} {packed.shape}, comp {comp.shape}, scale {scale.shape}")
+    if (packed.ndim == 4) != (layer is not None):
+        raise ValueError(f"matmul_int8 takes a layer index with a stacked weight and only there, got weight "
+                         f"{packed.shape} and layer {layer!r}")
+    if (prologue == "rms_norm") != (norm is not None) or (norm is not None and norm.shape != (K,)):
+        raise ValueError(f"matmul_int8 takes a norm weight [{K}] with the rms_norm prologue and only there")
+    out = jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32)
+    if residual is not None and (residual.shape != out.shape or residual.dtype != jnp.float32):
+        raise ValueError(f"matmul_int8's residual must be float32 {list(out.shape)}, got {residual.dtype} "
+                         f"{residual.shape}")
+    norm = jnp.zeros((0,), jnp.float32) if norm is None else norm.astype(jnp.float32)
+    residual = jnp.zeros((0, 0), jnp.float32) if residual is None else residual
+    live_rows = jnp.asarray(x.shape[0] if live_rows is None else live_rows, jnp.int32).reshape(1)
+    layer = jnp.asarray(0 if layer is None else layer, jnp.int32).reshape(1)
+    _library()
+    return jax.ffi.ffi_call(_INT8_MATMUL_TARGET, out)(x, packed, comp, scale, layer, norm, residual, live_rows,
+                                                      prologue=np.int32(_PROLOGUES[prologue]), eps=np.float32(eps))
 
 
 def rounded_width(k: int) -> int:

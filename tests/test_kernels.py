@@ -765,3 +765,39 @@ def test_native_sampler_refuses_other_shapes():
         cpu.token_logprobs(x, jnp.zeros(2, jnp.int32), 6)  # more than the vocabulary
     with pytest.raises(ValueError, match="tokens"):
         cpu.token_logprobs(x, jnp.zeros(3, jnp.int32), 2)
+
+
+@pytest.mark.skipif(not cpu.int8_matmul_available(), reason="the native int8 matmul needs a CPU with AVX-512 VNNI")
+@pytest.mark.parametrize("m, k, n", [(1, 64, 32), (5, 100, 70), (13, 576, 960), (64, 130, 33), (200, 96, 64)])
+def test_native_int8_matmul_matches_the_w8a8_reference(m, k, n):
+    """pack_int8 + matmul_int8 against quantization.int8_matmul (the XLA path's numbers): plain; with the rms_norm
+    prologue, a residual and padding rows; a layer of stacked weights read in place."""
+    from jaxengine.layers.norms import rms_norm
+    from jaxengine.models.quantization import Int8Weight, int8_matmul
+
+    rng = np.random.default_rng(m * 1000 + k + n)
+    x = jnp.asarray(rng.standard_normal((m, k)) * 3, jnp.float32).at[0].set(0.0)  # a zero row: scale 0
+    w = rng.integers(-128, 128, (3, k, n)).astype(np.int8)
+    scale = (rng.random((3, n)) * 0.01).astype(np.float32)
+    ref = int8_matmul(x, Int8Weight(jnp.asarray(w[1]), jnp.asarray(scale[1])))
+    packed, comp, packed_scale = (jnp.asarray(a) for a in cpu.pack_int8(w[1], scale[1]))
+    got = jax.jit(lambda x: cpu.matmul_int8(x, packed, comp, packed_scale, n))(x)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4 * float(jnp.abs(ref).max()))
+
+    norm = jnp.asarray(rng.standard_normal(k), jnp.float32)
+    residual = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)
+    live = max(m - 2, 1)
+    stacked = [jnp.asarray(a) for a in cpu.pack_int8(w, scale)]
+    got = jax.jit(lambda x, layer: cpu.matmul_int8(x, *stacked, n, prologue="rms_norm", norm=norm, eps=1e-5,
+                                                   residual=residual, live_rows=live, layer=layer))(x, jnp.int32(2))
+    ref = int8_matmul(rms_norm(x, norm, 1e-5), Int8Weight(jnp.asarray(w[2]), jnp.asarray(scale[2]))) + residual
+    np.testing.assert_allclose(got[:live], ref[:live], rtol=1e-5, atol=1e-4 * float(jnp.abs(ref).max()))
+    assert not np.any(np.asarray(got[live:]))
+
+
+def test_native_int8_matmul_refuses_other_shapes():
+    packed, comp, scale = (jnp.asarray(a) for a in cpu.pack_int8(np.ones((64, 32), np.int8), np.ones(32, np.float32)))
+    with pytest.raises(ValueError, match="matmul_int8 needs float32 x"):
+        cpu.matmul_int8(jnp.zeros((2, 60), jnp.float32), packed, comp, scale, 32)
+    with pytest.raises(ValueError, match="layer index with a stacked weight"):
+        cpu.matmul_int8(jnp.zeros((2, 64), jnp.float32), packed, comp, scale, 32, layer=0)

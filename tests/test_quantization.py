@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from flax import nnx
 from safetensors.torch import load_file
 
 from jaxengine import LLMEngine
@@ -17,6 +18,7 @@ from jaxengine.config import EngineConfig
 from jaxengine.models.loader import load_config
 from jaxengine.models.quantization import compressed_tensors_config, parse_quantization, write_w8a8_checkpoint
 from jaxengine.sampling_params import SamplingParams
+from pallas_kernels import cpu
 from tests import tiny_models
 from tests.engine_util import run_to_completion
 
@@ -97,11 +99,14 @@ def test_per_tensor_scales_and_the_scanned_layer_loop(engines, model_dirs, quant
     assert np.abs(ours - ref).max() < 2e-3
 
 
-def test_bfloat16_embedding_and_head_around_int8_layers(engines, model_dirs, quantized):
-    """dtype bfloat16 on CPU: the layers stay int8, the embedding and output head bfloat16 (packed for the native
-    matmul where the CPU has it), greedy tokens as the emulation's."""
-    engine = engines("qwen3", model=str(quantized["qwen3"]), dtype="bfloat16")
-    model = emulated(model_dirs["qwen3"], quantized["qwen3"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_bfloat16_embedding_and_head_around_int8_layers(engines, model_dirs, quantized, arch):
+    """dtype bfloat16 on CPU: the layers stay int8 (packed for the native int8 matmul where the CPU has AVX-512
+    VNNI: q/k/v and gate/up fused), the embedding and output head bfloat16; greedy tokens as the emulation's."""
+    engine = engines(arch, model=str(quantized[arch]), dtype="bfloat16")
+    names = {path[-1] for path, _ in nnx.to_flat_state(engine.runner.state)}
+    assert ("qkv_proj_comp" in names and "gate_up_proj_comp" in names) == cpu.int8_matmul_available()
+    model = emulated(model_dirs[arch], quantized[arch])
     prompt = PROMPT[:20]
     out = run_to_completion(engine, [("g", prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
                                                                   logprobs=0))])["g"].outputs[0]

@@ -37,8 +37,15 @@ def _stack_index(w, layer):
 
 
 def _native(w) -> bool:
-    """Whether `w` is packed for the native CPU matmul."""
-    return not isinstance(w, Int8Weight) and w.ndim >= 3
+    """Whether `w` is packed for a native CPU matmul (bfloat16's, or the int8 one's)."""
+    return w.comp is not None if isinstance(w, Int8Weight) else w.ndim >= 3
+
+
+def _int8_native(x, w: Int8Weight, n: int, layer, **kwargs):
+    """The native W8A8 int8 matmul (pallas_kernels/cpu_int8.cc) of float32 x and a packed int8 weight."""
+    from pallas_kernels import cpu
+
+    return cpu.matmul_int8(x, w.weight, w.comp, w.scale, n, layer=_stack_index(w.weight, layer), **kwargs)
 
 
 def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
@@ -49,7 +56,11 @@ def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
     order (pallas_kernels/cpu_matmul.cc), the residual added as the result is stored. `live_rows` (i32[]): x's
     rows from it on are a bucket's padding, which the native kernel skips (they come out zero); XLA's dot
     computes them like the others."""
-    if isinstance(w, Int8Weight):
+    if isinstance(w, Int8Weight) and w.comp is not None:
+        if residual is not None and x.dtype == jnp.float32:
+            return _int8_native(x, w, n, layer, residual=residual, live_rows=live_rows)
+        out = _int8_native(x.astype(jnp.float32), w, n, layer, live_rows=live_rows).astype(x.dtype)
+    elif isinstance(w, Int8Weight):
         out = int8_matmul(x, w).astype(x.dtype)
     elif w.ndim >= 3:
         from pallas_kernels import cpu
@@ -65,6 +76,8 @@ def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
 
 def _normed_dot(h, norm, eps: float, w, n: int, live_rows=None, layer=None):
     """rms_norm(h, norm, eps) @ w; the native CPU matmul normalises the rows on its way in (no separate pass)."""
+    if isinstance(w, Int8Weight) and w.comp is not None and h.dtype == jnp.float32:
+        return _int8_native(h, w, n, layer, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows)
     if _native(w) and h.dtype == jnp.float32:
         from pallas_kernels import cpu
 
@@ -173,7 +186,8 @@ def _pack_layer(layer) -> None:
 
     lead = layer.q_proj.get_metadata()["logical_axes"][:-2]  # ("layers",) when stacked
     parts = ("q_proj", "k_proj", "v_proj")
-    if layer.cfg.quantization is not None:  # the int8 projections stay as they are (XLA's int8 dots)
+    if layer.cfg.quantization is not None:
+        _pack_int8_layer(layer, lead)
         return
     if all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
         value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
@@ -190,6 +204,34 @@ def _pack_layer(layer) -> None:
     for name in _LINEAR:
         if hasattr(layer, name):
             _pack(getattr(layer, name))
+
+
+def _pack_int8_layer(layer, lead) -> None:
+    """Packs a W8A8 layer's int8 projections for the native int8 matmul where the CPU has AVX-512 VNNI (else
+    they stay as they are, for XLA's int8 dots): q/k/v side by side as one `qkv_proj`, gate/up as one
+    `gate_up_proj` ([gate | up]), each with its `_comp` and `_scale` (pallas_kernels.cpu.pack_int8)."""
+    from pallas_kernels import cpu
+
+    if not cpu.int8_matmul_available():
+        return
+
+    def take(names):
+        weights = [np.asarray(getattr(layer, name).get_value()) for name in names]
+        scales = [np.asarray(getattr(layer, name + "_scale").get_value()) for name in names]
+        for name in names:
+            delattr(layer, name)
+            delattr(layer, name + "_scale")
+        return cpu.pack_int8(np.concatenate(weights, -1), np.concatenate(scales, -1))
+
+    groups = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",)}
+    if layer.cfg.intermediate_size:
+        groups |= {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+    for fused, names in groups.items():
+        packed, comp, scale = take(names)
+        layer_axes = _packed_axes(lead)
+        setattr(layer, fused, nnx.Param(jax.device_put(packed), logical_axes=layer_axes))
+        setattr(layer, fused + "_comp", nnx.Param(jax.device_put(comp), logical_axes=lead + ("packed",)))
+        setattr(layer, fused + "_scale", nnx.Param(jax.device_put(scale), logical_axes=lead + ("packed",)))
 
 
 class DecoderLayers(nnx.Module):
@@ -242,9 +284,13 @@ class DecoderLayers(nnx.Module):
         return _norm_scale(self.cfg, getattr(self, name)[...])
 
     def linear(self, name: str):
-        """Projection `name`'s weight as the matmuls take it: the array, or an int8 one with its scales."""
+        """Projection `name`'s weight as the matmuls take it: the array, or an int8 one with its scales (packed
+        for the native int8 matmul: with its comp)."""
         w = getattr(self, name)[...]
-        return w if self.cfg.quantization is None else Int8Weight(w, getattr(self, name + "_scale")[...])
+        if self.cfg.quantization is None:
+            return w
+        comp = getattr(self, name + "_comp")[...] if hasattr(self, name + "_comp") else None
+        return Int8Weight(w, getattr(self, name + "_scale")[...], comp)
 
     def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, ropes, lora=None):
         """`ropes`: the rotary tables (cos, sin) of full-attention layers and those of sliding-window layers
@@ -260,7 +306,8 @@ class DecoderLayers(nnx.Module):
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         qkv = None
         if hasattr(self, "qkv_proj"):  # fused at packing (pack_for_native_matmul)
-            qkv = _normed_dot(h, self.norm("attn_norm"), eps, self.qkv_proj[...], q_width + 2 * kv_width, live, layer)
+            qkv = _normed_dot(h, self.norm("attn_norm"), eps, self.linear("qkv_proj"), q_width + 2 * kv_width, live,
+                              layer)
             if lora is not None and any(p in lora[0] for p in ("q_proj", "k_proj", "v_proj")):
                 def qkv_update():  # the fused projection's three updates side by side
                     x = rms_norm(h, self.norm("attn_norm"), eps)
@@ -336,6 +383,9 @@ class DecoderLayers(nnx.Module):
     def _gate_up(self, h, norm, live, layer):
         """The dense MLP's gate and up products over rms_norm(h, norm), from the packed gate/up weight or the two."""
         cfg = self.cfg
+        if hasattr(self, "gate_up_proj") and cfg.quantization is not None:  # int8 [gate | up]
+            return tuple(jnp.split(_normed_dot(h, norm, cfg.rms_norm_eps, self.linear("gate_up_proj"),
+                                               2 * cfg.intermediate_size, live, layer), 2, -1))
         if hasattr(self, "gate_up_proj"):
             return _unpacked_gate_up(h, norm, cfg.rms_norm_eps, self.gate_up_proj[...], live, layer)
         return tuple(_normed_dot(h, norm, cfg.rms_norm_eps, self.linear(name), cfg.intermediate_size, live, layer)
@@ -345,7 +395,7 @@ class DecoderLayers(nnx.Module):
         """h + the MLP's output (dense, or a mixture of experts with its shared expert) over the normed h."""
         cfg = self.cfg
         eps, D, I = cfg.rms_norm_eps, cfg.hidden_size, cfg.intermediate_size
-        if hasattr(self, "gate_up_proj"):  # fused at packing (pack_for_native_matmul)
+        if hasattr(self, "gate_up_proj") and cfg.quantization is None:  # fused at packing (pack_for_native_matmul)
             out_norm = self.norm("post_mlp_norm") if cfg.sandwich_norms else None
             return _gated_mlp(h, self.norm("mlp_norm"), eps, self.gate_up_proj[...], self.linear("down_proj"), D, live,
                               layer, cfg.hidden_act, out_norm)

@@ -26,9 +26,11 @@ _HEAD = ("lm_head", "re:.*lm_head")  # how llm-compressor names the output head 
 
 
 class Int8Weight(NamedTuple):
-    """A quantized projection as the layer's matmul takes it: int8 [in, out] and its float32 scales [out]."""
+    """A quantized projection as the layer's matmul takes it: int8 [in, out] and its float32 scales [out], or
+    packed for the native CPU kernel (`comp` given: pallas_kernels.cpu.pack_int8's three arrays)."""
     weight: jax.Array
     scale: jax.Array
+    comp: jax.Array | None = None
 
 
 def parse_quantization(hf: dict) -> str | None:
