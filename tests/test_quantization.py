@@ -21,6 +21,7 @@ from jaxengine.sampling_params import SamplingParams
 from pallas_kernels import cpu
 from tests import tiny_models
 from tests.engine_util import run_to_completion
+from tests.lora_util import LORA
 
 ARCHS = ("llama", "qwen3", "phi3", "gemma2")
 
@@ -125,6 +126,50 @@ def test_tensor_parallel_w8a8_with_repeated_kv_heads(engines, quantized):
     one = prompt_logprobs(engines("qwen3", **settings), PROMPT)
     two = prompt_logprobs(engines("qwen3", tensor_parallel_size=2, **settings), PROMPT)
     np.testing.assert_allclose(two, one, atol=2e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lora_adapter_over_int8_layers(engines, model_dirs, quantized, lora_adapters, dtype):
+    """A LoRA adapter of all seven projections on the W8A8 Llama (XLA's int8 dots in float32; the native int8
+    kernels' fused q/k/v and gate/up in bfloat16): each projection is the W8A8 product plus the adapter's update
+    of its unquantized input, as vLLM adds it."""
+    from safetensors.numpy import load_file as load_numpy
+
+    lora = lora_adapters["all"][0]
+    tensors = load_numpy(f"{lora.lora_path}/adapter_model.safetensors")
+    model = emulated(model_dirs["llama"], quantized["llama"])
+    for name, module in model.named_modules():
+        key = f"base_model.model.{name}.lora_A.weight"
+        if key in tensors:
+            a, b = torch.tensor(tensors[key]), torch.tensor(tensors[key.replace("lora_A", "lora_B")])
+            module.forward = lambda x, base=module.forward, a=a, b=b: base(x) + (16.0 / 8) * (x.float() @ a.T @ b.T)
+    engine = engines("llama", model=str(quantized["llama"]), dtype=dtype, max_num_batched_tokens=32,
+                     num_kv_blocks=30, **LORA)
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    engine.add_request("lq", PROMPT, params, lora_request=lora)
+    out = run_to_completion(engine, [])["lq"]
+    ours = np.array([entry[t].logprob for entry, t in zip(out.prompt_logprobs[1:], PROMPT[1:])])
+    ref = reference_logprobs(model, PROMPT)
+    error = np.abs(ours - ref)
+    if dtype == "float32":
+        assert error.max() < 2e-3
+    else:  # bfloat16's precision, as tests/test_lora.py's native bfloat16 test bounds it
+        assert np.median(error) < 0.05 and error.max() < 0.3, error
+    effect = np.abs(ref - reference_logprobs(emulated(model_dirs["llama"], quantized["llama"]), PROMPT))
+    assert np.median(effect) > 0.5
+
+
+def test_orbax_conversion_keeps_the_int8_layers(engines, quantized, tmp_path):
+    """`jaxengine convert` of a W8A8 checkpoint: the Orbax one holds the int8 weights and their scales, and serves
+    the same log-probabilities."""
+    cli_main(["convert", "--model", str(quantized["qwen3"]), "--output", str(tmp_path / "orbax")])
+    settings = dict(max_num_batched_tokens=32, num_kv_blocks=30)
+    converted = engines("qwen3", model=str(tmp_path / "orbax"), **settings)
+    dtypes = {path[-1]: v.get_value().dtype for path, v in nnx.to_flat_state(converted.runner.state)}
+    assert dtypes["q_proj"] == np.int8 and dtypes["q_proj_scale"] == np.float32
+    np.testing.assert_allclose(prompt_logprobs(converted, PROMPT),
+                               prompt_logprobs(engines("qwen3", model=str(quantized["qwen3"]), **settings), PROMPT),
+                               atol=1e-5)
 
 
 def _config_with(quantization_config: dict) -> dict:
