@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 _SOURCES = tuple(Path(__file__).with_name(name)
                  for name in ("cpu_attention.cc", "cpu_matmul.cc", "cpu_int8.cc", "cpu_sampling.cc"))
 # The headers the sources include: part of the build's key.
-_HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_pool.h", "cpu_tiles.h", "cpu_vector.h"))
+_HEADERS = tuple(Path(__file__).with_name(name)
+                 for name in ("cpu_gated.h", "cpu_pool.h", "cpu_tiles.h", "cpu_vector.h"))
 _TARGET = "jaxengine_cpu_ragged_paged_attention"
 _MATMUL_TARGET = "jaxengine_cpu_matmul_bf16"
 _GROUPED_MATMUL_TARGET = "jaxengine_cpu_grouped_matmul_bf16"
@@ -262,30 +263,39 @@ def pack_int8(w, scale):
     return packed, comp, scale
 
 
-def matmul_int8(x, packed, comp, scale, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0,
-                residual=None, live_rows=None, layer=None):
-    """x f32[M, K] @ a W8A8 int8 weight -> f32[M, n], (packed, comp, scale) = pack_int8(w, w_scale) for w int8
-    [K, n] (or stacked [L, K, n] with `layer` an int32 scalar, may be traced: read in place): each row of x
-    (after the prologue) quantized to int8 with scale max|x| / 127, int8 products summed in int32, times both
-    scales: jaxengine.models.quantization.int8_matmul's numbers. `prologue` "rms_norm" (with `norm` [K] and
-    `eps`), `residual` and `live_rows` as for `matmul_bf16`."""
+def pack_int8_gated(gate, up, gate_scale, up_scale):
+    """`pack_int8` of int8 gate and up weights [..., K, I] (I a multiple of 16) in `pack_gated`'s column order, 16
+    gate columns and the same 16 up columns a panel, for `gated_int8` (or `unpack_gated` of a plain product)."""
+    *lead, K, I = gate.shape
+    if up.shape != gate.shape or I % GATED:
+        raise ValueError(f"pack_int8_gated needs gate and up of one shape [..., K, I], I a multiple of {GATED}, got "
+                         f"{gate.shape} and {up.shape}")
+    w = np.stack([np.asarray(x).reshape(*lead, K, I // GATED, GATED) for x in (gate, up)], axis=-2)
+    scale = np.stack([np.asarray(x).reshape(*lead, I // GATED, GATED) for x in (gate_scale, up_scale)], axis=-2)
+    return pack_int8(w.reshape(*lead, K, 2 * I), scale.reshape(*lead, 2 * I))
+
+
+def _int8_call(x, packed, comp, scale, n: int, out_width: int, *, prologue, norm, eps, residual, live_rows, layer,
+               epilogue):
+    """The shared checks and the FFI call of `matmul_int8` and `gated_int8` (n: the packed weight's columns)."""
     if prologue not in (None, "rms_norm"):
-        raise ValueError(f"matmul_int8's prologue must be None or 'rms_norm', got {prologue!r}")
+        raise ValueError(f"the native int8 matmul's prologue must be None or 'rms_norm', got {prologue!r}")
     K = x.shape[-1] if x.ndim else 0
     one = packed.shape[-3:]
     if x.ndim != 2 or x.dtype != jnp.float32 or packed.dtype != jnp.int8 or packed.ndim not in (3, 4) or (
             one != (-(-n // PANEL), -(-K // 4), 4 * PANEL)) or comp.shape != packed.shape[:-3] + (one[0] * PANEL,) or (
             scale.shape != comp.shape):
-        raise ValueError(f"matmul_int8 needs float32 x [M, K] and pack_int8 of an int8 [(L,) K, {n}] weight, got "
-                         f"{x.dtype} {x.shape}, {packed.dtype} {packed.shape}, comp {comp.shape}, scale {scale.shape}")
+        raise ValueError(f"the native int8 matmul needs float32 x [M, K] and pack_int8 of an int8 [(L,) K, {n}] "
+                         f"weight, got {x.dtype} {x.shape}, {packed.dtype} {packed.shape}, comp {comp.shape}, scale "
+                         f"{scale.shape}")
     if (packed.ndim == 4) != (layer is not None):
-        raise ValueError(f"matmul_int8 takes a layer index with a stacked weight and only there, got weight "
-                         f"{packed.shape} and layer {layer!r}")
+        raise ValueError(f"the native int8 matmul takes a layer index with a stacked weight and only there, got "
+                         f"weight {packed.shape} and layer {layer!r}")
     if (prologue == "rms_norm") != (norm is not None) or (norm is not None and norm.shape != (K,)):
-        raise ValueError(f"matmul_int8 takes a norm weight [{K}] with the rms_norm prologue and only there")
-    out = jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32)
+        raise ValueError(f"the native int8 matmul takes a norm weight [{K}] with the rms_norm prologue and only there")
+    out = jax.ShapeDtypeStruct((x.shape[0], out_width), jnp.float32)
     if residual is not None and (residual.shape != out.shape or residual.dtype != jnp.float32):
-        raise ValueError(f"matmul_int8's residual must be float32 {list(out.shape)}, got {residual.dtype} "
+        raise ValueError(f"the native int8 matmul's residual must be float32 {list(out.shape)}, got {residual.dtype} "
                          f"{residual.shape}")
     norm = jnp.zeros((0,), jnp.float32) if norm is None else norm.astype(jnp.float32)
     residual = jnp.zeros((0, 0), jnp.float32) if residual is None else residual
@@ -293,7 +303,30 @@ def matmul_int8(x, packed, comp, scale, n: int, *, prologue: str | None = None, 
     layer = jnp.asarray(0 if layer is None else layer, jnp.int32).reshape(1)
     _library()
     return jax.ffi.ffi_call(_INT8_MATMUL_TARGET, out)(x, packed, comp, scale, layer, norm, residual, live_rows,
-                                                      prologue=np.int32(_PROLOGUES[prologue]), eps=np.float32(eps))
+                                                      prologue=np.int32(_PROLOGUES[prologue]), epilogue=epilogue,
+                                                      eps=np.float32(eps))
+
+
+def matmul_int8(x, packed, comp, scale, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0,
+                residual=None, live_rows=None, layer=None):
+    """x f32[M, K] @ a W8A8 int8 weight -> f32[M, n], (packed, comp, scale) = pack_int8(w, w_scale) for w int8
+    [K, n] (or stacked [L, K, n] with `layer` an int32 scalar, may be traced: read in place): each row of x
+    (after the prologue) quantized to int8 with scale max|x| / 127, int8 products summed in int32, times both
+    scales: jaxengine.models.quantization.int8_matmul's numbers. `prologue` "rms_norm" (with `norm` [K] and
+    `eps`), `residual` and `live_rows` as for `matmul_bf16`."""
+    return _int8_call(x, packed, comp, scale, n, n, prologue=prologue, norm=norm, eps=eps, residual=residual,
+                      live_rows=live_rows, layer=layer, epilogue=np.int32(0))
+
+
+def gated_int8(x, packed, comp, scale, *, prologue: str | None = None, norm=None, eps: float = 0.0, live_rows=None,
+               layer=None, activation: str = "silu"):
+    """act(x' @ gate) * (x' @ up) -> f32[M, I] for (packed, comp, scale) = pack_int8_gated(gate, up, ...) (x' = x
+    after the prologue), the products as `matmul_int8` computes them, the activation ("silu" or "gelu_tanh")
+    applied as they leave the registers: no [M, 2I] result goes through memory. Stacked weights, `layer` and
+    `live_rows` as for `matmul_int8`."""
+    n = packed.shape[-3] * PANEL
+    return _int8_call(x, packed, comp, scale, n, n // 2, prologue=prologue, norm=norm, eps=eps, residual=None,
+                      live_rows=live_rows, layer=layer, epilogue=_epilogue("gated_pairs", activation))
 
 
 def rounded_width(k: int) -> int:

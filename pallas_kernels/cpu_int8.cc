@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cpu_pool.h"
+#include "cpu_vector.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -31,11 +32,17 @@ namespace ffi = xla::ffi;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
 
+#include "cpu_gated.h"
+
 namespace {
 
 constexpr int kPanel = 32;    // output columns per panel (work item)
-constexpr int kMaxRows = 8;  // rows per register block: 16 accumulators + 3 working registers (more spill)
+constexpr int kMaxRows = 12;  // rows per register block: 24 accumulators + 3 working registers of 32
 constexpr int kRmsNorm = 1;   // the prologue (cpu.py's _PROLOGUES): rms_norm, or none (0)
+// The epilogue (cpu.py's _EPILOGUES, GATED_ACTIVATIONS): the products stored, or act(gate) * up of a gated
+// weight's panels (pack_int8 of pack_gated's column order: 16 gate and the same 16 up columns a panel), stored
+// as [M, N / 2] float32, the down projection's input.
+constexpr int kStore = 0, kGatedSilu = 1, kGatedGeluTanh = 2;
 
 struct Int8Matmul {
   // the first phase's input
@@ -52,6 +59,7 @@ struct Int8Matmul {
   const float* w_scale;    // [P * 32]
   float* y;            // [M, N]
   const float* residual;   // [M, N] added to y, or null
+  int32_t epilogue;
   int64_t M, N, K, K4, K4p, rows, P;
 
   int64_t row_blocks = 0;
@@ -106,9 +114,11 @@ struct Int8Matmul {
 
   template <int R>
   void block(int64_t m0, int64_t index, __mmask32 mask) const {
-    __m512i lo[R], hi[R];
+    // int32 lanes as GCC's vector type: as __m512i (64-bit lanes, cast for each vpdpbusd) the accumulators
+    // went to the stack
+    i32x16 lo[R], hi[R];
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
+    for (int r = 0; r < R; ++r) lo[r] = hi[r] = i32x16{};
     const int8_t* wp = w + index * K4 * 128;
     const uint32_t* a = quads + m0 * K4p;  // this block's quads, [K4p / 16][R][16]
     for (int64_t c = 0; c < K4; c += 16, a += 16 * R) {
@@ -120,8 +130,8 @@ struct Int8Matmul {
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
           const __m512i xq = _mm512_set1_epi32(static_cast<int>(a[16 * r + j]));
-          lo[r] = _mm512_dpbusd_epi32(lo[r], xq, b_lo);
-          hi[r] = _mm512_dpbusd_epi32(hi[r], xq, b_hi);
+          lo[r] = (i32x16)_mm512_dpbusd_epi32((__m512i)lo[r], xq, b_lo);
+          hi[r] = (i32x16)_mm512_dpbusd_epi32((__m512i)hi[r], xq, b_hi);
         }
       }
     }
@@ -134,8 +144,14 @@ struct Int8Matmul {
     for (int r = 0; r < R; ++r) {
       // (acc * s_x) * s_w, as quantization.int8_matmul computes it
       const __m512 s = _mm512_set1_ps(x_scale[m0 + r]);
-      __m512 out_lo = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo[r], comp_lo)), s), scale_lo);
-      __m512 out_hi = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi[r], comp_hi)), s), scale_hi);
+      auto scaled = [&](i32x16 sums, __m512i comp, __m512 scale) {
+        return _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32((__m512i)sums, comp)), s), scale);
+      };
+      __m512 out_lo = scaled(lo[r], comp_lo, scale_lo), out_hi = scaled(hi[r], comp_hi, scale_hi);
+      if (epilogue != kStore) {  // 16 gate columns (lo) and their up columns (hi): 16 columns of [M, N / 2]
+        _mm512_storeu_ps(y + (m0 + r) * (N / 2) + index * 16, gated_mul(out_lo, out_hi, epilogue == kGatedGeluTanh));
+        continue;
+      }
       const int64_t at = (m0 + r) * N + index * kPanel;
       if (residual) {
         out_lo = _mm512_add_ps(out_lo, _mm512_maskz_loadu_ps(mask_lo, residual + at));
@@ -183,7 +199,7 @@ inline int64_t block_rows(int64_t M) {
 ffi::Error MatmulInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> stacked,
                       ffi::Buffer<ffi::S32> comp, ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::S32> layer,
                       ffi::Buffer<ffi::F32> norm, ffi::Buffer<ffi::F32> residual, ffi::Buffer<ffi::S32> live_rows,
-                      ffi::ResultBuffer<ffi::F32> y, int32_t prologue, float eps) {
+                      ffi::ResultBuffer<ffi::F32> y, int32_t prologue, int32_t epilogue, float eps) {
   const auto x_dims = x.dimensions();
   const auto s_dims = stacked.dimensions();
   const auto y_dims = y->dimensions();
@@ -196,8 +212,12 @@ ffi::Error MatmulInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   if (index < 0 || index >= layers)
     return ffi::Error::InvalidArgument("cpu int8 matmul: the layer index is outside the stacked weight");
   const int64_t P = s_dims[s_dims.size() - 3], K4 = s_dims[s_dims.size() - 2];
-  const int64_t M = x_dims[0], K = x_dims[1], N = y_dims[1];
-  if (K4 != (K + 3) / 4 || P != (N + kPanel - 1) / kPanel)
+  if (epilogue != kStore && epilogue != kGatedSilu && epilogue != kGatedGeluTanh)
+    return ffi::Error::InvalidArgument("cpu int8 matmul: unknown epilogue");
+  const bool gated = epilogue != kStore;
+  // gated: the weight's N columns (whole panels) give y's N / 2
+  const int64_t M = x_dims[0], K = x_dims[1], N = gated ? 2 * y_dims[1] : y_dims[1];
+  if (K4 != (K + 3) / 4 || P != (N + kPanel - 1) / kPanel || (gated && N != P * kPanel))
     return ffi::Error::InvalidArgument("cpu int8 matmul: the packed weight's shape does not match x's K and y's N");
   if (comp.element_count() != static_cast<size_t>(layers * P * kPanel) || scale.element_count() != comp.element_count())
     return ffi::Error::InvalidArgument("cpu int8 matmul: comp and scale must be [(L,) P * 32]");
@@ -205,10 +225,10 @@ ffi::Error MatmulInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   if (prologue == kRmsNorm && norm.element_count() != static_cast<size_t>(K))
     return ffi::Error::InvalidArgument("cpu int8 matmul: the norm weight must have x's K elements");
   const bool add = residual.element_count() > 0;
-  if (add && residual.element_count() != static_cast<size_t>(M * N))
-    return ffi::Error::InvalidArgument("cpu int8 matmul: the residual must be [M, N] (or empty)");
-  const int64_t live = std::clamp<int64_t>(live_rows.typed_data()[0], 0, M);
-  std::memset(y->typed_data() + live * N, 0, 4 * (M - live) * N);
+  if (add && (gated || residual.element_count() != static_cast<size_t>(M * N)))
+    return ffi::Error::InvalidArgument("cpu int8 matmul: the residual must be [M, N] (or empty), and none when gated");
+  const int64_t live = std::clamp<int64_t>(live_rows.typed_data()[0], 0, M), width = y_dims[1];
+  std::memset(y->typed_data() + live * width, 0, 4 * (M - live) * width);
   if (live == 0 || N == 0) return ffi::Error::Success();
   const int64_t K4p = (K4 + 15) / 16 * 16;
   thread_local std::vector<uint32_t> buffer;
@@ -229,6 +249,7 @@ ffi::Error MatmulInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   p.w_scale = scale.typed_data() + index * P * kPanel;
   p.y = y->typed_data();
   p.residual = add ? residual.typed_data() : nullptr;
+  p.epilogue = epilogue;
   p.M = live, p.N = N, p.K = K, p.K4 = K4, p.K4p = K4p, p.rows = block_rows(live), p.P = P;
   p.row_blocks = (live + p.rows - 1) / p.rows;
   share_work(pool, shared, P);
@@ -242,7 +263,7 @@ ffi::Error MatmulInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
 namespace {
 ffi::Error MatmulInt8(ffi::ThreadPool, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S8>, ffi::Buffer<ffi::S32>,
                       ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::F32>,
-                      ffi::Buffer<ffi::S32>, ffi::ResultBuffer<ffi::F32>, int32_t, float) {
+                      ffi::Buffer<ffi::S32>, ffi::ResultBuffer<ffi::F32>, int32_t, int32_t, float) {
   return ffi::Error(ffi::ErrorCode::kUnimplemented, "cpu int8 matmul: this CPU (or compiler) has no AVX-512 VNNI");
 }
 }  // namespace
@@ -260,6 +281,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuMatmulInt8, MatmulInt8,
                                   .Arg<ffi::Buffer<ffi::F32>>()   // norm weight [K] (rms_norm; else empty)
                                   .Arg<ffi::Buffer<ffi::F32>>()   // residual [M, N] added to y (or empty)
                                   .Arg<ffi::Buffer<ffi::S32>>()   // live_rows i32[1]: rows past it are zero
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // y [M, N]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // y [M, N] (gated: [M, N / 2])
                                   .Attr<int32_t>("prologue")
+                                  .Attr<int32_t>("epilogue")
                                   .Attr<float>("eps"));

@@ -44,29 +44,13 @@ namespace ffi = xla::ffi;
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
 
+#include "cpu_gated.h"
+
 namespace {
 
 constexpr int kPanel = 32;   // output columns per panel (work item)
 constexpr int kMaxRows = 12; // rows per register block: 24 accumulators + 5 working registers of 32
 constexpr int64_t kStreamBytes = int64_t{8} << 20;  // results from this size on bypass the cache (Problem::stream)
-
-// g * sigmoid(s) * u with sigmoid(s) = 1 / (1 + e^-s) for s >= 0 and e^s / (1 + e^s) below (never overflows).
-// silu(g) * u is s = g; the tanh-approximated GELU, 0.5 g (1 + tanh(z)) = g * sigmoid(2z) with
-// z = sqrt(2 / pi) (g + 0.044715 g^3), is s = 2z.
-inline __m512 sigmoid_gated(__m512 g, __m512 s, __m512 u) {
-  const __m512 e = (__m512)exp16((v16)_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(s)));
-  const __mmask16 positive = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GE_OQ);
-  const __m512 sigmoid = _mm512_div_ps(_mm512_mask_blend_ps(positive, e, _mm512_set1_ps(1.f)),
-                                       _mm512_add_ps(e, _mm512_set1_ps(1.f)));
-  return _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), u);
-}
-
-inline __m512 gated_mul(__m512 g, __m512 u, bool gelu_tanh) {
-  if (!gelu_tanh) return sigmoid_gated(g, g, u);
-  const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(g, g), g);
-  const __m512 z = _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), cube, g);
-  return sigmoid_gated(g, _mm512_mul_ps(_mm512_set1_ps(2.f * 0.7978845608028654f), z), u);
-}
 
 struct Problem {
   const uint32_t* a;  // x's bf16 pairs by row block: rows [m0, m0 + R) are [K2p / 16][R][16] at a + m0 * K2p

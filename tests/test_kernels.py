@@ -797,7 +797,38 @@ def test_native_int8_matmul_matches_the_w8a8_reference(m, k, n):
 
 def test_native_int8_matmul_refuses_other_shapes():
     packed, comp, scale = (jnp.asarray(a) for a in cpu.pack_int8(np.ones((64, 32), np.int8), np.ones(32, np.float32)))
-    with pytest.raises(ValueError, match="matmul_int8 needs float32 x"):
+    with pytest.raises(ValueError, match="int8 matmul needs float32 x"):
         cpu.matmul_int8(jnp.zeros((2, 60), jnp.float32), packed, comp, scale, 32)
     with pytest.raises(ValueError, match="layer index with a stacked weight"):
         cpu.matmul_int8(jnp.zeros((2, 64), jnp.float32), packed, comp, scale, 32, layer=0)
+
+
+@pytest.mark.skipif(not cpu.int8_matmul_available(), reason="the native int8 matmul needs a CPU with AVX-512 VNNI")
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("m, k, i", [(1, 64, 16), (13, 96, 112), (40, 130, 48)])
+def test_native_int8_gated_mlp_matches_the_w8a8_reference(m, k, i, activation):
+    """gated_int8 (the activation applied in registers) against act(int8 gate product) * (int8 up product), with
+    the rms_norm prologue and padding rows; a plain matmul_int8 of the same packing splits back (unpack_gated)."""
+    from jaxengine.layers.activations import ACTIVATIONS
+    from jaxengine.models.quantization import Int8Weight, int8_matmul
+
+    rng = np.random.default_rng(m + k + i)
+    x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+    norm = jnp.asarray(rng.standard_normal(k), jnp.float32)
+    gate, up = (rng.integers(-128, 128, (2, k, i)).astype(np.int8) for _ in range(2))
+    gate_scale, up_scale = ((rng.random((2, i)) * 0.01).astype(np.float32) for _ in range(2))
+    packed = [jnp.asarray(a) for a in cpu.pack_int8_gated(gate, up, gate_scale, up_scale)]
+    live = max(m - 1, 1)
+    got = jax.jit(lambda x: cpu.gated_int8(x, *packed, prologue="rms_norm", norm=norm, eps=1e-6, live_rows=live,
+                                           layer=jnp.int32(1), activation=activation))(x)
+    from jaxengine.layers.norms import rms_norm
+
+    normed = rms_norm(x, norm, 1e-6)
+    g = int8_matmul(normed, Int8Weight(jnp.asarray(gate[1]), jnp.asarray(gate_scale[1])))
+    u = int8_matmul(normed, Int8Weight(jnp.asarray(up[1]), jnp.asarray(up_scale[1])))
+    want = ACTIVATIONS[activation](g) * u
+    np.testing.assert_allclose(got[:live], want[:live], rtol=2e-5, atol=2e-5 * float(jnp.abs(want).max()))
+    assert not np.any(np.asarray(got[live:]))
+    both = cpu.unpack_gated(cpu.matmul_int8(normed, *packed, 2 * i, layer=jnp.int32(1)))
+    np.testing.assert_allclose(both[0], g, rtol=1e-5, atol=1e-4 * float(jnp.abs(g).max()))
+    np.testing.assert_allclose(both[1], u, rtol=1e-5, atol=1e-4 * float(jnp.abs(u).max()))

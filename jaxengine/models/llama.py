@@ -91,7 +91,8 @@ def _unpacked_gate_up(h, norm, eps: float, gate_up, live_rows=None, layer=None):
     activation, or updates to add to each)."""
     from pallas_kernels import cpu
 
-    return cpu.unpack_gated(_normed_dot(h, norm, eps, gate_up, gate_up.shape[-3] * cpu.PANEL, live_rows, layer))
+    width = (gate_up.weight if isinstance(gate_up, Int8Weight) else gate_up).shape[-3] * cpu.PANEL
+    return cpu.unpack_gated(_normed_dot(h, norm, eps, gate_up, width, live_rows, layer))
 
 
 def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer=None, activation="silu",
@@ -116,6 +117,13 @@ def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer
     if out_norm is None:
         return _dot(gated, down, n, h, live_rows, layer)
     return h + rms_norm(_dot(gated, down, n, live_rows=live_rows, layer=layer), out_norm, eps)
+
+
+def _native_activations():
+    """The gated activations the native CPU matmuls apply in registers."""
+    from pallas_kernels import cpu
+
+    return cpu.GATED_ACTIVATIONS
 
 
 def _lora_delta(x, lora, name: str):
@@ -208,8 +216,9 @@ def _pack_layer(layer) -> None:
 
 def _pack_int8_layer(layer, lead) -> None:
     """Packs a W8A8 layer's int8 projections for the native int8 matmul where the CPU has AVX-512 VNNI (else
-    they stay as they are, for XLA's int8 dots): q/k/v side by side as one `qkv_proj`, gate/up as one
-    `gate_up_proj` ([gate | up]), each with its `_comp` and `_scale` (pallas_kernels.cpu.pack_int8)."""
+    they stay as they are, for XLA's int8 dots): q/k/v side by side as one `qkv_proj`; gate/up, where the width
+    is a multiple of 16, as one `gate_up_proj` in `pack_gated`'s column order (the kernel applies the activation:
+    `cpu.gated_int8`), each with its `_comp` and `_scale` (pallas_kernels.cpu.pack_int8)."""
     from pallas_kernels import cpu
 
     if not cpu.int8_matmul_available():
@@ -221,11 +230,15 @@ def _pack_int8_layer(layer, lead) -> None:
         for name in names:
             delattr(layer, name)
             delattr(layer, name + "_scale")
+        if names == ("gate_proj", "up_proj"):
+            return cpu.pack_int8_gated(*weights, *scales)
         return cpu.pack_int8(np.concatenate(weights, -1), np.concatenate(scales, -1))
 
     groups = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",)}
     if layer.cfg.intermediate_size:
-        groups |= {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+        together = layer.cfg.intermediate_size % cpu.GATED == 0
+        groups |= ({"gate_up_proj": ("gate_proj", "up_proj")} if together else
+                   {"gate_proj": ("gate_proj",), "up_proj": ("up_proj",)}) | {"down_proj": ("down_proj",)}
     for fused, names in groups.items():
         packed, comp, scale = take(names)
         layer_axes = _packed_axes(lead)
@@ -383,11 +396,8 @@ class DecoderLayers(nnx.Module):
     def _gate_up(self, h, norm, live, layer):
         """The dense MLP's gate and up products over rms_norm(h, norm), from the packed gate/up weight or the two."""
         cfg = self.cfg
-        if hasattr(self, "gate_up_proj") and cfg.quantization is not None:  # int8 [gate | up]
-            return tuple(jnp.split(_normed_dot(h, norm, cfg.rms_norm_eps, self.linear("gate_up_proj"),
-                                               2 * cfg.intermediate_size, live, layer), 2, -1))
         if hasattr(self, "gate_up_proj"):
-            return _unpacked_gate_up(h, norm, cfg.rms_norm_eps, self.gate_up_proj[...], live, layer)
+            return _unpacked_gate_up(h, norm, cfg.rms_norm_eps, self.linear("gate_up_proj"), live, layer)
         return tuple(_normed_dot(h, norm, cfg.rms_norm_eps, self.linear(name), cfg.intermediate_size, live, layer)
                      for name in ("gate_proj", "up_proj"))
 
@@ -400,6 +410,17 @@ class DecoderLayers(nnx.Module):
             return _gated_mlp(h, self.norm("mlp_norm"), eps, self.gate_up_proj[...], self.linear("down_proj"), D, live,
                               layer, cfg.hidden_act, out_norm)
         mlp_norm, activation = self.norm("mlp_norm"), ACTIVATIONS[cfg.hidden_act]
+        if hasattr(self, "gate_up_proj") and _native(gate_up := self.linear("gate_up_proj")) and (
+                h.dtype == jnp.float32 and cfg.hidden_act in _native_activations()):  # W8A8, the activation fused
+            from pallas_kernels import cpu
+
+            gated = cpu.gated_int8(h, gate_up.weight, gate_up.comp, gate_up.scale, prologue="rms_norm", norm=mlp_norm,
+                                   eps=eps, live_rows=live, layer=_stack_index(gate_up.weight, layer),
+                                   activation=cfg.hidden_act)
+            if not cfg.sandwich_norms:
+                return _dot(gated, self.linear("down_proj"), D, residual=h, live_rows=live, layer=layer)
+            out = _dot(gated, self.linear("down_proj"), D, live_rows=live, layer=layer)
+            return h + rms_norm(out, self.norm("post_mlp_norm"), eps)
         out = None
         if I:
             gate, up = self._gate_up(h, mlp_norm, live, layer)
