@@ -97,3 +97,29 @@ def test_partial_rotary_factor_is_read_and_checked():
     with pytest.raises(ValueError, match="partial_rotary_factor=0.25 of head_dim=20 rotates 5 dimensions; it must "
                                          "rotate an even number"):
         model_config_from_hf(base | {"partial_rotary_factor": 0.25})
+
+
+def test_phi3_long_factors_past_the_original_length_match_transformers(engines, model_dirs):
+    """max_model_len past LongRoPE's original length (512 here; the model's 1024, vLLM's default) runs the long
+    factors at every position, as vLLM does: a 600-token prompt's log-probabilities are transformers' (which uses
+    the long factors for a sequence past the original length). Within it, the short ones stay."""
+    import torch
+    import transformers
+
+    from jaxengine import EngineConfig, LLMEngine, SamplingParams
+    from tests.engine_util import run_to_completion
+
+    engine = engines("phi3", max_model_len=1024, num_kv_blocks=60)
+    assert engine.model_config.rope.long and engine.max_model_len == 1024
+    assert not engines("phi3").model_config.rope.long  # the fixture's max_model_len=512
+    config = engine.model_config
+    assert LLMEngine._long_rope(EngineConfig(), config)  # max_model_len None: max_position_embeddings, 1024
+    assert not LLMEngine._long_rope(EngineConfig(max_model_len=512), config)
+    prompt = list(np.random.default_rng(3).integers(3, config.vocab_size, 600))
+    out = run_to_completion(engine, [("long", prompt, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0))])
+    ours = np.array([entry[t].logprob for entry, t in zip(out["long"].prompt_logprobs[1:], prompt[1:])])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dirs["phi3"], dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0], -1).numpy()
+    ref = ref[np.arange(len(prompt) - 1), prompt[1:]]
+    assert np.abs(ours - ref).max() < 1e-4

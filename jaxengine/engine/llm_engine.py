@@ -194,7 +194,8 @@ class LLMEngine:
         model, self.model_config = load_model(model_dir, config.dtype, progress=progress, mesh=self.mesh,
                                               hf_overrides=config.hf_overrides,
                                               attention_backend=self._attention_backend(config, tp),
-                                              unstacked=unrolled, native_matmul=True, executables=executables)
+                                              unstacked=unrolled, native_matmul=True, executables=executables,
+                                              long_rope=self._long_rope(config, checkpoint_config))
         model.kv_dtype = self._kv_cache_dtype(config, model)
         if warning := scan_warning(config.layer_loop, jax.default_backend(), model.param_dtype, model.native_matmul):
             logger.warning(warning)
@@ -407,20 +408,23 @@ class LLMEngine:
                              f"attention_backend auto or native, one device); use float32 or auto")
         return jnp.dtype(setting)
 
+    @staticmethod
+    def _long_rope(config: EngineConfig, model_config) -> bool:
+        """Whether a LongRoPE model (Phi-3, Phi-4-mini) runs its long factors, at every position: where max_model_len
+        (default: max_position_embeddings) exceeds its original length, as vLLM decides (transformers switches per
+        sequence at that length, which a paged cache written with the other factors could not follow)."""
+        rope = model_config.rope
+        if rope.rope_type != "longrope":
+            return False
+        length = config.max_model_len or model_config.max_position_embeddings
+        original = rope.param("original_max_position_embeddings")
+        if length > original:
+            logger.info("LongRoPE: max_model_len %d exceeds original_max_position_embeddings=%d: the long factors "
+                        "apply at every position (max_model_len <= %d keeps the short ones)", length, original, original)
+        return length > original
+
     def _max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
-        rope = self.model_config.rope
-        if rope.rope_type == "longrope" and rope.param("original_max_position_embeddings") < limit:
-            # Past its original length LongRoPE switches to its long factors for the whole sequence (transformers)
-            # or the whole batch (vLLM), which a paged cache computed with the short ones cannot follow.
-            original = rope.param("original_max_position_embeddings")
-            if self.config.max_model_len is not None and self.config.max_model_len > original:
-                raise ValueError(f"max_model_len={self.config.max_model_len}: this model's LongRoPE is supported up "
-                                 f"to its original_max_position_embeddings={original} (the short factors)")
-            if self.config.max_model_len is None:
-                logger.warning("LongRoPE: serving up to original_max_position_embeddings=%d tokens (the short "
-                               "factors), not the model's %d", original, limit)
-            limit = original
         if self.config.max_model_len is None:
             return limit
         if self.config.max_model_len > limit:

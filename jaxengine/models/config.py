@@ -15,6 +15,9 @@ class RopeConfig:
     theta: float
     rope_type: str = "default"
     params: tuple = ()  # sorted (key, value) pairs of the HF rope dict, hashable
+    # LongRoPE: the long factors at every position (vLLM's rule where max_model_len exceeds the original length:
+    # one set of factors for the whole KV cache), else the short ones
+    long: bool = False
 
     def param(self, name, default=None):
         return dict(self.params).get(name, default)
@@ -131,12 +134,14 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int, max_position_embeddings: int)
 
 def _longrope_inv_freq(rope, head_dim, max_position_embeddings):
     """LongRoPE (Phi-3) with its short factors, which transformers uses while a sequence is within
-    original_max_position_embeddings (the engine serves no longer ones: LLMEngine._max_model_len); the attention
-    factor from the ratio of the two lengths, as transformers computes it."""
+    original_max_position_embeddings, or (`rope.long`) its long ones, which it uses past that length and vLLM at
+    every position once max_model_len exceeds it (LLMEngine._long_rope); the attention factor from the ratio of the
+    two lengths, as transformers computes it (for either set)."""
     original = rope.param("original_max_position_embeddings")
-    short = np.asarray(rope.param("short_factor"), np.float64)
+    name = "long_factor" if rope.long else "short_factor"
+    short = np.asarray(rope.param(name), np.float64)
     if original is None or short.shape != (head_dim // 2,):
-        raise ValueError(f"longrope needs original_max_position_embeddings and {head_dim // 2} short_factor values")
+        raise ValueError(f"longrope needs original_max_position_embeddings and {head_dim // 2} {name} values")
     factor = rope.param("factor") or max_position_embeddings / original
     attention = rope.param("attention_factor")
     if attention is None:

@@ -122,7 +122,7 @@ def weight_dtypes(model_dir: Path, cfg: ModelConfig, dtype: str, mesh=None, nati
 
 def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, mesh=None,
                attention_backend: str = "auto", unstacked: bool = False, native_matmul: bool = False,
-               executables=None, hf_overrides: dict | None = None):
+               executables=None, hf_overrides: dict | None = None, long_rope: bool = False):
     """Returns (model, ModelConfig). Weights go from memory-mapped safetensors to the device one parameter
     at a time (on a mesh, each device receives only its shard); the model is never initialised with real
     arrays. On a mesh with more devices on 'model' than the model has KV heads, each KV head is repeated
@@ -132,10 +132,15 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     (and `auto` keeps a bfloat16 checkpoint in bfloat16; `LlamaForCausalLM.pack_for_native_matmul`). For
     serving; a model to convert and save keeps the checkpoint's layout. `executables`: an ExecutableCache
     (jaxengine.runner.executables) that keeps the programs filling stacked layers across starts. `hf_overrides`:
-    over config.json's keys (read_hf_config)."""
+    over config.json's keys (read_hf_config). `long_rope`: a LongRoPE model's long factors at every position
+    (RopeConfig.long)."""
     start = time.perf_counter()
     model_dir = resolve_model_dir(model)
     arch, cfg = load_config(model_dir, hf_overrides)
+    if long_rope:
+        if cfg.rope.rope_type != "longrope":
+            raise ValueError(f"long_rope applies to a LongRoPE model, not rope type {cfg.rope.rope_type!r}")
+        cfg = dataclasses.replace(cfg, rope=dataclasses.replace(cfg.rope, long=True))
     orbax = orbax_io.is_orbax_checkpoint(model_dir)
     jdtype, param_dtype, native_matmul = weight_dtypes(model_dir, cfg, dtype, mesh, native_matmul)
     repeats = kv_head_repeats(cfg, mesh.shape["model"]) if mesh is not None else 1
