@@ -164,10 +164,17 @@ def _convert(args) -> None:
 
 def _quantize(args) -> None:
     from jaxengine.models.loader import resolve_model_dir
-    from jaxengine.models.quantization import write_w8a8_checkpoint
+    from jaxengine.models.quantization import write_w4a16_checkpoint, write_w8a8_checkpoint
 
-    write_w8a8_checkpoint(resolve_model_dir(args.model), args.output)
-    print(f"wrote a W8A8 int8 (compressed-tensors) checkpoint to {args.output}; serve it with --model {args.output}")
+    if args.scheme == "w8a8":
+        if args.group_size is not None:
+            raise ValueError("--group-size applies to --scheme w4a16")
+        write_w8a8_checkpoint(resolve_model_dir(args.model), args.output)
+    else:
+        write_w4a16_checkpoint(resolve_model_dir(args.model), args.output,
+                               128 if args.group_size is None else args.group_size)
+    print(f"wrote a {args.scheme.upper()} (compressed-tensors) checkpoint to {args.output}; serve it with --model "
+          f"{args.output}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -239,10 +246,14 @@ def main(argv: list[str] | None = None) -> None:
     convert.add_argument("--output", required=True, help="a new directory for the checkpoint")
     convert.add_argument("--dtype", default="auto")
     convert.set_defaults(run=_convert)
-    quantize = sub.add_parser("quantize", help="write a W8A8 int8 (compressed-tensors) checkpoint of a float one: "
-                                               "per-channel weights, round to nearest")
+    quantize = sub.add_parser("quantize", help="write a compressed-tensors checkpoint of a float one, round to "
+                                               "nearest: W8A8 int8 (per-channel weights, per-token activations) or "
+                                               "W4A16 (int4 weights in groups)")
     quantize.add_argument("--model", required=True, help="Hugging Face directory or hub id of a dense model")
     quantize.add_argument("--output", required=True, help="a new directory for the checkpoint")
+    quantize.add_argument("--scheme", choices=("w8a8", "w4a16"), default="w8a8")
+    quantize.add_argument("--group-size", type=int, default=None,
+                          help="w4a16: inputs per group of scales (default 128; 0: one group per output channel)")
     quantize.set_defaults(run=_quantize)
     from jaxengine.bench import add_bench_parser
 

@@ -16,7 +16,8 @@ from jaxengine import LLMEngine
 from jaxengine.cli import main as cli_main
 from jaxengine.config import EngineConfig
 from jaxengine.models.loader import load_config
-from jaxengine.models.quantization import compressed_tensors_config, parse_quantization, write_w8a8_checkpoint
+from jaxengine.models.quantization import (W4A16, compressed_tensors_config, parse_quantization, unpack_int4,
+                                           write_w8a8_checkpoint)
 from jaxengine.sampling_params import SamplingParams
 from pallas_kernels import cpu
 from tests import tiny_models
@@ -28,14 +29,38 @@ ARCHS = ("llama", "qwen3", "phi3", "gemma2")
 
 @pytest.fixture(scope="session")
 def quantized(model_dirs, tmp_path_factory):
-    """arch -> its W8A8 checkpoint (written by `jaxengine quantize`), and "llama-tensor": per-tensor scales."""
+    """arch -> its W8A8 checkpoint (written by `jaxengine quantize`), "llama-tensor": per-tensor scales, arch + "-w4":
+    W4A16 checkpoints (`jaxengine quantize --scheme w4a16`)."""
     root = tmp_path_factory.mktemp("w8a8")
     out = {}
     for arch in ARCHS:
         cli_main(["quantize", "--model", str(model_dirs[arch]), "--output", str(root / arch)])
         out[arch] = root / arch
     out["llama-tensor"] = write_w8a8_checkpoint(model_dirs["llama"], root / "llama-tensor", strategy="tensor")
+    for arch, group in W4_GROUPS.items():
+        cli_main(["quantize", "--model", str(model_dirs[arch]), "--output", str(root / (arch + "-w4")), "--scheme",
+                  "w4a16", "--group-size", str(group)])
+        out[arch + "-w4"] = root / (arch + "-w4")
     return out
+
+
+W4_GROUPS = {"llama": 16, "phi3": 8, "qwen3": 0}  # W4A16 checkpoints' group sizes (0: one group per channel)
+
+
+def dequantized(float_dir, quantized_dir):
+    """transformers' model of `float_dir` with each W4A16 projection's weight as the checkpoint dequantizes it."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32).eval()
+    tensors = {}
+    for f in quantized_dir.glob("*.safetensors"):
+        tensors |= load_file(f)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and name + ".weight_packed" in tensors:
+                q = unpack_int4(tensors[name + ".weight_packed"].numpy(), module.in_features).astype(np.float32)
+                scale = tensors[name + ".weight_scale"].float().numpy()
+                weight = (q.reshape(module.out_features, scale.shape[1], -1) * scale[:, :, None]).reshape(q.shape)
+                module.weight.copy_(torch.from_numpy(weight))
+    return model
 
 
 def emulated(float_dir, quantized_dir):
@@ -90,6 +115,33 @@ def test_w8a8_matches_transformers_with_int8_projections(engines, model_dirs, qu
         transformers.AutoModelForCausalLM.from_pretrained(model_dirs[arch], dtype=torch.float32).eval(), PROMPT)
     assert np.abs(ours - ref).max() < 2e-3
     assert np.abs(ours - float_ref).max() > 1e-2
+
+
+@pytest.mark.parametrize("arch", list(W4_GROUPS))
+def test_w4a16_matches_transformers_with_dequantized_weights(engines, model_dirs, quantized, arch):
+    """W4A16 (pack-quantized int4 in groups of 16 or 8 inputs, or one group per channel): every prompt position's
+    log-probability as transformers' with the dequantized weights, and off the float model's."""
+    engine = engines(arch, model=str(quantized[arch + "-w4"]), max_num_batched_tokens=32, num_kv_blocks=30)
+    assert (engine.model_config.quantization, engine.model_config.quant_group_size) == ("w4a16", W4_GROUPS[arch])
+    ours = prompt_logprobs(engine, PROMPT)
+    ref = reference_logprobs(dequantized(model_dirs[arch], quantized[arch + "-w4"]), PROMPT)
+    float_ref = reference_logprobs(
+        transformers.AutoModelForCausalLM.from_pretrained(model_dirs[arch], dtype=torch.float32).eval(), PROMPT)
+    assert np.abs(ours - ref).max() < 1e-4
+    assert np.abs(ours - float_ref).max() > 1e-2
+
+
+def test_w4a16_bfloat16_and_tensor_parallel(engines, model_dirs, quantized):
+    """bfloat16 (scales in bfloat16, the scanned layer loop, the native output head) to bfloat16's precision; Qwen3's
+    one KV head repeated over tp=2 with its per-channel scales: the single device's numbers."""
+    settings = dict(model=str(quantized["qwen3-w4"]), max_num_batched_tokens=32, num_kv_blocks=30)
+    one = prompt_logprobs(engines("qwen3", **settings), PROMPT)
+    two = prompt_logprobs(engines("qwen3", tensor_parallel_size=2, **settings), PROMPT)
+    np.testing.assert_allclose(two, one, atol=2e-4)
+    ours = prompt_logprobs(engines("llama", model=str(quantized["llama-w4"]), dtype="bfloat16",
+                                   max_num_batched_tokens=32, num_kv_blocks=30), PROMPT)
+    error = np.abs(ours - reference_logprobs(dequantized(model_dirs["llama"], quantized["llama-w4"]), PROMPT))
+    assert np.median(error) < 0.02 and error.max() < 0.1, error
 
 
 def test_per_tensor_scales_and_the_scanned_layer_loop(engines, model_dirs, quantized):
@@ -176,8 +228,8 @@ def _config_with(quantization_config: dict) -> dict:
     return {"quantization_config": quantization_config}
 
 
-def _group_args(**changes) -> dict:
-    config = compressed_tensors_config()
+def _group_args(scheme="w8a8_int8", **changes) -> dict:
+    config = compressed_tensors_config("group", scheme) if scheme == W4A16 else compressed_tensors_config()
     group = config["config_groups"]["group_0"]
     for path, value in changes.items():
         part, field = path.split("__")
@@ -196,12 +248,21 @@ def _group_args(**changes) -> dict:
     (compressed_tensors_config() | {"ignore": ["lm_head", "model.layers.0.mlp.down_proj"]},
      r"ignore \['model.layers.0.mlp.down_proj'\] is not supported"),
     (compressed_tensors_config() | {"kv_cache_scheme": {"num_bits": 8}}, r"kv_cache_scheme is not supported"),
+    (_group_args(W4A16, weights__symmetric=False), r"weights.symmetric=False is not supported \(w4a16 takes True\)"),
+    (_group_args(W4A16, weights__num_bits=8), r"weights.num_bits=8 is not supported \(w4a16 takes 4\)"),
+    (_group_args(W4A16, weights__actorder="group"), r"weights.actorder='group' is not supported"),
+    (_group_args(W4A16, weights__group_size=None), r"weights.group_size=None: the group strategy needs a positive"),
+    (compressed_tensors_config("group", W4A16) | {"config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": compressed_tensors_config("group", W4A16)["config_groups"]["group_0"][
+            "weights"], "input_activations": {"num_bits": 8}}}}, r"input_activations is not supported with pack"),
 ])
 def test_unsupported_quantization_is_refused_by_field(config, message):
     with pytest.raises(ValueError, match=message):
         parse_quantization(_config_with(config))
     assert parse_quantization({}) is None
-    assert parse_quantization(_config_with(compressed_tensors_config("tensor"))) == "w8a8_int8"
+    assert parse_quantization(_config_with(compressed_tensors_config("tensor"))) == ("w8a8_int8", 0)
+    assert parse_quantization(_config_with(compressed_tensors_config("group", W4A16, 64))) == ("w4a16", 64)
+    assert parse_quantization(_config_with(compressed_tensors_config("channel", W4A16))) == ("w4a16", 0)
 
 
 def test_quantization_setting_must_be_the_checkpoints(model_dirs, quantized, tmp_path):

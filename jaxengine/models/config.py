@@ -64,8 +64,10 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalise the top experts' router probabilities to sum to 1
     shared_expert_gate: bool = False  # Qwen2 MoE: the shared expert's output times sigmoid(x @ gate)
-    # None, or "w8a8_int8": the decoder layers' projections int8 (jaxengine/models/quantization.py)
+    # None, "w8a8_int8" or "w4a16": the decoder layers' projections quantized (jaxengine/models/quantization.py);
+    # W4A16's weights in groups of quant_group_size inputs (0: one group per output channel)
     quantization: str | None = None
+    quant_group_size: int = 0
 
     @property
     def q_per_kv(self) -> int:

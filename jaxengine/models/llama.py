@@ -20,7 +20,7 @@ from jaxengine.layers.moe import moe_mlp
 from jaxengine.layers.norms import gemma_scale, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
 from jaxengine.models.config import ModelConfig, rope_inv_freq
-from jaxengine.models.quantization import QUANTIZED_LINEARS, Int8Weight, int8_matmul
+from jaxengine.models.quantization import QUANTIZED_LINEARS, W4A16, W8A8_INT8, Int4Weight, Int8Weight, int8_matmul
 from jaxengine.runner.batch import RaggedBatch
 
 
@@ -38,6 +38,8 @@ def _stack_index(w, layer):
 
 def _native(w) -> bool:
     """Whether `w` is packed for a native CPU matmul (bfloat16's, or the int8 one's)."""
+    if isinstance(w, Int4Weight):
+        return False
     return w.comp is not None if isinstance(w, Int8Weight) else w.ndim >= 3
 
 
@@ -51,11 +53,14 @@ def _int8_native(x, w: Int8Weight, n: int, layer, **kwargs):
 def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
     """x @ w (+ residual) -> [.., n] in the weight's dtype, accumulated in float32 (a bf16 x bf16 -> bf16 dot is
     far slower on CPU), returned in x's dtype. A quantized weight (Int8Weight) quantizes x per row and multiplies
-    in int8 (jaxengine/models/quantization.py). A packed weight (`pack_for_native_matmul`: 3 dimensions, or 4
-    for all layers' stacked, of which `layer` is used) runs the native CPU kernel: same numbers up to summation
-    order (pallas_kernels/cpu_matmul.cc), the residual added as the result is stored. `live_rows` (i32[]): x's
+    in int8 (jaxengine/models/quantization.py); a W4A16 one (Int4Weight) is dequantized first. A packed weight
+    (`pack_for_native_matmul`: 3 dimensions, or 4 for all layers' stacked, of which `layer` is used) runs the
+    native CPU kernel: same numbers up to summation order (pallas_kernels/cpu_matmul.cc), the residual added as
+    the result is stored. `live_rows` (i32[]): x's
     rows from it on are a bucket's padding, which the native kernel skips (they come out zero); XLA's dot
     computes them like the others."""
+    if isinstance(w, Int4Weight):
+        w = w.dequantized()
     if isinstance(w, Int8Weight) and w.comp is not None:
         if residual is not None and x.dtype == jnp.float32:
             return _int8_native(x, w, n, layer, residual=residual, live_rows=live_rows)
@@ -194,8 +199,9 @@ def _pack_layer(layer) -> None:
 
     lead = layer.q_proj.get_metadata()["logical_axes"][:-2]  # ("layers",) when stacked
     parts = ("q_proj", "k_proj", "v_proj")
-    if layer.cfg.quantization is not None:
-        _pack_int8_layer(layer, lead)
+    if layer.cfg.quantization is not None:  # W4A16's stay as they are (dequantized at each step)
+        if layer.cfg.quantization == W8A8_INT8:
+            _pack_int8_layer(layer, lead)
         return
     if all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
         value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
@@ -286,12 +292,16 @@ class DecoderLayers(nnx.Module):
             self.expert_down = _param((L, E, M, D), dtype, ("layers", "experts", "mlp", "embed"))
         if cfg.shared_expert_gate:
             self.shared_expert_gate = _param((L, D, 1), dtype, ("layers", "embed", "unit"))
-        if cfg.quantization is not None:  # each int8 projection's scales per output channel
-            for name in QUANTIZED_LINEARS:
-                if hasattr(self, name):
-                    axes = getattr(self, name).get_metadata()["logical_axes"]
-                    setattr(self, name + "_scale", _param((L, getattr(self, name).get_value().shape[-1]), jnp.float32,
-                                                          (axes[0], axes[-1])))
+        for name in QUANTIZED_LINEARS if cfg.quantization is not None else ():
+            if hasattr(self, name):  # W8A8: its scales per output channel; W4A16: per group of inputs too
+                axes = getattr(self, name).get_metadata()["logical_axes"]
+                _, width, out = getattr(self, name).get_value().shape
+                if cfg.quantization == W8A8_INT8:
+                    scale = _param((L, out), jnp.float32, (axes[0], axes[-1]))
+                else:
+                    groups = width // cfg.quant_group_size if cfg.quant_group_size else 1
+                    scale = _param((L, groups, out), dtype, axes)
+                setattr(self, name + "_scale", scale)
 
     def norm(self, name: str) -> jax.Array:
         return _norm_scale(self.cfg, getattr(self, name)[...])
@@ -302,6 +312,8 @@ class DecoderLayers(nnx.Module):
         w = getattr(self, name)[...]
         if self.cfg.quantization is None:
             return w
+        if self.cfg.quantization == W4A16:
+            return Int4Weight(w, getattr(self, name + "_scale")[...])
         comp = getattr(self, name + "_comp")[...] if hasattr(self, name + "_comp") else None
         return Int8Weight(w, getattr(self, name + "_scale")[...], comp)
 
@@ -621,9 +633,10 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
         per_layer |= {"post_attention_layernorm.weight": ("post_attn_norm", False),
                       "pre_feedforward_layernorm.weight": ("mlp_norm", False),
                       "post_feedforward_layernorm.weight": ("post_mlp_norm", False)}
-    if cfg.quantization is not None:  # each int8 projection's scales (`[out]` by then: quantization.with_scales)
-        per_layer |= {hf_name + "_scale": (ours + "_scale", False) for hf_name, (ours, _) in per_layer.items()
-                      if ours in QUANTIZED_LINEARS}
+    if cfg.quantization is not None:  # each projection's scales (quantization.with_quantized: W8A8's [out], W4A16's
+        # [out, groups], transposed)
+        per_layer |= {hf_name + "_scale": (ours + "_scale", cfg.quantization == W4A16)
+                      for hf_name, (ours, _) in per_layer.items() if ours in QUANTIZED_LINEARS}
     for i in range(cfg.num_layers):
         for hf_name, (ours, transpose) in per_layer.items():
             names[f"model.layers.{i}.{hf_name}"] = (("layers", ours), i, transpose, None)

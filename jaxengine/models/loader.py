@@ -20,7 +20,7 @@ from jaxengine.models.config import ModelConfig, read_hf_config
 from jaxengine.models.llama import hf_weight_map
 from jaxengine.models.registry import Architecture, get_architecture
 from jaxengine.models import orbax_io
-from jaxengine.models.quantization import parse_quantization, with_scales
+from jaxengine.models.quantization import check_group_size, parse_quantization, with_quantized
 from jaxengine.models.safetensors_io import read_safetensors
 from jaxengine.parallel.sharding import kv_head_repeats, named_sharding
 from jaxengine.runner.executables import signature
@@ -80,9 +80,13 @@ def load_config(model_dir: Path, hf_overrides: dict | None = None) -> tuple[Arch
     arch = get_architecture(hf)
     cfg = arch.read_config(hf)
     quantization = parse_quantization(hf)
-    if quantization is not None and cfg.num_experts:
+    if quantization is None:
+        return arch, cfg
+    if cfg.num_experts:
         raise ValueError("quantization_config: a quantized mixture of experts is not supported")
-    return arch, dataclasses.replace(cfg, quantization=quantization)
+    cfg = dataclasses.replace(cfg, quantization=quantization[0], quant_group_size=quantization[1])
+    check_group_size(cfg)
+    return arch, cfg
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -163,7 +167,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
         loaded = orbax_io.restore(model_dir, flat, targets, shardings, _KV_PARAMS, repeats, checkpoint_kv_heads)
     else:
         # the checkpoint's tensors split by its own shapes (KV heads are repeated after)
-        split = _with_rotary_layout(with_scales(arch.split_tensor, checkpoint_cfg), checkpoint_cfg)
+        split = _with_rotary_layout(with_quantized(arch.split_tensor, checkpoint_cfg), checkpoint_cfg)
         loaded = _fill(checkpoint_files(model_dir), hf_weight_map(cfg), targets, shardings, cfg, progress,
                        kv_repeat=(checkpoint_kv_heads, repeats), executables=executables, tensor_name=arch.tensor_name,
                        split_tensor=lambda name, array, _: split(name, array, checkpoint_cfg))

@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-W8A8_INT8 = "w8a8_int8"  # ModelConfig.quantization's value for the one scheme served
+W8A8_INT8 = "w8a8_int8"  # ModelConfig.quantization's values: the schemes served
+W4A16 = "w4a16"
 QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _HEAD = ("lm_head", "re:.*lm_head")  # how llm-compressor names the output head it leaves out
 
@@ -33,8 +34,9 @@ class Int8Weight(NamedTuple):
     comp: jax.Array | None = None
 
 
-def parse_quantization(hf: dict) -> str | None:
-    """`W8A8_INT8` for a compressed-tensors W8A8 int8 checkpoint's config.json, None for an unquantized one; a
+def parse_quantization(hf: dict) -> tuple[str, int] | None:
+    """(scheme, group size) of a compressed-tensors checkpoint's config.json: (`W8A8_INT8`, 0), or (`W4A16`, the
+    weights' group along the input, 0 for one group per output channel); None for an unquantized checkpoint; a
     ValueError naming the field for any other quantization."""
     q = hf.get("quantization_config")
     if not q:
@@ -43,10 +45,12 @@ def parse_quantization(hf: dict) -> str | None:
     if method != "compressed-tensors":
         raise ValueError(f"quantization_config.quant_method {method!r} is not supported; supported: compressed-tensors "
                          f"(W8A8 int8: int8 weights with per-channel or per-tensor scales, dynamic per-token int8 "
-                         f"activations)")
-    if q.get("format") != "int-quantized":
+                         f"activations; W4A16: symmetric int4 weights in groups or per channel)")
+    formats = {"int-quantized": W8A8_INT8, "pack-quantized": W4A16}
+    if q.get("format") not in formats:
         raise ValueError(f"quantization_config.format {q.get('format')!r} is not supported; supported: int-quantized "
-                         f"(W8A8 int8)")
+                         f"(W8A8 int8), pack-quantized (W4A16)")
+    scheme = formats[q["format"]]
     if q.get("quantization_status", "compressed") != "compressed":
         raise ValueError(f"quantization_config.quantization_status {q.get('quantization_status')!r} is not supported; "
                          f"supported: compressed")
@@ -56,72 +60,149 @@ def parse_quantization(hf: dict) -> str | None:
     groups = q.get("config_groups") or {}
     if not groups:
         raise ValueError("quantization_config.config_groups is empty")
+    group_sizes = set()
     for name, group in groups.items():
         where = f"quantization_config.config_groups.{name}"
         targets = group.get("targets") or []
         if list(targets) != ["Linear"]:
             raise ValueError(f"{where}.targets {targets!r} is not supported; supported: ['Linear'] (every linear "
                              f"projection)")
-        _check_args(group.get("weights"), f"{where}.weights", strategies=("channel", "tensor"), dynamic=False)
-        _check_args(group.get("input_activations"), f"{where}.input_activations", strategies=("token",),
-                    dynamic=True)
+        if scheme == W8A8_INT8:
+            _check_args(group.get("weights"), f"{where}.weights", scheme, bits=8, strategies=("channel", "tensor"))
+            _check_args(group.get("input_activations"), f"{where}.input_activations", scheme, bits=8,
+                        strategies=("token",), dynamic=True)
+            group_sizes.add(0)
+        else:
+            weights = group.get("weights")
+            _check_args(weights, f"{where}.weights", scheme, bits=4, strategies=("group", "channel"))
+            if group.get("input_activations"):
+                raise ValueError(f"{where}.input_activations is not supported with pack-quantized weights (W4A16 "
+                                 f"keeps its activations in float)")
+            size = weights.get("group_size") if weights["strategy"] == "group" else 0
+            if weights["strategy"] == "group" and not (isinstance(size, int) and size > 0):
+                raise ValueError(f"{where}.weights.group_size={size!r}: the group strategy needs a positive size")
+            group_sizes.add(size)
         if group.get("output_activations"):
             raise ValueError(f"{where}.output_activations is not supported")
+    if len(group_sizes) > 1:
+        raise ValueError(f"quantization_config.config_groups: groups of different sizes {sorted(group_sizes)} are not "
+                         f"supported")
     ignored = [name for name in q.get("ignore") or [] if name not in _HEAD]
     if ignored:
         raise ValueError(f"quantization_config.ignore {ignored!r} is not supported: only the output head (lm_head) may "
                          f"stay unquantized")
-    return W8A8_INT8
+    return scheme, group_sizes.pop()
 
 
-def _check_args(args: dict | None, where: str, *, strategies: tuple[str, ...], dynamic: bool) -> None:
+def _check_args(args: dict | None, where: str, scheme: str, *, bits: int, strategies: tuple[str, ...],
+                dynamic: bool = False) -> None:
     if not args:
-        raise ValueError(f"{where} is missing: W8A8 int8 quantizes both weights and input activations")
-    expected = {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": dynamic}
+        raise ValueError(f"{where} is missing: {scheme} quantizes them")
+    expected = {"num_bits": bits, "type": "int", "symmetric": True, "dynamic": dynamic}
     for field, value in expected.items():
         if args.get(field, value if field == "type" else None) != value:
-            raise ValueError(f"{where}.{field}={args.get(field)!r} is not supported (W8A8 int8 takes {value!r})")
+            raise ValueError(f"{where}.{field}={args.get(field)!r} is not supported ({scheme} takes {value!r})")
     if args.get("strategy") not in strategies:
         raise ValueError(f"{where}.strategy={args.get('strategy')!r} is not supported; supported: "
                          f"{', '.join(strategies)}")
-    for field in ("group_size", "block_structure", "actorder"):
-        if args.get(field):
-            raise ValueError(f"{where}.{field}={args[field]!r} is not supported")
+    if args.get("group_size") and args.get("strategy") != "group":
+        raise ValueError(f"{where}.group_size={args['group_size']!r} is not supported with strategy "
+                         f"{args.get('strategy')!r}")
+    if args.get("block_structure"):
+        raise ValueError(f"{where}.block_structure={args['block_structure']!r} is not supported")
+    if args.get("actorder") not in (None, "static"):  # "group" and "weight" reorder the input (a g_idx tensor)
+        raise ValueError(f"{where}.actorder={args['actorder']!r} is not supported (only None or 'static')")
 
 
-def output_widths(cfg) -> dict[str, int]:
-    """Each quantized projection's output width in the checkpoint (Phi-3's fused ones included)."""
-    q, kv, I = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
-    return {"q_proj": q, "k_proj": kv, "v_proj": kv, "o_proj": cfg.hidden_size, "gate_proj": I, "up_proj": I,
-            "down_proj": cfg.hidden_size, "qkv_proj": q + 2 * kv, "gate_up_proj": 2 * I}
+def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
+    """Each quantized projection's (output, input) widths in the checkpoint (Phi-3's fused ones included)."""
+    q, kv, I, D = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size, cfg.hidden_size
+    return {"q_proj": (q, D), "k_proj": (kv, D), "v_proj": (kv, D), "o_proj": (D, q), "gate_proj": (I, D),
+            "up_proj": (I, D), "down_proj": (D, I), "qkv_proj": (q + 2 * kv, D), "gate_up_proj": (2 * I, D)}
 
 
-def with_scales(split_tensor, cfg):
-    """`split_tensor` after a quantized projection's `weight_scale` ([out, 1], or [1] / [] per tensor) becomes a
-    float32 vector [out] (a per-tensor scale repeated), as the split and the weight map take it."""
+def check_group_size(cfg) -> None:
+    """A W4A16 checkpoint's group size must divide every quantized projection's input width."""
+    size = cfg.quant_group_size
+    for name, (_, width) in projection_shapes(cfg).items():
+        if size and width % size:
+            raise ValueError(f"quantization_config group_size={size} does not divide {name}'s input width {width}")
+
+
+def unpack_int4(packed, width: int) -> np.ndarray:
+    """compressed-tensors' pack-quantized int4 weights, int32 [out, ceil(in / 8)] (each word 8 values offset by 8,
+    the first in its low bits), -> int8 [out, in] in [-8, 7]."""
+    words = np.asarray(packed).astype(np.uint32)
+    nibbles = (words[..., None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF
+    return (nibbles.reshape(*words.shape[:-1], -1)[..., :width].astype(np.int16) - 8).astype(np.int8)
+
+
+def pack_int4(values: np.ndarray) -> np.ndarray:
+    """unpack_int4's inverse: int8 [out, in] in [-8, 7] -> int32 [out, ceil(in / 8)]."""
+    values = np.asarray(values, np.int16) + 8
+    padded = np.pad(values, [(0, 0)] * (values.ndim - 1) + [(0, -values.shape[-1] % 8)]).astype(np.uint32)
+    words = (padded.reshape(*padded.shape[:-1], -1, 8) << (4 * np.arange(8, dtype=np.uint32))).sum(-1)
+    return words.astype(np.uint32).view(np.int32)
+
+
+def with_quantized(split_tensor, cfg):
+    """`split_tensor` after a quantized checkpoint's tensors become what the split and the weight map take: W8A8's
+    `weight_scale` ([out, 1], or [1] / [] per tensor) a float32 vector [out] (a per-tensor scale repeated);
+    W4A16's `weight_packed` the int8 `weight` [out, in] it holds, its `weight_scale` [out, in / group] checked,
+    its `weight_shape` dropped once checked."""
     if cfg.quantization is None:
         return split_tensor
-    widths = output_widths(cfg)
+    shapes = projection_shapes(cfg)
+
+    def projection(name):
+        part = name.rsplit(".", 2)[-2]
+        if part not in shapes:
+            raise ValueError(f"tensor {name}: a quantized {part} is not supported (only the decoder layers' "
+                             f"{', '.join(QUANTIZED_LINEARS)})")
+        return shapes[part]
 
     def split(name, array, cfg):
-        if name.endswith(".weight_scale"):
-            projection = name.rsplit(".", 2)[-2]
-            if projection not in widths:
-                raise ValueError(f"tensor {name}: a quantized {projection} is not supported (only the decoder layers' "
-                                 f"{', '.join(QUANTIZED_LINEARS)})")
+        if name.endswith((".input_scale", ".input_zero_point", ".weight_zero_point", ".weight_g_idx")):
+            raise ValueError(f"tensor {name}: static, asymmetric or reordered quantization is not supported")
+        if cfg.quantization == W8A8_INT8 and name.endswith(".weight_scale"):
+            width = projection(name)[0]
             scale = np.asarray(array, np.float32).reshape(-1)
-            width = widths[projection]
             if scale.size == 1:
                 scale = np.full(width, scale[0], np.float32)
             elif scale.size != width:
                 raise ValueError(f"tensor {name} has {scale.size} scales, expected {width} (one per output channel) "
                                  f"or 1")
             array = scale
-        elif name.endswith((".input_scale", ".input_zero_point", ".weight_zero_point")):
-            raise ValueError(f"tensor {name}: static or asymmetric quantization is not supported")
+        elif cfg.quantization == W4A16 and name.endswith(".weight_shape"):
+            if [int(v) for v in np.asarray(array).reshape(-1)] != list(projection(name)):
+                raise ValueError(f"tensor {name} is {np.asarray(array).tolist()}, expected {list(projection(name))}")
+            return []
+        elif cfg.quantization == W4A16 and name.endswith(".weight_packed"):
+            out, width = projection(name)
+            if tuple(array.shape) != (out, -(-width // 8)):
+                raise ValueError(f"tensor {name} has shape {tuple(array.shape)}, expected {(out, -(-width // 8))}")
+            name, array = name[: -len("_packed")], unpack_int4(array, width)
+        elif cfg.quantization == W4A16 and name.endswith(".weight_scale"):
+            out, width = projection(name)
+            groups = width // cfg.quant_group_size if cfg.quant_group_size else 1
+            if tuple(array.shape) != (out, groups):
+                raise ValueError(f"tensor {name} has shape {tuple(array.shape)}, expected {(out, groups)}")
         return split_tensor(name, array, cfg)
 
     return split
+
+
+class Int4Weight(NamedTuple):
+    """A W4A16 projection as the layer's matmul takes it: int4 values in int8 [in, out] and their scales [groups,
+    out] (in the checkpoint's float dtype), each group of in / groups consecutive inputs sharing one."""
+    weight: jax.Array
+    scale: jax.Array
+
+    def dequantized(self) -> jax.Array:
+        """The float weight [in, out] in the scales' dtype: value * its group's scale, as vLLM's kernels dequantize."""
+        groups, width = self.scale.shape[-2], self.weight.shape[-2]
+        values = self.weight.astype(self.scale.dtype).reshape(groups, width // groups, -1)
+        return (values * self.scale[:, None, :]).reshape(width, -1)
 
 
 def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -150,19 +231,38 @@ def quantize_weight(w: np.ndarray, strategy: str = "channel") -> tuple[np.ndarra
     return q, (scale if strategy == "channel" else scale.reshape(1)).astype(np.float32)
 
 
-def compressed_tensors_config(strategy: str = "channel") -> dict:
-    """The `quantization_config` of a W8A8 int8 checkpoint (llm-compressor's for its W8A8 scheme), its weights'
-    scales per output channel or per tensor (`strategy`)."""
+def compressed_tensors_config(strategy: str = "channel", scheme: str = W8A8_INT8, group_size: int = 128) -> dict:
+    """The `quantization_config` llm-compressor writes for W8A8 int8 (its weights' scales per output channel or
+    per tensor: `strategy`) or W4A16 (symmetric int4 weights in groups of `group_size` inputs, or per channel)."""
     args = dict(num_bits=8, type="int", symmetric=True, group_size=None, block_structure=None, actorder=None,
                 observer=None, observer_kwargs={})
+    if scheme == W8A8_INT8:
+        group = {"weights": args | {"strategy": strategy, "dynamic": False, "observer": "minmax"},
+                 "input_activations": args | {"strategy": "token", "dynamic": True}}
+    else:
+        group = {"weights": args | {"num_bits": 4, "strategy": strategy, "dynamic": False, "observer": "minmax",
+                                    "group_size": group_size if strategy == "group" else None},
+                 "input_activations": None}
     return {
-        "quant_method": "compressed-tensors", "format": "int-quantized", "quantization_status": "compressed",
-        "config_groups": {"group_0": {
-            "targets": ["Linear"], "output_activations": None,
-            "weights": args | {"strategy": strategy, "dynamic": False, "observer": "minmax"},
-            "input_activations": args | {"strategy": "token", "dynamic": True}}},
+        "quant_method": "compressed-tensors", "format": "int-quantized" if scheme == W8A8_INT8 else "pack-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {"group_0": {"targets": ["Linear"], "output_activations": None} | group},
         "ignore": ["lm_head"], "kv_cache_scheme": None, "sparsity_config": {},
     }
+
+
+def quantize_int4(w: np.ndarray, group_size: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A float weight [out, in] -> (int8 values in [-8, 7] [out, in], float32 scales [out, in / group_size], one
+    group per row where group_size is 0): symmetric, scale max|w| / 7.5 (llm-compressor's), round to nearest."""
+    w = np.asarray(w, np.float32)
+    out, width = w.shape
+    size = group_size or width
+    if width % size:
+        raise ValueError(f"group_size {group_size} does not divide the input width {width}")
+    groups = w.reshape(out, width // size, size)
+    scale = np.abs(groups).max(axis=-1, keepdims=True) / 7.5
+    q = np.clip(np.rint(groups / np.where(scale > 0, scale, 1.0)), -8, 7).astype(np.int8)
+    return q.reshape(out, width), scale[..., 0]
 
 
 def write_w8a8_checkpoint(source: str | Path, output: str | Path, strategy: str = "channel") -> Path:
@@ -172,6 +272,35 @@ def write_w8a8_checkpoint(source: str | Path, output: str | Path, strategy: str 
     file as it was."""
     if strategy not in ("channel", "tensor"):
         raise ValueError(f"strategy must be 'channel' or 'tensor', got {strategy!r}")
+
+    def convert(name, weight):
+        q, scale = quantize_weight(weight, strategy)
+        return {name: q, name + "_scale": scale}
+
+    return _write_quantized(source, output, convert, compressed_tensors_config(strategy))
+
+
+def write_w4a16_checkpoint(source: str | Path, output: str | Path, group_size: int = 128) -> Path:
+    """Writes `source` (a float Hugging Face checkpoint directory of a dense model) as a compressed-tensors W4A16
+    checkpoint (pack-quantized) in `output`: every decoder layer's linear projection weight quantized to symmetric
+    int4 (round to nearest) in groups of `group_size` inputs (0: one group per output channel), stored as
+    llm-compressor stores it (`weight_packed`, `weight_scale`, `weight_shape`); every other tensor and file as it
+    was."""
+    if not isinstance(group_size, int) or group_size < 0:
+        raise ValueError(f"group_size must be a non-negative integer, got {group_size!r}")
+
+    def convert(name, weight):
+        q, scale = quantize_int4(weight, group_size)
+        return {name + "_packed": pack_int4(q), name + "_scale": scale,
+                name + "_shape": np.asarray(weight.shape, np.int64)}
+
+    return _write_quantized(source, output, convert,
+                            compressed_tensors_config("group" if group_size else "channel", W4A16, group_size))
+
+
+def _write_quantized(source, output, convert, quantization_config: dict) -> Path:
+    """Copies `source` to `output` with each decoder layer projection's weight replaced by `convert(name, float32
+    weight [out, in])`'s tensors (float ones in the weight's dtype) and `quantization_config` in config.json."""
     import torch  # the torch reader and writer keep bfloat16 tensors as they are
     from safetensors.torch import load_file, save_file
 
@@ -196,9 +325,9 @@ def write_w8a8_checkpoint(source: str | Path, output: str | Path, strategy: str 
             if ".layers." in name and projection in QUANTIZED_LINEARS + ("qkv_proj", "gate_up_proj"):
                 if ".experts." in name:
                     raise ValueError("a mixture of experts' quantization is not supported")
-                q, scale = quantize_weight(tensor.float().numpy(), strategy)
-                out[name] = torch.from_numpy(q)
-                out[name + "_scale"] = torch.from_numpy(scale).to(tensor.dtype)
+                for key, value in convert(name, tensor.float().numpy()).items():
+                    value = torch.from_numpy(value)
+                    out[key] = value.to(tensor.dtype) if value.is_floating_point() else value
             else:
                 out[name] = tensor
         save_file(out, output / file.name, metadata={"format": "pt"})
@@ -206,6 +335,6 @@ def write_w8a8_checkpoint(source: str | Path, output: str | Path, strategy: str 
     if len(files) > 1:
         (output / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index},
                                                                          indent=2))
-    config["quantization_config"] = compressed_tensors_config(strategy)
+    config["quantization_config"] = quantization_config
     (output / "config.json").write_text(json.dumps(config, indent=2))
     return output
