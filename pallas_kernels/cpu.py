@@ -39,6 +39,7 @@ _TARGET = "jaxengine_cpu_ragged_paged_attention"
 _MATMUL_TARGET = "jaxengine_cpu_matmul_bf16"
 _GROUPED_MATMUL_TARGET = "jaxengine_cpu_grouped_matmul_bf16"
 _INT8_MATMUL_TARGET = "jaxengine_cpu_matmul_int8"
+_INT4_MATMUL_TARGET = "jaxengine_cpu_matmul_int4"
 _WRITE_TARGET = "jaxengine_cpu_write_kv"
 _ROPE_WRITE_TARGET = "jaxengine_cpu_rope_write_kv"
 _BARRIER_TARGET = "jaxengine_cpu_fusion_barrier"
@@ -89,6 +90,7 @@ def _library() -> ctypes.CDLL:
     jax.ffi.register_ffi_target(_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulBf16), platform="cpu")
     jax.ffi.register_ffi_target(_GROUPED_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuGroupedMatmulBf16),
                                 platform="cpu")
+    jax.ffi.register_ffi_target(_INT4_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulInt4), platform="cpu")
     jax.ffi.register_ffi_target(_INT8_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulInt8), platform="cpu")
     jax.ffi.register_ffi_target(_WRITE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuWriteKv), platform="cpu")
     jax.ffi.register_ffi_target(_ROPE_WRITE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuRopeWriteKv), platform="cpu")
@@ -246,6 +248,68 @@ def unpack_gated(y):
     return y[..., 0, :].reshape(*y.shape[:-3], -1), y[..., 1, :].reshape(*y.shape[:-3], -1)
 
 
+def pack_int4_panels(q, scale):
+    """W4A16 weights for the native matmul: int4 values in int8 [..., K, N] (in [-8, 7]) and their float scales
+    [..., groups, N] (numpy, on the host; K an even multiple of the groups) -> (uint8 [..., P, ceil(K / 2), 32],
+    float32 [..., P, groups, 32]): panels of 32 output columns as `pack_bf16`'s, each byte a column's two
+    consecutive values offset by 8 (the first in its low nibble), each panel's scales beside it. The kernel
+    dequantizes a panel to bfloat16 (value times its group's scale, rounded) before multiplying."""
+    q, scale = np.asarray(q, np.int16), np.asarray(scale, np.float32)
+    *lead, K, N = q.shape
+    groups = scale.shape[-2]
+    if scale.shape[-1] != N or K % groups or (K // groups) % 2:
+        raise ValueError(f"pack_int4_panels needs scales [..., groups, {N}] of groups of an even size dividing K={K}, "
+                         f"got {scale.shape}")
+    P, K2 = -(-N // PANEL), K // 2
+    nibbles = np.pad(q + 8, [(0, 0)] * len(lead) + [(0, 0), (0, P * PANEL - N)]).astype(np.uint8)
+    pairs = nibbles[..., 0::2, :] | (nibbles[..., 1::2, :] << 4)  # [..., K2, P * 32]
+    packed = np.ascontiguousarray(np.moveaxis(pairs.reshape(*lead, K2, P, PANEL), -2, -3))
+    scale = np.pad(scale, [(0, 0)] * len(lead) + [(0, 0), (0, P * PANEL - N)])
+    return packed, np.ascontiguousarray(np.moveaxis(scale.reshape(*lead, groups, P, PANEL), -2, -3))
+
+
+def matmul_int4(x, packed, scale, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0,
+                residual=None, live_rows=None, layer=None):
+    """x f32[M, K] @ a W4A16 weight -> f32[M, n], (packed, scale) = pack_int4_panels(q, scales) of int4 values
+    [(L,) K, n]: `matmul_bf16` of the dequantized weight (each value times its group's scale, rounded to bfloat16),
+    prologues, residual, live rows and a stacked weight's `layer` as there."""
+    if prologue not in _PROLOGUES:
+        raise ValueError(f"matmul_int4's prologue must be one of {list(_PROLOGUES)}, got {prologue!r}")
+    rounded = prologue == "rounded"
+    one = packed.shape[-3:]
+    K = (2 * one[1] if len(one) == 3 else 0) if rounded else x.shape[-1] if x.ndim else 0
+    _check_int4(x, packed, scale, n, K, rounded)
+    return _native_matmul(x, packed, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32), K, prologue=prologue,
+                          epilogue="store", norm=norm, eps=eps, residual=residual, live_rows=live_rows, layer=layer,
+                          int4_scale=scale)
+
+
+def gated_pairs_int4(x, packed, scale, *, prologue: str | None = None, norm=None, eps: float = 0.0, live_rows=None,
+                     layer=None, activation: str = "silu"):
+    """`gated_pairs` of a W4A16 gate/up weight: (packed, scale) = pack_int4_panels of int4 gate and up values
+    [(L,) K, I] and their scales in `pack_gated`'s column order (16 gate and the same 16 up columns a panel)."""
+    if prologue not in (None, "rms_norm"):
+        raise ValueError(f"gated_pairs_int4's prologue must be None or 'rms_norm', got {prologue!r}")
+    K = x.shape[-1] if x.ndim else 0
+    _check_int4(x, packed, scale, packed.shape[-3] * PANEL, K, False)
+    out = jax.ShapeDtypeStruct((x.shape[0], rounded_width(packed.shape[-3] * PANEL // 2)), jnp.uint32)
+    return _native_matmul(x, packed, out, K, prologue=prologue, epilogue="gated_pairs", norm=norm, eps=eps,
+                          residual=None, live_rows=live_rows, layer=layer, activation=activation, int4_scale=scale)
+
+
+def _check_int4(x, packed, scale, n: int, K: int, rounded: bool) -> None:
+    one = packed.shape[-3:]
+    if x.ndim != 2 or packed.ndim not in (3, 4) or one != (-(-n // PANEL), K // 2, PANEL) or K % 2 or (
+            x.shape[1] != (rounded_width(K) if rounded else K)) or scale.ndim != packed.ndim or (
+            scale.shape[:-2] != packed.shape[:-2] or scale.shape[-1] != PANEL):
+        raise ValueError(f"the native int4 matmul needs x [M, K] ([M, rounded_width(K)] when rounded) and "
+                         f"pack_int4_panels of a [(L,) K, {n}] weight, got {x.shape}, {packed.shape} and scales "
+                         f"{scale.shape}")
+    if x.dtype != (jnp.uint32 if rounded else jnp.float32) or packed.dtype != jnp.uint8 or scale.dtype != jnp.float32:
+        raise ValueError(f"the native int4 matmul needs float32 x (uint32 when rounded), a uint8 packed weight and "
+                         f"float32 scales, got {x.dtype}, {packed.dtype} and {scale.dtype}")
+
+
 def pack_int8(w, scale):
     """An int8 weight [..., K, N] and its float32 scales [..., N] (numpy, on the host) -> the native int8 matmul's
     (packed int8 [..., ceil(N / 32), ceil(K / 4), 128], comp int32 [..., P * 32], scales float32 [..., P * 32]):
@@ -263,16 +327,21 @@ def pack_int8(w, scale):
     return packed, comp, scale
 
 
+def gated_columns(gate, up):
+    """numpy arrays [..., I] (I a multiple of 16) -> [..., 2I] in `pack_gated`'s column order: 16 of gate's
+    columns, the same 16 of up's, and so on (a quantized gate/up weight's values and scales alike)."""
+    *lead, I = gate.shape
+    if up.shape != gate.shape or I % GATED:
+        raise ValueError(f"gate and up must be of one shape [..., I], I a multiple of {GATED}, got {gate.shape} and "
+                         f"{up.shape}")
+    return np.stack([np.asarray(x).reshape(*lead, I // GATED, GATED) for x in (gate, up)], axis=-2).reshape(
+        *lead, 2 * I)
+
+
 def pack_int8_gated(gate, up, gate_scale, up_scale):
     """`pack_int8` of int8 gate and up weights [..., K, I] (I a multiple of 16) in `pack_gated`'s column order, 16
     gate columns and the same 16 up columns a panel, for `gated_int8` (or `unpack_gated` of a plain product)."""
-    *lead, K, I = gate.shape
-    if up.shape != gate.shape or I % GATED:
-        raise ValueError(f"pack_int8_gated needs gate and up of one shape [..., K, I], I a multiple of {GATED}, got "
-                         f"{gate.shape} and {up.shape}")
-    w = np.stack([np.asarray(x).reshape(*lead, K, I // GATED, GATED) for x in (gate, up)], axis=-2)
-    scale = np.stack([np.asarray(x).reshape(*lead, I // GATED, GATED) for x in (gate_scale, up_scale)], axis=-2)
-    return pack_int8(w.reshape(*lead, K, 2 * I), scale.reshape(*lead, 2 * I))
+    return pack_int8(gated_columns(gate, up), gated_columns(gate_scale, up_scale))
 
 
 def _int8_call(x, packed, comp, scale, n: int, out_width: int, *, prologue, norm, eps, residual, live_rows, layer,
@@ -347,9 +416,10 @@ def _epilogue(epilogue: str, activation: str) -> np.int32:
 
 
 def _native_matmul(x, packed, out, K: int, *, prologue, epilogue, norm, eps, residual, live_rows, layer,
-                   activation="silu"):
+                   activation="silu", int4_scale=None):
     """The shared checks and the FFI call of `matmul_bf16` and `gated_pairs` (out: the result's shape and
-    dtype; `packed` one layer's [P, K2, 64], or a stack of them with `layer` naming the one to use)."""
+    dtype; `packed` one layer's [P, K2, 64], or a stack of them with `layer` naming the one to use), and of their
+    W4A16 forms (`int4_scale` given: `packed` is pack_int4_panels' [(L,) P, K2, 32])."""
     if (packed.ndim == 4) != (layer is not None) or (layer is not None and jnp.ndim(layer) != 0):
         raise ValueError(f"the native matmul takes a scalar layer index with a stacked [L, P, K2, 64] weight and "
                          f"only there, got weight {packed.shape} and layer {layer!r}")
@@ -365,9 +435,12 @@ def _native_matmul(x, packed, out, K: int, *, prologue, epilogue, norm, eps, res
     live_rows = jnp.asarray(x.shape[0] if live_rows is None else live_rows, jnp.int32).reshape(1)
     layer = jnp.asarray(0 if layer is None else layer, jnp.int32).reshape(1)
     _library()
-    call = jax.ffi.ffi_call(_MATMUL_TARGET, out)
-    return call(x, packed, layer, norm, residual, live_rows, prologue=np.int32(_PROLOGUES[prologue]),
-                epilogue=_epilogue(epilogue, activation), eps=np.float32(eps))
+    attributes = dict(prologue=np.int32(_PROLOGUES[prologue]), epilogue=_epilogue(epilogue, activation),
+                      eps=np.float32(eps))
+    if int4_scale is not None:
+        return jax.ffi.ffi_call(_INT4_MATMUL_TARGET, out)(x, packed, int4_scale, layer, norm, residual, live_rows,
+                                                          **attributes)
+    return jax.ffi.ffi_call(_MATMUL_TARGET, out)(x, packed, layer, norm, residual, live_rows, **attributes)
 
 
 def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0, residual=None,

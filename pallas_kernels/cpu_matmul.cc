@@ -66,6 +66,12 @@ struct Problem {
   bool amx = false;       // the tile path (amx_panel): blocks of kTileRows rows
   bool gelu_tanh = false;  // gated: the activation is the tanh-approximated GELU, not silu
   const uint32_t* last_block = nullptr;  // amx: the last block's pairs padded to kTileRows rows where it has fewer
+  // W4A16 (MatmulInt4): the weight as int4 panels [P, K2, 32] (byte (k, c): w[2k, c] + 8 in its low nibble, w[2k + 1,
+  // c] + 8 in its high one) with float32 scales [P, groups, 32], each group `group_pairs` pairs of rows; w is unused
+  // (each panel is dequantized to bfloat16 first: int4_panel).
+  const uint8_t* int4 = nullptr;
+  const float* int4_scale = nullptr;
+  int64_t groups = 0, group_pairs = 0;
 };
 
 // Fewer live rows than this run on registers even where tiles are available: a step of one request reads
@@ -173,6 +179,35 @@ void panel(const Problem& p, int64_t index, int64_t next) {
   const uint16_t* prefetch = next >= 0 ? p.w + next * p.K2 * 64 : nullptr;
   for (int64_t m0 = 0; m0 < p.M; m0 += p.rows)
     rows<kMaxRows>(p, m0, index, mask, std::min<int64_t>(p.rows, p.M - m0), m0 == 0 ? prefetch : nullptr);
+}
+
+// W4A16: panel `index` dequantized into a bfloat16 panel of this thread's ([K2, 64], pack_bf16's layout: each
+// value minus 8 times its group's scale, rounded), then multiplied as a bfloat16 one (all rows: once per call).
+void int4_panel(const Problem& p, int64_t index) {
+  thread_local std::vector<uint16_t> buffer;
+  buffer.resize(static_cast<size_t>(p.K2 * 64) + 32);
+  uint16_t* panel_w = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+  const uint8_t* q = p.int4 + index * p.K2 * 32;
+  const float* scales = p.int4_scale + index * p.groups * 32;
+  const __m512i low = _mm512_set1_epi32(0xF), eight = _mm512_set1_epi32(8);
+  for (int64_t k = 0; k < p.K2; ++k) {
+    const float* scale = scales + (k / p.group_pairs) * 32;
+    for (int h = 0; h < 2; ++h) {  // columns 16h .. 16h + 15
+      const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * 32 + 16 * h)));
+      const __m512 s = _mm512_loadu_ps(scale + 16 * h);
+      const __m512 even = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(v, low), eight)), s);
+      const __m512 odd = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(v, 4), eight)), s);
+      const __m512i pairs = _mm512_or_si512(
+          _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(even)),
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(odd)), 16));
+      _mm512_store_si512(panel_w + k * 64 + 32 * h, pairs);
+    }
+  }
+  Problem one = p;
+  // block() reads panel `index` at w + index * K2 * 64: point that at this thread's panel
+  one.w = reinterpret_cast<const uint16_t*>(reinterpret_cast<uintptr_t>(panel_w) -
+                                             index * p.K2 * 64 * sizeof(uint16_t));
+  panel(one, index, -1);
 }
 
 #ifdef JAXENGINE_CPU_TILES
@@ -460,7 +495,9 @@ struct Shared {
     bool tiles = false;
     for (int64_t i; (i = take(items_taken, items, from_back)) >= 0;) {
       const int64_t next = from_back ? i - 1 : i + 1;
-      if (!problem.amx) {
+      if (problem.int4) {
+        int4_panel(problem, i);
+      } else if (!problem.amx) {
         panel(problem, i, next >= 0 && next < items ? next : -1);
       } else {
         if (!tiles) configure_tiles(), tiles = true;
@@ -484,7 +521,8 @@ struct Shared {
 // pairs [live, gated_K2p] when `gated`), the residual added where given.
 void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live, const uint16_t* w, int64_t P,
                 int64_t K2, int64_t K, int64_t N, void* y, int32_t epilogue, const float* residual,
-                int32_t prologue, const float* norm, float eps) {
+                int32_t prologue, const float* norm, float eps, const uint8_t* int4 = nullptr,
+                const float* int4_scale = nullptr, int64_t groups = 0) {
   const bool gated = epilogue != kStore;
   const int64_t K2p = (K2 + 15) / 16 * 16, gated_K2p = (N / 4 + 15) / 16 * 16;
   auto shared = std::make_shared<Shared>();
@@ -493,7 +531,7 @@ void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live
   // phase 7.3-8.3 -> 5.3-5.4 us; in one process, chains of 64-row calls 0.98-0.985x.
   // On the tile path, a tile of the last block reads 16 rows: past its end where it has fewer, into the slack
   // (16 rows more) of this buffer, or, for pairs from XLA, a copy padded to 16 rows (`padded`).
-  const bool amx = live >= kTileMinRows && amx_enabled();
+  const bool amx = live >= kTileMinRows && amx_enabled() && int4 == nullptr;  // W4A16: the register path
   thread_local std::vector<uint32_t> buffer, padded;
   if (!rounded) buffer.resize(static_cast<size_t>((live + (amx ? kTileRows : 0)) * K2p) + 16);
   uint32_t* pairs = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
@@ -512,6 +550,10 @@ void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live
   shared->problem.amx = amx;
   shared->problem.gelu_tanh = epilogue == kGatedPairsGeluTanh;
   shared->problem.last_block = last_block;
+  shared->problem.int4 = int4;
+  shared->problem.int4_scale = int4_scale;
+  shared->problem.groups = groups;
+  shared->problem.group_pairs = groups ? K2 / groups : 0;
   // A result too large for the cache (an output head's logits: 12.6 MB for 64 rows of a 49152-token
   // vocabulary) is streamed to memory, not read in first: a head call and the argmax after it 9.22 -> 8.83 ms
   // (eight alternations in one process). At 32 rows (6.3 MB) and fewer, streaming was no faster or slower.
@@ -591,6 +633,52 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16>
   return ffi::Error::Success();
 }
 
+// W4A16: x as for Matmul by an int4 weight with group scales (Problem::int4): packed [P, K2, 32] uint8 or a
+// stack of them [L, P, K2, 32] (layer `layer`, read in place), scales [(L,) P, groups, 32] float32. Each panel is
+// dequantized to bfloat16 as it is taken, then multiplied as Matmul multiplies (prologues and epilogues alike).
+ffi::Error MatmulInt4(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U8> stacked, ffi::Buffer<ffi::F32> scale,
+                      ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::F32> norm, ffi::Buffer<ffi::F32> residual,
+                      ffi::Buffer<ffi::S32> live_rows, ffi::Result<ffi::AnyBuffer> y, int32_t prologue,
+                      int32_t epilogue, float eps) {
+  const auto x_dims = x.dimensions();
+  const auto s_dims = stacked.dimensions();
+  const auto c_dims = scale.dimensions();
+  const auto y_dims = y->dimensions();
+  if (x_dims.size() != 2 || (s_dims.size() != 3 && s_dims.size() != 4) || c_dims.size() != s_dims.size() ||
+      y_dims.size() != 2 || s_dims.back() != kPanel || c_dims.back() != kPanel || y_dims[0] != x_dims[0])
+    return ffi::Error::InvalidArgument("cpu int4 matmul: x must be [M, K], w packed [(L,) P, K2, 32], its scales "
+                                       "[(L,) P, groups, 32] and y [M, N]");
+  if (layer.element_count() != 1 || live_rows.element_count() != 1)
+    return ffi::Error::InvalidArgument("cpu int4 matmul: layer and live_rows must hold one number each");
+  const int64_t layers = s_dims.size() == 4 ? s_dims[0] : 1, index = layer.typed_data()[0];
+  if (index < 0 || index >= layers)
+    return ffi::Error::InvalidArgument("cpu int4 matmul: the layer index is outside the stacked weight");
+  const int64_t P = s_dims[s_dims.size() - 3], K2_given = s_dims[s_dims.size() - 2];
+  const int64_t groups = c_dims[c_dims.size() - 2];
+  if (c_dims[c_dims.size() - 3] != P || (layers > 1 && c_dims[0] != layers) || groups < 1 || K2_given % groups)
+    return ffi::Error::InvalidArgument("cpu int4 matmul: the scales must be [(L,) P, groups, 32], groups dividing K2");
+  const int64_t w_dims[3] = {P, K2_given, 2 * kPanel};  // the bfloat16 panels it dequantizes to
+  int64_t K2, K, N;
+  bool rounded, gated;
+  if (auto error = check_shapes(x, w_dims, y, prologue, epilogue, norm, K2, K, N, rounded, gated); error.failure())
+    return error;
+  const int64_t M = x_dims[0];
+  const bool add = residual.element_count() > 0;
+  if (add && (gated || residual.dimensions().size() != 2 || residual.dimensions()[0] != M ||
+              residual.dimensions()[1] != N))
+    return ffi::Error::InvalidArgument("cpu int4 matmul: the residual must be [M, N] (or empty), and none with gated "
+                                       "pairs");
+  const int64_t live = std::clamp<int64_t>(live_rows.typed_data()[0], 0, M);
+  const int64_t width = y_dims[1];
+  std::memset(static_cast<char*>(y->untyped_data()) + 4 * live * width, 0, 4 * (M - live) * width);
+  if (live == 0 || N == 0) return ffi::Error::Success();
+  const uint8_t* w = stacked.typed_data() + index * P * K2 * kPanel;
+  run_matmul(pool, x.untyped_data(), rounded, live, nullptr, P, K2, K, N, y->untyped_data(), epilogue,
+             add ? residual.typed_data() : nullptr, prologue, norm.typed_data(), eps, w,
+             scale.typed_data() + index * P * groups * kPanel, groups);
+  return ffi::Error::Success();
+}
+
 // A mixture of experts' grouped matmul: x's rows sorted by expert, group g (sizes[g] rows, in order) by the
 // packed weight first + g of the stack [G, P, K2, 64] (a layer's experts: first = layer * experts). Each
 // group runs as one matmul of its rows (their pairs and gated pairs laid out by that group's row blocks, so
@@ -635,6 +723,11 @@ ffi::Error GroupedMatmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi
 #else  // no AVX-512 BF16: cpu.py never calls this (matmul_available() is False); kept for a clear error.
 
 namespace {
+ffi::Error MatmulInt4(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::U8>, ffi::Buffer<ffi::F32>,
+                      ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S32>, ffi::Result<ffi::AnyBuffer>,
+                      int32_t, int32_t, float) {
+  return ffi::Error(ffi::ErrorCode::kUnimplemented, "cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
+}
 ffi::Error Matmul(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>,
                   ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S32>, ffi::Result<ffi::AnyBuffer>, int32_t, int32_t, float) {
   return ffi::Error(ffi::ErrorCode::kUnimplemented, "cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
@@ -653,6 +746,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuMatmulBf16, Matmul,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()           // x f32 [M, K] (u32 [M, K2p] pairs: rounded)
                                   .Arg<ffi::Buffer<ffi::BF16>>()   // w packed [P, K2, 64] or stacked [L, P, K2, 64]
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // layer i32[1]: the stack's layer (0 for 3-D w)
+                                  .Arg<ffi::Buffer<ffi::F32>>()    // norm weight [K] (kRmsNorm; else empty)
+                                  .Arg<ffi::Buffer<ffi::F32>>()    // residual [M, N] added to y (or empty)
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // live_rows i32[1]: rows past it are zero
+                                  .Ret<ffi::AnyBuffer>()           // y f32 [M, N] (u32 pairs: gated_pairs)
+                                  .Attr<int32_t>("prologue")
+                                  .Attr<int32_t>("epilogue")
+                                  .Attr<float>("eps"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuMatmulInt4, MatmulInt4,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()           // x f32 [M, K] (u32 [M, K2p] pairs: rounded)
+                                  .Arg<ffi::Buffer<ffi::U8>>()     // w int4 [P, K2, 32] or stacked [L, P, K2, 32]
+                                  .Arg<ffi::Buffer<ffi::F32>>()    // scales [(L,) P, groups, 32]
                                   .Arg<ffi::Buffer<ffi::S32>>()    // layer i32[1]: the stack's layer (0 for 3-D w)
                                   .Arg<ffi::Buffer<ffi::F32>>()    // norm weight [K] (kRmsNorm; else empty)
                                   .Arg<ffi::Buffer<ffi::F32>>()    // residual [M, N] added to y (or empty)

@@ -832,3 +832,39 @@ def test_native_int8_gated_mlp_matches_the_w8a8_reference(m, k, i, activation):
     both = cpu.unpack_gated(cpu.matmul_int8(normed, *packed, 2 * i, layer=jnp.int32(1)))
     np.testing.assert_allclose(both[0], g, rtol=1e-5, atol=1e-4 * float(jnp.abs(g).max()))
     np.testing.assert_allclose(both[1], u, rtol=1e-5, atol=1e-4 * float(jnp.abs(u).max()))
+
+
+@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@pytest.mark.parametrize("m, k, n, group", [(1, 64, 32, 16), (5, 96, 70, 32), (13, 112, 48, 112), (64, 96, 64, 2)])
+def test_native_int4_matmul_is_the_bf16_matmul_of_the_dequantized_weight(m, k, n, group):
+    """matmul_int4 (W4A16 panels dequantized as taken) against matmul_bf16 of the dequantized weight rounded to
+    bfloat16, with a stacked weight's layer, the rms_norm prologue, a residual and padding rows; gated_pairs_int4
+    feeding a rounded matmul_int4 against the bfloat16 pair of calls."""
+    from jaxengine.models.quantization import Int4Weight
+
+    rng = np.random.default_rng(m + k + n)
+    q = rng.integers(-8, 8, (2, k, n)).astype(np.int8)
+    scale = (rng.random((2, k // group, n)) * 0.1).astype(np.float32)
+    packed, packed_scale = (jnp.asarray(a) for a in cpu.pack_int4_panels(q, scale))
+    w = cpu.pack_bf16(Int4Weight(jnp.asarray(q), jnp.asarray(scale)).dequantized().astype(jnp.bfloat16))
+    x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+    norm = jnp.asarray(rng.standard_normal(k), jnp.float32)
+    residual = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)
+    settings = dict(prologue="rms_norm", norm=norm, eps=1e-5, residual=residual, live_rows=max(m - 1, 1),
+                    layer=jnp.int32(1))
+    got = jax.jit(lambda x: cpu.matmul_int4(x, packed, packed_scale, n, **settings))(x)
+    want = jax.jit(lambda x: cpu.matmul_bf16(x, w, n, **settings))(x)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
+    if n % 32 == 0:  # as a gate/up weight (pack_gated's order): its gated pairs, then a rounded down projection
+        down_q = rng.integers(-8, 8, (2, n // 2, 32)).astype(np.int8)
+        down_scale = (rng.random((2, 1, 32)) * 0.1).astype(np.float32)
+        down, down_s = (jnp.asarray(a) for a in cpu.pack_int4_panels(down_q, down_scale))
+        down_bf16 = cpu.pack_bf16(Int4Weight(jnp.asarray(down_q), jnp.asarray(down_scale)).dequantized().astype(
+            jnp.bfloat16))
+        layer = jnp.int32(0)
+        pairs = cpu.gated_pairs_int4(x, packed, packed_scale, layer=layer)
+        # the pairs a row holds (n / 4: the gated columns' pairs; the rest of its chunk is the kernels' padding)
+        np.testing.assert_array_equal(pairs[:, :n // 4], cpu.gated_pairs(x, w, layer=layer)[:, :n // 4])
+        np.testing.assert_allclose(cpu.matmul_int4(pairs, down, down_s, 32, prologue="rounded", layer=layer),
+                                   cpu.matmul_bf16(pairs, down_bf16, 32, prologue="rounded", layer=layer),
+                                   rtol=1e-6, atol=1e-5)

@@ -132,14 +132,19 @@ def test_w4a16_matches_transformers_with_dequantized_weights(engines, model_dirs
 
 
 def test_w4a16_bfloat16_and_tensor_parallel(engines, model_dirs, quantized):
-    """bfloat16 (scales in bfloat16, the scanned layer loop, the native output head) to bfloat16's precision; Qwen3's
+    """bfloat16 (scales in bfloat16, the scanned layer loop, the native matmul's int4 panels where the CPU has AVX-512
+    BF16) to bfloat16's precision; Qwen3's
     one KV head repeated over tp=2 with its per-channel scales: the single device's numbers."""
     settings = dict(model=str(quantized["qwen3-w4"]), max_num_batched_tokens=32, num_kv_blocks=30)
     one = prompt_logprobs(engines("qwen3", **settings), PROMPT)
     two = prompt_logprobs(engines("qwen3", tensor_parallel_size=2, **settings), PROMPT)
     np.testing.assert_allclose(two, one, atol=2e-4)
-    ours = prompt_logprobs(engines("llama", model=str(quantized["llama-w4"]), dtype="bfloat16",
-                                   max_num_batched_tokens=32, num_kv_blocks=30), PROMPT)
+    engine = engines("llama", model=str(quantized["llama-w4"]), dtype="bfloat16", max_num_batched_tokens=32,
+                     num_kv_blocks=30)
+    dtypes = {path[-1]: v.get_value().dtype for path, v in nnx.to_flat_state(engine.runner.state)}
+    if cpu.matmul_available():  # packed for the native matmul: q/k/v and gate/up fused, dequantized panel by panel
+        assert dtypes["qkv_proj"] == np.uint8 and dtypes["gate_up_proj"] == np.uint8
+    ours = prompt_logprobs(engine, PROMPT)
     error = np.abs(ours - reference_logprobs(dequantized(model_dirs["llama"], quantized["llama-w4"]), PROMPT))
     assert np.median(error) < 0.02 and error.max() < 0.1, error
 

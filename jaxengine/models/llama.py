@@ -9,6 +9,8 @@ unrolled loop (the CPU default where XLA's dots take the weights: its steps run 
 Linear weights are stored `[in, out]` (transposed from Hugging Face's `[out, in]`).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,13 +35,15 @@ def _param(shape, dtype, axes: tuple[str, ...]) -> nnx.Param:
 def _stack_index(w, layer):
     """The layer index the native matmul takes with `w`: a stacked packed weight [L, P, K2, 64] (the scanned
     layer loop's, read in place) needs it, one layer's [P, K2, 64] does not."""
+    if isinstance(w, (Int8Weight, Int4Weight)):
+        w = w.weight
     return layer if w.ndim == 4 else None
 
 
 def _native(w) -> bool:
     """Whether `w` is packed for a native CPU matmul (bfloat16's, or the int8 one's)."""
-    if isinstance(w, Int4Weight):
-        return False
+    if isinstance(w, Int4Weight):  # packed: pallas_kernels.cpu.pack_int4_panels' uint8 panels
+        return w.weight.dtype == jnp.uint8
     return w.comp is not None if isinstance(w, Int8Weight) else w.ndim >= 3
 
 
@@ -59,9 +63,17 @@ def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
     the result is stored. `live_rows` (i32[]): x's
     rows from it on are a bucket's padding, which the native kernel skips (they come out zero); XLA's dot
     computes them like the others."""
-    if isinstance(w, Int4Weight):
+    if isinstance(w, Int4Weight) and not _native(w):
         w = w.dequantized()
-    if isinstance(w, Int8Weight) and w.comp is not None:
+    if isinstance(w, Int4Weight):  # packed for the native matmul, as a bfloat16 weight
+        from pallas_kernels import cpu
+
+        if residual is not None and x.dtype == jnp.float32:
+            return cpu.matmul_int4(x, w.weight, w.scale, n, residual=residual, live_rows=live_rows,
+                                   layer=_stack_index(w, layer))
+        out = cpu.matmul_int4(x.astype(jnp.float32), w.weight, w.scale, n, live_rows=live_rows,
+                              layer=_stack_index(w, layer)).astype(x.dtype)
+    elif isinstance(w, Int8Weight) and w.comp is not None:
         if residual is not None and x.dtype == jnp.float32:
             return _int8_native(x, w, n, layer, residual=residual, live_rows=live_rows)
         out = _int8_native(x.astype(jnp.float32), w, n, layer, live_rows=live_rows).astype(x.dtype)
@@ -83,6 +95,11 @@ def _normed_dot(h, norm, eps: float, w, n: int, live_rows=None, layer=None):
     """rms_norm(h, norm, eps) @ w; the native CPU matmul normalises the rows on its way in (no separate pass)."""
     if isinstance(w, Int8Weight) and w.comp is not None and h.dtype == jnp.float32:
         return _int8_native(h, w, n, layer, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows)
+    if isinstance(w, Int4Weight) and _native(w) and h.dtype == jnp.float32:
+        from pallas_kernels import cpu
+
+        return cpu.matmul_int4(h, w.weight, w.scale, n, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows,
+                               layer=_stack_index(w, layer))
     if _native(w) and h.dtype == jnp.float32:
         from pallas_kernels import cpu
 
@@ -96,7 +113,7 @@ def _unpacked_gate_up(h, norm, eps: float, gate_up, live_rows=None, layer=None):
     activation, or updates to add to each)."""
     from pallas_kernels import cpu
 
-    width = (gate_up.weight if isinstance(gate_up, Int8Weight) else gate_up).shape[-3] * cpu.PANEL
+    width = (gate_up.weight if isinstance(gate_up, (Int8Weight, Int4Weight)) else gate_up).shape[-3] * cpu.PANEL
     return cpu.unpack_gated(_normed_dot(h, norm, eps, gate_up, width, live_rows, layer))
 
 
@@ -110,13 +127,19 @@ def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer
     from pallas_kernels import cpu
 
     if h.dtype == jnp.float32:
-        pairs = cpu.gated_pairs(h, gate_up, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows,
-                                layer=_stack_index(gate_up, layer), activation=activation)
+        settings = dict(live_rows=live_rows, layer=_stack_index(gate_up, layer))
+        if isinstance(gate_up, Int4Weight):  # W4A16 (pack_int4_panels), dequantized panel by panel
+            pairs = cpu.gated_pairs_int4(h, gate_up.weight, gate_up.scale, prologue="rms_norm", norm=norm, eps=eps,
+                                         activation=activation, **settings)
+            rounded = functools.partial(cpu.matmul_int4, pairs, down.weight, down.scale, n, prologue="rounded",
+                                        **settings)
+        else:
+            pairs = cpu.gated_pairs(h, gate_up, prologue="rms_norm", norm=norm, eps=eps, activation=activation,
+                                    **settings)
+            rounded = functools.partial(cpu.matmul_bf16, pairs, down, n, prologue="rounded", **settings)
         if out_norm is None:
-            return cpu.matmul_bf16(pairs, down, n, prologue="rounded", residual=h, live_rows=live_rows,
-                                   layer=_stack_index(down, layer))
-        out = cpu.matmul_bf16(pairs, down, n, prologue="rounded", live_rows=live_rows, layer=_stack_index(down, layer))
-        return h + rms_norm(out, out_norm, eps)
+            return rounded(residual=h)
+        return h + rms_norm(rounded(), out_norm, eps)
     gate, up = _unpacked_gate_up(h, norm, eps, gate_up, live_rows, layer)
     gated = ACTIVATIONS[activation](gate) * up
     if out_norm is None:
@@ -199,9 +222,8 @@ def _pack_layer(layer) -> None:
 
     lead = layer.q_proj.get_metadata()["logical_axes"][:-2]  # ("layers",) when stacked
     parts = ("q_proj", "k_proj", "v_proj")
-    if layer.cfg.quantization is not None:  # W4A16's stay as they are (dequantized at each step)
-        if layer.cfg.quantization == W8A8_INT8:
-            _pack_int8_layer(layer, lead)
+    if layer.cfg.quantization is not None:
+        (_pack_int8_layer if layer.cfg.quantization == W8A8_INT8 else _pack_int4_layer)(layer, lead)
         return
     if all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
         value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
@@ -251,6 +273,42 @@ def _pack_int8_layer(layer, lead) -> None:
         setattr(layer, fused, nnx.Param(jax.device_put(packed), logical_axes=layer_axes))
         setattr(layer, fused + "_comp", nnx.Param(jax.device_put(comp), logical_axes=lead + ("packed",)))
         setattr(layer, fused + "_scale", nnx.Param(jax.device_put(scale), logical_axes=lead + ("packed",)))
+
+
+def _pack_int4_layer(layer, lead) -> None:
+    """Packs a W4A16 layer's projections for the native matmul (pallas_kernels.cpu.pack_int4_panels: dequantized
+    to bfloat16 panel by panel, then multiplied as bfloat16 weights), fused as `_pack_layer` fuses bfloat16 ones:
+    q/k/v as one `qkv_proj`, gate/up (widths a multiple of 16, an activation the kernel applies) as one
+    `gate_up_proj` in `pack_gated`'s column order; each with its `_scale`. Groups of an odd size stay unpacked
+    (dequantized whole at each step)."""
+    from pallas_kernels import cpu
+
+    cfg = layer.cfg
+    if cfg.quant_group_size % 2:
+        return
+
+    def take(name):
+        value = np.asarray(getattr(layer, name).get_value()), np.asarray(getattr(layer, name + "_scale").get_value())
+        delattr(layer, name)
+        delattr(layer, name + "_scale")
+        return value
+
+    def put(name, values, scales):
+        packed, scale = cpu.pack_int4_panels(values, scales)
+        setattr(layer, name, nnx.Param(jax.device_put(packed), logical_axes=_packed_axes(lead)))
+        setattr(layer, name + "_scale", nnx.Param(jax.device_put(scale), logical_axes=_packed_axes(lead)))
+
+    q, k, v = (take(name) for name in ("q_proj", "k_proj", "v_proj"))
+    put("qkv_proj", *(np.concatenate(parts, -1) for parts in zip(q, k, v)))
+    put("o_proj", *take("o_proj"))
+    if cfg.intermediate_size:
+        if cfg.hidden_act in cpu.GATED_ACTIVATIONS and cfg.intermediate_size % cpu.GATED == 0:
+            gate, up = take("gate_proj"), take("up_proj")
+            put("gate_up_proj", *(cpu.gated_columns(g, u) for g, u in zip(gate, up)))
+        else:
+            for name in ("gate_proj", "up_proj"):
+                put(name, *take(name))
+        put("down_proj", *take("down_proj"))
 
 
 class DecoderLayers(nnx.Module):
@@ -417,10 +475,10 @@ class DecoderLayers(nnx.Module):
         """h + the MLP's output (dense, or a mixture of experts with its shared expert) over the normed h."""
         cfg = self.cfg
         eps, D, I = cfg.rms_norm_eps, cfg.hidden_size, cfg.intermediate_size
-        if hasattr(self, "gate_up_proj") and cfg.quantization is None:  # fused at packing (pack_for_native_matmul)
+        if hasattr(self, "gate_up_proj") and cfg.quantization != W8A8_INT8:  # fused at packing (bfloat16, W4A16)
             out_norm = self.norm("post_mlp_norm") if cfg.sandwich_norms else None
-            return _gated_mlp(h, self.norm("mlp_norm"), eps, self.gate_up_proj[...], self.linear("down_proj"), D, live,
-                              layer, cfg.hidden_act, out_norm)
+            return _gated_mlp(h, self.norm("mlp_norm"), eps, self.linear("gate_up_proj"), self.linear("down_proj"), D,
+                              live, layer, cfg.hidden_act, out_norm)
         mlp_norm, activation = self.norm("mlp_norm"), ACTIVATIONS[cfg.hidden_act]
         if hasattr(self, "gate_up_proj") and _native(gate_up := self.linear("gate_up_proj")) and (
                 h.dtype == jnp.float32 and cfg.hidden_act in _native_activations()):  # W8A8, the activation fused

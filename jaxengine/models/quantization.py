@@ -200,9 +200,10 @@ class Int4Weight(NamedTuple):
 
     def dequantized(self) -> jax.Array:
         """The float weight [in, out] in the scales' dtype: value * its group's scale, as vLLM's kernels dequantize."""
-        groups, width = self.scale.shape[-2], self.weight.shape[-2]
-        values = self.weight.astype(self.scale.dtype).reshape(groups, width // groups, -1)
-        return (values * self.scale[:, None, :]).reshape(width, -1)
+        *lead, width, out = self.weight.shape
+        groups = self.scale.shape[-2]
+        values = self.weight.astype(self.scale.dtype).reshape(*lead, groups, width // groups, out)
+        return (values * self.scale[..., :, None, :]).reshape(*lead, width, out)
 
 
 def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
