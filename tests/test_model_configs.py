@@ -176,19 +176,24 @@ def test_phi4_mini_hub_config_reads_its_partial_longrope_as_transformers():
     assert math.isclose(our_scaling, scaling, rel_tol=1e-9)
 
 
-def test_longrope_models_serve_up_to_their_original_length(model_dirs, caplog):
-    """Past its original length LongRoPE switches every position to its long factors, which a paged cache cannot
-    follow: the default max_model_len stops there (with a warning), a longer one is refused."""
+def test_longrope_factors_follow_max_model_len(model_dirs, caplog):
+    """As vLLM: the default max_model_len is the model's max_position_embeddings, past LongRoPE's original length,
+    so the long factors apply at every position (logged); a max_model_len within the original length keeps the
+    short ones, one past it (600) the long ones."""
+    import logging
+
     from jaxengine import LLMEngine
     from jaxengine.config import EngineConfig
 
     small = dict(model=str(model_dirs["phi3"]), dtype="float32", max_num_seqs=2, max_num_batched_tokens=8,
                  kv_cache_gib=0.01, warmup=False)
-    assert LLMEngine(EngineConfig(**small), progress=False).max_model_len == 512
-    assert "serving up to original_max_position_embeddings=512" in caplog.text
-    with pytest.raises(ValueError, match="max_model_len=600: this model's LongRoPE is supported up to its "
-                                         "original_max_position_embeddings=512"):
-        LLMEngine(EngineConfig(**small, max_model_len=600), progress=False)
+    with caplog.at_level(logging.INFO, logger="jaxengine.engine.llm_engine"):
+        engine = LLMEngine(EngineConfig(**small), progress=False)
+    assert engine.max_model_len == 1024 and engine.model_config.rope.long
+    assert "the long factors apply at every position" in caplog.text
+    for length, long in ((512, False), (600, True)):
+        engine = LLMEngine(EngineConfig(**small, max_model_len=length), progress=False)
+        assert engine.max_model_len == length and engine.model_config.rope.long == long
 
 
 def test_partial_rotary_layout_is_loaded_once(model_dirs, tmp_path, capsys):

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The shared workload on quantized checkpoints of the shared model (`jaxengine quantize`: compressed-tensors W8A8
+# int8, per-channel weights and dynamic per-token activations; W4A16, symmetric int4 weights in groups of 64
+# inputs), our engine then vLLM's CPU build when PEER_VENV is set, one after the other in the same run, for each
+# scheme: offline throughput and single-request latency. One JSON line each.
+#   MODELS=/tmp/jaxengine-peer-models PEER_VENV=/path/.venv-vllm RUNS=3 [SCHEMES="w8a8 w4a16"] bash benchmarks/quantized.sh
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+peers="${PEERS:-$here/../../shared/peers}"
+models="${MODELS:-/tmp/jaxengine-peer-models}"
+runs="${RUNS:-3}"
+schemes="${SCHEMES:-w8a8 w4a16}"
+[ -d "$models/llama-135m" ] || python "$peers/make_models.py" "$models" --only llama-135m >&2
+peer_env=(VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2 VLLM_ENABLE_V1_MULTIPROCESSING=0)
+if [ -n "${PEER_VENV:-}" ]; then
+    PEER_VENV="$(readlink -f "$PEER_VENV")"
+    # the peer's fastest settings, as cpu_shared_workload.sh runs it offline
+    preload=()
+    tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+    [ -f "$tcmalloc" ] && preload+=("$tcmalloc")
+    [ -f "$PEER_VENV/lib/libiomp5.so" ] && preload+=("$PEER_VENV/lib/libiomp5.so")
+    [ ${#preload[@]} -gt 0 ] && peer_env+=(LD_PRELOAD="${preload[*]}")
+fi
+for scheme in $schemes; do
+    model="$models/llama-135m-$scheme"
+    # group 64: the shared model's widths (576, 1536) are multiples of it, not of 128
+    flags=(--scheme "$scheme"); [ "$scheme" = w4a16 ] && flags+=(--group-size 64)
+    [ -d "$model" ] || jaxengine quantize --model "$models/llama-135m" --output "$model" "${flags[@]}" >&2
+    engine=(--model "$model" --max-model-len 1024 --max-num-seqs 64 --max-num-batched-tokens 512 --kv-cache-gib 2)
+    jaxengine bench throughput "${engine[@]}" --runs "$runs"
+    jaxengine bench latency "${engine[@]}" --batch-size 1 --num-iters 5
+    if [ -n "${PEER_VENV:-}" ]; then
+        env "${peer_env[@]}" "$PEER_VENV/bin/python" "$peers/bench_vllm_offline.py" "$model" --runs "$runs"
+    fi
+done
