@@ -12,17 +12,7 @@ rates="${RATES:-inf}"
 [ -d "$models/llama-135m" ] || python "$peers/make_models.py" "$models" --only llama-135m >&2
 engine=(--model "$models/llama-135m" --max-model-len 1024 --max-num-seqs 64 --max-num-batched-tokens 512
         --kv-cache-gib 2)
-peer_env=(VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2)
-if [ -n "${PEER_VENV:-}" ]; then
-    PEER_VENV="$(readlink -f "$PEER_VENV")"
-    # The peer's fastest settings (../shared/peers/README.md): tcmalloc (Debian's libtcmalloc-minimal4) and the
-    # venv's libiomp5, each where present.
-    preload=()
-    tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
-    [ -f "$tcmalloc" ] && preload+=("$tcmalloc")
-    [ -f "$PEER_VENV/lib/libiomp5.so" ] && preload+=("$PEER_VENV/lib/libiomp5.so")
-    [ ${#preload[@]} -gt 0 ] && peer_env+=(LD_PRELOAD="${preload[*]}")
-fi
+source "$here/peer_env.sh"  # peer_env: vLLM's environment
 
 # The peer's offline runs keep its engine in the calling process (VLLM_ENABLE_V1_MULTIPROCESSING=0): on these
 # 2 cores that was 474-509 output tok/s against 435-452 with its default engine-core process (session 17, two

@@ -11,16 +11,8 @@ models="${MODELS:-/tmp/jaxengine-peer-models}"
 runs="${RUNS:-3}"
 schemes="${SCHEMES:-w8a8 w4a16}"
 [ -d "$models/llama-135m" ] || python "$peers/make_models.py" "$models" --only llama-135m >&2
-peer_env=(VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2 VLLM_ENABLE_V1_MULTIPROCESSING=0)
-if [ -n "${PEER_VENV:-}" ]; then
-    PEER_VENV="$(readlink -f "$PEER_VENV")"
-    # the peer's fastest settings, as cpu_shared_workload.sh runs it offline
-    preload=()
-    tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
-    [ -f "$tcmalloc" ] && preload+=("$tcmalloc")
-    [ -f "$PEER_VENV/lib/libiomp5.so" ] && preload+=("$PEER_VENV/lib/libiomp5.so")
-    [ ${#preload[@]} -gt 0 ] && peer_env+=(LD_PRELOAD="${preload[*]}")
-fi
+source "$here/peer_env.sh"  # peer_env: vLLM's environment; offline in-process, as cpu_shared_workload.sh runs it
+peer_env+=(VLLM_ENABLE_V1_MULTIPROCESSING=0)
 for scheme in $schemes; do
     model="$models/llama-135m-$scheme"
     # group 64: the shared model's widths (576, 1536) are multiples of it, not of 128

@@ -595,6 +595,21 @@ ffi::Error check_shapes(const ffi::AnyBuffer& x, const int64_t* w_dims, ffi::Res
   return ffi::Error::Success();
 }
 
+// The checks after check_shapes that Matmul and MatmulInt4 share (the residual's shape, live_rows' count), then
+// y's rows from `live` on (a bucket's padding tokens) zeroed: only the rows before it are computed.
+ffi::Error live_rows_of(const ffi::Buffer<ffi::F32>& residual, const ffi::Buffer<ffi::S32>& live_rows,
+                        ffi::Result<ffi::AnyBuffer>& y, int64_t M, int64_t N, bool gated, int64_t& live) {
+  if (residual.element_count() > 0 && (gated || residual.dimensions().size() != 2 ||
+                                       residual.dimensions()[0] != M || residual.dimensions()[1] != N))
+    return ffi::Error::InvalidArgument("cpu matmul: the residual must be [M, N] (or empty), and none with gated pairs");
+  if (live_rows.element_count() != 1)
+    return ffi::Error::InvalidArgument("cpu matmul: live_rows must hold one count");
+  live = std::clamp<int64_t>(live_rows.typed_data()[0], 0, M);
+  const int64_t width = y->dimensions()[1];
+  std::memset(static_cast<char*>(y->untyped_data()) + 4 * live * width, 0, 4 * (M - live) * width);
+  return ffi::Error::Success();
+}
+
 ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16> stacked, ffi::Buffer<ffi::S32> layer,
                   ffi::Buffer<ffi::F32> norm, ffi::Buffer<ffi::F32> residual, ffi::Buffer<ffi::S32> live_rows,
                   ffi::Result<ffi::AnyBuffer> y, int32_t prologue, int32_t epilogue, float eps) {
@@ -615,18 +630,10 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16>
   bool rounded, gated;
   if (auto error = check_shapes(x, w_dims, y, prologue, epilogue, norm, K2, K, N, rounded, gated); error.failure())
     return error;
-  const int64_t M = x_dims[0];
-  const bool add = residual.element_count() > 0;
-  if (add && (gated || residual.dimensions().size() != 2 || residual.dimensions()[0] != M ||
-              residual.dimensions()[1] != N))
-    return ffi::Error::InvalidArgument("cpu matmul: the residual must be [M, N] (or empty), and none with gated pairs");
-  if (live_rows.element_count() != 1)
-    return ffi::Error::InvalidArgument("cpu matmul: live_rows must hold one count");
-  // Rows from `live` on (a bucket's padding tokens) are zero; only the rows before it are computed.
-  const int64_t live = std::clamp<int64_t>(live_rows.typed_data()[0], 0, M);
-  const int64_t width = y_dims[1];
-  std::memset(static_cast<char*>(y->untyped_data()) + 4 * live * width, 0, 4 * (M - live) * width);
+  int64_t live;
+  if (auto error = live_rows_of(residual, live_rows, y, x_dims[0], N, gated, live); error.failure()) return error;
   if (live == 0 || N == 0) return ffi::Error::Success();
+  const bool add = residual.element_count() > 0;
   const uint16_t* w = reinterpret_cast<const uint16_t*>(stacked.typed_data()) + index * w_dims[0] * K2 * 2 * kPanel;
   run_matmul(pool, x.untyped_data(), rounded, live, w, w_dims[0], K2, K, N, y->untyped_data(), epilogue,
              add ? residual.typed_data() : nullptr, prologue, norm.typed_data(), eps);
@@ -648,8 +655,7 @@ ffi::Error MatmulInt4(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U
       y_dims.size() != 2 || s_dims.back() != kPanel || c_dims.back() != kPanel || y_dims[0] != x_dims[0])
     return ffi::Error::InvalidArgument("cpu int4 matmul: x must be [M, K], w packed [(L,) P, K2, 32], its scales "
                                        "[(L,) P, groups, 32] and y [M, N]");
-  if (layer.element_count() != 1 || live_rows.element_count() != 1)
-    return ffi::Error::InvalidArgument("cpu int4 matmul: layer and live_rows must hold one number each");
+  if (layer.element_count() != 1) return ffi::Error::InvalidArgument("cpu int4 matmul: layer must hold one index");
   const int64_t layers = s_dims.size() == 4 ? s_dims[0] : 1, index = layer.typed_data()[0];
   if (index < 0 || index >= layers)
     return ffi::Error::InvalidArgument("cpu int4 matmul: the layer index is outside the stacked weight");
@@ -662,16 +668,10 @@ ffi::Error MatmulInt4(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U
   bool rounded, gated;
   if (auto error = check_shapes(x, w_dims, y, prologue, epilogue, norm, K2, K, N, rounded, gated); error.failure())
     return error;
-  const int64_t M = x_dims[0];
-  const bool add = residual.element_count() > 0;
-  if (add && (gated || residual.dimensions().size() != 2 || residual.dimensions()[0] != M ||
-              residual.dimensions()[1] != N))
-    return ffi::Error::InvalidArgument("cpu int4 matmul: the residual must be [M, N] (or empty), and none with gated "
-                                       "pairs");
-  const int64_t live = std::clamp<int64_t>(live_rows.typed_data()[0], 0, M);
-  const int64_t width = y_dims[1];
-  std::memset(static_cast<char*>(y->untyped_data()) + 4 * live * width, 0, 4 * (M - live) * width);
+  int64_t live;
+  if (auto error = live_rows_of(residual, live_rows, y, x_dims[0], N, gated, live); error.failure()) return error;
   if (live == 0 || N == 0) return ffi::Error::Success();
+  const bool add = residual.element_count() > 0;
   const uint8_t* w = stacked.typed_data() + index * P * K2 * kPanel;
   run_matmul(pool, x.untyped_data(), rounded, live, nullptr, P, K2, K, N, y->untyped_data(), epilogue,
              add ? residual.typed_data() : nullptr, prologue, norm.typed_data(), eps, w,

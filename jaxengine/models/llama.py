@@ -41,17 +41,20 @@ def _stack_index(w, layer):
 
 
 def _native(w) -> bool:
-    """Whether `w` is packed for a native CPU matmul (bfloat16's, or the int8 one's)."""
+    """Whether `w` is packed for a native CPU matmul (bfloat16's, the int8 one's, or int4 panels)."""
     if isinstance(w, Int4Weight):  # packed: pallas_kernels.cpu.pack_int4_panels' uint8 panels
         return w.weight.dtype == jnp.uint8
     return w.comp is not None if isinstance(w, Int8Weight) else w.ndim >= 3
 
 
-def _int8_native(x, w: Int8Weight, n: int, layer, **kwargs):
-    """The native W8A8 int8 matmul (pallas_kernels/cpu_int8.cc) of float32 x and a packed int8 weight."""
+def _native_quantized(x, w, n: int, layer, **kwargs):
+    """The native CPU matmul of float32 x and a packed quantized weight: W8A8's int8 kernel (pallas_kernels/
+    cpu_int8.cc), or W4A16's int4 panels dequantized as the bfloat16 kernel takes them."""
     from pallas_kernels import cpu
 
-    return cpu.matmul_int8(x, w.weight, w.comp, w.scale, n, layer=_stack_index(w.weight, layer), **kwargs)
+    if isinstance(w, Int8Weight):
+        return cpu.matmul_int8(x, w.weight, w.comp, w.scale, n, layer=_stack_index(w, layer), **kwargs)
+    return cpu.matmul_int4(x, w.weight, w.scale, n, layer=_stack_index(w, layer), **kwargs)
 
 
 def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
@@ -60,23 +63,15 @@ def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
     in int8 (jaxengine/models/quantization.py); a W4A16 one (Int4Weight) is dequantized first. A packed weight
     (`pack_for_native_matmul`: 3 dimensions, or 4 for all layers' stacked, of which `layer` is used) runs the
     native CPU kernel: same numbers up to summation order (pallas_kernels/cpu_matmul.cc), the residual added as
-    the result is stored. `live_rows` (i32[]): x's
-    rows from it on are a bucket's padding, which the native kernel skips (they come out zero); XLA's dot
-    computes them like the others."""
+    the result is stored (packed quantized weights: `_native_quantized`). `live_rows` (i32[]): x's rows from it on
+    are a bucket's padding, which the native kernel skips (they come out zero); XLA's dot computes them like the
+    others."""
     if isinstance(w, Int4Weight) and not _native(w):
         w = w.dequantized()
-    if isinstance(w, Int4Weight):  # packed for the native matmul, as a bfloat16 weight
-        from pallas_kernels import cpu
-
+    if isinstance(w, (Int8Weight, Int4Weight)) and _native(w):
         if residual is not None and x.dtype == jnp.float32:
-            return cpu.matmul_int4(x, w.weight, w.scale, n, residual=residual, live_rows=live_rows,
-                                   layer=_stack_index(w, layer))
-        out = cpu.matmul_int4(x.astype(jnp.float32), w.weight, w.scale, n, live_rows=live_rows,
-                              layer=_stack_index(w, layer)).astype(x.dtype)
-    elif isinstance(w, Int8Weight) and w.comp is not None:
-        if residual is not None and x.dtype == jnp.float32:
-            return _int8_native(x, w, n, layer, residual=residual, live_rows=live_rows)
-        out = _int8_native(x.astype(jnp.float32), w, n, layer, live_rows=live_rows).astype(x.dtype)
+            return _native_quantized(x, w, n, layer, residual=residual, live_rows=live_rows)
+        out = _native_quantized(x.astype(jnp.float32), w, n, layer, live_rows=live_rows).astype(x.dtype)
     elif isinstance(w, Int8Weight):
         out = int8_matmul(x, w).astype(x.dtype)
     elif w.ndim >= 3:
@@ -93,13 +88,8 @@ def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
 
 def _normed_dot(h, norm, eps: float, w, n: int, live_rows=None, layer=None):
     """rms_norm(h, norm, eps) @ w; the native CPU matmul normalises the rows on its way in (no separate pass)."""
-    if isinstance(w, Int8Weight) and w.comp is not None and h.dtype == jnp.float32:
-        return _int8_native(h, w, n, layer, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows)
-    if isinstance(w, Int4Weight) and _native(w) and h.dtype == jnp.float32:
-        from pallas_kernels import cpu
-
-        return cpu.matmul_int4(h, w.weight, w.scale, n, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows,
-                               layer=_stack_index(w, layer))
+    if isinstance(w, (Int8Weight, Int4Weight)) and _native(w) and h.dtype == jnp.float32:
+        return _native_quantized(h, w, n, layer, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows)
     if _native(w) and h.dtype == jnp.float32:
         from pallas_kernels import cpu
 

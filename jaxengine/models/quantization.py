@@ -1,14 +1,20 @@
-"""Quantized checkpoints: compressed-tensors' W8A8 int8 (vLLM's `compressed-tensors` method, as llm-compressor
-writes it and vLLM's CPU, GPU and TPU builds serve it).
+"""Quantized checkpoints in compressed-tensors' format (vLLM's `compressed-tensors` method, as llm-compressor writes
+it and vLLM's CPU, GPU and TPU builds serve it), two schemes:
 
-Every decoder layer's linear projection (q/k/v/o, gate/up/down) holds int8 weights, symmetric, with a float scale
-per output channel (or one per tensor); its input is quantized per token as the step runs: scale = max|x| / 127,
-x_q = round(x / scale) (half to even), and the product is (x_q @ w_q) in int32 times both scales. The embedding,
-the norms and the output head stay in the checkpoint's float dtype (llm-compressor leaves `lm_head` out).
-Other methods (AWQ, GPTQ, FP8, ...) and other compressed-tensors schemes are refused by name.
+- W8A8 int8 (`format: int-quantized`): every decoder layer's linear projection (q/k/v/o, gate/up/down) holds int8
+  weights, symmetric, with a float scale per output channel (or one per tensor); its input is quantized per token
+  as the step runs: scale = max|x| / 127, x_q = round(x / scale) (half to even), and the product is (x_q @ w_q) in
+  int32 times both scales (`int8_matmul`; the native CPU kernel: pallas_kernels/cpu_int8.cc).
+- W4A16 (`format: pack-quantized`): the projections' weights symmetric int4 (eight to an int32 word in the
+  checkpoint) with a float scale per group of `group_size` inputs (or per output channel), activations in float:
+  the weight is dequantized (value times its group's scale) and multiplied as a float one (`Int4Weight`; on CPU the
+  native bfloat16 matmul dequantizes it panel by panel).
 
-`write_w8a8_checkpoint` writes such a checkpoint from a float one (round-to-nearest, a scale per output channel:
-no calibration data), for tests, benchmarks and users without llm-compressor.
+The embedding, the norms and the output head stay in the checkpoint's float dtype (llm-compressor leaves `lm_head`
+out). Other methods (AWQ, GPTQ, FP8, ...) and other compressed-tensors schemes are refused by field.
+
+`write_w8a8_checkpoint` and `write_w4a16_checkpoint` write such checkpoints from a float one (round to nearest, no
+calibration data), for tests, benchmarks and users without llm-compressor (`jaxengine quantize`).
 """
 
 import json

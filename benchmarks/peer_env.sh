@@ -1,0 +1,12 @@
+# Sourced by the shared-workload scripts: `peer_env`, the environment vLLM's CPU build runs in, and PEER_VENV made
+# absolute where it is set. The peer's fastest settings (../shared/peers/README.md): no CPUs reserved, a 2 GiB KV
+# cache, and, each where present, tcmalloc (Debian's libtcmalloc-minimal4) and the venv's libiomp5 preloaded.
+peer_env=(VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2)
+if [ -n "${PEER_VENV:-}" ]; then
+    PEER_VENV="$(readlink -f "$PEER_VENV")"
+    preload=()
+    tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+    [ -f "$tcmalloc" ] && preload+=("$tcmalloc")
+    [ -f "$PEER_VENV/lib/libiomp5.so" ] && preload+=("$PEER_VENV/lib/libiomp5.so")
+    [ ${#preload[@]} -gt 0 ] && peer_env+=(LD_PRELOAD="${preload[*]}")
+fi
