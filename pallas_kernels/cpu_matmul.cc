@@ -724,8 +724,8 @@ ffi::Error GroupedMatmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi
 
 namespace {
 ffi::Error MatmulInt4(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::U8>, ffi::Buffer<ffi::F32>,
-                      ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S32>, ffi::Result<ffi::AnyBuffer>,
-                      int32_t, int32_t, float) {
+                      ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S32>,
+                      ffi::Result<ffi::AnyBuffer>, int32_t, int32_t, float) {
   return ffi::Error(ffi::ErrorCode::kUnimplemented, "cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
 }
 ffi::Error Matmul(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>,
