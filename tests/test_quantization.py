@@ -17,7 +17,7 @@ from jaxengine.cli import main as cli_main
 from jaxengine.config import EngineConfig
 from jaxengine.models.loader import load_config
 from jaxengine.models.quantization import (W4A16, compressed_tensors_config, parse_quantization, unpack_int4,
-                                           write_w8a8_checkpoint)
+                                           write_gptq_checkpoint, write_w8a8_checkpoint)
 from jaxengine.sampling_params import SamplingParams
 from pallas_kernels import cpu
 from tests import tiny_models
@@ -41,6 +41,8 @@ def quantized(model_dirs, tmp_path_factory):
         cli_main(["quantize", "--model", str(model_dirs[arch]), "--output", str(root / (arch + "-w4")), "--scheme",
                   "w4a16", "--group-size", str(group)])
         out[arch + "-w4"] = root / (arch + "-w4")
+    for arch in ("llama", "phi3"):
+        out[arch + "-gptq"] = write_gptq_checkpoint(model_dirs[arch], root / (arch + "-gptq"), W4_GROUPS[arch])
     return out
 
 
@@ -48,18 +50,24 @@ W4_GROUPS = {"llama": 16, "phi3": 8, "qwen3": 0}  # W4A16 checkpoints' group siz
 
 
 def dequantized(float_dir, quantized_dir):
-    """transformers' model of `float_dir` with each W4A16 projection's weight as the checkpoint dequantizes it."""
+    """transformers' model of `float_dir` with each W4A16 projection's weight as the checkpoint dequantizes it
+    (compressed-tensors' weight_packed and weight_scale, or GPTQ's qweight and scales: symmetric, zero point 8)."""
     model = transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32).eval()
     tensors = {}
     for f in quantized_dir.glob("*.safetensors"):
         tensors |= load_file(f)
     with torch.no_grad():
         for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and name + ".weight_packed" in tensors:
+            if isinstance(module, torch.nn.Linear) and name + ".qweight" in tensors:  # GPTQ: [in / 8, out]
+                q = unpack_int4(tensors[name + ".qweight"].numpy().T, module.in_features).astype(np.float32)
+                scale = tensors[name + ".scales"].float().numpy().T
+            elif isinstance(module, torch.nn.Linear) and name + ".weight_packed" in tensors:
                 q = unpack_int4(tensors[name + ".weight_packed"].numpy(), module.in_features).astype(np.float32)
                 scale = tensors[name + ".weight_scale"].float().numpy()
-                weight = (q.reshape(module.out_features, scale.shape[1], -1) * scale[:, :, None]).reshape(q.shape)
-                module.weight.copy_(torch.from_numpy(weight))
+            else:
+                continue
+            weight = (q.reshape(module.out_features, scale.shape[1], -1) * scale[:, :, None]).reshape(q.shape)
+            module.weight.copy_(torch.from_numpy(weight))
     return model
 
 
@@ -129,6 +137,18 @@ def test_w4a16_matches_transformers_with_dequantized_weights(engines, model_dirs
         transformers.AutoModelForCausalLM.from_pretrained(model_dirs[arch], dtype=torch.float32).eval(), PROMPT)
     assert np.abs(ours - ref).max() < 1e-4
     assert np.abs(ours - float_ref).max() > 1e-2
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3"])
+def test_gptq_checkpoints_match_transformers_with_dequantized_weights(engines, model_dirs, quantized, arch):
+    """GPTQ's format (4-bit symmetric, qweight packed along the input, float16 scales, the stored zero point 7, a
+    plain g_idx; Phi-3's fused projections): the W4A16 path's numbers, as transformers' with the weights
+    dequantized."""
+    engine = engines(arch, model=str(quantized[arch + "-gptq"]), max_num_batched_tokens=32, num_kv_blocks=30)
+    assert engine.model_config.quant_method == "gptq"
+    ours = prompt_logprobs(engine, PROMPT)
+    ref = reference_logprobs(dequantized(model_dirs[arch], quantized[arch + "-gptq"]), PROMPT)
+    assert np.abs(ours - ref).max() < 1e-4
 
 
 def test_w4a16_bfloat16_and_tensor_parallel(engines, model_dirs, quantized):
@@ -242,6 +262,21 @@ def _group_args(scheme="w8a8_int8", **changes) -> dict:
     return config
 
 
+@pytest.mark.parametrize("changes, message", [
+    ({"bits": 8}, r"bits=8 is not supported \(gptq takes 4\)"),
+    ({"sym": False}, r"sym=False is not supported"),
+    ({"desc_act": True}, r"desc_act=True is not supported"),
+    ({"checkpoint_format": "marlin"}, r"checkpoint_format='marlin' is not supported"),
+    ({"group_size": 0}, r"group_size=0 must be positive or -1"),
+])
+def test_unsupported_gptq_is_refused_by_field(changes, message):
+    config = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+    assert parse_quantization(_config_with(config)) == ("w4a16", 128, "gptq")
+    assert parse_quantization(_config_with(config | {"group_size": -1})) == ("w4a16", 0, "gptq")
+    with pytest.raises(ValueError, match=message):
+        parse_quantization(_config_with(config | changes))
+
+
 @pytest.mark.parametrize("config, message", [
     ({"quant_method": "awq", "bits": 4}, r"quant_method 'awq' is not supported"),
     (compressed_tensors_config() | {"format": "float-quantized"}, r"format 'float-quantized' is not supported"),
@@ -265,14 +300,18 @@ def test_unsupported_quantization_is_refused_by_field(config, message):
     with pytest.raises(ValueError, match=message):
         parse_quantization(_config_with(config))
     assert parse_quantization({}) is None
-    assert parse_quantization(_config_with(compressed_tensors_config("tensor"))) == ("w8a8_int8", 0)
-    assert parse_quantization(_config_with(compressed_tensors_config("group", W4A16, 64))) == ("w4a16", 64)
-    assert parse_quantization(_config_with(compressed_tensors_config("channel", W4A16))) == ("w4a16", 0)
+    ct = "compressed-tensors"
+    assert parse_quantization(_config_with(compressed_tensors_config("tensor"))) == ("w8a8_int8", 0, ct)
+    assert parse_quantization(_config_with(compressed_tensors_config("group", W4A16, 64))) == ("w4a16", 64, ct)
+    assert parse_quantization(_config_with(compressed_tensors_config("channel", W4A16))) == ("w4a16", 0, ct)
 
 
 def test_quantization_setting_must_be_the_checkpoints(model_dirs, quantized, tmp_path):
-    with pytest.raises(ValueError, match="quantization must be one of compressed-tensors"):
+    with pytest.raises(ValueError, match="quantization must be one of compressed-tensors, gptq"):
         EngineConfig(quantization="awq")
+    with pytest.raises(ValueError, match="quantization='gptq' does not match the checkpoint's quant_method "
+                                         "'compressed-tensors'"):
+        LLMEngine(EngineConfig(model=str(quantized["llama"]), quantization="gptq"), progress=False)
     with pytest.raises(ValueError, match="not a quantized checkpoint"):
         LLMEngine(EngineConfig(model=str(model_dirs["llama"]), quantization="compressed-tensors"), progress=False)
     moe = tmp_path / "moe"

@@ -177,6 +177,9 @@ class LLMEngine:
         if config.quantization is not None and checkpoint_config.quantization is None:
             raise ValueError(f"quantization={config.quantization!r}, but {model_dir} is not a quantized checkpoint (its "
                              f"config.json has no quantization_config; quantizing at load is not supported)")
+        if config.quantization not in (None, checkpoint_config.quant_method):
+            raise ValueError(f"quantization={config.quantization!r} does not match the checkpoint's quant_method "
+                             f"{checkpoint_config.quant_method!r}")
         hf_config = read_hf_config(model_dir, config.hf_overrides)  # the pooler's and a classifier head's keys
         self.runner_type = self._runner_type(config, architecture)
         # What a pooling engine's outputs are: "embed" (embeddings) or "classify" (a classifier's probabilities).

@@ -68,6 +68,7 @@ class ModelConfig:
     # W4A16's weights in groups of quant_group_size inputs (0: one group per output channel)
     quantization: str | None = None
     quant_group_size: int = 0
+    quant_method: str | None = None  # the checkpoint's format: compressed-tensors or gptq
 
     @property
     def q_per_kv(self) -> int:

@@ -84,7 +84,8 @@ def load_config(model_dir: Path, hf_overrides: dict | None = None) -> tuple[Arch
         return arch, cfg
     if cfg.num_experts:
         raise ValueError("quantization_config: a quantized mixture of experts is not supported")
-    cfg = dataclasses.replace(cfg, quantization=quantization[0], quant_group_size=quantization[1])
+    scheme, group_size, method = quantization
+    cfg = dataclasses.replace(cfg, quantization=scheme, quant_group_size=group_size, quant_method=method)
     check_group_size(cfg)
     return arch, cfg
 

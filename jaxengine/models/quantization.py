@@ -40,18 +40,22 @@ class Int8Weight(NamedTuple):
     comp: jax.Array | None = None
 
 
-def parse_quantization(hf: dict) -> tuple[str, int] | None:
-    """(scheme, group size) of a compressed-tensors checkpoint's config.json: (`W8A8_INT8`, 0), or (`W4A16`, the
-    weights' group along the input, 0 for one group per output channel); None for an unquantized checkpoint; a
-    ValueError naming the field for any other quantization."""
+def parse_quantization(hf: dict) -> tuple[str, int, str] | None:
+    """(scheme, group size, method) of a quantized checkpoint's config.json: compressed-tensors' (`W8A8_INT8`, 0) or
+    (`W4A16`, the weights' group along the input, 0 for one group per output channel), or GPTQ's symmetric 4-bit
+    (`W4A16`, its group); None for an unquantized checkpoint; a ValueError naming the field for any other
+    quantization."""
     q = hf.get("quantization_config")
     if not q:
         return None
     method = q.get("quant_method")
+    if method == "gptq":
+        return W4A16, _gptq_group(q), "gptq"
     if method != "compressed-tensors":
         raise ValueError(f"quantization_config.quant_method {method!r} is not supported; supported: compressed-tensors "
                          f"(W8A8 int8: int8 weights with per-channel or per-tensor scales, dynamic per-token int8 "
-                         f"activations; W4A16: symmetric int4 weights in groups or per channel)")
+                         f"activations; W4A16: symmetric int4 weights in groups or per channel), gptq (4-bit, "
+                         f"symmetric, without activation order)")
     formats = {"int-quantized": W8A8_INT8, "pack-quantized": W4A16}
     if q.get("format") not in formats:
         raise ValueError(f"quantization_config.format {q.get('format')!r} is not supported; supported: int-quantized "
@@ -97,7 +101,26 @@ def parse_quantization(hf: dict) -> tuple[str, int] | None:
     if ignored:
         raise ValueError(f"quantization_config.ignore {ignored!r} is not supported: only the output head (lm_head) may "
                          f"stay unquantized")
-    return scheme, group_sizes.pop()
+    return scheme, group_sizes.pop(), "compressed-tensors"
+
+
+def _gptq_group(q: dict) -> int:
+    """A GPTQ config's group size (0: one group per output channel), once its other fields are ones served:
+    4 bits, symmetric, no activation order, the output head unquantized."""
+    expected = {"bits": 4, "sym": True, "desc_act": False, "lm_head": False}
+    for field, value in expected.items():
+        if q.get(field, value if field in ("desc_act", "lm_head") else None) != value:
+            raise ValueError(f"quantization_config.{field}={q.get(field)!r} is not supported (gptq takes {value!r})")
+    if q.get("checkpoint_format", "gptq") not in ("gptq", "gptq_v2"):
+        raise ValueError(f"quantization_config.checkpoint_format={q['checkpoint_format']!r} is not supported; "
+                         f"supported: gptq, gptq_v2")
+    for field in ("dynamic", "modules_in_block_to_quantize"):
+        if q.get(field):
+            raise ValueError(f"quantization_config.{field} (some modules quantized otherwise) is not supported")
+    group = q.get("group_size", 128)
+    if group != -1 and not (isinstance(group, int) and group > 0):
+        raise ValueError(f"quantization_config.group_size={group!r} must be positive or -1 (per channel)")
+    return 0 if group == -1 else group
 
 
 def _check_args(args: dict | None, where: str, scheme: str, *, bits: int, strategies: tuple[str, ...],
@@ -168,6 +191,10 @@ def with_quantized(split_tensor, cfg):
         return shapes[part]
 
     def split(name, array, cfg):
+        if cfg.quant_method == "gptq":
+            name, array = gptq_tensor(name, array)
+            if name is None:
+                return []
         if name.endswith((".input_scale", ".input_zero_point", ".weight_zero_point", ".weight_g_idx")):
             raise ValueError(f"tensor {name}: static, asymmetric or reordered quantization is not supported")
         if cfg.quantization == W8A8_INT8 and name.endswith(".weight_scale"):
@@ -194,6 +221,34 @@ def with_quantized(split_tensor, cfg):
             if tuple(array.shape) != (out, groups):
                 raise ValueError(f"tensor {name} has shape {tuple(array.shape)}, expected {(out, groups)}")
         return split_tensor(name, array, cfg)
+
+    def gptq_tensor(name, array):
+        """A GPTQ tensor as compressed-tensors names and lays it out (qweight [in / 8, out] -> int8 weight [out,
+        in]; scales [groups, out] -> weight_scale [out, groups]), or (None, None) for one checked and dropped:
+        qzeros (the symmetric zero point, 8: stored 7 by the gptq format, 8 by gptq_v2) and g_idx (no activation
+        order: each input's group in turn)."""
+        stem, _, kind = name.rpartition(".")
+        if kind not in ("qweight", "scales", "qzeros", "g_idx"):
+            return name, array
+        out, width = projection(name)
+        groups = width // cfg.quant_group_size if cfg.quant_group_size else 1
+        array = np.asarray(array)
+        shapes = {"qweight": (-(-width // 8), out), "scales": (groups, out), "qzeros": (groups, -(-out // 8)),
+                  "g_idx": (width,)}
+        if array.shape != shapes[kind]:
+            raise ValueError(f"tensor {name} has shape {array.shape}, expected {shapes[kind]}")
+        if kind == "qweight":
+            return stem + ".weight", unpack_int4(array.T, width)
+        if kind == "scales":
+            return stem + ".weight_scale", array.T
+        if kind == "qzeros":
+            zeros = unpack_int4(array, out).astype(np.int16) + 8
+            if not (np.all(zeros == 7) or np.all(zeros == 8)):
+                raise ValueError(f"tensor {name}: asymmetric zero points are not supported (sym=true checkpoints "
+                                 f"store 7, or 8 in gptq_v2)")
+        elif not np.array_equal(array, np.arange(width) // (cfg.quant_group_size or width)):
+            raise ValueError(f"tensor {name}: a g_idx reordering the inputs (activation order) is not supported")
+        return None, None
 
     return split
 
@@ -305,9 +360,32 @@ def write_w4a16_checkpoint(source: str | Path, output: str | Path, group_size: i
                             compressed_tensors_config("group" if group_size else "channel", W4A16, group_size))
 
 
+def write_gptq_checkpoint(source: str | Path, output: str | Path, group_size: int = 128) -> Path:
+    """Writes `source` (a float Hugging Face checkpoint directory of a dense model) as a GPTQ checkpoint (4-bit,
+    symmetric, no activation order, the `gptq` format) in `output`, each projection's int4 values and scales as
+    `write_w4a16_checkpoint` computes them (round to nearest, no calibration: not GPTQ's error-correcting
+    algorithm): `qweight`, `qzeros` (7: the zero point 8, stored minus one), float16 `scales`, `g_idx`."""
+    if not isinstance(group_size, int) or group_size < 0:
+        raise ValueError(f"group_size must be a non-negative integer, got {group_size!r}")
+
+    def convert(name, weight):
+        q, scale = quantize_int4(weight, group_size)
+        out, width = q.shape
+        stem = name.removesuffix(".weight")
+        groups = scale.shape[1]
+        return {stem + ".qweight": np.ascontiguousarray(pack_int4(q).T),
+                stem + ".qzeros": pack_int4(np.full((groups, out), -1, np.int8)),
+                stem + ".scales": np.ascontiguousarray(scale.T).astype(np.float16),
+                stem + ".g_idx": (np.arange(width) // (group_size or width)).astype(np.int32)}
+
+    config = {"quant_method": "gptq", "bits": 4, "group_size": group_size or -1, "desc_act": False, "sym": True,
+              "checkpoint_format": "gptq", "damp_percent": 0.01, "true_sequential": True}
+    return _write_quantized(source, output, convert, config)
+
+
 def _write_quantized(source, output, convert, quantization_config: dict) -> Path:
     """Copies `source` to `output` with each decoder layer projection's weight replaced by `convert(name, float32
-    weight [out, in])`'s tensors (float ones in the weight's dtype) and `quantization_config` in config.json."""
+    weight [out, in])`'s tensors (float32 ones in the weight's dtype) and `quantization_config` in config.json."""
     import torch  # the torch reader and writer keep bfloat16 tensors as they are
     from safetensors.torch import load_file, save_file
 
@@ -333,8 +411,8 @@ def _write_quantized(source, output, convert, quantization_config: dict) -> Path
                 if ".experts." in name:
                     raise ValueError("a mixture of experts' quantization is not supported")
                 for key, value in convert(name, tensor.float().numpy()).items():
-                    value = torch.from_numpy(value)
-                    out[key] = value.to(tensor.dtype) if value.is_floating_point() else value
+                    value = torch.from_numpy(value)  # float32 ones in the weight's dtype (others as they are)
+                    out[key] = value.to(tensor.dtype) if value.dtype == torch.float32 else value
             else:
                 out[name] = tensor
         save_file(out, output / file.name, metadata={"format": "pt"})
