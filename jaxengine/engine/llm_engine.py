@@ -175,8 +175,8 @@ class LLMEngine:
         tp = config.tensor_parallel_size
         architecture, checkpoint_config = load_config(model_dir, config.hf_overrides)
         if config.quantization is not None and checkpoint_config.quantization is None:
-            raise ValueError(f"quantization={config.quantization!r}, but {model_dir} is not a quantized checkpoint (its "
-                             f"config.json has no quantization_config; quantizing at load is not supported)")
+            raise ValueError(f"quantization={config.quantization!r}, but {model_dir} is not a quantized checkpoint "
+                             f"(its config.json has no quantization_config; quantizing at load is not supported)")
         if config.quantization not in (None, checkpoint_config.quant_method):
             raise ValueError(f"quantization={config.quantization!r} does not match the checkpoint's quant_method "
                              f"{checkpoint_config.quant_method!r}")
@@ -423,7 +423,8 @@ class LLMEngine:
         original = rope.param("original_max_position_embeddings")
         if length > original:
             logger.info("LongRoPE: max_model_len %d exceeds original_max_position_embeddings=%d: the long factors "
-                        "apply at every position (max_model_len <= %d keeps the short ones)", length, original, original)
+                        "apply at every position (max_model_len <= %d keeps the short ones)", length, original,
+                        original)
         return length > original
 
     def _max_model_len(self) -> int:
