@@ -268,6 +268,9 @@ def pack_int4_panels(q, scale):
     return packed, np.ascontiguousarray(np.moveaxis(scale.reshape(*lead, groups, P, PANEL), -2, -3))
 
 
+_INT4 = dict(target=_INT4_MATMUL_TARGET, layout="[L, P, K2, 32] ")  # _native_matmul's W4A16 kernel
+
+
 def matmul_int4(x, packed, scale, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0,
                 residual=None, live_rows=None, layer=None):
     """x f32[M, K] @ a W4A16 weight -> f32[M, n], (packed, scale) = pack_int4_panels(q, scales) of int4 values
@@ -279,9 +282,9 @@ def matmul_int4(x, packed, scale, n: int, *, prologue: str | None = None, norm=N
     one = packed.shape[-3:]
     K = (2 * one[1] if len(one) == 3 else 0) if rounded else x.shape[-1] if x.ndim else 0
     _check_int4(x, packed, scale, n, K, rounded)
-    return _native_matmul(x, packed, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32), K, prologue=prologue,
-                          epilogue="store", norm=norm, eps=eps, residual=residual, live_rows=live_rows, layer=layer,
-                          int4_scale=scale)
+    return _native_matmul(x, (packed, scale), jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32), K,
+                          prologue=prologue, epilogue="store", norm=norm, eps=eps, residual=residual,
+                          live_rows=live_rows, layer=layer, **_INT4)
 
 
 def gated_pairs_int4(x, packed, scale, *, prologue: str | None = None, norm=None, eps: float = 0.0, live_rows=None,
@@ -293,8 +296,8 @@ def gated_pairs_int4(x, packed, scale, *, prologue: str | None = None, norm=None
     K = x.shape[-1] if x.ndim else 0
     _check_int4(x, packed, scale, packed.shape[-3] * PANEL, K, False)
     out = jax.ShapeDtypeStruct((x.shape[0], rounded_width(packed.shape[-3] * PANEL // 2)), jnp.uint32)
-    return _native_matmul(x, packed, out, K, prologue=prologue, epilogue="gated_pairs", norm=norm, eps=eps,
-                          residual=None, live_rows=live_rows, layer=layer, activation=activation, int4_scale=scale)
+    return _native_matmul(x, (packed, scale), out, K, prologue=prologue, epilogue="gated_pairs", norm=norm, eps=eps,
+                          residual=None, live_rows=live_rows, layer=layer, activation=activation, **_INT4)
 
 
 def _check_int4(x, packed, scale, n: int, K: int, rounded: bool) -> None:
@@ -338,15 +341,9 @@ def gated_columns(gate, up):
         *lead, 2 * I)
 
 
-def pack_int8_gated(gate, up, gate_scale, up_scale):
-    """`pack_int8` of int8 gate and up weights [..., K, I] (I a multiple of 16) in `pack_gated`'s column order, 16
-    gate columns and the same 16 up columns a panel, for `gated_int8` (or `unpack_gated` of a plain product)."""
-    return pack_int8(gated_columns(gate, up), gated_columns(gate_scale, up_scale))
-
-
 def _int8_call(x, packed, comp, scale, n: int, out_width: int, *, prologue, norm, eps, residual, live_rows, layer,
-               epilogue):
-    """The shared checks and the FFI call of `matmul_int8` and `gated_int8` (n: the packed weight's columns)."""
+               epilogue, activation="silu"):
+    """The checks of `matmul_int8` and `gated_int8` (n: the packed weight's columns), then `_native_matmul`'s."""
     if prologue not in (None, "rms_norm"):
         raise ValueError(f"the native int8 matmul's prologue must be None or 'rms_norm', got {prologue!r}")
     K = x.shape[-1] if x.ndim else 0
@@ -357,23 +354,10 @@ def _int8_call(x, packed, comp, scale, n: int, out_width: int, *, prologue, norm
         raise ValueError(f"the native int8 matmul needs float32 x [M, K] and pack_int8 of an int8 [(L,) K, {n}] "
                          f"weight, got {x.dtype} {x.shape}, {packed.dtype} {packed.shape}, comp {comp.shape}, scale "
                          f"{scale.shape}")
-    if (packed.ndim == 4) != (layer is not None):
-        raise ValueError(f"the native int8 matmul takes a layer index with a stacked weight and only there, got "
-                         f"weight {packed.shape} and layer {layer!r}")
-    if (prologue == "rms_norm") != (norm is not None) or (norm is not None and norm.shape != (K,)):
-        raise ValueError(f"the native int8 matmul takes a norm weight [{K}] with the rms_norm prologue and only there")
-    out = jax.ShapeDtypeStruct((x.shape[0], out_width), jnp.float32)
-    if residual is not None and (residual.shape != out.shape or residual.dtype != jnp.float32):
-        raise ValueError(f"the native int8 matmul's residual must be float32 {list(out.shape)}, got {residual.dtype} "
-                         f"{residual.shape}")
-    norm = jnp.zeros((0,), jnp.float32) if norm is None else norm.astype(jnp.float32)
-    residual = jnp.zeros((0, 0), jnp.float32) if residual is None else residual
-    live_rows = jnp.asarray(x.shape[0] if live_rows is None else live_rows, jnp.int32).reshape(1)
-    layer = jnp.asarray(0 if layer is None else layer, jnp.int32).reshape(1)
-    _library()
-    return jax.ffi.ffi_call(_INT8_MATMUL_TARGET, out)(x, packed, comp, scale, layer, norm, residual, live_rows,
-                                                      prologue=np.int32(_PROLOGUES[prologue]), epilogue=epilogue,
-                                                      eps=np.float32(eps))
+    return _native_matmul(x, (packed, comp, scale), jax.ShapeDtypeStruct((x.shape[0], out_width), jnp.float32), K,
+                          prologue=prologue, epilogue=epilogue, norm=norm, eps=eps, residual=residual,
+                          live_rows=live_rows, layer=layer, activation=activation, target=_INT8_MATMUL_TARGET,
+                          layout="")
 
 
 def matmul_int8(x, packed, comp, scale, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0,
@@ -384,18 +368,19 @@ def matmul_int8(x, packed, comp, scale, n: int, *, prologue: str | None = None, 
     scales: jaxengine.models.quantization.int8_matmul's numbers. `prologue` "rms_norm" (with `norm` [K] and
     `eps`), `residual` and `live_rows` as for `matmul_bf16`."""
     return _int8_call(x, packed, comp, scale, n, n, prologue=prologue, norm=norm, eps=eps, residual=residual,
-                      live_rows=live_rows, layer=layer, epilogue=np.int32(0))
+                      live_rows=live_rows, layer=layer, epilogue="store")
 
 
 def gated_int8(x, packed, comp, scale, *, prologue: str | None = None, norm=None, eps: float = 0.0, live_rows=None,
                layer=None, activation: str = "silu"):
-    """act(x' @ gate) * (x' @ up) -> f32[M, I] for (packed, comp, scale) = pack_int8_gated(gate, up, ...) (x' = x
+    """act(x' @ gate) * (x' @ up) -> f32[M, I] for (packed, comp, scale) = pack_int8 of gate and up (and their
+    scales) in `pack_gated`'s column order (`gated_columns`; x' = x
     after the prologue), the products as `matmul_int8` computes them, the activation ("silu" or "gelu_tanh")
     applied as they leave the registers: no [M, 2I] result goes through memory. Stacked weights, `layer` and
     `live_rows` as for `matmul_int8`."""
     n = packed.shape[-3] * PANEL
     return _int8_call(x, packed, comp, scale, n, n // 2, prologue=prologue, norm=norm, eps=eps, residual=None,
-                      live_rows=live_rows, layer=layer, epilogue=_epilogue("gated_pairs", activation))
+                      live_rows=live_rows, layer=layer, epilogue="gated_pairs", activation=activation)
 
 
 def rounded_width(k: int) -> int:
@@ -415,13 +400,16 @@ def _epilogue(epilogue: str, activation: str) -> np.int32:
     return np.int32(GATED_ACTIVATIONS[activation] if epilogue == "gated_pairs" else _EPILOGUES[epilogue])
 
 
-def _native_matmul(x, packed, out, K: int, *, prologue, epilogue, norm, eps, residual, live_rows, layer,
-                   activation="silu", int4_scale=None):
-    """The shared checks and the FFI call of `matmul_bf16` and `gated_pairs` (out: the result's shape and
-    dtype; `packed` one layer's [P, K2, 64], or a stack of them with `layer` naming the one to use), and of their
-    W4A16 forms (`int4_scale` given: `packed` is pack_int4_panels' [(L,) P, K2, 32])."""
+def _native_matmul(x, weights: tuple, out, K: int, *, prologue, epilogue, norm, eps, residual, live_rows, layer,
+                   activation="silu", target=_MATMUL_TARGET, layout="[L, P, K2, 64] "):
+    """The shared checks and the FFI call of the native matmuls (out: the result's shape and dtype): `weights` are
+    the weight's operands, a packed weight first, one layer's (3 dimensions) or a stack of them with `layer` naming
+    the one to use (`layout`: a stack's, for errors), and `target` the kernel: `matmul_bf16` and `gated_pairs`'s
+    ((pack_bf16's [P, K2, 64],)), their W4A16 forms' ((pack_int4_panels' [P, K2, 32], scales)), or the int8
+    ones' ((pack_int8's [P, K4, 128], comp, scales))."""
+    packed = weights[0]
     if (packed.ndim == 4) != (layer is not None) or (layer is not None and jnp.ndim(layer) != 0):
-        raise ValueError(f"the native matmul takes a scalar layer index with a stacked [L, P, K2, 64] weight and "
+        raise ValueError(f"the native matmul takes a scalar layer index with a stacked {layout}weight and "
                          f"only there, got weight {packed.shape} and layer {layer!r}")
     if (prologue == "rms_norm") != (norm is not None) or (norm is not None and norm.shape != (K,)):
         raise ValueError(f"the native matmul takes a norm weight [{K}] with the rms_norm prologue and only there")
@@ -435,12 +423,9 @@ def _native_matmul(x, packed, out, K: int, *, prologue, epilogue, norm, eps, res
     live_rows = jnp.asarray(x.shape[0] if live_rows is None else live_rows, jnp.int32).reshape(1)
     layer = jnp.asarray(0 if layer is None else layer, jnp.int32).reshape(1)
     _library()
-    attributes = dict(prologue=np.int32(_PROLOGUES[prologue]), epilogue=_epilogue(epilogue, activation),
-                      eps=np.float32(eps))
-    if int4_scale is not None:
-        return jax.ffi.ffi_call(_INT4_MATMUL_TARGET, out)(x, packed, int4_scale, layer, norm, residual, live_rows,
-                                                          **attributes)
-    return jax.ffi.ffi_call(_MATMUL_TARGET, out)(x, packed, layer, norm, residual, live_rows, **attributes)
+    return jax.ffi.ffi_call(target, out)(x, *weights, layer, norm, residual, live_rows,
+                                         prologue=np.int32(_PROLOGUES[prologue]),
+                                         epilogue=_epilogue(epilogue, activation), eps=np.float32(eps))
 
 
 def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0, residual=None,
@@ -468,7 +453,7 @@ def matmul_bf16(x, packed, n: int, *, prologue: str | None = None, norm=None, ep
     if x.dtype != (jnp.uint32 if rounded else jnp.float32) or packed.dtype != jnp.bfloat16:
         raise ValueError(f"matmul_bf16 needs float32 x (uint32 when rounded) and a bfloat16 packed w, got "
                          f"{x.dtype} and {packed.dtype}")
-    return _native_matmul(x, packed, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32), K, prologue=prologue,
+    return _native_matmul(x, (packed,), jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32), K, prologue=prologue,
                           epilogue="store", norm=norm, eps=eps, residual=residual, live_rows=live_rows, layer=layer)
 
 
@@ -491,7 +476,7 @@ def gated_pairs(x, packed, *, prologue: str | None = None, norm=None, eps: float
                          f"{x.dtype} {x.shape} and {packed.dtype} {packed.shape}")
     I = packed.shape[-3] * PANEL // 2
     out = jax.ShapeDtypeStruct((x.shape[0], rounded_width(I)), jnp.uint32)
-    return _native_matmul(x, packed, out, K, prologue=prologue, epilogue="gated_pairs", norm=norm, eps=eps,
+    return _native_matmul(x, (packed,), out, K, prologue=prologue, epilogue="gated_pairs", norm=norm, eps=eps,
                           residual=None, live_rows=live_rows, layer=layer, activation=activation)
 
 

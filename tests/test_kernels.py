@@ -817,7 +817,8 @@ def test_native_int8_gated_mlp_matches_the_w8a8_reference(m, k, i, activation):
     norm = jnp.asarray(rng.standard_normal(k), jnp.float32)
     gate, up = (rng.integers(-128, 128, (2, k, i)).astype(np.int8) for _ in range(2))
     gate_scale, up_scale = ((rng.random((2, i)) * 0.01).astype(np.float32) for _ in range(2))
-    packed = [jnp.asarray(a) for a in cpu.pack_int8_gated(gate, up, gate_scale, up_scale)]
+    packed = [jnp.asarray(a) for a in cpu.pack_int8(cpu.gated_columns(gate, up),
+                                                    cpu.gated_columns(gate_scale, up_scale))]
     live = max(m - 1, 1)
     got = jax.jit(lambda x: cpu.gated_int8(x, *packed, prologue="rms_norm", norm=norm, eps=1e-6, live_rows=live,
                                            layer=jnp.int32(1), activation=activation))(x)

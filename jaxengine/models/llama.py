@@ -22,7 +22,8 @@ from jaxengine.layers.moe import moe_mlp
 from jaxengine.layers.norms import gemma_scale, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
 from jaxengine.models.config import ModelConfig, rope_inv_freq
-from jaxengine.models.quantization import QUANTIZED_LINEARS, W4A16, W8A8_INT8, Int4Weight, Int8Weight, int8_matmul
+from jaxengine.models.quantization import (QUANTIZED_LINEARS, W4A16, W8A8_INT8, Int4Weight, Int8Weight, int8_matmul,
+                                           scale_groups)
 from jaxengine.runner.batch import RaggedBatch
 
 
@@ -110,38 +111,36 @@ def _unpacked_gate_up(h, norm, eps: float, gate_up, live_rows=None, layer=None):
 def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer=None, activation="silu",
                out_norm=None):
     """h + (act(gate) * up) @ down over rms_norm(h) for a gate/up projection packed by `pallas_kernels.cpu.
-    pack_gated` (`out_norm`: h + rms_norm of that product, Gemma 2/3's post-MLP norm). With float32 rows the
-    native CPU matmul applies the activation to the gate/up products in registers and hands the down
-    projection its input already rounded (no [T, 2I] float32 intermediate), and adds the residual as it
+    pack_gated` (or quantized in its column order: `_pack_quantized_layer`; `out_norm`: h + rms_norm of that
+    product, Gemma 2/3's post-MLP norm). With float32 rows the native CPU matmul applies the activation to the
+    gate/up products in registers and hands the down projection its input already rounded (W8A8: in float32, which
+    the down projection quantizes; no [T, 2I] float32 intermediate either way), and adds the residual as it
     stores; otherwise the products are split back into gate and up for XLA's activation."""
     from pallas_kernels import cpu
 
     if h.dtype == jnp.float32:
         settings = dict(live_rows=live_rows, layer=_stack_index(gate_up, layer))
-        if isinstance(gate_up, Int4Weight):  # W4A16 (pack_int4_panels), dequantized panel by panel
+        if isinstance(gate_up, Int8Weight):  # W8A8: act(gate) * up in float32, quantized by the down projection
+            gated = cpu.gated_int8(h, gate_up.weight, gate_up.comp, gate_up.scale, prologue="rms_norm", norm=norm,
+                                   eps=eps, activation=activation, **settings)
+            down_projection = functools.partial(_dot, gated, down, n, live_rows=live_rows, layer=layer)
+        elif isinstance(gate_up, Int4Weight):  # W4A16 (pack_int4_panels), dequantized panel by panel
             pairs = cpu.gated_pairs_int4(h, gate_up.weight, gate_up.scale, prologue="rms_norm", norm=norm, eps=eps,
                                          activation=activation, **settings)
-            rounded = functools.partial(cpu.matmul_int4, pairs, down.weight, down.scale, n, prologue="rounded",
-                                        **settings)
+            down_projection = functools.partial(cpu.matmul_int4, pairs, down.weight, down.scale, n,
+                                                prologue="rounded", **settings)
         else:
             pairs = cpu.gated_pairs(h, gate_up, prologue="rms_norm", norm=norm, eps=eps, activation=activation,
                                     **settings)
-            rounded = functools.partial(cpu.matmul_bf16, pairs, down, n, prologue="rounded", **settings)
+            down_projection = functools.partial(cpu.matmul_bf16, pairs, down, n, prologue="rounded", **settings)
         if out_norm is None:
-            return rounded(residual=h)
-        return h + rms_norm(rounded(), out_norm, eps)
+            return down_projection(residual=h)
+        return h + rms_norm(down_projection(), out_norm, eps)
     gate, up = _unpacked_gate_up(h, norm, eps, gate_up, live_rows, layer)
     gated = ACTIVATIONS[activation](gate) * up
     if out_norm is None:
         return _dot(gated, down, n, h, live_rows, layer)
     return h + rms_norm(_dot(gated, down, n, live_rows=live_rows, layer=layer), out_norm, eps)
-
-
-def _native_activations():
-    """The gated activations the native CPU matmuls apply in registers."""
-    from pallas_kernels import cpu
-
-    return cpu.GATED_ACTIVATIONS
 
 
 def _lora_delta(x, lora, name: str):
@@ -213,7 +212,7 @@ def _pack_layer(layer) -> None:
     lead = layer.q_proj.get_metadata()["logical_axes"][:-2]  # ("layers",) when stacked
     parts = ("q_proj", "k_proj", "v_proj")
     if layer.cfg.quantization is not None:
-        (_pack_int8_layer if layer.cfg.quantization == W8A8_INT8 else _pack_int4_layer)(layer, lead)
+        _pack_quantized_layer(layer, lead)
         return
     if all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
         value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
@@ -232,73 +231,40 @@ def _pack_layer(layer) -> None:
             _pack(getattr(layer, name))
 
 
-def _pack_int8_layer(layer, lead) -> None:
-    """Packs a W8A8 layer's int8 projections for the native int8 matmul where the CPU has AVX-512 VNNI (else
-    they stay as they are, for XLA's int8 dots): q/k/v side by side as one `qkv_proj`; gate/up, where the width
-    is a multiple of 16, as one `gate_up_proj` in `pack_gated`'s column order (the kernel applies the activation:
-    `cpu.gated_int8`), each with its `_comp` and `_scale` (pallas_kernels.cpu.pack_int8)."""
+def _pack_quantized_layer(layer, lead) -> None:
+    """Packs a quantized layer's projections for the native CPU matmuls, fused as `_pack_layer` fuses bfloat16 ones:
+    q/k/v side by side as one `qkv_proj`; gate/up, where the width is a multiple of 16 and the activation one the
+    kernels apply, as one `gate_up_proj` in `pack_gated`'s column order (for `_gated_mlp`); each with its scales
+    (and W8A8's `_comp`). W8A8: `pallas_kernels.cpu.pack_int8` where the CPU has AVX-512 VNNI; W4A16:
+    `pack_int4_panels` (dequantized to bfloat16 panel by panel), for groups of an even size. Otherwise they stay as
+    they are (XLA's int8 dots; W4A16 dequantized whole at each step)."""
     from pallas_kernels import cpu
 
-    if not cpu.int8_matmul_available():
+    cfg = layer.cfg
+    int8 = cfg.quantization == W8A8_INT8
+    if not (cpu.int8_matmul_available() if int8 else cfg.quant_group_size % 2 == 0):
         return
 
-    def take(names):
-        weights = [np.asarray(getattr(layer, name).get_value()) for name in names]
+    def take(names):  # the projections' values and scales, side by side (gate/up: in pack_gated's column order)
+        values = [np.asarray(getattr(layer, name).get_value()) for name in names]
         scales = [np.asarray(getattr(layer, name + "_scale").get_value()) for name in names]
         for name in names:
             delattr(layer, name)
             delattr(layer, name + "_scale")
         if names == ("gate_proj", "up_proj"):
-            return cpu.pack_int8_gated(*weights, *scales)
-        return cpu.pack_int8(np.concatenate(weights, -1), np.concatenate(scales, -1))
+            return cpu.gated_columns(*values), cpu.gated_columns(*scales)
+        return np.concatenate(values, -1), np.concatenate(scales, -1)
 
-    groups = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",)}
-    if layer.cfg.intermediate_size:
-        together = layer.cfg.intermediate_size % cpu.GATED == 0
-        groups |= ({"gate_up_proj": ("gate_proj", "up_proj")} if together else
-                   {"gate_proj": ("gate_proj",), "up_proj": ("up_proj",)}) | {"down_proj": ("down_proj",)}
-    for fused, names in groups.items():
-        packed, comp, scale = take(names)
-        layer_axes = _packed_axes(lead)
-        setattr(layer, fused, nnx.Param(jax.device_put(packed), logical_axes=layer_axes))
-        setattr(layer, fused + "_comp", nnx.Param(jax.device_put(comp), logical_axes=lead + ("packed",)))
-        setattr(layer, fused + "_scale", nnx.Param(jax.device_put(scale), logical_axes=lead + ("packed",)))
-
-
-def _pack_int4_layer(layer, lead) -> None:
-    """Packs a W4A16 layer's projections for the native matmul (pallas_kernels.cpu.pack_int4_panels: dequantized
-    to bfloat16 panel by panel, then multiplied as bfloat16 weights), fused as `_pack_layer` fuses bfloat16 ones:
-    q/k/v as one `qkv_proj`, gate/up (widths a multiple of 16, an activation the kernel applies) as one
-    `gate_up_proj` in `pack_gated`'s column order; each with its `_scale`. Groups of an odd size stay unpacked
-    (dequantized whole at each step)."""
-    from pallas_kernels import cpu
-
-    cfg = layer.cfg
-    if cfg.quant_group_size % 2:
-        return
-
-    def take(name):
-        value = np.asarray(getattr(layer, name).get_value()), np.asarray(getattr(layer, name + "_scale").get_value())
-        delattr(layer, name)
-        delattr(layer, name + "_scale")
-        return value
-
-    def put(name, values, scales):
-        packed, scale = cpu.pack_int4_panels(values, scales)
-        setattr(layer, name, nnx.Param(jax.device_put(packed), logical_axes=_packed_axes(lead)))
-        setattr(layer, name + "_scale", nnx.Param(jax.device_put(scale), logical_axes=_packed_axes(lead)))
-
-    q, k, v = (take(name) for name in ("q_proj", "k_proj", "v_proj"))
-    put("qkv_proj", *(np.concatenate(parts, -1) for parts in zip(q, k, v)))
-    put("o_proj", *take("o_proj"))
+    plan = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",)}
     if cfg.intermediate_size:
-        if cfg.hidden_act in cpu.GATED_ACTIVATIONS and cfg.intermediate_size % cpu.GATED == 0:
-            gate, up = take("gate_proj"), take("up_proj")
-            put("gate_up_proj", *(cpu.gated_columns(g, u) for g, u in zip(gate, up)))
-        else:
-            for name in ("gate_proj", "up_proj"):
-                put(name, *take(name))
-        put("down_proj", *take("down_proj"))
+        together = cfg.hidden_act in cpu.GATED_ACTIVATIONS and cfg.intermediate_size % cpu.GATED == 0
+        plan |= ({"gate_up_proj": ("gate_proj", "up_proj")} if together else
+                 {"gate_proj": ("gate_proj",), "up_proj": ("up_proj",)}) | {"down_proj": ("down_proj",)}
+    for fused, names in plan.items():
+        arrays = (cpu.pack_int8 if int8 else cpu.pack_int4_panels)(*take(names))
+        for suffix, array in zip(("", "_comp", "_scale") if int8 else ("", "_scale"), arrays):
+            axes = lead + ("packed",) * (array.ndim - len(lead))
+            setattr(layer, fused + suffix, nnx.Param(jax.device_put(array), logical_axes=axes))
 
 
 class DecoderLayers(nnx.Module):
@@ -347,8 +313,7 @@ class DecoderLayers(nnx.Module):
                 if cfg.quantization == W8A8_INT8:
                     scale = _param((L, out), jnp.float32, (axes[0], axes[-1]))
                 else:
-                    groups = width // cfg.quant_group_size if cfg.quant_group_size else 1
-                    scale = _param((L, groups, out), dtype, axes)
+                    scale = _param((L, scale_groups(cfg, width), out), dtype, axes)
                 setattr(self, name + "_scale", scale)
 
     def norm(self, name: str) -> jax.Array:
@@ -465,22 +430,11 @@ class DecoderLayers(nnx.Module):
         """h + the MLP's output (dense, or a mixture of experts with its shared expert) over the normed h."""
         cfg = self.cfg
         eps, D, I = cfg.rms_norm_eps, cfg.hidden_size, cfg.intermediate_size
-        if hasattr(self, "gate_up_proj") and cfg.quantization != W8A8_INT8:  # fused at packing (bfloat16, W4A16)
+        if hasattr(self, "gate_up_proj"):  # fused at packing (pack_for_native_matmul)
             out_norm = self.norm("post_mlp_norm") if cfg.sandwich_norms else None
             return _gated_mlp(h, self.norm("mlp_norm"), eps, self.linear("gate_up_proj"), self.linear("down_proj"), D,
                               live, layer, cfg.hidden_act, out_norm)
         mlp_norm, activation = self.norm("mlp_norm"), ACTIVATIONS[cfg.hidden_act]
-        if hasattr(self, "gate_up_proj") and _native(gate_up := self.linear("gate_up_proj")) and (
-                h.dtype == jnp.float32 and cfg.hidden_act in _native_activations()):  # W8A8, the activation fused
-            from pallas_kernels import cpu
-
-            gated = cpu.gated_int8(h, gate_up.weight, gate_up.comp, gate_up.scale, prologue="rms_norm", norm=mlp_norm,
-                                   eps=eps, live_rows=live, layer=_stack_index(gate_up.weight, layer),
-                                   activation=cfg.hidden_act)
-            if not cfg.sandwich_norms:
-                return _dot(gated, self.linear("down_proj"), D, residual=h, live_rows=live, layer=layer)
-            out = _dot(gated, self.linear("down_proj"), D, live_rows=live, layer=layer)
-            return h + rms_norm(out, self.norm("post_mlp_norm"), eps)
         out = None
         if I:
             gate, up = self._gate_up(h, mlp_norm, live, layer)

@@ -150,6 +150,11 @@ def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
             "up_proj": (I, D), "down_proj": (D, I), "qkv_proj": (q + 2 * kv, D), "gate_up_proj": (2 * I, D)}
 
 
+def scale_groups(cfg, width: int) -> int:
+    """How many groups of scales a W4A16 projection of `width` inputs has (one per output channel: 1)."""
+    return width // cfg.quant_group_size if cfg.quant_group_size else 1
+
+
 def check_group_size(cfg) -> None:
     """A W4A16 checkpoint's group size must divide every quantized projection's input width."""
     size = cfg.quant_group_size
@@ -217,7 +222,7 @@ def with_quantized(split_tensor, cfg):
             name, array = name[: -len("_packed")], unpack_int4(array, width)
         elif cfg.quantization == W4A16 and name.endswith(".weight_scale"):
             out, width = projection(name)
-            groups = width // cfg.quant_group_size if cfg.quant_group_size else 1
+            groups = scale_groups(cfg, width)
             if tuple(array.shape) != (out, groups):
                 raise ValueError(f"tensor {name} has shape {tuple(array.shape)}, expected {(out, groups)}")
         return split_tensor(name, array, cfg)
@@ -231,7 +236,7 @@ def with_quantized(split_tensor, cfg):
         if kind not in ("qweight", "scales", "qzeros", "g_idx"):
             return name, array
         out, width = projection(name)
-        groups = width // cfg.quant_group_size if cfg.quant_group_size else 1
+        groups = scale_groups(cfg, width)
         array = np.asarray(array)
         shapes = {"qweight": (-(-width // 8), out), "scales": (groups, out), "qzeros": (groups, -(-out // 8)),
                   "g_idx": (width,)}
