@@ -142,14 +142,14 @@ def _longrope_inv_freq(rope, head_dim, max_position_embeddings):
     two lengths, as transformers computes it (for either set)."""
     original = rope.param("original_max_position_embeddings")
     name = "long_factor" if rope.long else "short_factor"
-    short = np.asarray(rope.param(name), np.float64)
-    if original is None or short.shape != (head_dim // 2,):
+    factors = np.asarray(rope.param(name), np.float64)
+    if original is None or factors.shape != (head_dim // 2,):
         raise ValueError(f"longrope needs original_max_position_embeddings and {head_dim // 2} {name} values")
     factor = rope.param("factor") or max_position_embeddings / original
     attention = rope.param("attention_factor")
     if attention is None:
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-    return 1.0 / (short * rope.theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)), attention
+    return 1.0 / (factors * rope.theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)), attention
 
 
 def _llama3_inv_freq(inv_freq, rope):

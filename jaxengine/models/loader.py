@@ -149,7 +149,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     orbax = orbax_io.is_orbax_checkpoint(model_dir)
     jdtype, param_dtype, native_matmul = weight_dtypes(model_dir, cfg, dtype, mesh, native_matmul)
     repeats = kv_head_repeats(cfg, mesh.shape["model"]) if mesh is not None else 1
-    checkpoint_cfg, checkpoint_kv_heads = cfg, cfg.num_kv_heads
+    checkpoint_cfg = cfg
     cfg = dataclasses.replace(cfg, num_kv_heads=cfg.num_kv_heads * repeats)
 
     def build():
@@ -165,12 +165,14 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     shardings = {path: named_sharding(var.get_metadata()["logical_axes"], var.get_value().shape, mesh)
                  for path, var in flat} if mesh is not None else {}
     if orbax:
-        loaded = orbax_io.restore(model_dir, flat, targets, shardings, _KV_PARAMS, repeats, checkpoint_kv_heads)
+        loaded = orbax_io.restore(model_dir, flat, targets, shardings, _KV_PARAMS, repeats,
+                                  checkpoint_cfg.num_kv_heads)
     else:
         # the checkpoint's tensors split by its own shapes (KV heads are repeated after)
         split = _with_rotary_layout(with_quantized(arch.split_tensor, checkpoint_cfg), checkpoint_cfg)
         loaded = _fill(checkpoint_files(model_dir), hf_weight_map(cfg), targets, shardings, cfg, progress,
-                       kv_repeat=(checkpoint_kv_heads, repeats), executables=executables, tensor_name=arch.tensor_name,
+                       kv_repeat=(checkpoint_cfg.num_kv_heads, repeats), executables=executables,
+                       tensor_name=arch.tensor_name,
                        split_tensor=lambda name, array, _: split(name, array, checkpoint_cfg))
     state = nnx.from_flat_state([(path, var.replace(loaded[path])) for path, var in flat])
     loaded_model = nnx.merge(graphdef, state)
