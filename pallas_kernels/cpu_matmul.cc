@@ -595,18 +595,31 @@ ffi::Error check_shapes(const ffi::AnyBuffer& x, const int64_t* w_dims, ffi::Res
   return ffi::Error::Success();
 }
 
-// The checks after check_shapes that Matmul and MatmulInt4 share (the residual's shape, live_rows' count), then
-// y's rows from `live` on (a bucket's padding tokens) zeroed: only the rows before it are computed.
-ffi::Error live_rows_of(const ffi::Buffer<ffi::F32>& residual, const ffi::Buffer<ffi::S32>& live_rows,
-                        ffi::Result<ffi::AnyBuffer>& y, int64_t M, int64_t N, bool gated, int64_t& live) {
-  if (residual.element_count() > 0 && (gated || residual.dimensions().size() != 2 ||
-                                       residual.dimensions()[0] != M || residual.dimensions()[1] != N))
+// What Matmul and MatmulInt4 share once the weight is located (one layer's dims w_dims, as bfloat16 panels
+// [P, K2, 64]; `w`, or the int4 panels and their scales): the shapes checked, y's rows from `live` on (a bucket's
+// padding tokens) zeroed, and the rows before it computed.
+ffi::Error checked_matmul(ffi::ThreadPool& pool, const ffi::AnyBuffer& x, const int64_t* w_dims, const uint16_t* w,
+                          const ffi::Buffer<ffi::F32>& norm, const ffi::Buffer<ffi::F32>& residual,
+                          const ffi::Buffer<ffi::S32>& live_rows, ffi::Result<ffi::AnyBuffer>& y, int32_t prologue,
+                          int32_t epilogue, float eps, const uint8_t* int4 = nullptr,
+                          const float* int4_scale = nullptr, int64_t groups = 0) {
+  int64_t K2, K, N;
+  bool rounded, gated;
+  if (auto error = check_shapes(x, w_dims, y, prologue, epilogue, norm, K2, K, N, rounded, gated); error.failure())
+    return error;
+  const int64_t M = x.dimensions()[0];
+  const bool add = residual.element_count() > 0;
+  if (add && (gated || residual.dimensions().size() != 2 || residual.dimensions()[0] != M ||
+              residual.dimensions()[1] != N))
     return ffi::Error::InvalidArgument("cpu matmul: the residual must be [M, N] (or empty), and none with gated pairs");
   if (live_rows.element_count() != 1)
     return ffi::Error::InvalidArgument("cpu matmul: live_rows must hold one count");
-  live = std::clamp<int64_t>(live_rows.typed_data()[0], 0, M);
+  const int64_t live = std::clamp<int64_t>(live_rows.typed_data()[0], 0, M);
   const int64_t width = y->dimensions()[1];
   std::memset(static_cast<char*>(y->untyped_data()) + 4 * live * width, 0, 4 * (M - live) * width);
+  if (live == 0 || N == 0) return ffi::Error::Success();
+  run_matmul(pool, x.untyped_data(), rounded, live, w, w_dims[0], K2, K, N, y->untyped_data(), epilogue,
+             add ? residual.typed_data() : nullptr, prologue, norm.typed_data(), eps, int4, int4_scale, groups);
   return ffi::Error::Success();
 }
 
@@ -626,18 +639,9 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16>
   if (index < 0 || index >= layers)
     return ffi::Error::InvalidArgument("cpu matmul: the layer index is outside the stacked weight");
   const int64_t* w_dims = s_dims.begin() + (s_dims.size() - 3);  // one layer's [P, K2, 64]
-  int64_t K2, K, N;
-  bool rounded, gated;
-  if (auto error = check_shapes(x, w_dims, y, prologue, epilogue, norm, K2, K, N, rounded, gated); error.failure())
-    return error;
-  int64_t live;
-  if (auto error = live_rows_of(residual, live_rows, y, x_dims[0], N, gated, live); error.failure()) return error;
-  if (live == 0 || N == 0) return ffi::Error::Success();
-  const bool add = residual.element_count() > 0;
-  const uint16_t* w = reinterpret_cast<const uint16_t*>(stacked.typed_data()) + index * w_dims[0] * K2 * 2 * kPanel;
-  run_matmul(pool, x.untyped_data(), rounded, live, w, w_dims[0], K2, K, N, y->untyped_data(), epilogue,
-             add ? residual.typed_data() : nullptr, prologue, norm.typed_data(), eps);
-  return ffi::Error::Success();
+  const uint16_t* w =
+      reinterpret_cast<const uint16_t*>(stacked.typed_data()) + index * w_dims[0] * w_dims[1] * 2 * kPanel;
+  return checked_matmul(pool, x, w_dims, w, norm, residual, live_rows, y, prologue, epilogue, eps);
 }
 
 // W4A16: x as for Matmul by an int4 weight with group scales (Problem::int4): packed [P, K2, 32] uint8 or a
@@ -664,19 +668,9 @@ ffi::Error MatmulInt4(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U
   if (c_dims[c_dims.size() - 3] != P || (layers > 1 && c_dims[0] != layers) || groups < 1 || K2_given % groups)
     return ffi::Error::InvalidArgument("cpu int4 matmul: the scales must be [(L,) P, groups, 32], groups dividing K2");
   const int64_t w_dims[3] = {P, K2_given, 2 * kPanel};  // the bfloat16 panels it dequantizes to
-  int64_t K2, K, N;
-  bool rounded, gated;
-  if (auto error = check_shapes(x, w_dims, y, prologue, epilogue, norm, K2, K, N, rounded, gated); error.failure())
-    return error;
-  int64_t live;
-  if (auto error = live_rows_of(residual, live_rows, y, x_dims[0], N, gated, live); error.failure()) return error;
-  if (live == 0 || N == 0) return ffi::Error::Success();
-  const bool add = residual.element_count() > 0;
-  const uint8_t* w = stacked.typed_data() + index * P * K2 * kPanel;
-  run_matmul(pool, x.untyped_data(), rounded, live, nullptr, P, K2, K, N, y->untyped_data(), epilogue,
-             add ? residual.typed_data() : nullptr, prologue, norm.typed_data(), eps, w,
-             scale.typed_data() + index * P * groups * kPanel, groups);
-  return ffi::Error::Success();
+  return checked_matmul(pool, x, w_dims, nullptr, norm, residual, live_rows, y, prologue, epilogue, eps,
+                        stacked.typed_data() + index * P * K2_given * kPanel,
+                        scale.typed_data() + index * P * groups * kPanel, groups);
 }
 
 // A mixture of experts' grouped matmul: x's rows sorted by expert, group g (sizes[g] rows, in order) by the
