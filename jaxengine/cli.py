@@ -164,17 +164,26 @@ def _convert(args) -> None:
 
 def _quantize(args) -> None:
     from jaxengine.models.loader import resolve_model_dir
-    from jaxengine.models.quantization import write_w4a16_checkpoint, write_w8a8_checkpoint
+    from jaxengine.models.quantization import (write_awq_checkpoint, write_gptq_checkpoint, write_w4a16_checkpoint,
+                                               write_w8a8_checkpoint)
 
+    model, group = resolve_model_dir(args.model), 128 if args.group_size is None else args.group_size
+    if args.scheme == "w8a8" and (args.group_size is not None or args.zero_point):
+        raise ValueError("--group-size and --zero-point apply to the 4-bit schemes (w4a16, gptq, awq)")
+    if args.scheme == "awq" and args.zero_point is False:
+        raise ValueError("awq checkpoints hold zero points (--no-zero-point: use w4a16 or gptq)")
     if args.scheme == "w8a8":
-        if args.group_size is not None:
-            raise ValueError("--group-size applies to --scheme w4a16")
-        write_w8a8_checkpoint(resolve_model_dir(args.model), args.output)
+        write_w8a8_checkpoint(model, args.output)
+    elif args.scheme == "w4a16":
+        write_w4a16_checkpoint(model, args.output, group, symmetric=not args.zero_point)
+    elif args.scheme == "gptq":
+        write_gptq_checkpoint(model, args.output, group, symmetric=not args.zero_point,
+                              checkpoint_format="gptq_v2" if args.zero_point else "gptq")
     else:
-        write_w4a16_checkpoint(resolve_model_dir(args.model), args.output,
-                               128 if args.group_size is None else args.group_size)
-    print(f"wrote a {args.scheme.upper()} (compressed-tensors) checkpoint to {args.output}; serve it with --model "
-          f"{args.output}")
+        write_awq_checkpoint(model, args.output, group)
+    kind = {"w8a8": "W8A8 (compressed-tensors)", "w4a16": "W4A16 (compressed-tensors)", "gptq": "GPTQ",
+            "awq": "AWQ"}[args.scheme]
+    print(f"wrote a {kind} checkpoint to {args.output}; serve it with --model {args.output}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -246,14 +255,19 @@ def main(argv: list[str] | None = None) -> None:
     convert.add_argument("--output", required=True, help="a new directory for the checkpoint")
     convert.add_argument("--dtype", default="auto")
     convert.set_defaults(run=_convert)
-    quantize = sub.add_parser("quantize", help="write a compressed-tensors checkpoint of a float one, round to "
-                                               "nearest: W8A8 int8 (per-channel weights, per-token activations) or "
-                                               "W4A16 (int4 weights in groups)")
+    quantize = sub.add_parser("quantize", help="write a quantized checkpoint of a float one, round to nearest (no "
+                                               "calibration): compressed-tensors W8A8 int8 (per-channel weights, "
+                                               "per-token activations) or W4A16 (int4 weights in groups), GPTQ or "
+                                               "AWQ (int4 weights in groups)")
     quantize.add_argument("--model", required=True, help="Hugging Face directory or hub id of a dense model")
     quantize.add_argument("--output", required=True, help="a new directory for the checkpoint")
-    quantize.add_argument("--scheme", choices=("w8a8", "w4a16"), default="w8a8")
+    quantize.add_argument("--scheme", choices=("w8a8", "w4a16", "gptq", "awq"), default="w8a8")
     quantize.add_argument("--group-size", type=int, default=None,
-                          help="w4a16: inputs per group of scales (default 128; 0: one group per output channel)")
+                          help="4-bit schemes: inputs per group of scales (default 128; 0: one group per output "
+                               "channel)")
+    quantize.add_argument("--zero-point", action=argparse.BooleanOptionalAction, default=None,
+                          help="4-bit schemes: asymmetric, a zero point per group (awq: always; gptq: written in "
+                               "the gptq_v2 format)")
     quantize.set_defaults(run=_quantize)
     from jaxengine.bench import add_bench_parser
 

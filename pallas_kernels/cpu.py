@@ -248,24 +248,32 @@ def unpack_gated(y):
     return y[..., 0, :].reshape(*y.shape[:-3], -1), y[..., 1, :].reshape(*y.shape[:-3], -1)
 
 
-def pack_int4_panels(q, scale):
-    """W4A16 weights for the native matmul: int4 values in int8 [..., K, N] (in [-8, 7]) and their float scales
-    [..., groups, N] (numpy, on the host; K an even multiple of the groups) -> (uint8 [..., P, ceil(K / 2), 32],
-    float32 [..., P, groups, 32]): panels of 32 output columns as `pack_bf16`'s, each byte a column's two
-    consecutive values offset by 8 (the first in its low nibble), each panel's scales beside it. The kernel
-    dequantizes a panel to bfloat16 (value times its group's scale, rounded) before multiplying."""
+def pack_int4_panels(q, scale, zero=None):
+    """W4A16 weights for the native matmul: int4 values in int8 [..., K, N] (in [-8, 7], as compressed-tensors
+    stores them: the unsigned value minus 8), their float scales [..., groups, N] and zero points (None: the
+    symmetric 0; else int [..., groups, N] offset as the values are) (numpy, on the host; K an even multiple of the
+    groups) -> (uint8 [..., P, ceil(K / 2), 32], float32 [..., P, groups, 64]): panels of 32 output columns as
+    `pack_bf16`'s, each byte a column's two consecutive unsigned values (the first in its low nibble), each panel's
+    group scales beside it followed by their biases, -(zero + 8) x scale. The kernel dequantizes a panel to
+    bfloat16 (unsigned value times its group's scale plus the bias: (value - zero) x scale, exact in float32, then
+    rounded) before multiplying."""
     q, scale = np.asarray(q, np.int16), np.asarray(scale, np.float32)
+    zero = np.zeros(scale.shape, np.float32) if zero is None else np.asarray(zero, np.float32)
     *lead, K, N = q.shape
     groups = scale.shape[-2]
-    if scale.shape[-1] != N or K % groups or (K // groups) % 2:
-        raise ValueError(f"pack_int4_panels needs scales [..., groups, {N}] of groups of an even size dividing K={K}, "
-                         f"got {scale.shape}")
+    if scale.shape[-1] != N or K % groups or (K // groups) % 2 or zero.shape != scale.shape:
+        raise ValueError(f"pack_int4_panels needs scales (and zero points) [..., groups, {N}] of groups of an even size "
+                         f"dividing K={K}, got {scale.shape} ({zero.shape})")
     P, K2 = -(-N // PANEL), K // 2
     nibbles = np.pad(q + 8, [(0, 0)] * len(lead) + [(0, 0), (0, P * PANEL - N)]).astype(np.uint8)
     pairs = nibbles[..., 0::2, :] | (nibbles[..., 1::2, :] << 4)  # [..., K2, P * 32]
     packed = np.ascontiguousarray(np.moveaxis(pairs.reshape(*lead, K2, P, PANEL), -2, -3))
-    scale = np.pad(scale, [(0, 0)] * len(lead) + [(0, 0), (0, P * PANEL - N)])
-    return packed, np.ascontiguousarray(np.moveaxis(scale.reshape(*lead, groups, P, PANEL), -2, -3))
+
+    def panels(a):  # [..., groups, N] -> [..., P, groups, 32]
+        a = np.pad(a, [(0, 0)] * len(lead) + [(0, 0), (0, P * PANEL - N)])
+        return np.moveaxis(a.reshape(*lead, groups, P, PANEL), -2, -3)
+
+    return packed, np.ascontiguousarray(np.concatenate([panels(scale), panels(-(zero + 8) * scale)], -1))
 
 
 _INT4 = dict(target=_INT4_MATMUL_TARGET, layout="[L, P, K2, 32] ")  # _native_matmul's W4A16 kernel
@@ -304,7 +312,7 @@ def _check_int4(x, packed, scale, n: int, K: int, rounded: bool) -> None:
     one = packed.shape[-3:]
     if x.ndim != 2 or packed.ndim not in (3, 4) or one != (-(-n // PANEL), K // 2, PANEL) or K % 2 or (
             x.shape[1] != (rounded_width(K) if rounded else K)) or scale.ndim != packed.ndim or (
-            scale.shape[:-2] != packed.shape[:-2] or scale.shape[-1] != PANEL):
+            scale.shape[:-2] != packed.shape[:-2] or scale.shape[-1] != 2 * PANEL):
         raise ValueError(f"the native int4 matmul needs x [M, K] ([M, rounded_width(K)] when rounded) and "
                          f"pack_int4_panels of a [(L,) K, {n}] weight, got {x.shape}, {packed.shape} and scales "
                          f"{scale.shape}")
@@ -405,7 +413,7 @@ def _native_matmul(x, weights: tuple, out, K: int, *, prologue, epilogue, norm, 
     """The shared checks and the FFI call of the native matmuls (out: the result's shape and dtype): `weights` are
     the weight's operands, a packed weight first, one layer's (3 dimensions) or a stack of them with `layer` naming
     the one to use (`layout`: a stack's, for errors), and `target` the kernel: `matmul_bf16` and `gated_pairs`'s
-    ((pack_bf16's [P, K2, 64],)), their W4A16 forms' ((pack_int4_panels' [P, K2, 32], scales)), or the int8
+    ((pack_bf16's [P, K2, 64],)), their W4A16 forms' ((pack_int4_panels' [P, K2, 32], scales and biases)), or the int8
     ones' ((pack_int8's [P, K4, 128], comp, scales))."""
     packed = weights[0]
     if (packed.ndim == 4) != (layer is not None) or (layer is not None and jnp.ndim(layer) != 0):

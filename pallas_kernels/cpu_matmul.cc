@@ -66,9 +66,10 @@ struct Problem {
   bool amx = false;       // the tile path (amx_panel): blocks of kTileRows rows
   bool gelu_tanh = false;  // gated: the activation is the tanh-approximated GELU, not silu
   const uint32_t* last_block = nullptr;  // amx: the last block's pairs padded to kTileRows rows where it has fewer
-  // W4A16 (MatmulInt4): the weight as int4 panels [P, K2, 32] (byte (k, c): w[2k, c] + 8 in its low nibble, w[2k + 1,
-  // c] + 8 in its high one) with float32 scales [P, groups, 32], each group `group_pairs` pairs of rows; w is unused
-  // (each panel is dequantized to bfloat16 first: int4_panel).
+  // W4A16 (MatmulInt4): the weight as int4 panels [P, K2, 32] (byte (k, c): w[2k, c]'s unsigned value in its low
+  // nibble, w[2k + 1, c]'s in its high one) with float32 [P, groups, 64], each group's 32 scales then 32 biases
+  // (-zero point x scale), each group `group_pairs` pairs of rows; w is unused (each panel is dequantized to
+  // bfloat16 first: int4_panel).
   const uint8_t* int4 = nullptr;
   const float* int4_scale = nullptr;
   int64_t groups = 0, group_pairs = 0;
@@ -182,25 +183,29 @@ void panel(const Problem& p, int64_t index, int64_t next) {
 }
 
 // W4A16: panel `index` dequantized into a bfloat16 panel of this thread's ([K2, 64], pack_bf16's layout: each
-// value minus 8 times its group's scale, rounded), then multiplied as a bfloat16 one (all rows: once per call).
+// value times its group's scale plus its group's bias, -zero point x scale, exact in float32, then rounded), then
+// multiplied as a bfloat16 one (all rows: once per call).
 void int4_panel(const Problem& p, int64_t index) {
   thread_local std::vector<uint16_t> buffer;
   buffer.resize(static_cast<size_t>(p.K2 * 64) + 32);
   uint16_t* panel_w = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
   const uint8_t* q = p.int4 + index * p.K2 * 32;
-  const float* scales = p.int4_scale + index * p.groups * 32;
-  const __m512i low = _mm512_set1_epi32(0xF), eight = _mm512_set1_epi32(8);
-  for (int64_t k = 0; k < p.K2; ++k) {
-    const float* scale = scales + (k / p.group_pairs) * 32;
-    for (int h = 0; h < 2; ++h) {  // columns 16h .. 16h + 15
-      const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * 32 + 16 * h)));
-      const __m512 s = _mm512_loadu_ps(scale + 16 * h);
-      const __m512 even = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(v, low), eight)), s);
-      const __m512 odd = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(v, 4), eight)), s);
-      const __m512i pairs = _mm512_or_si512(
-          _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(even)),
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(odd)), 16));
-      _mm512_store_si512(panel_w + k * 64 + 32 * h, pairs);
+  const float* scales = p.int4_scale + index * p.groups * 64;
+  const __m512i low = _mm512_set1_epi32(0xF);
+  for (int64_t g = 0; g < p.groups; ++g) {
+    const float* group = scales + g * 64;  // 32 scales, then 32 biases
+    const __m512 s[2] = {_mm512_loadu_ps(group), _mm512_loadu_ps(group + 16)};
+    const __m512 b[2] = {_mm512_loadu_ps(group + 32), _mm512_loadu_ps(group + 48)};
+    for (int64_t k = g * p.group_pairs; k < (g + 1) * p.group_pairs; ++k) {
+      for (int h = 0; h < 2; ++h) {  // columns 16h .. 16h + 15
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * 32 + 16 * h)));
+        const __m512 even = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, low)), s[h], b[h]);
+        const __m512 odd = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), s[h], b[h]);
+        const __m512i pairs = _mm512_or_si512(
+            _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(even)),
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(odd)), 16));
+        _mm512_store_si512(panel_w + k * 64 + 32 * h, pairs);
+      }
     }
   }
   Problem one = p;
@@ -644,8 +649,9 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16>
   return checked_matmul(pool, x, w_dims, w, norm, residual, live_rows, y, prologue, epilogue, eps);
 }
 
-// W4A16: x as for Matmul by an int4 weight with group scales (Problem::int4): packed [P, K2, 32] uint8 or a
-// stack of them [L, P, K2, 32] (layer `layer`, read in place), scales [(L,) P, groups, 32] float32. Each panel is
+// W4A16: x as for Matmul by an int4 weight with group scales and zero points (Problem::int4): packed [P, K2, 32]
+// uint8 or a stack of them [L, P, K2, 32] (layer `layer`, read in place), scales and biases [(L,) P, groups, 64]
+// float32. Each panel is
 // dequantized to bfloat16 as it is taken, then multiplied as Matmul multiplies (prologues and epilogues alike).
 ffi::Error MatmulInt4(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U8> stacked, ffi::Buffer<ffi::F32> scale,
                       ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::F32> norm, ffi::Buffer<ffi::F32> residual,
@@ -656,9 +662,9 @@ ffi::Error MatmulInt4(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U
   const auto c_dims = scale.dimensions();
   const auto y_dims = y->dimensions();
   if (x_dims.size() != 2 || (s_dims.size() != 3 && s_dims.size() != 4) || c_dims.size() != s_dims.size() ||
-      y_dims.size() != 2 || s_dims.back() != kPanel || c_dims.back() != kPanel || y_dims[0] != x_dims[0])
+      y_dims.size() != 2 || s_dims.back() != kPanel || c_dims.back() != 2 * kPanel || y_dims[0] != x_dims[0])
     return ffi::Error::InvalidArgument("cpu int4 matmul: x must be [M, K], w packed [(L,) P, K2, 32], its scales "
-                                       "[(L,) P, groups, 32] and y [M, N]");
+                                       "and biases [(L,) P, groups, 64] and y [M, N]");
   if (layer.element_count() != 1) return ffi::Error::InvalidArgument("cpu int4 matmul: layer must hold one index");
   const int64_t layers = s_dims.size() == 4 ? s_dims[0] : 1, index = layer.typed_data()[0];
   if (index < 0 || index >= layers)
@@ -666,11 +672,11 @@ ffi::Error MatmulInt4(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U
   const int64_t P = s_dims[s_dims.size() - 3], K2_given = s_dims[s_dims.size() - 2];
   const int64_t groups = c_dims[c_dims.size() - 2];
   if (c_dims[c_dims.size() - 3] != P || (layers > 1 && c_dims[0] != layers) || groups < 1 || K2_given % groups)
-    return ffi::Error::InvalidArgument("cpu int4 matmul: the scales must be [(L,) P, groups, 32], groups dividing K2");
+    return ffi::Error::InvalidArgument("cpu int4 matmul: the scales must be [(L,) P, groups, 64], groups dividing K2");
   const int64_t w_dims[3] = {P, K2_given, 2 * kPanel};  // the bfloat16 panels it dequantizes to
   return checked_matmul(pool, x, w_dims, nullptr, norm, residual, live_rows, y, prologue, epilogue, eps,
                         stacked.typed_data() + index * P * K2_given * kPanel,
-                        scale.typed_data() + index * P * groups * kPanel, groups);
+                        scale.typed_data() + index * P * groups * 2 * kPanel, groups);
 }
 
 // A mixture of experts' grouped matmul: x's rows sorted by expert, group g (sizes[g] rows, in order) by the
@@ -754,7 +760,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuMatmulInt4, MatmulInt4,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()           // x f32 [M, K] (u32 [M, K2p] pairs: rounded)
                                   .Arg<ffi::Buffer<ffi::U8>>()     // w int4 [P, K2, 32] or stacked [L, P, K2, 32]
-                                  .Arg<ffi::Buffer<ffi::F32>>()    // scales [(L,) P, groups, 32]
+                                  .Arg<ffi::Buffer<ffi::F32>>()    // scales, biases [(L,) P, groups, 64]
                                   .Arg<ffi::Buffer<ffi::S32>>()    // layer i32[1]: the stack's layer (0 for 3-D w)
                                   .Arg<ffi::Buffer<ffi::F32>>()    // norm weight [K] (kRmsNorm; else empty)
                                   .Arg<ffi::Buffer<ffi::F32>>()    // residual [M, N] added to y (or empty)

@@ -836,18 +836,21 @@ def test_native_int8_gated_mlp_matches_the_w8a8_reference(m, k, i, activation):
 
 
 @pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
-@pytest.mark.parametrize("m, k, n, group", [(1, 64, 32, 16), (5, 96, 70, 32), (13, 112, 48, 112), (64, 96, 64, 2)])
-def test_native_int4_matmul_is_the_bf16_matmul_of_the_dequantized_weight(m, k, n, group):
+@pytest.mark.parametrize("m, k, n, group, zeros", [(1, 64, 32, 16, False), (5, 96, 70, 32, True),
+                                                   (13, 112, 48, 112, False), (64, 96, 64, 2, True)])
+def test_native_int4_matmul_is_the_bf16_matmul_of_the_dequantized_weight(m, k, n, group, zeros):
     """matmul_int4 (W4A16 panels dequantized as taken) against matmul_bf16 of the dequantized weight rounded to
-    bfloat16, with a stacked weight's layer, the rms_norm prologue, a residual and padding rows; gated_pairs_int4
-    feeding a rounded matmul_int4 against the bfloat16 pair of calls."""
+    bfloat16, symmetric or with zero points, with a stacked weight's layer, the rms_norm prologue, a residual and
+    padding rows; gated_pairs_int4 feeding a rounded matmul_int4 against the bfloat16 pair of calls."""
     from jaxengine.models.quantization import Int4Weight
 
     rng = np.random.default_rng(m + k + n)
     q = rng.integers(-8, 8, (2, k, n)).astype(np.int8)
     scale = (rng.random((2, k // group, n)) * 0.1).astype(np.float32)
-    packed, packed_scale = (jnp.asarray(a) for a in cpu.pack_int4_panels(q, scale))
-    w = cpu.pack_bf16(Int4Weight(jnp.asarray(q), jnp.asarray(scale)).dequantized().astype(jnp.bfloat16))
+    zero = rng.integers(-8, 8, scale.shape).astype(np.int8) if zeros else None
+    packed, packed_scale = (jnp.asarray(a) for a in cpu.pack_int4_panels(q, scale, zero))
+    w = cpu.pack_bf16(Int4Weight(jnp.asarray(q), jnp.asarray(scale), None if zero is None else jnp.asarray(zero))
+                      .dequantized().astype(jnp.bfloat16))
     x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
     norm = jnp.asarray(rng.standard_normal(k), jnp.float32)
     residual = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)

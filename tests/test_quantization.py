@@ -1,6 +1,6 @@
-"""W8A8 int8 checkpoints (compressed-tensors): the oracle is transformers' float model with each quantized
-projection's weight replaced by the checkpoint's int8 values and scales and its input quantized per token, as
-vLLM's W8A8 kernels compute it."""
+"""Quantized checkpoints (compressed-tensors W8A8 int8 and W4A16, GPTQ, AWQ): the oracle is transformers' float
+model with each quantized projection's weight replaced by the checkpoint's int8 values and scales and its input
+quantized per token, as vLLM's W8A8 kernels compute it, or by the checkpoint's 4-bit weights dequantized."""
 
 import json
 import shutil
@@ -16,7 +16,7 @@ from jaxengine import LLMEngine
 from jaxengine.cli import main as cli_main
 from jaxengine.config import EngineConfig
 from jaxengine.models.loader import load_config
-from jaxengine.models.quantization import (W4A16, compressed_tensors_config, parse_quantization, unpack_int4,
+from jaxengine.models.quantization import (W4A16, compressed_tensors_config, parse_quantization,
                                            write_gptq_checkpoint, write_w8a8_checkpoint)
 from jaxengine.sampling_params import SamplingParams
 from pallas_kernels import cpu
@@ -30,7 +30,8 @@ ARCHS = ("llama", "qwen3", "phi3", "gemma2")
 @pytest.fixture(scope="session")
 def quantized(model_dirs, tmp_path_factory):
     """arch -> its W8A8 checkpoint (written by `jaxengine quantize`), "llama-tensor": per-tensor scales, arch + "-w4":
-    W4A16 checkpoints (`jaxengine quantize --scheme w4a16`)."""
+    W4A16 checkpoints (`jaxengine quantize --scheme w4a16`), arch + "-gptq": GPTQ's; ZERO_POINTS' names: 4-bit
+    checkpoints with zero points."""
     root = tmp_path_factory.mktemp("w8a8")
     out = {}
     for arch in ARCHS:
@@ -43,31 +44,62 @@ def quantized(model_dirs, tmp_path_factory):
         out[arch + "-w4"] = root / (arch + "-w4")
     for arch in ("llama", "phi3"):
         out[arch + "-gptq"] = write_gptq_checkpoint(model_dirs[arch], root / (arch + "-gptq"), W4_GROUPS[arch])
+    for name, (arch, scheme, group) in ZERO_POINTS.items():
+        if name == "llama-gptq-v1":  # the gptq format's zero points minus one (gptq_v2: as they are)
+            write_gptq_checkpoint(model_dirs[arch], root / name, group, symmetric=False, checkpoint_format="gptq")
+        else:
+            cli_main(["quantize", "--model", str(model_dirs[arch]), "--output", str(root / name), "--scheme", scheme,
+                      "--group-size", str(group), "--zero-point"])
+        out[name] = root / name
     return out
 
 
 W4_GROUPS = {"llama": 16, "phi3": 8, "qwen3": 0}  # W4A16 checkpoints' group sizes (0: one group per channel)
+ZERO_POINTS = {"llama-awq": ("llama", "awq", 16), "phi3-awq": ("phi3", "awq", 8), "qwen3-w4-zp": ("qwen3", "w4a16", 0),
+               "phi3-gptq-v2": ("phi3", "gptq", 16), "llama-gptq-v1": ("llama", "gptq", 0)}
+
+
+def nibbles(words, order=range(8)) -> np.ndarray:
+    """int32 words [..., n] -> their unsigned 4-bit values [..., 8 n], word j's nibble i value 8 j + order[i]."""
+    words = np.asarray(words).astype(np.int64) & 0xFFFFFFFF
+    values = np.zeros((*words.shape[:-1], words.shape[-1] * 8), np.int64)
+    for i, column in enumerate(order):
+        values[..., column::8] = (words >> (4 * i)) & 0xF
+    return values
 
 
 def dequantized(float_dir, quantized_dir):
-    """transformers' model of `float_dir` with each W4A16 projection's weight as the checkpoint dequantizes it
-    (compressed-tensors' weight_packed and weight_scale, or GPTQ's qweight and scales: symmetric, zero point 8)."""
+    """transformers' model of `float_dir` with each 4-bit projection's weight as the checkpoint dequantizes it,
+    (value - zero point) x its group's scale: compressed-tensors' weight_packed, weight_scale and weight_zero_point
+    (packed along the output; none: 8), GPTQ's qweight (packed along the input), scales and qzeros (stored minus
+    one in the gptq format), or AWQ's qweight and qzeros (packed along the output in AWQ's order) and scales."""
     model = transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32).eval()
+    config = json.loads((quantized_dir / "config.json").read_text())["quantization_config"]
     tensors = {}
     for f in quantized_dir.glob("*.safetensors"):
-        tensors |= load_file(f)
+        tensors |= {name: t.float().numpy() if t.is_floating_point() else t.numpy() for name, t in load_file(f).items()}
     with torch.no_grad():
         for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and name + ".qweight" in tensors:  # GPTQ: [in / 8, out]
-                q = unpack_int4(tensors[name + ".qweight"].numpy().T, module.in_features).astype(np.float32)
-                scale = tensors[name + ".scales"].float().numpy().T
-            elif isinstance(module, torch.nn.Linear) and name + ".weight_packed" in tensors:
-                q = unpack_int4(tensors[name + ".weight_packed"].numpy(), module.in_features).astype(np.float32)
-                scale = tensors[name + ".weight_scale"].float().numpy()
+            out, width = getattr(module, "out_features", 0), getattr(module, "in_features", 0)
+            if config["quant_method"] == "awq" and name + ".qweight" in tensors:
+                order = (0, 2, 4, 6, 1, 3, 5, 7)
+                q = nibbles(tensors[name + ".qweight"], order)[:, :out].T
+                zero = nibbles(tensors[name + ".qzeros"], order)[:, :out].T
+                scale = tensors[name + ".scales"].T
+            elif name + ".qweight" in tensors:  # GPTQ
+                q = nibbles(tensors[name + ".qweight"].T)[:, :width]
+                zero = nibbles(tensors[name + ".qzeros"])[:, :out].T + (config["checkpoint_format"] == "gptq")
+                scale = tensors[name + ".scales"].T
+            elif name + ".weight_packed" in tensors:
+                q = nibbles(tensors[name + ".weight_packed"])[:, :width]
+                zero = (nibbles(tensors[name + ".weight_zero_point"].T)[:, :out].T
+                        if name + ".weight_zero_point" in tensors else np.full((out, 1), 8))
+                scale = tensors[name + ".weight_scale"]
             else:
                 continue
-            weight = (q.reshape(module.out_features, scale.shape[1], -1) * scale[:, :, None]).reshape(q.shape)
-            module.weight.copy_(torch.from_numpy(weight))
+            groups = scale.shape[1]
+            values = (q.reshape(out, groups, -1) - zero[:, :, None]).astype(np.float32)
+            module.weight.copy_(torch.from_numpy((values * scale[:, :, None]).reshape(out, width)))
     return model
 
 
@@ -151,9 +183,33 @@ def test_gptq_checkpoints_match_transformers_with_dequantized_weights(engines, m
     assert np.abs(ours - ref).max() < 1e-4
 
 
+@pytest.mark.parametrize("name", list(ZERO_POINTS))
+def test_zero_point_checkpoints_match_transformers_with_dequantized_weights(engines, model_dirs, quantized, name):
+    """4-bit weights with a zero point per group: AWQ's (its packing order along the output; Phi-3's fused
+    projections split with their zero points), GPTQ's with sym=false (gptq_v2, and the gptq format's zero points
+    stored minus one), compressed-tensors' asymmetric W4A16 (zero points packed along the output; Qwen3's one KV
+    head): every prompt position's log-probability as transformers' with the weights dequantized, and off the float
+    model's."""
+    arch, scheme, group = ZERO_POINTS[name]
+    engine = engines(arch, model=str(quantized[name]), max_num_batched_tokens=32, num_kv_blocks=30)
+    cfg = engine.model_config
+    assert (cfg.quantization, cfg.quant_group_size, cfg.quant_zero_point) == ("w4a16", group, True)
+    assert cfg.quant_method == {"w4a16": "compressed-tensors"}.get(scheme, scheme)
+    ours = prompt_logprobs(engine, PROMPT)
+    ref = reference_logprobs(dequantized(model_dirs[arch], quantized[name]), PROMPT)
+    float_ref = reference_logprobs(
+        transformers.AutoModelForCausalLM.from_pretrained(model_dirs[arch], dtype=torch.float32).eval(), PROMPT)
+    assert np.abs(ours - ref).max() < 1e-4
+    assert np.abs(ours - float_ref).max() > 1e-2
+    if name == "qwen3-w4-zp":  # its one KV head repeated over tp=2, with its zero points: the same numbers
+        two = engines(arch, model=str(quantized[name]), max_num_batched_tokens=32, num_kv_blocks=30,
+                      tensor_parallel_size=2)
+        np.testing.assert_allclose(prompt_logprobs(two, PROMPT), ours, atol=2e-4)
+
+
 def test_w4a16_bfloat16_and_tensor_parallel(engines, model_dirs, quantized):
     """bfloat16 (scales in bfloat16, the scanned layer loop, the native matmul's int4 panels where the CPU has AVX-512
-    BF16) to bfloat16's precision; Qwen3's
+    BF16; with AWQ's zero points too) to bfloat16's precision; Qwen3's
     one KV head repeated over tp=2 with its per-channel scales: the single device's numbers."""
     settings = dict(model=str(quantized["qwen3-w4"]), max_num_batched_tokens=32, num_kv_blocks=30)
     one = prompt_logprobs(engines("qwen3", **settings), PROMPT)
@@ -166,6 +222,15 @@ def test_w4a16_bfloat16_and_tensor_parallel(engines, model_dirs, quantized):
         assert dtypes["qkv_proj"] == np.uint8 and dtypes["gate_up_proj"] == np.uint8
     ours = prompt_logprobs(engine, PROMPT)
     error = np.abs(ours - reference_logprobs(dequantized(model_dirs["llama"], quantized["llama-w4"]), PROMPT))
+    assert np.median(error) < 0.02 and error.max() < 0.1, error
+    # zero points (AWQ's): biases beside the panels' scales
+    engine = engines("llama", model=str(quantized["llama-awq"]), dtype="bfloat16", max_num_batched_tokens=32,
+                     num_kv_blocks=30)
+    names = {path[-1] for path, _ in nnx.to_flat_state(engine.runner.state)}
+    if cpu.matmul_available():
+        assert {"qkv_proj", "gate_up_proj"} <= names and not any(name.endswith("_zero") for name in names)
+    ours = prompt_logprobs(engine, PROMPT)
+    error = np.abs(ours - reference_logprobs(dequantized(model_dirs["llama"], quantized["llama-awq"]), PROMPT))
     assert np.median(error) < 0.02 and error.max() < 0.1, error
 
 
@@ -262,33 +327,52 @@ def _group_args(scheme="w8a8_int8", **changes) -> dict:
     return config
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"bits": 8}, r"bits=8 is not supported \(gptq takes 4\)"),
-    ({"sym": False}, r"sym=False is not supported"),
-    ({"desc_act": True}, r"desc_act=True is not supported"),
-    ({"checkpoint_format": "marlin"}, r"checkpoint_format='marlin' is not supported"),
-    ({"group_size": 0}, r"group_size=0 must be positive or -1"),
-])
-def test_unsupported_gptq_is_refused_by_field(changes, message):
-    config = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
-    assert parse_quantization(_config_with(config)) == ("w4a16", 128, "gptq")
-    assert parse_quantization(_config_with(config | {"group_size": -1})) == ("w4a16", 0, "gptq")
-    with pytest.raises(ValueError, match=message):
-        parse_quantization(_config_with(config | changes))
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm",
+       "modules_to_not_convert": None}
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"quant_method": "awq", "bits": 4}, r"quant_method 'awq' is not supported"),
+    (GPTQ | {"bits": 8}, r"bits=8 is not supported \(gptq takes 4\)"),
+    ({k: v for k, v in GPTQ.items() if k != "sym"}, r"sym=None must be true or false"),
+    (GPTQ | {"desc_act": True}, r"desc_act=True is not supported"),
+    (GPTQ | {"checkpoint_format": "marlin"}, r"checkpoint_format='marlin' is not supported"),
+    (GPTQ | {"group_size": 0}, r"group_size=0 must be positive or -1"),
+    (AWQ | {"bits": 8}, r"bits=8 is not supported \(awq takes 4\)"),
+    ({"quant_method": "awq", "w_bit": 3, "q_group_size": 128, "zero_point": True}, r"w_bit=3 is not supported"),
+    (AWQ | {"zero_point": False}, r"zero_point=False is not supported \(awq takes true\)"),
+    ({k: v for k, v in AWQ.items() if k != "group_size"}, r"group_size is missing \(awq needs it\)"),
+    (AWQ | {"version": "gemv"}, r"version='gemv' is not supported; supported: gemm"),
+    (AWQ | {"modules_to_not_convert": ["visual", "layers.1.mlp"]},
+     r"modules_to_not_convert \['layers.1.mlp'\] is not supported"),
+])
+def test_unsupported_gptq_and_awq_are_refused_by_field(config, message):
+    with pytest.raises(ValueError, match=message):
+        parse_quantization(_config_with(config) | {"num_hidden_layers": 2})
+
+
+def test_gptq_and_awq_configs():
+    assert parse_quantization(_config_with(GPTQ)) == ("w4a16", 128, "gptq", False, "gptq")
+    assert parse_quantization(_config_with(GPTQ | {"group_size": -1, "sym": False, "checkpoint_format": "gptq_v2"})) \
+        == ("w4a16", 0, "gptq", True, "gptq_v2")
+    # AutoAWQ's own names of the fields; modules_to_not_convert naming no decoder projection (a vision tower's)
+    awq = {"quant_method": "awq", "w_bit": 4, "q_group_size": 64, "zero_point": True, "version": "GEMM",
+           "modules_to_not_convert": ["visual"]}
+    assert parse_quantization(_config_with(awq) | {"num_hidden_layers": 2}) == ("w4a16", 64, "awq", True, "gemm")
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"quant_method": "fp8"}, r"quant_method 'fp8' is not supported"),
     (compressed_tensors_config() | {"format": "float-quantized"}, r"format 'float-quantized' is not supported"),
     (_group_args(input_activations__dynamic=False), r"input_activations.dynamic=False is not supported"),
-    (_group_args(weights__symmetric=False), r"weights.symmetric=False is not supported"),
+    (_group_args(weights__symmetric=False), r"weights.symmetric=False is not supported \(w8a8_int8 takes true\)"),
     (_group_args(weights__num_bits=4), r"weights.num_bits=4 is not supported"),
     (_group_args(weights__strategy="group", weights__group_size=128), r"weights.strategy='group' is not supported"),
     (_group_args(input_activations__strategy="tensor"), r"input_activations.strategy='tensor' is not supported"),
     (compressed_tensors_config() | {"ignore": ["lm_head", "model.layers.0.mlp.down_proj"]},
      r"ignore \['model.layers.0.mlp.down_proj'\] is not supported"),
     (compressed_tensors_config() | {"kv_cache_scheme": {"num_bits": 8}}, r"kv_cache_scheme is not supported"),
-    (_group_args(W4A16, weights__symmetric=False), r"weights.symmetric=False is not supported \(w4a16 takes True\)"),
+    (_group_args(W4A16, weights__symmetric=None), r"weights.symmetric=None is not supported \(w4a16 takes true or"),
     (_group_args(W4A16, weights__num_bits=8), r"weights.num_bits=8 is not supported \(w4a16 takes 4\)"),
     (_group_args(W4A16, weights__actorder="group"), r"weights.actorder='group' is not supported"),
     (_group_args(W4A16, weights__group_size=None), r"weights.group_size=None: the group strategy needs a positive"),
@@ -300,15 +384,20 @@ def test_unsupported_quantization_is_refused_by_field(config, message):
     with pytest.raises(ValueError, match=message):
         parse_quantization(_config_with(config))
     assert parse_quantization({}) is None
-    ct = "compressed-tensors"
-    assert parse_quantization(_config_with(compressed_tensors_config("tensor"))) == ("w8a8_int8", 0, ct)
-    assert parse_quantization(_config_with(compressed_tensors_config("group", W4A16, 64))) == ("w4a16", 64, ct)
-    assert parse_quantization(_config_with(compressed_tensors_config("channel", W4A16))) == ("w4a16", 0, ct)
+    ct, packed = "compressed-tensors", "pack-quantized"
+    assert parse_quantization(_config_with(compressed_tensors_config("tensor"))) == (
+        "w8a8_int8", 0, ct, False, "int-quantized")
+    assert parse_quantization(_config_with(compressed_tensors_config("group", W4A16, 64))) == (
+        "w4a16", 64, ct, False, packed)
+    assert parse_quantization(_config_with(compressed_tensors_config("channel", W4A16))) == (
+        "w4a16", 0, ct, False, packed)
+    assert parse_quantization(_config_with(_group_args(W4A16, weights__symmetric=False))) == (
+        "w4a16", 128, ct, True, packed)
 
 
 def test_quantization_setting_must_be_the_checkpoints(model_dirs, quantized, tmp_path):
-    with pytest.raises(ValueError, match="quantization must be one of compressed-tensors, gptq"):
-        EngineConfig(quantization="awq")
+    with pytest.raises(ValueError, match="quantization must be one of compressed-tensors, gptq, awq"):
+        EngineConfig(quantization="fp8")
     with pytest.raises(ValueError, match="quantization='gptq' does not match the checkpoint's quant_method "
                                          "'compressed-tensors'"):
         LLMEngine(EngineConfig(model=str(quantized["llama"]), quantization="gptq"), progress=False)

@@ -65,10 +65,13 @@ class ModelConfig:
     norm_topk_prob: bool = False  # renormalise the top experts' router probabilities to sum to 1
     shared_expert_gate: bool = False  # Qwen2 MoE: the shared expert's output times sigmoid(x @ gate)
     # None, "w8a8_int8" or "w4a16": the decoder layers' projections quantized (jaxengine/models/quantization.py);
-    # W4A16's weights in groups of quant_group_size inputs (0: one group per output channel)
+    # W4A16's weights in groups of quant_group_size inputs (0: one group per output channel), with a zero point per
+    # group where quant_zero_point (asymmetric)
     quantization: str | None = None
     quant_group_size: int = 0
-    quant_method: str | None = None  # the checkpoint's format: compressed-tensors or gptq
+    quant_method: str | None = None  # the checkpoint's format: compressed-tensors, gptq or awq
+    quant_zero_point: bool = False
+    quant_format: str = ""  # the method's own format (quantization.Quantized.format): GPTQ's gptq or gptq_v2, ...
 
     @property
     def q_per_kv(self) -> int:

@@ -236,7 +236,8 @@ def _pack_quantized_layer(layer, lead) -> None:
     q/k/v side by side as one `qkv_proj`; gate/up, where the width is a multiple of 16 and the activation one the
     kernels apply, as one `gate_up_proj` in `pack_gated`'s column order (for `_gated_mlp`); each with its scales
     (and W8A8's `_comp`). W8A8: `pallas_kernels.cpu.pack_int8` where the CPU has AVX-512 VNNI; W4A16:
-    `pack_int4_panels` (dequantized to bfloat16 panel by panel), for groups of an even size. Otherwise they stay as
+    `pack_int4_panels` (dequantized to bfloat16 panel by panel; zero points become biases beside the scales), for
+    groups of an even size. Otherwise they stay as
     they are (XLA's int8 dots; W4A16 dequantized whole at each step)."""
     from pallas_kernels import cpu
 
@@ -245,15 +246,16 @@ def _pack_quantized_layer(layer, lead) -> None:
     if not (cpu.int8_matmul_available() if int8 else cfg.quant_group_size % 2 == 0):
         return
 
-    def take(names):  # the projections' values and scales, side by side (gate/up: in pack_gated's column order)
-        values = [np.asarray(getattr(layer, name).get_value()) for name in names]
-        scales = [np.asarray(getattr(layer, name + "_scale").get_value()) for name in names]
+    parts = ("", "_scale", "_zero") if cfg.quant_zero_point else ("", "_scale")
+
+    def take(names):  # the projections' values, scales (and zero points) side by side (gate/up: in pack_gated's
+        # column order)
+        arrays = [[np.asarray(getattr(layer, name + part).get_value()) for name in names] for part in parts]
         for name in names:
-            delattr(layer, name)
-            delattr(layer, name + "_scale")
-        if names == ("gate_proj", "up_proj"):
-            return cpu.gated_columns(*values), cpu.gated_columns(*scales)
-        return np.concatenate(values, -1), np.concatenate(scales, -1)
+            for part in parts:
+                delattr(layer, name + part)
+        join = cpu.gated_columns if names == ("gate_proj", "up_proj") else lambda *a: np.concatenate(a, -1)
+        return [join(*each) for each in arrays]
 
     plan = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",)}
     if cfg.intermediate_size:
@@ -307,14 +309,16 @@ class DecoderLayers(nnx.Module):
         if cfg.shared_expert_gate:
             self.shared_expert_gate = _param((L, D, 1), dtype, ("layers", "embed", "unit"))
         for name in QUANTIZED_LINEARS if cfg.quantization is not None else ():
-            if hasattr(self, name):  # W8A8: its scales per output channel; W4A16: per group of inputs too
+            if hasattr(self, name):  # W8A8: its scales per output channel; W4A16: per group of inputs too (and
+                # their zero points)
                 axes = getattr(self, name).get_metadata()["logical_axes"]
                 _, width, out = getattr(self, name).get_value().shape
                 if cfg.quantization == W8A8_INT8:
-                    scale = _param((L, out), jnp.float32, (axes[0], axes[-1]))
-                else:
-                    scale = _param((L, scale_groups(cfg, width), out), dtype, axes)
-                setattr(self, name + "_scale", scale)
+                    setattr(self, name + "_scale", _param((L, out), jnp.float32, (axes[0], axes[-1])))
+                    continue
+                setattr(self, name + "_scale", _param((L, scale_groups(cfg, width), out), dtype, axes))
+                if cfg.quant_zero_point:
+                    setattr(self, name + "_zero", _param((L, scale_groups(cfg, width), out), jnp.int8, axes))
 
     def norm(self, name: str) -> jax.Array:
         return _norm_scale(self.cfg, getattr(self, name)[...])
@@ -326,7 +330,8 @@ class DecoderLayers(nnx.Module):
         if self.cfg.quantization is None:
             return w
         if self.cfg.quantization == W4A16:
-            return Int4Weight(w, getattr(self, name + "_scale")[...])
+            zero = getattr(self, name + "_zero")[...] if hasattr(self, name + "_zero") else None
+            return Int4Weight(w, getattr(self, name + "_scale")[...], zero)
         comp = getattr(self, name + "_comp")[...] if hasattr(self, name + "_comp") else None
         return Int8Weight(w, getattr(self, name + "_scale")[...], comp)
 
@@ -636,9 +641,11 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
                       "pre_feedforward_layernorm.weight": ("mlp_norm", False),
                       "post_feedforward_layernorm.weight": ("post_mlp_norm", False)}
     if cfg.quantization is not None:  # each projection's scales (quantization.with_quantized: W8A8's [out], W4A16's
-        # [out, groups], transposed)
-        per_layer |= {hf_name + "_scale": (ours + "_scale", cfg.quantization == W4A16)
-                      for hf_name, (ours, _) in per_layer.items() if ours in QUANTIZED_LINEARS}
+        # [out, groups], transposed) and zero points (W4A16's [out, groups], transposed)
+        projections = [(hf_name, ours) for hf_name, (ours, _) in per_layer.items() if ours in QUANTIZED_LINEARS]
+        per_layer |= {hf_name + "_scale": (ours + "_scale", cfg.quantization == W4A16) for hf_name, ours in projections}
+        if cfg.quant_zero_point:
+            per_layer |= {hf_name + "_zero_point": (ours + "_zero", True) for hf_name, ours in projections}
     for i in range(cfg.num_layers):
         for hf_name, (ours, transpose) in per_layer.items():
             names[f"model.layers.{i}.{hf_name}"] = (("layers", ours), i, transpose, None)

@@ -84,8 +84,9 @@ def load_config(model_dir: Path, hf_overrides: dict | None = None) -> tuple[Arch
         return arch, cfg
     if cfg.num_experts:
         raise ValueError("quantization_config: a quantized mixture of experts is not supported")
-    scheme, group_size, method = quantization
-    cfg = dataclasses.replace(cfg, quantization=scheme, quant_group_size=group_size, quant_method=method)
+    cfg = dataclasses.replace(cfg, quantization=quantization.scheme, quant_group_size=quantization.group_size,
+                              quant_method=quantization.method, quant_zero_point=quantization.zero_point,
+                              quant_format=quantization.format)
     check_group_size(cfg)
     return arch, cfg
 
@@ -187,9 +188,9 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     return loaded_model, cfg
 
 
-_KV_PARAMS = {"k_proj", "v_proj", "k_bias", "v_bias", "k_proj_scale", "v_proj_scale"}
-_ROTATED = re.compile(
-    r".*\.self_attn\.(q_proj|k_proj)\.(weight|weight_scale|bias)$|.*\.self_attn\.(q_norm|k_norm)\.weight$")
+_KV_PARAMS = {"k_proj", "v_proj", "k_bias", "v_bias", "k_proj_scale", "v_proj_scale", "k_proj_zero", "v_proj_zero"}
+_ROTATED = re.compile(r".*\.self_attn\.(q_proj|k_proj)\.(weight|weight_scale|weight_zero_point|bias)$"
+                      r"|.*\.self_attn\.(q_norm|k_norm)\.weight$")
 
 
 def _with_rotary_layout(split_tensor, cfg: ModelConfig):

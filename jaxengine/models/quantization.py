@@ -1,20 +1,24 @@
-"""Quantized checkpoints in compressed-tensors' format (vLLM's `compressed-tensors` method, as llm-compressor writes
-it and vLLM's CPU, GPU and TPU builds serve it), two schemes:
+"""Quantized checkpoints, as vLLM's CPU, GPU and TPU builds serve them:
 
-- W8A8 int8 (`format: int-quantized`): every decoder layer's linear projection (q/k/v/o, gate/up/down) holds int8
-  weights, symmetric, with a float scale per output channel (or one per tensor); its input is quantized per token
-  as the step runs: scale = max|x| / 127, x_q = round(x / scale) (half to even), and the product is (x_q @ w_q) in
-  int32 times both scales (`int8_matmul`; the native CPU kernel: pallas_kernels/cpu_int8.cc).
-- W4A16 (`format: pack-quantized`): the projections' weights symmetric int4 (eight to an int32 word in the
-  checkpoint) with a float scale per group of `group_size` inputs (or per output channel), activations in float:
-  the weight is dequantized (value times its group's scale) and multiplied as a float one (`Int4Weight`; on CPU the
-  native bfloat16 matmul dequantizes it panel by panel).
+- compressed-tensors (vLLM's `compressed-tensors` method, as llm-compressor writes it), two schemes:
+  - W8A8 int8 (`format: int-quantized`): every decoder layer's linear projection (q/k/v/o, gate/up/down) holds int8
+    weights, symmetric, with a float scale per output channel (or one per tensor); its input is quantized per
+    token as the step runs: scale = max|x| / 127, x_q = round(x / scale) (half to even), and the product is
+    (x_q @ w_q) in int32 times both scales (`int8_matmul`; the native CPU kernel: pallas_kernels/cpu_int8.cc).
+  - W4A16 (`format: pack-quantized`): the projections' weights int4 (eight to an int32 word in the checkpoint)
+    with a float scale per group of `group_size` inputs (or per output channel), symmetric or with a zero point
+    per group, activations in float: the weight is dequantized ((value - zero point) times its group's scale) and
+    multiplied as a float one (`Int4Weight`; on CPU the native bfloat16 matmul dequantizes it panel by panel).
+- GPTQ (`gptq`: 4-bit, symmetric or with zero points, without activation order) and AWQ (`awq`: AutoAWQ's gemm
+  version, 4-bit with zero points): their tensors laid out as compressed-tensors' W4A16 at load (`with_quantized`),
+  the same numbers and kernels after.
 
 The embedding, the norms and the output head stay in the checkpoint's float dtype (llm-compressor leaves `lm_head`
-out). Other methods (AWQ, GPTQ, FP8, ...) and other compressed-tensors schemes are refused by field.
+out). Other methods (FP8, ...) and other schemes are refused by field.
 
-`write_w8a8_checkpoint` and `write_w4a16_checkpoint` write such checkpoints from a float one (round to nearest, no
-calibration data), for tests, benchmarks and users without llm-compressor (`jaxengine quantize`).
+`write_w8a8_checkpoint`, `write_w4a16_checkpoint`, `write_gptq_checkpoint` and `write_awq_checkpoint` write such
+checkpoints from a float one (round to nearest, no calibration data), for tests, benchmarks and users without
+llm-compressor (`jaxengine quantize`).
 """
 
 import json
@@ -40,22 +44,33 @@ class Int8Weight(NamedTuple):
     comp: jax.Array | None = None
 
 
-def parse_quantization(hf: dict) -> tuple[str, int, str] | None:
-    """(scheme, group size, method) of a quantized checkpoint's config.json: compressed-tensors' (`W8A8_INT8`, 0) or
-    (`W4A16`, the weights' group along the input, 0 for one group per output channel), or GPTQ's symmetric 4-bit
-    (`W4A16`, its group); None for an unquantized checkpoint; a ValueError naming the field for any other
-    quantization."""
+class Quantized(NamedTuple):
+    """What a quantized checkpoint's config.json says (ModelConfig's quantization, quant_group_size, quant_method,
+    quant_zero_point, quant_format)."""
+    scheme: str  # W8A8_INT8 or W4A16
+    group_size: int  # W4A16: the weights' group along the input (0: one group per output channel)
+    method: str  # compressed-tensors, gptq or awq
+    zero_point: bool = False  # W4A16: asymmetric, a zero point per group
+    format: str = ""  # the method's own: compressed-tensors' format, GPTQ's checkpoint_format, AWQ's version
+
+
+def parse_quantization(hf: dict) -> Quantized | None:
+    """A quantized checkpoint's config.json: compressed-tensors' W8A8 int8 or W4A16 (symmetric or with zero
+    points), GPTQ's or AWQ's 4-bit weights (as W4A16); None for an unquantized checkpoint; a ValueError naming the
+    field for any other quantization."""
     q = hf.get("quantization_config")
     if not q:
         return None
     method = q.get("quant_method")
     if method == "gptq":
-        return W4A16, _gptq_group(q), "gptq"
+        return _gptq(q, hf)
+    if method == "awq":
+        return _awq(q, hf)
     if method != "compressed-tensors":
         raise ValueError(f"quantization_config.quant_method {method!r} is not supported; supported: compressed-tensors "
                          f"(W8A8 int8: int8 weights with per-channel or per-tensor scales, dynamic per-token int8 "
-                         f"activations; W4A16: symmetric int4 weights in groups or per channel), gptq (4-bit, "
-                         f"symmetric, without activation order)")
+                         f"activations; W4A16: int4 weights in groups or per channel, symmetric or with zero "
+                         f"points), gptq (4-bit, without activation order), awq (4-bit, the gemm version)")
     formats = {"int-quantized": W8A8_INT8, "pack-quantized": W4A16}
     if q.get("format") not in formats:
         raise ValueError(f"quantization_config.format {q.get('format')!r} is not supported; supported: int-quantized "
@@ -70,7 +85,7 @@ def parse_quantization(hf: dict) -> tuple[str, int, str] | None:
     groups = q.get("config_groups") or {}
     if not groups:
         raise ValueError("quantization_config.config_groups is empty")
-    group_sizes = set()
+    forms = set()  # (group size, zero points) of each group
     for name, group in groups.items():
         where = f"quantization_config.config_groups.{name}"
         targets = group.get("targets") or []
@@ -81,56 +96,101 @@ def parse_quantization(hf: dict) -> tuple[str, int, str] | None:
             _check_args(group.get("weights"), f"{where}.weights", scheme, bits=8, strategies=("channel", "tensor"))
             _check_args(group.get("input_activations"), f"{where}.input_activations", scheme, bits=8,
                         strategies=("token",), dynamic=True)
-            group_sizes.add(0)
+            forms.add((0, False))
         else:
             weights = group.get("weights")
-            _check_args(weights, f"{where}.weights", scheme, bits=4, strategies=("group", "channel"))
+            _check_args(weights, f"{where}.weights", scheme, bits=4, strategies=("group", "channel"),
+                        asymmetric=True)
             if group.get("input_activations"):
                 raise ValueError(f"{where}.input_activations is not supported with pack-quantized weights (W4A16 "
                                  f"keeps its activations in float)")
             size = weights.get("group_size") if weights["strategy"] == "group" else 0
             if weights["strategy"] == "group" and not (isinstance(size, int) and size > 0):
                 raise ValueError(f"{where}.weights.group_size={size!r}: the group strategy needs a positive size")
-            group_sizes.add(size)
+            forms.add((size, not weights["symmetric"]))
         if group.get("output_activations"):
             raise ValueError(f"{where}.output_activations is not supported")
-    if len(group_sizes) > 1:
-        raise ValueError(f"quantization_config.config_groups: groups of different sizes {sorted(group_sizes)} are not "
-                         f"supported")
+    if len(forms) > 1:
+        raise ValueError(f"quantization_config.config_groups: groups of different sizes or symmetries "
+                         f"{sorted(forms)} are not supported")
     ignored = [name for name in q.get("ignore") or [] if name not in _HEAD]
     if ignored:
         raise ValueError(f"quantization_config.ignore {ignored!r} is not supported: only the output head (lm_head) may "
                          f"stay unquantized")
-    return scheme, group_sizes.pop(), "compressed-tensors"
+    size, zero_point = forms.pop()
+    return Quantized(scheme, size, "compressed-tensors", zero_point, q["format"])
 
 
-def _gptq_group(q: dict) -> int:
-    """A GPTQ config's group size (0: one group per output channel), once its other fields are ones served:
-    4 bits, symmetric, no activation order, the output head unquantized."""
-    expected = {"bits": 4, "sym": True, "desc_act": False, "lm_head": False}
+def _gptq(q: dict, hf: dict) -> Quantized:
+    """A GPTQ config, once its fields are ones served: 4 bits, symmetric or with zero points, no activation order,
+    the output head unquantized, every projection quantized."""
+    expected = {"bits": 4, "desc_act": False, "lm_head": False}
     for field, value in expected.items():
         if q.get(field, value if field in ("desc_act", "lm_head") else None) != value:
             raise ValueError(f"quantization_config.{field}={q.get(field)!r} is not supported (gptq takes {value!r})")
+    if not isinstance(q.get("sym"), bool):
+        raise ValueError(f"quantization_config.sym={q.get('sym')!r} must be true or false")
     if q.get("checkpoint_format", "gptq") not in ("gptq", "gptq_v2"):
         raise ValueError(f"quantization_config.checkpoint_format={q['checkpoint_format']!r} is not supported; "
                          f"supported: gptq, gptq_v2")
     for field in ("dynamic", "modules_in_block_to_quantize"):
         if q.get(field):
             raise ValueError(f"quantization_config.{field} (some modules quantized otherwise) is not supported")
-    group = q.get("group_size", 128)
+    return Quantized(W4A16, _group_size(q.get("group_size", 128), "group_size"), "gptq", not q["sym"],
+                     q.get("checkpoint_format", "gptq"))
+
+
+def _awq(q: dict, hf: dict) -> Quantized:
+    """An AWQ config (AutoAWQ's, as vLLM reads it: `bits` or `w_bit`, `group_size` or `q_group_size`,
+    `zero_point`), once its fields are ones served: 4 bits with zero points, the gemm version's packing, every
+    decoder projection quantized."""
+    def field(*names):
+        for name in names:
+            if name in q:
+                return name, q[name]
+        raise ValueError(f"quantization_config.{names[0]} is missing (awq needs it)")
+
+    name, bits = field("bits", "w_bit")
+    if bits != 4:
+        raise ValueError(f"quantization_config.{name}={bits!r} is not supported (awq takes 4)")
+    if field("zero_point")[1] is not True:
+        raise ValueError(f"quantization_config.zero_point={q['zero_point']!r} is not supported (awq takes true)")
+    if str(q.get("version", "gemm")).lower() != "gemm":
+        raise ValueError(f"quantization_config.version={q['version']!r} is not supported; supported: gemm (GEMV and "
+                         f"other versions pack their weights otherwise)")
+    if q.get("lm_head", False):
+        raise ValueError("quantization_config.lm_head=true is not supported (the output head stays in float)")
+    skipped = q.get("modules_to_not_convert") or []
+    projections = [f"model.layers.{i}.{block}.{p}" for i in range(hf.get("num_hidden_layers", 0))
+                   for block, parts in (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")),
+                                        ("mlp", ("gate_proj", "up_proj", "down_proj", "gate_up_proj")))
+                   for p in parts]
+    left = [module for module in skipped if any(module in projection for projection in projections)]
+    if left:
+        raise ValueError(f"quantization_config.modules_to_not_convert {left!r} is not supported: every decoder "
+                         f"layer's projection must be quantized")
+    name, group = field("group_size", "q_group_size")
+    return Quantized(W4A16, _group_size(group, name), "awq", True, "gemm")
+
+
+def _group_size(group, name: str) -> int:
+    """A GPTQ or AWQ config's group size (-1: one group per output channel, 0 here)."""
     if group != -1 and not (isinstance(group, int) and group > 0):
-        raise ValueError(f"quantization_config.group_size={group!r} must be positive or -1 (per channel)")
+        raise ValueError(f"quantization_config.{name}={group!r} must be positive or -1 (per channel)")
     return 0 if group == -1 else group
 
 
 def _check_args(args: dict | None, where: str, scheme: str, *, bits: int, strategies: tuple[str, ...],
-                dynamic: bool = False) -> None:
+                dynamic: bool = False, asymmetric: bool = False) -> None:
     if not args:
         raise ValueError(f"{where} is missing: {scheme} quantizes them")
-    expected = {"num_bits": bits, "type": "int", "symmetric": True, "dynamic": dynamic}
+    expected = {"num_bits": bits, "type": "int", "dynamic": dynamic}
     for field, value in expected.items():
         if args.get(field, value if field == "type" else None) != value:
             raise ValueError(f"{where}.{field}={args.get(field)!r} is not supported ({scheme} takes {value!r})")
+    if args.get("symmetric") not in ((True, False) if asymmetric else (True,)):
+        raise ValueError(f"{where}.symmetric={args.get('symmetric')!r} is not supported ({scheme} takes "
+                         f"{'true or false' if asymmetric else 'true'})")
     if args.get("strategy") not in strategies:
         raise ValueError(f"{where}.strategy={args.get('strategy')!r} is not supported; supported: "
                          f"{', '.join(strategies)}")
@@ -163,27 +223,39 @@ def check_group_size(cfg) -> None:
             raise ValueError(f"quantization_config group_size={size} does not divide {name}'s input width {width}")
 
 
-def unpack_int4(packed, width: int) -> np.ndarray:
-    """compressed-tensors' pack-quantized int4 weights, int32 [out, ceil(in / 8)] (each word 8 values offset by 8,
-    the first in its low bits), -> int8 [out, in] in [-8, 7]."""
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ's gemm packing: a word's nibble i holds its eight columns' AWQ_ORDER[i]
+
+
+def unpack_int4(packed, width: int, order=None) -> np.ndarray:
+    """Int4 values packed eight to an int32 word along the last axis ([..., ceil(width / 8)], each word's first
+    value in its low bits, or its nibble i holding value order[i]: AWQ's), offset by 8 (their unsigned values) ->
+    int8 [..., width] in [-8, 7] (the unsigned value minus 8)."""
     words = np.asarray(packed).astype(np.uint32)
     nibbles = (words[..., None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF
+    if order is not None:
+        nibbles = nibbles[..., np.argsort(order)]
     return (nibbles.reshape(*words.shape[:-1], -1)[..., :width].astype(np.int16) - 8).astype(np.int8)
 
 
-def pack_int4(values: np.ndarray) -> np.ndarray:
-    """unpack_int4's inverse: int8 [out, in] in [-8, 7] -> int32 [out, ceil(in / 8)]."""
+def pack_int4(values: np.ndarray, order=None) -> np.ndarray:
+    """unpack_int4's inverse: int8 [..., width] in [-8, 7] -> int32 [..., ceil(width / 8)]."""
     values = np.asarray(values, np.int16) + 8
     padded = np.pad(values, [(0, 0)] * (values.ndim - 1) + [(0, -values.shape[-1] % 8)]).astype(np.uint32)
-    words = (padded.reshape(*padded.shape[:-1], -1, 8) << (4 * np.arange(8, dtype=np.uint32))).sum(-1)
+    eights = padded.reshape(*padded.shape[:-1], -1, 8)
+    if order is not None:
+        eights = eights[..., list(order)]
+    words = (eights << (4 * np.arange(8, dtype=np.uint32))).sum(-1)
     return words.astype(np.uint32).view(np.int32)
 
 
 def with_quantized(split_tensor, cfg):
-    """`split_tensor` after a quantized checkpoint's tensors become what the split and the weight map take: W8A8's
-    `weight_scale` ([out, 1], or [1] / [] per tensor) a float32 vector [out] (a per-tensor scale repeated);
-    W4A16's `weight_packed` the int8 `weight` [out, in] it holds, its `weight_scale` [out, in / group] checked,
-    its `weight_shape` dropped once checked."""
+    """`split_tensor` after a quantized checkpoint's tensors become what the split and the weight map take, in
+    compressed-tensors' names and layouts: W8A8's `weight_scale` ([out, 1], or [1] / [] per tensor) a float32
+    vector [out] (a per-tensor scale repeated); W4A16's int8 `weight` [out, in] (from compressed-tensors'
+    `weight_packed`, GPTQ's or AWQ's `qweight`), its `weight_scale` [out, groups] (GPTQ's and AWQ's `scales`
+    transposed) and, with zero points, its int8 `weight_zero_point` [out, groups] (offset as the values are:
+    compressed-tensors' packed ones unpacked, GPTQ's and AWQ's `qzeros`), each checked; compressed-tensors'
+    `weight_shape` and GPTQ's `g_idx` (and a symmetric GPTQ's `qzeros`) dropped once checked."""
     if cfg.quantization is None:
         return split_tensor
     shapes = projection_shapes(cfg)
@@ -196,11 +268,15 @@ def with_quantized(split_tensor, cfg):
         return shapes[part]
 
     def split(name, array, cfg):
-        if cfg.quant_method == "gptq":
-            name, array = gptq_tensor(name, array)
+        convert = {"gptq": gptq_tensor, "awq": awq_tensor}.get(cfg.quant_method)
+        if convert is None and cfg.quantization == W4A16:
+            convert = packed_tensor
+        if convert is not None:
+            name, array = convert(name, array)
             if name is None:
                 return []
-        if name.endswith((".input_scale", ".input_zero_point", ".weight_zero_point", ".weight_g_idx")):
+        if name.endswith((".input_scale", ".input_zero_point", ".weight_g_idx")) or (
+                name.endswith(".weight_zero_point") and not cfg.quant_zero_point):
             raise ValueError(f"tensor {name}: static, asymmetric or reordered quantization is not supported")
         if cfg.quantization == W8A8_INT8 and name.endswith(".weight_scale"):
             width = projection(name)[0]
@@ -211,27 +287,40 @@ def with_quantized(split_tensor, cfg):
                 raise ValueError(f"tensor {name} has {scale.size} scales, expected {width} (one per output channel) "
                                  f"or 1")
             array = scale
-        elif cfg.quantization == W4A16 and name.endswith(".weight_shape"):
+        elif cfg.quantization == W4A16 and name.endswith((".weight_scale", ".weight_zero_point")):
+            out, width = projection(name)
+            if tuple(array.shape) != (out, scale_groups(cfg, width)):
+                raise ValueError(f"tensor {name} has shape {tuple(array.shape)}, expected "
+                                 f"{(out, scale_groups(cfg, width))}")
+        return split_tensor(name, array, cfg)
+
+    def packed_tensor(name, array):
+        """compressed-tensors' pack-quantized tensors: `weight_packed` [out, ceil(in / 8)] (packed along the input)
+        and `weight_zero_point` [ceil(out / 8), groups] (packed along the output) unpacked; `weight_shape`
+        checked and dropped."""
+        if name.endswith(".weight_shape"):
             if [int(v) for v in np.asarray(array).reshape(-1)] != list(projection(name)):
                 raise ValueError(f"tensor {name} is {np.asarray(array).tolist()}, expected {list(projection(name))}")
-            return []
-        elif cfg.quantization == W4A16 and name.endswith(".weight_packed"):
+            return None, None
+        if name.endswith(".weight_packed"):
             out, width = projection(name)
             if tuple(array.shape) != (out, -(-width // 8)):
                 raise ValueError(f"tensor {name} has shape {tuple(array.shape)}, expected {(out, -(-width // 8))}")
-            name, array = name[: -len("_packed")], unpack_int4(array, width)
-        elif cfg.quantization == W4A16 and name.endswith(".weight_scale"):
+            return name[: -len("_packed")], unpack_int4(array, width)
+        if name.endswith(".weight_zero_point") and cfg.quant_zero_point:
             out, width = projection(name)
-            groups = scale_groups(cfg, width)
-            if tuple(array.shape) != (out, groups):
-                raise ValueError(f"tensor {name} has shape {tuple(array.shape)}, expected {(out, groups)}")
-        return split_tensor(name, array, cfg)
+            expected = (-(-out // 8), scale_groups(cfg, width))
+            if tuple(array.shape) != expected:
+                raise ValueError(f"tensor {name} has shape {tuple(array.shape)}, expected {expected}")
+            return name, unpack_int4(np.asarray(array).T, out).T
+        return name, array
 
     def gptq_tensor(name, array):
         """A GPTQ tensor as compressed-tensors names and lays it out (qweight [in / 8, out] -> int8 weight [out,
-        in]; scales [groups, out] -> weight_scale [out, groups]), or (None, None) for one checked and dropped:
-        qzeros (the symmetric zero point, 8: stored 7 by the gptq format, 8 by gptq_v2) and g_idx (no activation
-        order: each input's group in turn)."""
+        in]; scales [groups, out] -> weight_scale [out, groups]; qzeros [groups, out / 8] -> weight_zero_point
+        [out, groups], stored minus one by the gptq format, as they are by gptq_v2), or (None, None) for one
+        checked and dropped: a symmetric checkpoint's qzeros (its zero point 8: stored 7 or 8) and g_idx (no
+        activation order: each input's group in turn)."""
         stem, _, kind = name.rpartition(".")
         if kind not in ("qweight", "scales", "qzeros", "g_idx"):
             return name, array
@@ -247,28 +336,57 @@ def with_quantized(split_tensor, cfg):
         if kind == "scales":
             return stem + ".weight_scale", array.T
         if kind == "qzeros":
-            zeros = unpack_int4(array, out).astype(np.int16) + 8
-            if not (np.all(zeros == 7) or np.all(zeros == 8)):
-                raise ValueError(f"tensor {name}: asymmetric zero points are not supported (sym=true checkpoints "
-                                 f"store 7, or 8 in gptq_v2)")
+            stored = unpack_int4(array, out)  # zero point - 8, minus one more in the gptq format
+            if cfg.quant_zero_point:
+                v1 = cfg.quant_format == "gptq"
+                return stem + ".weight_zero_point", np.ascontiguousarray((stored + v1).astype(np.int8).T)
+            if not (np.all(stored == -1) or np.all(stored == 0)):
+                raise ValueError(f"tensor {name}: zero points other than 8 in a sym=true checkpoint (stored 7, or 8 "
+                                 f"in gptq_v2)")
         elif not np.array_equal(array, np.arange(width) // (cfg.quant_group_size or width)):
             raise ValueError(f"tensor {name}: a g_idx reordering the inputs (activation order) is not supported")
         return None, None
+
+    def awq_tensor(name, array):
+        """An AWQ (gemm) tensor as compressed-tensors names and lays it out: qweight [in, out / 8] and qzeros
+        [groups, out / 8], each word eight columns in AWQ_ORDER, unsigned -> int8 weight [out, in] and
+        weight_zero_point [out, groups]; scales [groups, out] -> weight_scale [out, groups]."""
+        stem, _, kind = name.rpartition(".")
+        if kind not in ("qweight", "scales", "qzeros"):
+            return name, array
+        out, width = projection(name)
+        rows = {"qweight": width, "scales": scale_groups(cfg, width), "qzeros": scale_groups(cfg, width)}[kind]
+        expected = (rows, out if kind == "scales" else -(-out // 8))
+        array = np.asarray(array)
+        if array.shape != expected:
+            raise ValueError(f"tensor {name} has shape {array.shape}, expected {expected}")
+        if kind == "scales":
+            return stem + ".weight_scale", array.T
+        values = np.ascontiguousarray(unpack_int4(array, out, AWQ_ORDER).T)
+        return stem + (".weight" if kind == "qweight" else ".weight_zero_point"), values
 
     return split
 
 
 class Int4Weight(NamedTuple):
-    """A W4A16 projection as the layer's matmul takes it: int4 values in int8 [in, out] and their scales [groups,
-    out] (in the checkpoint's float dtype), each group of in / groups consecutive inputs sharing one."""
+    """A W4A16 projection as the layer's matmul takes it: int4 values in int8 [in, out] (the unsigned value minus
+    8), their scales [groups, out] (in the checkpoint's float dtype) and zero points (None: symmetric; else int8
+    [groups, out], offset as the values are), each group of in / groups consecutive inputs sharing one; or packed
+    for the native CPU matmul (uint8 `weight`: pallas_kernels.cpu.pack_int4_panels' panels, its scales and biases
+    in `scale`, `zero` None)."""
     weight: jax.Array
     scale: jax.Array
+    zero: jax.Array | None = None
 
     def dequantized(self) -> jax.Array:
-        """The float weight [in, out] in the scales' dtype: value * its group's scale, as vLLM's kernels dequantize."""
+        """The float weight [in, out] in the scales' dtype: (value - zero point) x its group's scale, as vLLM's
+        kernels dequantize."""
         *lead, width, out = self.weight.shape
         groups = self.scale.shape[-2]
-        values = self.weight.astype(self.scale.dtype).reshape(*lead, groups, width // groups, out)
+        values = self.weight.reshape(*lead, groups, width // groups, out)
+        if self.zero is not None:
+            values = values.astype(jnp.int16) - self.zero[..., :, None, :].astype(jnp.int16)
+        values = values.astype(self.scale.dtype)
         return (values * self.scale[..., :, None, :]).reshape(*lead, width, out)
 
 
@@ -318,18 +436,28 @@ def compressed_tensors_config(strategy: str = "channel", scheme: str = W8A8_INT8
     }
 
 
-def quantize_int4(w: np.ndarray, group_size: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """A float weight [out, in] -> (int8 values in [-8, 7] [out, in], float32 scales [out, in / group_size], one
-    group per row where group_size is 0): symmetric, scale max|w| / 7.5 (llm-compressor's), round to nearest."""
+def quantize_int4(w: np.ndarray, group_size: int = 0, symmetric: bool = True):
+    """A float weight [out, in] -> (int8 values in [-8, 7] [out, in] (the unsigned value minus 8), float32 scales
+    [out, in / group_size] (one group per row where group_size is 0), int8 zero points [out, groups] offset as the
+    values are, or None where `symmetric`), round to nearest: symmetric, scale max|w| / 7.5 (llm-compressor's),
+    zero point 8; asymmetric (compressed-tensors' and GPTQ's rule), the group's range widened to hold 0 split in
+    15 steps, zero point round(-min / scale)."""
     w = np.asarray(w, np.float32)
     out, width = w.shape
     size = group_size or width
     if width % size:
         raise ValueError(f"group_size {group_size} does not divide the input width {width}")
     groups = w.reshape(out, width // size, size)
-    scale = np.abs(groups).max(axis=-1, keepdims=True) / 7.5
-    q = np.clip(np.rint(groups / np.where(scale > 0, scale, 1.0)), -8, 7).astype(np.int8)
-    return q.reshape(out, width), scale[..., 0]
+    if symmetric:
+        scale = np.abs(groups).max(axis=-1, keepdims=True) / 7.5
+        q = np.clip(np.rint(groups / np.where(scale > 0, scale, 1.0)), -8, 7).astype(np.int8)
+        return q.reshape(out, width), scale[..., 0], None
+    low, high = np.minimum(groups.min(-1, keepdims=True), 0), np.maximum(groups.max(-1, keepdims=True), 0)
+    scale = (high - low) / 15
+    safe = np.where(scale > 0, scale, 1.0)
+    zero = np.clip(np.rint(-low / safe), 0, 15)
+    q = (np.clip(np.rint(groups / safe) + zero, 0, 15) - 8).astype(np.int8)
+    return q.reshape(out, width), scale[..., 0], (zero[..., 0] - 8).astype(np.int8)
 
 
 def write_w8a8_checkpoint(source: str | Path, output: str | Path, strategy: str = "channel") -> Path:
@@ -347,45 +475,78 @@ def write_w8a8_checkpoint(source: str | Path, output: str | Path, strategy: str 
     return _write_quantized(source, output, convert, compressed_tensors_config(strategy))
 
 
-def write_w4a16_checkpoint(source: str | Path, output: str | Path, group_size: int = 128) -> Path:
+def write_w4a16_checkpoint(source: str | Path, output: str | Path, group_size: int = 128,
+                           symmetric: bool = True) -> Path:
     """Writes `source` (a float Hugging Face checkpoint directory of a dense model) as a compressed-tensors W4A16
-    checkpoint (pack-quantized) in `output`: every decoder layer's linear projection weight quantized to symmetric
-    int4 (round to nearest) in groups of `group_size` inputs (0: one group per output channel), stored as
-    llm-compressor stores it (`weight_packed`, `weight_scale`, `weight_shape`); every other tensor and file as it
-    was."""
-    if not isinstance(group_size, int) or group_size < 0:
-        raise ValueError(f"group_size must be a non-negative integer, got {group_size!r}")
+    checkpoint (pack-quantized) in `output`: every decoder layer's linear projection weight quantized to int4
+    (`quantize_int4`: symmetric, or with zero points) in groups of `group_size` inputs (0: one group per output
+    channel), stored as llm-compressor stores it (`weight_packed`, `weight_scale`, `weight_shape`, and
+    `weight_zero_point` packed along the output); every other tensor and file as it was."""
+    _check_group_size(group_size)
 
     def convert(name, weight):
-        q, scale = quantize_int4(weight, group_size)
-        return {name + "_packed": pack_int4(q), name + "_scale": scale,
-                name + "_shape": np.asarray(weight.shape, np.int64)}
+        q, scale, zero = quantize_int4(weight, group_size, symmetric)
+        out = {name + "_packed": pack_int4(q), name + "_scale": scale,
+               name + "_shape": np.asarray(weight.shape, np.int64)}
+        return out if symmetric else out | {name + "_zero_point": np.ascontiguousarray(pack_int4(zero.T).T)}
 
-    return _write_quantized(source, output, convert,
-                            compressed_tensors_config("group" if group_size else "channel", W4A16, group_size))
+    config = compressed_tensors_config("group" if group_size else "channel", W4A16, group_size)
+    config["config_groups"]["group_0"]["weights"]["symmetric"] = symmetric
+    return _write_quantized(source, output, convert, config)
 
 
-def write_gptq_checkpoint(source: str | Path, output: str | Path, group_size: int = 128) -> Path:
-    """Writes `source` (a float Hugging Face checkpoint directory of a dense model) as a GPTQ checkpoint (4-bit,
-    symmetric, no activation order, the `gptq` format) in `output`, each projection's int4 values and scales as
-    `write_w4a16_checkpoint` computes them (round to nearest, no calibration: not GPTQ's error-correcting
-    algorithm): `qweight`, `qzeros` (7: the zero point 8, stored minus one), float16 `scales`, `g_idx`."""
-    if not isinstance(group_size, int) or group_size < 0:
-        raise ValueError(f"group_size must be a non-negative integer, got {group_size!r}")
+def write_gptq_checkpoint(source: str | Path, output: str | Path, group_size: int = 128, symmetric: bool = True,
+                          checkpoint_format: str = "gptq") -> Path:
+    """Writes `source` (a float Hugging Face checkpoint directory of a dense model) as a GPTQ checkpoint (4-bit, no
+    activation order; `checkpoint_format` gptq, whose qzeros hold the zero points minus one, or gptq_v2) in
+    `output`, each projection's int4 values, scales and zero points as `quantize_int4` computes them (round to
+    nearest, no calibration: not GPTQ's error-correcting algorithm): `qweight`, `qzeros` (symmetric: 8), float16
+    `scales`, `g_idx`."""
+    _check_group_size(group_size)
+    if checkpoint_format not in ("gptq", "gptq_v2"):
+        raise ValueError(f"checkpoint_format must be 'gptq' or 'gptq_v2', got {checkpoint_format!r}")
+    v1 = checkpoint_format == "gptq"
 
     def convert(name, weight):
-        q, scale = quantize_int4(weight, group_size)
+        q, scale, zero = quantize_int4(weight, group_size, symmetric)
         out, width = q.shape
+        zero = np.zeros(scale.shape, np.int8) if zero is None else zero
+        if v1 and zero.min() == -8:
+            raise ValueError(f"{name}: a zero point 0, which the gptq format (zero points minus one) cannot store; "
+                             f"write gptq_v2")
         stem = name.removesuffix(".weight")
-        groups = scale.shape[1]
         return {stem + ".qweight": np.ascontiguousarray(pack_int4(q).T),
-                stem + ".qzeros": pack_int4(np.full((groups, out), -1, np.int8)),
+                stem + ".qzeros": pack_int4(np.ascontiguousarray(zero.T) - v1),
                 stem + ".scales": np.ascontiguousarray(scale.T).astype(np.float16),
                 stem + ".g_idx": (np.arange(width) // (group_size or width)).astype(np.int32)}
 
-    config = {"quant_method": "gptq", "bits": 4, "group_size": group_size or -1, "desc_act": False, "sym": True,
-              "checkpoint_format": "gptq", "damp_percent": 0.01, "true_sequential": True}
+    config = {"quant_method": "gptq", "bits": 4, "group_size": group_size or -1, "desc_act": False, "sym": symmetric,
+              "checkpoint_format": checkpoint_format, "damp_percent": 0.01, "true_sequential": True}
     return _write_quantized(source, output, convert, config)
+
+
+def write_awq_checkpoint(source: str | Path, output: str | Path, group_size: int = 128) -> Path:
+    """Writes `source` (a float Hugging Face checkpoint directory of a dense model) as an AWQ checkpoint (AutoAWQ's
+    gemm version: 4-bit with zero points) in `output`, each projection's int4 values, scales and zero points as
+    `quantize_int4` computes them with zero points (round to nearest, no calibration: not AWQ's activation-aware
+    scaling): `qweight` [in, out / 8] and `qzeros` [groups, out / 8] packed in AWQ_ORDER, float16 `scales`."""
+    _check_group_size(group_size)
+
+    def convert(name, weight):
+        q, scale, zero = quantize_int4(weight, group_size, symmetric=False)
+        stem = name.removesuffix(".weight")
+        return {stem + ".qweight": pack_int4(np.ascontiguousarray(q.T), AWQ_ORDER),
+                stem + ".qzeros": pack_int4(np.ascontiguousarray(zero.T), AWQ_ORDER),
+                stem + ".scales": np.ascontiguousarray(scale.T).astype(np.float16)}
+
+    config = {"quant_method": "awq", "bits": 4, "group_size": group_size or -1, "zero_point": True,
+              "version": "gemm", "modules_to_not_convert": None}
+    return _write_quantized(source, output, convert, config)
+
+
+def _check_group_size(group_size) -> None:
+    if not isinstance(group_size, int) or group_size < 0:
+        raise ValueError(f"group_size must be a non-negative integer, got {group_size!r}")
 
 
 def _write_quantized(source, output, convert, quantization_config: dict) -> Path:

@@ -33,9 +33,9 @@ def _base_model_tensor(name: str) -> str | None:
 def _phi3_split(name: str, array, cfg: ModelConfig) -> list:
     """Phi-3's fused q/k/v ([(heads + 2 kv_heads) x head_dim, hidden]) and gate/up ([2 x intermediate, hidden])
     projections as the separate tensors the weight map knows (the loader packs them together again); a quantized
-    checkpoint's scales of them ([out]) split by the same rows."""
+    checkpoint's scales and zero points of them ([out, ...]) split by the same rows."""
     stem, _, kind = name.rpartition(".")
-    if kind not in ("weight", "weight_scale"):
+    if kind not in ("weight", "weight_scale", "weight_zero_point"):
         return [(name, array)]
     if stem.endswith(".self_attn.qkv_proj"):
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
