@@ -67,6 +67,9 @@ def check_supported(cfg) -> None:
     """LoRA on this model, or a ValueError saying why not."""
     if cfg.num_experts:
         raise ValueError("enable_lora: LoRA adapters on a mixture of experts are not supported yet")
+    if cfg.quant_act_order:
+        raise ValueError("enable_lora: LoRA adapters on a quantized checkpoint in activation order (g_idx) are not "
+                         "supported yet")
 
 
 def load_adapter(request: LoRARequest, cfg, max_rank: int, head_order=None, kv_repeats: int = 1) -> LoRAAdapter:

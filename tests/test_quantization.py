@@ -17,7 +17,7 @@ from jaxengine.cli import main as cli_main
 from jaxengine.config import EngineConfig
 from jaxengine.models.loader import load_config
 from jaxengine.models.quantization import (W4A16, compressed_tensors_config, parse_quantization,
-                                           write_gptq_checkpoint, write_w8a8_checkpoint)
+                                           write_gptq_checkpoint, write_w4a16_checkpoint, write_w8a8_checkpoint)
 from jaxengine.sampling_params import SamplingParams
 from pallas_kernels import cpu
 from tests import tiny_models
@@ -51,12 +51,19 @@ def quantized(model_dirs, tmp_path_factory):
             cli_main(["quantize", "--model", str(model_dirs[arch]), "--output", str(root / name), "--scheme", scheme,
                       "--group-size", str(group), "--zero-point"])
         out[name] = root / name
+    for name, (arch, kind, symmetric, group) in ACT_ORDER.items():
+        out[name] = (write_gptq_checkpoint(model_dirs[arch], root / name, group, symmetric,
+                                           "gptq" if symmetric else "gptq_v2", act_order=True) if kind == "gptq" else
+                     write_w4a16_checkpoint(model_dirs[arch], root / name, group, symmetric, act_order=True))
     return out
 
 
 W4_GROUPS = {"llama": 16, "phi3": 8, "qwen3": 0}  # W4A16 checkpoints' group sizes (0: one group per channel)
 ZERO_POINTS = {"llama-awq": ("llama", "awq", 16), "phi3-awq": ("phi3", "awq", 8), "qwen3-w4-zp": ("qwen3", "w4a16", 0),
                "phi3-gptq-v2": ("phi3", "gptq", 16), "llama-gptq-v1": ("llama", "gptq", 0)}
+# (arch, format, symmetric, group) of checkpoints in activation order
+ACT_ORDER = {"llama-gptq-act": ("llama", "gptq", True, 16), "phi3-gptq-act": ("phi3", "gptq", False, 8),
+             "qwen3-w4-act": ("qwen3", "w4a16", False, 16)}
 
 
 def nibbles(words, order=range(8)) -> np.ndarray:
@@ -72,7 +79,8 @@ def dequantized(float_dir, quantized_dir):
     """transformers' model of `float_dir` with each 4-bit projection's weight as the checkpoint dequantizes it,
     (value - zero point) x its group's scale: compressed-tensors' weight_packed, weight_scale and weight_zero_point
     (packed along the output; none: 8), GPTQ's qweight (packed along the input), scales and qzeros (stored minus
-    one in the gptq format), or AWQ's qweight and qzeros (packed along the output in AWQ's order) and scales."""
+    one in the gptq format) with g_idx's groups where desc_act, or AWQ's qweight and qzeros (packed along the
+    output in AWQ's order) and scales."""
     model = transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32).eval()
     config = json.loads((quantized_dir / "config.json").read_text())["quantization_config"]
     tensors = {}
@@ -97,9 +105,13 @@ def dequantized(float_dir, quantized_dir):
                 scale = tensors[name + ".weight_scale"]
             else:
                 continue
-            groups = scale.shape[1]
-            values = (q.reshape(out, groups, -1) - zero[:, :, None]).astype(np.float32)
-            module.weight.copy_(torch.from_numpy((values * scale[:, :, None]).reshape(out, width)))
+            gptq = config["quant_method"] == "gptq"
+            g_idx = name + (".g_idx" if gptq else ".weight_g_idx")  # activation order: each input's group
+            in_order = config["desc_act"] if gptq else g_idx in tensors
+            group = tensors[g_idx] if in_order else np.arange(width) // (width // scale.shape[1])
+            zero = np.broadcast_to(zero, scale.shape)
+            values = ((q - zero[:, group]) * scale[:, group]).astype(np.float32)
+            module.weight.copy_(torch.from_numpy(values))
     return model
 
 
@@ -205,6 +217,31 @@ def test_zero_point_checkpoints_match_transformers_with_dequantized_weights(engi
         two = engines(arch, model=str(quantized[name]), max_num_batched_tokens=32, num_kv_blocks=30,
                       tensor_parallel_size=2)
         np.testing.assert_allclose(prompt_logprobs(two, PROMPT), ours, atol=2e-4)
+
+
+@pytest.mark.parametrize("name", list(ACT_ORDER))
+def test_activation_order(engines, model_dirs, quantized, name):
+    """GPTQ's desc_act and compressed-tensors' actorder "group": each input's group from g_idx (the inputs grouped
+    in an order of their own; Phi-3's fused projections share theirs; with zero points or not). float32 (XLA's dequantization, scales and zero points taken by
+    g_idx) as transformers' with the weights dequantized; bfloat16 on the native matmul (the inputs sorted by
+    group: x's columns taken in that order, the down projection's folded into gate/up's columns) to bfloat16's
+    precision."""
+    arch, kind, symmetric, group = ACT_ORDER[name]
+    settings = dict(model=str(quantized[name]), max_num_batched_tokens=32, num_kv_blocks=30)
+    engine = engines(arch, **settings)
+    assert engine.model_config.quant_act_order
+    ref = reference_logprobs(dequantized(model_dirs[arch], quantized[name]), PROMPT)
+    assert np.abs(prompt_logprobs(engine, PROMPT) - ref).max() < 1e-4
+    # the same rounding without the order: other numbers
+    in_turn = write_w4a16_checkpoint(model_dirs[arch], quantized[name].parent / (name + "-in-turn"), group, symmetric)
+    assert np.abs(reference_logprobs(dequantized(model_dirs[arch], in_turn), PROMPT) - ref).max() > 1e-2
+    engine = engines(arch, dtype="bfloat16", **settings)
+    names = {path[-1] for path, _ in nnx.to_flat_state(engine.runner.state)}
+    if cpu.matmul_available():
+        assert {"qkv_proj_perm", "o_proj_perm"} <= names and not any(n.endswith(("g_idx", "down_proj_perm"))
+                                                                     for n in names), names
+    error = np.abs(prompt_logprobs(engine, PROMPT) - ref)  # Qwen3's bfloat16 noise: median ~0.025 in any order
+    assert np.median(error) < 0.04 and error.max() < 0.3, error
 
 
 def test_w4a16_bfloat16_and_tensor_parallel(engines, model_dirs, quantized):
@@ -335,7 +372,7 @@ AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, 
 @pytest.mark.parametrize("config, message", [
     (GPTQ | {"bits": 8}, r"bits=8 is not supported \(gptq takes 4\)"),
     ({k: v for k, v in GPTQ.items() if k != "sym"}, r"sym=None must be true or false"),
-    (GPTQ | {"desc_act": True}, r"desc_act=True is not supported"),
+    (GPTQ | {"desc_act": "yes"}, r"desc_act='yes' must be true or false"),
     (GPTQ | {"checkpoint_format": "marlin"}, r"checkpoint_format='marlin' is not supported"),
     (GPTQ | {"group_size": 0}, r"group_size=0 must be positive or -1"),
     (AWQ | {"bits": 8}, r"bits=8 is not supported \(awq takes 4\)"),
@@ -352,13 +389,14 @@ def test_unsupported_gptq_and_awq_are_refused_by_field(config, message):
 
 
 def test_gptq_and_awq_configs():
-    assert parse_quantization(_config_with(GPTQ)) == ("w4a16", 128, "gptq", False, "gptq")
-    assert parse_quantization(_config_with(GPTQ | {"group_size": -1, "sym": False, "checkpoint_format": "gptq_v2"})) \
-        == ("w4a16", 0, "gptq", True, "gptq_v2")
+    assert parse_quantization(_config_with(GPTQ)) == ("w4a16", 128, "gptq", False, "gptq", False)
+    assert parse_quantization(_config_with(GPTQ | {"group_size": -1, "sym": False, "checkpoint_format": "gptq_v2",
+                                                   "desc_act": True})) == ("w4a16", 0, "gptq", True, "gptq_v2", True)
     # AutoAWQ's own names of the fields; modules_to_not_convert naming no decoder projection (a vision tower's)
     awq = {"quant_method": "awq", "w_bit": 4, "q_group_size": 64, "zero_point": True, "version": "GEMM",
            "modules_to_not_convert": ["visual"]}
-    assert parse_quantization(_config_with(awq) | {"num_hidden_layers": 2}) == ("w4a16", 64, "awq", True, "gemm")
+    assert parse_quantization(_config_with(awq) | {"num_hidden_layers": 2}) == (
+        "w4a16", 64, "awq", True, "gemm", False)
 
 
 @pytest.mark.parametrize("config, message", [
@@ -374,7 +412,8 @@ def test_gptq_and_awq_configs():
     (compressed_tensors_config() | {"kv_cache_scheme": {"num_bits": 8}}, r"kv_cache_scheme is not supported"),
     (_group_args(W4A16, weights__symmetric=None), r"weights.symmetric=None is not supported \(w4a16 takes true or"),
     (_group_args(W4A16, weights__num_bits=8), r"weights.num_bits=8 is not supported \(w4a16 takes 4\)"),
-    (_group_args(W4A16, weights__actorder="group"), r"weights.actorder='group' is not supported"),
+    (_group_args(W4A16, weights__actorder="dynamic"), r"weights.actorder='dynamic' is not supported"),
+    (_group_args(weights__actorder="group"), r"weights.actorder='group' is not supported; supported: None, static, weight$"),
     (_group_args(W4A16, weights__group_size=None), r"weights.group_size=None: the group strategy needs a positive"),
     (compressed_tensors_config("group", W4A16) | {"config_groups": {"group_0": {
         "targets": ["Linear"], "weights": compressed_tensors_config("group", W4A16)["config_groups"]["group_0"][
@@ -386,13 +425,16 @@ def test_unsupported_quantization_is_refused_by_field(config, message):
     assert parse_quantization({}) is None
     ct, packed = "compressed-tensors", "pack-quantized"
     assert parse_quantization(_config_with(compressed_tensors_config("tensor"))) == (
-        "w8a8_int8", 0, ct, False, "int-quantized")
+        "w8a8_int8", 0, ct, False, "int-quantized", False)
     assert parse_quantization(_config_with(compressed_tensors_config("group", W4A16, 64))) == (
-        "w4a16", 64, ct, False, packed)
+        "w4a16", 64, ct, False, packed, False)
     assert parse_quantization(_config_with(compressed_tensors_config("channel", W4A16))) == (
-        "w4a16", 0, ct, False, packed)
+        "w4a16", 0, ct, False, packed, False)
     assert parse_quantization(_config_with(_group_args(W4A16, weights__symmetric=False))) == (
-        "w4a16", 128, ct, True, packed)
+        "w4a16", 128, ct, True, packed, False)
+    assert parse_quantization(_config_with(_group_args(W4A16, weights__actorder="group"))) == (
+        "w4a16", 128, ct, False, packed, True)
+    assert parse_quantization(_config_with(_group_args(W4A16, weights__actorder="weight")))[5] is False
 
 
 def test_quantization_setting_must_be_the_checkpoints(model_dirs, quantized, tmp_path):

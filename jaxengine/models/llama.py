@@ -58,6 +58,14 @@ def _native_quantized(x, w, n: int, layer, **kwargs):
     return cpu.matmul_int4(x, w.weight, w.scale, n, layer=_stack_index(w, layer), **kwargs)
 
 
+def _in_order(x, w, norm=None):
+    """(x, w, norm) as the matmul takes them: a packed W4A16 weight in activation order (Int4Weight.perm) takes
+    x's columns in its order, and a norm weight over them likewise."""
+    if not isinstance(w, Int4Weight) or w.perm is None:
+        return x, w, norm
+    return jnp.take(x, w.perm, -1), w._replace(perm=None), None if norm is None else jnp.take(norm, w.perm, -1)
+
+
 def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
     """x @ w (+ residual) -> [.., n] in the weight's dtype, accumulated in float32 (a bf16 x bf16 -> bf16 dot is
     far slower on CPU), returned in x's dtype. A quantized weight (Int8Weight) quantizes x per row and multiplies
@@ -67,6 +75,7 @@ def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
     the result is stored (packed quantized weights: `_native_quantized`). `live_rows` (i32[]): x's rows from it on
     are a bucket's padding, which the native kernel skips (they come out zero); XLA's dot computes them like the
     others."""
+    x, w, _ = _in_order(x, w)
     if isinstance(w, Int4Weight) and not _native(w):
         w = w.dequantized()
     if isinstance(w, (Int8Weight, Int4Weight)) and _native(w):
@@ -89,6 +98,7 @@ def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
 
 def _normed_dot(h, norm, eps: float, w, n: int, live_rows=None, layer=None):
     """rms_norm(h, norm, eps) @ w; the native CPU matmul normalises the rows on its way in (no separate pass)."""
+    h, w, norm = _in_order(h, w, norm)
     if isinstance(w, (Int8Weight, Int4Weight)) and _native(w) and h.dtype == jnp.float32:
         return _native_quantized(h, w, n, layer, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows)
     if _native(w) and h.dtype == jnp.float32:
@@ -124,8 +134,10 @@ def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer
             gated = cpu.gated_int8(h, gate_up.weight, gate_up.comp, gate_up.scale, prologue="rms_norm", norm=norm,
                                    eps=eps, activation=activation, **settings)
             down_projection = functools.partial(_dot, gated, down, n, live_rows=live_rows, layer=layer)
-        elif isinstance(gate_up, Int4Weight):  # W4A16 (pack_int4_panels), dequantized panel by panel
-            pairs = cpu.gated_pairs_int4(h, gate_up.weight, gate_up.scale, prologue="rms_norm", norm=norm, eps=eps,
+        elif isinstance(gate_up, Int4Weight):  # W4A16 (pack_int4_panels), dequantized panel by panel; in
+            # activation order, the down projection's folded into gate/up's columns (_pack_quantized_layer)
+            x, gate_up, x_norm = _in_order(h, gate_up, norm)
+            pairs = cpu.gated_pairs_int4(x, gate_up.weight, gate_up.scale, prologue="rms_norm", norm=x_norm, eps=eps,
                                          activation=activation, **settings)
             down_projection = functools.partial(cpu.matmul_int4, pairs, down.weight, down.scale, n,
                                                 prologue="rounded", **settings)
@@ -237,36 +249,55 @@ def _pack_quantized_layer(layer, lead) -> None:
     kernels apply, as one `gate_up_proj` in `pack_gated`'s column order (for `_gated_mlp`); each with its scales
     (and W8A8's `_comp`). W8A8: `pallas_kernels.cpu.pack_int8` where the CPU has AVX-512 VNNI; W4A16:
     `pack_int4_panels` (dequantized to bfloat16 panel by panel; zero points become biases beside the scales), for
-    groups of an even size. Otherwise they stay as
-    they are (XLA's int8 dots; W4A16 dequantized whole at each step)."""
+    groups of an even size. In activation order (g_idx), each projection's inputs are sorted by group (its rows
+    permuted, the step permuting x's columns likewise: `_perm`), q/k/v's and gate/up's alike where fused, and the
+    down projection's order is folded into gate/up's output columns (its x then comes in that order). Otherwise
+    they stay as they are (XLA's int8 dots; W4A16 dequantized whole at each step)."""
     from pallas_kernels import cpu
 
     cfg = layer.cfg
     int8 = cfg.quantization == W8A8_INT8
     if not (cpu.int8_matmul_available() if int8 else cfg.quant_group_size % 2 == 0):
         return
-
-    parts = ("", "_scale", "_zero") if cfg.quant_zero_point else ("", "_scale")
-
-    def take(names):  # the projections' values, scales (and zero points) side by side (gate/up: in pack_gated's
-        # column order)
-        arrays = [[np.asarray(getattr(layer, name + part).get_value()) for name in names] for part in parts]
-        for name in names:
-            for part in parts:
-                delattr(layer, name + part)
-        join = cpu.gated_columns if names == ("gate_proj", "up_proj") else lambda *a: np.concatenate(a, -1)
-        return [join(*each) for each in arrays]
-
     plan = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",)}
     if cfg.intermediate_size:
         together = cfg.hidden_act in cpu.GATED_ACTIVATIONS and cfg.intermediate_size % cpu.GATED == 0
         plan |= ({"gate_up_proj": ("gate_proj", "up_proj")} if together else
                  {"gate_proj": ("gate_proj",), "up_proj": ("up_proj",)}) | {"down_proj": ("down_proj",)}
+    names = [name for names in plan.values() for name in names]
+    perms = {}
+    if cfg.quant_act_order:  # each projection's inputs sorted by group (a stable sort: groups in turn)
+        perms = {name: np.argsort(np.asarray(getattr(layer, name + "_g_idx").get_value()), -1, kind="stable")
+                 for name in names}
+        if any(not np.array_equal(perms[names[0]], perms[name]) for names in plan.values() for name in names):
+            return  # fused projections in different orders: XLA's path
+    parts = {"", "_scale"} | ({"_zero"} if cfg.quant_zero_point else set())
+    values = {name + part: np.asarray(getattr(layer, name + part).get_value()) for name in names for part in parts}
+    for name in names:
+        for part in parts | ({"_g_idx"} if perms else set()):
+            delattr(layer, name + part)
+    for name, perm in perms.items():
+        values[name] = np.take_along_axis(values[name], perm[..., :, None], -2)
+    if "down_proj" in perms:  # gate/up's columns in the down projection's order: its x comes in it
+        down = perms.pop("down_proj")
+        for key in [name + part for name in ("gate_proj", "up_proj") for part in parts]:
+            values[key] = np.take_along_axis(values[key], down[..., None, :], -1)
+
+    def take(names):  # the projections' values, scales (and zero points) side by side (gate/up: in pack_gated's
+        # column order)
+        join = cpu.gated_columns if names == ("gate_proj", "up_proj") else lambda *a: np.concatenate(a, -1)
+        return [join(*(values[name + part] for name in names)) for part in ("", "_scale", "_zero") if part in parts]
+
     for fused, names in plan.items():
         arrays = (cpu.pack_int8 if int8 else cpu.pack_int4_panels)(*take(names))
         for suffix, array in zip(("", "_comp", "_scale") if int8 else ("", "_scale"), arrays):
             axes = lead + ("packed",) * (array.ndim - len(lead))
             setattr(layer, fused + suffix, nnx.Param(jax.device_put(array), logical_axes=axes))
+        perm = perms.get(names[0])
+        if perm is not None and not np.array_equal(perm, np.broadcast_to(np.arange(perm.shape[-1]), perm.shape)):
+            axis = "heads" if fused == "o_proj" else "embed"
+            setattr(layer, fused + "_perm", nnx.Param(jax.device_put(perm.astype(np.int32)),
+                                                      logical_axes=lead + (axis,)))
 
 
 class DecoderLayers(nnx.Module):
@@ -319,6 +350,8 @@ class DecoderLayers(nnx.Module):
                 setattr(self, name + "_scale", _param((L, scale_groups(cfg, width), out), dtype, axes))
                 if cfg.quant_zero_point:
                     setattr(self, name + "_zero", _param((L, scale_groups(cfg, width), out), jnp.int8, axes))
+                if cfg.quant_act_order:  # each input's group
+                    setattr(self, name + "_g_idx", _param((L, width), jnp.int32, axes[:2]))
 
     def norm(self, name: str) -> jax.Array:
         return _norm_scale(self.cfg, getattr(self, name)[...])
@@ -330,8 +363,9 @@ class DecoderLayers(nnx.Module):
         if self.cfg.quantization is None:
             return w
         if self.cfg.quantization == W4A16:
-            zero = getattr(self, name + "_zero")[...] if hasattr(self, name + "_zero") else None
-            return Int4Weight(w, getattr(self, name + "_scale")[...], zero)
+            zero, g_idx, perm = (getattr(self, name + part)[...] if hasattr(self, name + part) else None
+                                 for part in ("_zero", "_g_idx", "_perm"))
+            return Int4Weight(w, getattr(self, name + "_scale")[...], zero, g_idx, perm)
         comp = getattr(self, name + "_comp")[...] if hasattr(self, name + "_comp") else None
         return Int8Weight(w, getattr(self, name + "_scale")[...], comp)
 
@@ -646,6 +680,8 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
         per_layer |= {hf_name + "_scale": (ours + "_scale", cfg.quantization == W4A16) for hf_name, ours in projections}
         if cfg.quant_zero_point:
             per_layer |= {hf_name + "_zero_point": (ours + "_zero", True) for hf_name, ours in projections}
+        if cfg.quant_act_order:
+            per_layer |= {hf_name + "_g_idx": (ours + "_g_idx", False) for hf_name, ours in projections}
     for i in range(cfg.num_layers):
         for hf_name, (ours, transpose) in per_layer.items():
             names[f"model.layers.{i}.{hf_name}"] = (("layers", ours), i, transpose, None)

@@ -46,12 +46,13 @@ class Int8Weight(NamedTuple):
 
 class Quantized(NamedTuple):
     """What a quantized checkpoint's config.json says (ModelConfig's quantization, quant_group_size, quant_method,
-    quant_zero_point, quant_format)."""
+    quant_zero_point, quant_format, quant_act_order)."""
     scheme: str  # W8A8_INT8 or W4A16
     group_size: int  # W4A16: the weights' group along the input (0: one group per output channel)
     method: str  # compressed-tensors, gptq or awq
     zero_point: bool = False  # W4A16: asymmetric, a zero point per group
     format: str = ""  # the method's own: compressed-tensors' format, GPTQ's checkpoint_format, AWQ's version
+    act_order: bool = False  # W4A16: each input's group given by a g_idx (GPTQ's desc_act, actorder "group")
 
 
 def parse_quantization(hf: dict) -> Quantized | None:
@@ -85,7 +86,7 @@ def parse_quantization(hf: dict) -> Quantized | None:
     groups = q.get("config_groups") or {}
     if not groups:
         raise ValueError("quantization_config.config_groups is empty")
-    forms = set()  # (group size, zero points) of each group
+    forms = set()  # (group size, zero points, activation order) of each group
     for name, group in groups.items():
         where = f"quantization_config.config_groups.{name}"
         targets = group.get("targets") or []
@@ -96,40 +97,42 @@ def parse_quantization(hf: dict) -> Quantized | None:
             _check_args(group.get("weights"), f"{where}.weights", scheme, bits=8, strategies=("channel", "tensor"))
             _check_args(group.get("input_activations"), f"{where}.input_activations", scheme, bits=8,
                         strategies=("token",), dynamic=True)
-            forms.add((0, False))
+            forms.add((0, False, False))
         else:
             weights = group.get("weights")
             _check_args(weights, f"{where}.weights", scheme, bits=4, strategies=("group", "channel"),
-                        asymmetric=True)
+                        weight_only=True)
             if group.get("input_activations"):
                 raise ValueError(f"{where}.input_activations is not supported with pack-quantized weights (W4A16 "
                                  f"keeps its activations in float)")
             size = weights.get("group_size") if weights["strategy"] == "group" else 0
             if weights["strategy"] == "group" and not (isinstance(size, int) and size > 0):
                 raise ValueError(f"{where}.weights.group_size={size!r}: the group strategy needs a positive size")
-            forms.add((size, not weights["symmetric"]))
+            forms.add((size, not weights["symmetric"], weights.get("actorder") == "group"))
         if group.get("output_activations"):
             raise ValueError(f"{where}.output_activations is not supported")
     if len(forms) > 1:
-        raise ValueError(f"quantization_config.config_groups: groups of different sizes or symmetries "
+        raise ValueError(f"quantization_config.config_groups: groups of different sizes, symmetries or orders "
                          f"{sorted(forms)} are not supported")
     ignored = [name for name in q.get("ignore") or [] if name not in _HEAD]
     if ignored:
         raise ValueError(f"quantization_config.ignore {ignored!r} is not supported: only the output head (lm_head) may "
                          f"stay unquantized")
-    size, zero_point = forms.pop()
-    return Quantized(scheme, size, "compressed-tensors", zero_point, q["format"])
+    size, zero_point, act_order = forms.pop()
+    return Quantized(scheme, size, "compressed-tensors", zero_point, q["format"], act_order)
 
 
 def _gptq(q: dict, hf: dict) -> Quantized:
-    """A GPTQ config, once its fields are ones served: 4 bits, symmetric or with zero points, no activation order,
-    the output head unquantized, every projection quantized."""
-    expected = {"bits": 4, "desc_act": False, "lm_head": False}
+    """A GPTQ config, once its fields are ones served: 4 bits, symmetric or with zero points, in activation order
+    or not (desc_act: the g_idx tensors say each input's group), the output head unquantized, every projection
+    quantized."""
+    expected = {"bits": 4, "lm_head": False}
     for field, value in expected.items():
-        if q.get(field, value if field in ("desc_act", "lm_head") else None) != value:
+        if q.get(field, value if field == "lm_head" else None) != value:
             raise ValueError(f"quantization_config.{field}={q.get(field)!r} is not supported (gptq takes {value!r})")
-    if not isinstance(q.get("sym"), bool):
-        raise ValueError(f"quantization_config.sym={q.get('sym')!r} must be true or false")
+    for field in ("sym", "desc_act"):
+        if not isinstance(q.get(field, False if field == "desc_act" else None), bool):
+            raise ValueError(f"quantization_config.{field}={q.get(field)!r} must be true or false")
     if q.get("checkpoint_format", "gptq") not in ("gptq", "gptq_v2"):
         raise ValueError(f"quantization_config.checkpoint_format={q['checkpoint_format']!r} is not supported; "
                          f"supported: gptq, gptq_v2")
@@ -137,7 +140,7 @@ def _gptq(q: dict, hf: dict) -> Quantized:
         if q.get(field):
             raise ValueError(f"quantization_config.{field} (some modules quantized otherwise) is not supported")
     return Quantized(W4A16, _group_size(q.get("group_size", 128), "group_size"), "gptq", not q["sym"],
-                     q.get("checkpoint_format", "gptq"))
+                     q.get("checkpoint_format", "gptq"), q.get("desc_act", False))
 
 
 def _awq(q: dict, hf: dict) -> Quantized:
@@ -181,16 +184,17 @@ def _group_size(group, name: str) -> int:
 
 
 def _check_args(args: dict | None, where: str, scheme: str, *, bits: int, strategies: tuple[str, ...],
-                dynamic: bool = False, asymmetric: bool = False) -> None:
+                dynamic: bool = False, weight_only: bool = False) -> None:
+    """`weight_only` (W4A16): zero points and a g_idx's activation order allowed."""
     if not args:
         raise ValueError(f"{where} is missing: {scheme} quantizes them")
     expected = {"num_bits": bits, "type": "int", "dynamic": dynamic}
     for field, value in expected.items():
         if args.get(field, value if field == "type" else None) != value:
             raise ValueError(f"{where}.{field}={args.get(field)!r} is not supported ({scheme} takes {value!r})")
-    if args.get("symmetric") not in ((True, False) if asymmetric else (True,)):
+    if args.get("symmetric") not in ((True, False) if weight_only else (True,)):
         raise ValueError(f"{where}.symmetric={args.get('symmetric')!r} is not supported ({scheme} takes "
-                         f"{'true or false' if asymmetric else 'true'})")
+                         f"{'true or false' if weight_only else 'true'})")
     if args.get("strategy") not in strategies:
         raise ValueError(f"{where}.strategy={args.get('strategy')!r} is not supported; supported: "
                          f"{', '.join(strategies)}")
@@ -199,8 +203,11 @@ def _check_args(args: dict | None, where: str, scheme: str, *, bits: int, strate
                          f"{args.get('strategy')!r}")
     if args.get("block_structure"):
         raise ValueError(f"{where}.block_structure={args['block_structure']!r} is not supported")
-    if args.get("actorder") not in (None, "static"):  # "group" and "weight" reorder the input (a g_idx tensor)
-        raise ValueError(f"{where}.actorder={args['actorder']!r} is not supported (only None or 'static')")
+    # "group": each input's group in a g_idx tensor; "weight" and "static": groups of consecutive inputs
+    orders = (None, "static", "weight", "group") if weight_only else (None, "static", "weight")
+    if args.get("actorder") not in orders:
+        raise ValueError(f"{where}.actorder={args['actorder']!r} is not supported; supported: "
+                         f"{', '.join(str(order) for order in orders)}")
 
 
 def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
@@ -254,8 +261,9 @@ def with_quantized(split_tensor, cfg):
     vector [out] (a per-tensor scale repeated); W4A16's int8 `weight` [out, in] (from compressed-tensors'
     `weight_packed`, GPTQ's or AWQ's `qweight`), its `weight_scale` [out, groups] (GPTQ's and AWQ's `scales`
     transposed) and, with zero points, its int8 `weight_zero_point` [out, groups] (offset as the values are:
-    compressed-tensors' packed ones unpacked, GPTQ's and AWQ's `qzeros`), each checked; compressed-tensors'
-    `weight_shape` and GPTQ's `g_idx` (and a symmetric GPTQ's `qzeros`) dropped once checked."""
+    compressed-tensors' packed ones unpacked, GPTQ's and AWQ's `qzeros`), in activation order its int32
+    `weight_g_idx` [in] (GPTQ's `g_idx`), each checked; compressed-tensors' `weight_shape`, GPTQ's `g_idx` where
+    inputs are grouped in turn (and a symmetric GPTQ's `qzeros`) dropped once checked."""
     if cfg.quantization is None:
         return split_tensor
     shapes = projection_shapes(cfg)
@@ -275,9 +283,11 @@ def with_quantized(split_tensor, cfg):
             name, array = convert(name, array)
             if name is None:
                 return []
-        if name.endswith((".input_scale", ".input_zero_point", ".weight_g_idx")) or (
-                name.endswith(".weight_zero_point") and not cfg.quant_zero_point):
-            raise ValueError(f"tensor {name}: static, asymmetric or reordered quantization is not supported")
+        if name.endswith((".input_scale", ".input_zero_point")) or (
+                name.endswith(".weight_zero_point") and not cfg.quant_zero_point) or (
+                name.endswith(".weight_g_idx") and not cfg.quant_act_order):
+            raise ValueError(f"tensor {name}: static, asymmetric or reordered quantization is not supported here "
+                             f"(the checkpoint's config does not say so)")
         if cfg.quantization == W8A8_INT8 and name.endswith(".weight_scale"):
             width = projection(name)[0]
             scale = np.asarray(array, np.float32).reshape(-1)
@@ -292,6 +302,8 @@ def with_quantized(split_tensor, cfg):
             if tuple(array.shape) != (out, scale_groups(cfg, width)):
                 raise ValueError(f"tensor {name} has shape {tuple(array.shape)}, expected "
                                  f"{(out, scale_groups(cfg, width))}")
+        elif name.endswith(".weight_g_idx"):
+            array = checked_g_idx(name, array)
         return split_tensor(name, array, cfg)
 
     def packed_tensor(name, array):
@@ -318,9 +330,9 @@ def with_quantized(split_tensor, cfg):
     def gptq_tensor(name, array):
         """A GPTQ tensor as compressed-tensors names and lays it out (qweight [in / 8, out] -> int8 weight [out,
         in]; scales [groups, out] -> weight_scale [out, groups]; qzeros [groups, out / 8] -> weight_zero_point
-        [out, groups], stored minus one by the gptq format, as they are by gptq_v2), or (None, None) for one
-        checked and dropped: a symmetric checkpoint's qzeros (its zero point 8: stored 7 or 8) and g_idx (no
-        activation order: each input's group in turn)."""
+        [out, groups], stored minus one by the gptq format, as they are by gptq_v2; g_idx -> weight_g_idx in
+        activation order), or (None, None) for one checked and dropped: a symmetric checkpoint's qzeros (its zero
+        point 8: stored 7 or 8) and g_idx without activation order (each input's group in turn)."""
         stem, _, kind = name.rpartition(".")
         if kind not in ("qweight", "scales", "qzeros", "g_idx"):
             return name, array
@@ -343,9 +355,21 @@ def with_quantized(split_tensor, cfg):
             if not (np.all(stored == -1) or np.all(stored == 0)):
                 raise ValueError(f"tensor {name}: zero points other than 8 in a sym=true checkpoint (stored 7, or 8 "
                                  f"in gptq_v2)")
+        elif cfg.quant_act_order:
+            return stem + ".weight_g_idx", array
         elif not np.array_equal(array, np.arange(width) // (cfg.quant_group_size or width)):
-            raise ValueError(f"tensor {name}: a g_idx reordering the inputs (activation order) is not supported")
+            raise ValueError(f"tensor {name}: a g_idx reordering the inputs, but the config says desc_act=false")
         return None, None
+
+    def checked_g_idx(name, array):
+        """An activation order's g_idx: each input's group, every group `group_size` inputs."""
+        width = projection(name)[1]
+        size = cfg.quant_group_size or width
+        array = np.asarray(array)
+        if array.shape != (width,) or not np.array_equal(np.sort(array), np.arange(width) // size):
+            raise ValueError(f"tensor {name}: a g_idx must give each of the {width} inputs a group, {size} inputs to "
+                             f"each group")
+        return array.astype(np.int32)
 
     def awq_tensor(name, array):
         """An AWQ (gemm) tensor as compressed-tensors names and lays it out: qweight [in, out / 8] and qzeros
@@ -370,19 +394,30 @@ def with_quantized(split_tensor, cfg):
 
 class Int4Weight(NamedTuple):
     """A W4A16 projection as the layer's matmul takes it: int4 values in int8 [in, out] (the unsigned value minus
-    8), their scales [groups, out] (in the checkpoint's float dtype) and zero points (None: symmetric; else int8
-    [groups, out], offset as the values are), each group of in / groups consecutive inputs sharing one; or packed
-    for the native CPU matmul (uint8 `weight`: pallas_kernels.cpu.pack_int4_panels' panels, its scales and biases
-    in `scale`, `zero` None)."""
+    8), their scales [groups, out] (in the checkpoint's float dtype), zero points (None: symmetric; else int8
+    [groups, out], offset as the values are) and, in activation order, each input's group `g_idx` [in] (None:
+    groups of in / groups consecutive inputs); or packed for the native CPU matmul (uint8 `weight`:
+    pallas_kernels.cpu.pack_int4_panels' panels of the inputs in `perm`'s order (None: as they are), its scales and
+    biases in `scale`)."""
     weight: jax.Array
     scale: jax.Array
     zero: jax.Array | None = None
+    g_idx: jax.Array | None = None
+    perm: jax.Array | None = None
 
     def dequantized(self) -> jax.Array:
         """The float weight [in, out] in the scales' dtype: (value - zero point) x its group's scale, as vLLM's
         kernels dequantize."""
         *lead, width, out = self.weight.shape
         groups = self.scale.shape[-2]
+        if self.g_idx is not None:  # each input's group's scale and zero point
+            def rows(a):
+                return jnp.take_along_axis(a, self.g_idx[..., :, None], axis=-2)
+
+            values = self.weight.astype(jnp.int16)
+            if self.zero is not None:
+                values = values - rows(self.zero).astype(jnp.int16)
+            return values.astype(self.scale.dtype) * rows(self.scale)
         values = self.weight.reshape(*lead, groups, width // groups, out)
         if self.zero is not None:
             values = values.astype(jnp.int16) - self.zero[..., :, None, :].astype(jnp.int16)
@@ -476,40 +511,45 @@ def write_w8a8_checkpoint(source: str | Path, output: str | Path, strategy: str 
 
 
 def write_w4a16_checkpoint(source: str | Path, output: str | Path, group_size: int = 128,
-                           symmetric: bool = True) -> Path:
+                           symmetric: bool = True, act_order: bool = False) -> Path:
     """Writes `source` (a float Hugging Face checkpoint directory of a dense model) as a compressed-tensors W4A16
     checkpoint (pack-quantized) in `output`: every decoder layer's linear projection weight quantized to int4
     (`quantize_int4`: symmetric, or with zero points) in groups of `group_size` inputs (0: one group per output
     channel), stored as llm-compressor stores it (`weight_packed`, `weight_scale`, `weight_shape`, and
-    `weight_zero_point` packed along the output); every other tensor and file as it was."""
+    `weight_zero_point` packed along the output); every other tensor and file as it was. `act_order` (actorder
+    "group"): the inputs grouped in an order of their own (`_quantize_in_order`), each input's group in
+    `weight_g_idx`."""
     _check_group_size(group_size)
 
     def convert(name, weight):
-        q, scale, zero = quantize_int4(weight, group_size, symmetric)
+        q, scale, zero, g_idx = _quantize_in_order(name, weight, group_size, symmetric, act_order)
         out = {name + "_packed": pack_int4(q), name + "_scale": scale,
                name + "_shape": np.asarray(weight.shape, np.int64)}
-        return out if symmetric else out | {name + "_zero_point": np.ascontiguousarray(pack_int4(zero.T).T)}
+        if not symmetric:
+            out[name + "_zero_point"] = np.ascontiguousarray(pack_int4(zero.T).T)
+        return out if g_idx is None else out | {name + "_g_idx": g_idx}
 
     config = compressed_tensors_config("group" if group_size else "channel", W4A16, group_size)
-    config["config_groups"]["group_0"]["weights"]["symmetric"] = symmetric
+    config["config_groups"]["group_0"]["weights"] |= {"symmetric": symmetric, "actorder": "group" if act_order else None}
     return _write_quantized(source, output, convert, config)
 
 
 def write_gptq_checkpoint(source: str | Path, output: str | Path, group_size: int = 128, symmetric: bool = True,
-                          checkpoint_format: str = "gptq") -> Path:
-    """Writes `source` (a float Hugging Face checkpoint directory of a dense model) as a GPTQ checkpoint (4-bit, no
-    activation order; `checkpoint_format` gptq, whose qzeros hold the zero points minus one, or gptq_v2) in
-    `output`, each projection's int4 values, scales and zero points as `quantize_int4` computes them (round to
-    nearest, no calibration: not GPTQ's error-correcting algorithm): `qweight`, `qzeros` (symmetric: 8), float16
-    `scales`, `g_idx`."""
+                          checkpoint_format: str = "gptq", act_order: bool = False) -> Path:
+    """Writes `source` (a float Hugging Face checkpoint directory of a dense model) as a GPTQ checkpoint (4-bit;
+    `checkpoint_format` gptq, whose qzeros hold the zero points minus one, or gptq_v2) in `output`, each
+    projection's int4 values, scales and zero points as `quantize_int4` computes them (round to nearest, no
+    calibration: not GPTQ's error-correcting algorithm): `qweight`, `qzeros` (symmetric: 8), float16 `scales`,
+    `g_idx`. `act_order` (desc_act): the inputs grouped in an order of their own instead of in turn
+    (`_quantize_in_order`), each input's group in `g_idx`."""
     _check_group_size(group_size)
     if checkpoint_format not in ("gptq", "gptq_v2"):
         raise ValueError(f"checkpoint_format must be 'gptq' or 'gptq_v2', got {checkpoint_format!r}")
     v1 = checkpoint_format == "gptq"
 
     def convert(name, weight):
-        q, scale, zero = quantize_int4(weight, group_size, symmetric)
-        out, width = q.shape
+        width = weight.shape[1]
+        q, scale, zero, g_idx = _quantize_in_order(name, weight, group_size, symmetric, act_order)
         zero = np.zeros(scale.shape, np.int8) if zero is None else zero
         if v1 and zero.min() == -8:
             raise ValueError(f"{name}: a zero point 0, which the gptq format (zero points minus one) cannot store; "
@@ -518,10 +558,10 @@ def write_gptq_checkpoint(source: str | Path, output: str | Path, group_size: in
         return {stem + ".qweight": np.ascontiguousarray(pack_int4(q).T),
                 stem + ".qzeros": pack_int4(np.ascontiguousarray(zero.T) - v1),
                 stem + ".scales": np.ascontiguousarray(scale.T).astype(np.float16),
-                stem + ".g_idx": (np.arange(width) // (group_size or width)).astype(np.int32)}
+                stem + ".g_idx": g_idx if act_order else (np.arange(width) // (group_size or width)).astype(np.int32)}
 
-    config = {"quant_method": "gptq", "bits": 4, "group_size": group_size or -1, "desc_act": False, "sym": symmetric,
-              "checkpoint_format": checkpoint_format, "damp_percent": 0.01, "true_sequential": True}
+    config = {"quant_method": "gptq", "bits": 4, "group_size": group_size or -1, "desc_act": act_order,
+              "sym": symmetric, "checkpoint_format": checkpoint_format, "damp_percent": 0.01, "true_sequential": True}
     return _write_quantized(source, output, convert, config)
 
 
@@ -542,6 +582,23 @@ def write_awq_checkpoint(source: str | Path, output: str | Path, group_size: int
     config = {"quant_method": "awq", "bits": 4, "group_size": group_size or -1, "zero_point": True,
               "version": "gemm", "modules_to_not_convert": None}
     return _write_quantized(source, output, convert, config)
+
+
+def _quantize_in_order(name: str, weight, group_size: int, symmetric: bool, act_order: bool):
+    """`quantize_int4` of projection `name`'s weight [out, in], its inputs grouped in turn or (`act_order`) in an
+    order of their own: a seeded shuffle standing in for GPTQ's order of the calibration inputs' Hessian, one per
+    layer and input as GPTQ's (q/k/v share theirs, gate/up theirs) -> (values, scales, zero points, each input's
+    group int32 [in] or None)."""
+    if not act_order:
+        return *quantize_int4(weight, group_size, symmetric), None
+    width = weight.shape[1]
+    inputs = {"k_proj": "q_proj", "v_proj": "q_proj", "qkv_proj": "q_proj", "up_proj": "gate_proj",
+              "gate_up_proj": "gate_proj"}
+    layer, projection = name.split(".layers.")[1].split(".")[0], name.rsplit(".", 2)[-2]
+    order = np.random.default_rng(list(f"{layer}.{inputs.get(projection, projection)}".encode())).permutation(width)
+    q, scale, zero = quantize_int4(weight[:, order], group_size, symmetric)  # groups of consecutive inputs in order
+    position = np.argsort(order)  # each input's place in the order
+    return q[:, position], scale, zero, (position // (group_size or width)).astype(np.int32)
 
 
 def _check_group_size(group_size) -> None:
@@ -577,7 +634,7 @@ def _write_quantized(source, output, convert, quantization_config: dict) -> Path
                 if ".experts." in name:
                     raise ValueError("a mixture of experts' quantization is not supported")
                 for key, value in convert(name, tensor.float().numpy()).items():
-                    value = torch.from_numpy(value)  # float32 ones in the weight's dtype (others as they are)
+                    value = torch.from_numpy(np.ascontiguousarray(value))  # float32 ones in the weight's dtype
                     out[key] = value.to(tensor.dtype) if value.dtype == torch.float32 else value
             else:
                 out[name] = tensor

@@ -33,18 +33,21 @@ def _base_model_tensor(name: str) -> str | None:
 def _phi3_split(name: str, array, cfg: ModelConfig) -> list:
     """Phi-3's fused q/k/v ([(heads + 2 kv_heads) x head_dim, hidden]) and gate/up ([2 x intermediate, hidden])
     projections as the separate tensors the weight map knows (the loader packs them together again); a quantized
-    checkpoint's scales and zero points of them ([out, ...]) split by the same rows."""
+    checkpoint's scales and zero points of them ([out, ...]) split by the same rows, and its g_idx ([in]: the
+    inputs' groups) given to each."""
     stem, _, kind = name.rpartition(".")
-    if kind not in ("weight", "weight_scale", "weight_zero_point"):
+    if kind not in ("weight", "weight_scale", "weight_zero_point", "weight_g_idx"):
         return [(name, array)]
+    inputs = kind == "weight_g_idx"  # along the shared input: each part's the same
     if stem.endswith(".self_attn.qkv_proj"):
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         prefix = stem[: -len("qkv_proj")]
-        return [(f"{prefix}q_proj.{kind}", array[:q]), (f"{prefix}k_proj.{kind}", array[q:q + kv]),
-                (f"{prefix}v_proj.{kind}", array[q + kv:])]
+        parts = (array,) * 3 if inputs else (array[:q], array[q:q + kv], array[q + kv:])
+        return [(f"{prefix}{p}_proj.{kind}", part) for p, part in zip("qkv", parts)]
     if stem.endswith(".mlp.gate_up_proj"):
         prefix, i = stem[: -len("gate_up_proj")], cfg.intermediate_size
-        return [(f"{prefix}gate_proj.{kind}", array[:i]), (f"{prefix}up_proj.{kind}", array[i:])]
+        parts = (array,) * 2 if inputs else (array[:i], array[i:])
+        return [(f"{prefix}{p}_proj.{kind}", part) for p, part in zip(("gate", "up"), parts)]
     return [(name, array)]
 
 
