@@ -31,21 +31,35 @@ def model_dirs(tmp_path_factory, tokenizer_dir):
 
 @pytest.fixture(scope="session")
 def engines(model_dirs):
-    """Engines shared by the whole run, keyed by (arch, settings); small bucket sets keep compiles few."""
+    """Engines shared by the whole run, keyed by (arch, settings); small bucket sets keep compiles few. The
+    `MAX_ENGINES` used last are kept (an older one is dropped, and built again if asked for): each engine's
+    compiled programs hold ~500 memory maps, and a process may hold no more than vm.max_map_count (65530 by
+    default: past it XLA's compiler aborts)."""
+    import gc
+    from collections import OrderedDict
+
     from jaxengine import LLMEngine
     from jaxengine.config import EngineConfig
 
-    cache = {}
+    cache = OrderedDict()
 
     def get(arch, **settings):
         key = (arch, tuple(sorted((k, repr(v)) for k, v in settings.items())))
-        if key not in cache:
-            base = dict(model=str(model_dirs[arch]), dtype="float32", max_model_len=512, max_num_seqs=8,
-                        max_num_batched_tokens=64, min_token_bucket=8, kv_cache_gib=0.01, seed=0)
-            cache[key] = LLMEngine(EngineConfig(**(base | settings)), progress=False)
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        if len(cache) >= MAX_ENGINES:
+            cache.popitem(last=False)
+            gc.collect()
+        base = dict(model=str(model_dirs[arch]), dtype="float32", max_model_len=512, max_num_seqs=8,
+                    max_num_batched_tokens=64, min_token_bucket=8, kv_cache_gib=0.01, seed=0)
+        cache[key] = LLMEngine(EngineConfig(**(base | settings)), progress=False)
         return cache[key]
 
     return get
+
+
+MAX_ENGINES = 40
 
 
 @pytest.fixture(scope="session")
