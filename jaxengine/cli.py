@@ -164,11 +164,11 @@ def _convert(args) -> None:
 
 def _quantize(args) -> None:
     from jaxengine.models.loader import resolve_model_dir
-    from jaxengine.models.quantization import (write_awq_checkpoint, write_gptq_checkpoint, write_w4a16_checkpoint,
-                                               write_w8a8_checkpoint)
+    from jaxengine.models.quantization import (write_awq_checkpoint, write_fp8_checkpoint, write_gptq_checkpoint,
+                                               write_w4a16_checkpoint, write_w8a8_checkpoint)
 
     model, group = resolve_model_dir(args.model), 128 if args.group_size is None else args.group_size
-    if args.scheme == "w8a8" and (args.group_size is not None or args.zero_point):
+    if args.scheme in ("w8a8", "fp8", "fp8-dynamic") and (args.group_size is not None or args.zero_point):
         raise ValueError("--group-size and --zero-point apply to the 4-bit schemes (w4a16, gptq, awq)")
     if args.scheme == "awq" and args.zero_point is False:
         raise ValueError("awq checkpoints hold zero points (--no-zero-point: use w4a16 or gptq)")
@@ -176,13 +176,17 @@ def _quantize(args) -> None:
         write_w8a8_checkpoint(model, args.output)
     elif args.scheme == "w4a16":
         write_w4a16_checkpoint(model, args.output, group, symmetric=not args.zero_point)
+    elif args.scheme in ("fp8", "fp8-dynamic"):
+        write_fp8_checkpoint(model, args.output, (128, 128) if args.scheme == "fp8" else None,
+                             "fp8" if args.scheme == "fp8" else "compressed-tensors")
     elif args.scheme == "gptq":
         write_gptq_checkpoint(model, args.output, group, symmetric=not args.zero_point,
                               checkpoint_format="gptq_v2" if args.zero_point else "gptq")
     else:
         write_awq_checkpoint(model, args.output, group)
     kind = {"w8a8": "W8A8 (compressed-tensors)", "w4a16": "W4A16 (compressed-tensors)", "gptq": "GPTQ",
-            "awq": "AWQ"}[args.scheme]
+            "awq": "AWQ", "fp8": "FP8 (blocks of 128 x 128)", "fp8-dynamic": "FP8 (compressed-tensors, per channel)"
+            }[args.scheme]
     print(f"wrote a {kind} checkpoint to {args.output}; serve it with --model {args.output}")
 
 
@@ -258,10 +262,11 @@ def main(argv: list[str] | None = None) -> None:
     quantize = sub.add_parser("quantize", help="write a quantized checkpoint of a float one, round to nearest (no "
                                                "calibration): compressed-tensors W8A8 int8 (per-channel weights, "
                                                "per-token activations) or W4A16 (int4 weights in groups), GPTQ or "
-                                               "AWQ (int4 weights in groups)")
+                                               "AWQ (int4 weights in groups), FP8 (e4m3 weights in blocks of 128 x "
+                                               "128, or compressed-tensors' FP8_DYNAMIC: per channel)")
     quantize.add_argument("--model", required=True, help="Hugging Face directory or hub id of a dense model")
     quantize.add_argument("--output", required=True, help="a new directory for the checkpoint")
-    quantize.add_argument("--scheme", choices=("w8a8", "w4a16", "gptq", "awq"), default="w8a8")
+    quantize.add_argument("--scheme", choices=("w8a8", "w4a16", "gptq", "awq", "fp8", "fp8-dynamic"), default="w8a8")
     quantize.add_argument("--group-size", type=int, default=None,
                           help="4-bit schemes: inputs per group of scales (default 128; 0: one group per output "
                                "channel)")

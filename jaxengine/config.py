@@ -14,7 +14,8 @@ ATTENTION_BACKENDS = ("auto", "reference", "pallas", "native")  # see jaxengine/
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # see jaxengine/models/loader.py: resolve_dtypes
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")  # see LLMEngine._kv_cache_dtype
 RUNNERS = ("auto", "generate", "pooling")  # see LLMEngine._runner_type
-QUANTIZATION_METHODS = ("compressed-tensors", "gptq", "awq")  # vLLM's names of those served (models/quantization.py)
+# vLLM's names of the quantization methods served (models/quantization.py)
+QUANTIZATION_METHODS = ("compressed-tensors", "gptq", "awq", "fp8")
 CONVERTS = ("auto", "embed")  # vLLM's --convert: what a pooling runner makes of the model (embeddings only here)
 
 
@@ -27,7 +28,8 @@ class EngineConfig:
     download_dir: str | None = None  # where a hub id's files go (default: the Hugging Face cache)
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     # As vLLM's --quantization: None takes the checkpoint's (config.json's quantization_config); a method named
-    # must be the checkpoint's. Served: compressed-tensors W8A8 int8 and W4A16, GPTQ and AWQ 4-bit (models/quantization.py).
+    # must be the checkpoint's. Served: compressed-tensors W8A8 int8, W4A16 and FP8, GPTQ and AWQ 4-bit, FP8
+    # (models/quantization.py).
     quantization: str | None = None
     kv_cache_dtype: str = "auto"  # auto | float32 | bfloat16 | float16; auto: see LLMEngine._kv_cache_dtype
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings

@@ -39,7 +39,7 @@ _TARGET = "jaxengine_cpu_ragged_paged_attention"
 _MATMUL_TARGET = "jaxengine_cpu_matmul_bf16"
 _GROUPED_MATMUL_TARGET = "jaxengine_cpu_grouped_matmul_bf16"
 _INT8_MATMUL_TARGET = "jaxengine_cpu_matmul_int8"
-_INT4_MATMUL_TARGET = "jaxengine_cpu_matmul_int4"
+_DEQUANT_MATMUL_TARGET = "jaxengine_cpu_matmul_dequant"
 _WRITE_TARGET = "jaxengine_cpu_write_kv"
 _ROPE_WRITE_TARGET = "jaxengine_cpu_rope_write_kv"
 _BARRIER_TARGET = "jaxengine_cpu_fusion_barrier"
@@ -90,7 +90,8 @@ def _library() -> ctypes.CDLL:
     jax.ffi.register_ffi_target(_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulBf16), platform="cpu")
     jax.ffi.register_ffi_target(_GROUPED_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuGroupedMatmulBf16),
                                 platform="cpu")
-    jax.ffi.register_ffi_target(_INT4_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulInt4), platform="cpu")
+    jax.ffi.register_ffi_target(_DEQUANT_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulDequant),
+                                platform="cpu")
     jax.ffi.register_ffi_target(_INT8_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulInt8), platform="cpu")
     jax.ffi.register_ffi_target(_WRITE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuWriteKv), platform="cpu")
     jax.ffi.register_ffi_target(_ROPE_WRITE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuRopeWriteKv), platform="cpu")
@@ -262,63 +263,93 @@ def pack_int4_panels(q, scale, zero=None):
     *lead, K, N = q.shape
     groups = scale.shape[-2]
     if scale.shape[-1] != N or K % groups or (K // groups) % 2 or zero.shape != scale.shape:
-        raise ValueError(f"pack_int4_panels needs scales (and zero points) [..., groups, {N}] of groups of an even size "
-                         f"dividing K={K}, got {scale.shape} ({zero.shape})")
+        raise ValueError(f"pack_int4_panels needs scales (and zero points) [..., groups, {N}] of groups of an even "
+                         f"size dividing K={K}, got {scale.shape} ({zero.shape})")
     P, K2 = -(-N // PANEL), K // 2
     nibbles = np.pad(q + 8, [(0, 0)] * len(lead) + [(0, 0), (0, P * PANEL - N)]).astype(np.uint8)
     pairs = nibbles[..., 0::2, :] | (nibbles[..., 1::2, :] << 4)  # [..., K2, P * 32]
     packed = np.ascontiguousarray(np.moveaxis(pairs.reshape(*lead, K2, P, PANEL), -2, -3))
+    return packed, _panel_scales(scale, -(zero + 8) * scale, P)
+
+
+def pack_fp8_panels(w, scale):
+    """FP8 weights for the native matmul: float8 e4m3 values [..., K, N] (ml_dtypes.float8_e4m3fn) and their float
+    scales [..., groups, N] (numpy, on the host; K an even multiple of the groups) -> (uint8 [..., P, ceil(K / 2),
+    64], float32 [..., P, groups, 64]): panels of 32 output columns as `pack_bf16`'s, each pair of rows' 32 values
+    of the first then 32 of the second, each panel's group scales (times 256: the kernel decodes a value as it /
+    256) beside it followed by zero biases. The kernel dequantizes a panel to bfloat16 (value times its group's
+    scale, exact in float32, then rounded) before multiplying."""
+    bits = np.asarray(w).view(np.uint8)
+    scale = np.asarray(scale, np.float32)
+    *lead, K, N = bits.shape
+    groups = scale.shape[-2]
+    if scale.shape[-1] != N or K % groups or (K // groups) % 2:
+        raise ValueError(f"pack_fp8_panels needs scales [..., groups, {N}] of groups of an even size dividing K={K}, "
+                         f"got {scale.shape}")
+    P, K2 = -(-N // PANEL), K // 2
+    bits = np.pad(bits, [(0, 0)] * len(lead) + [(0, 0), (0, P * PANEL - N)])
+    rows = bits.reshape(*lead, K2, 2, P, PANEL)  # [.., K2, (even, odd), P, 32]
+    packed = np.ascontiguousarray(np.moveaxis(rows, -2, -4).reshape(*lead, P, K2, 2 * PANEL))
+    return packed, _panel_scales(scale * 256, np.zeros_like(scale), P)
+
+
+def _panel_scales(scale, bias, P: int):
+    """Scales and biases [..., groups, N] -> [..., P, groups, 64]: each panel's 32 scales then 32 biases."""
+    *lead, groups, N = scale.shape
 
     def panels(a):  # [..., groups, N] -> [..., P, groups, 32]
         a = np.pad(a, [(0, 0)] * len(lead) + [(0, 0), (0, P * PANEL - N)])
         return np.moveaxis(a.reshape(*lead, groups, P, PANEL), -2, -3)
 
-    return packed, np.ascontiguousarray(np.concatenate([panels(scale), panels(-(zero + 8) * scale)], -1))
+    return np.ascontiguousarray(np.concatenate([panels(scale), panels(bias)], -1), np.float32)
 
 
-_INT4 = dict(target=_INT4_MATMUL_TARGET, layout="[L, P, K2, 32] ")  # _native_matmul's W4A16 kernel
+# _native_matmul's weight-only quantized kernel: int4 panels [L, P, K2, 32] or fp8 ones [L, P, K2, 64]
+_DEQUANT = dict(target=_DEQUANT_MATMUL_TARGET, layout="[L, P, K2, 32 or 64] ")
 
 
-def matmul_int4(x, packed, scale, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0,
-                residual=None, live_rows=None, layer=None):
-    """x f32[M, K] @ a W4A16 weight -> f32[M, n], (packed, scale) = pack_int4_panels(q, scales) of int4 values
-    [(L,) K, n]: `matmul_bf16` of the dequantized weight (each value times its group's scale, rounded to bfloat16),
-    prologues, residual, live rows and a stacked weight's `layer` as there."""
+def matmul_dequant(x, packed, scale, n: int, *, prologue: str | None = None, norm=None, eps: float = 0.0,
+                   residual=None, live_rows=None, layer=None):
+    """x f32[M, K] @ a weight-only quantized weight -> f32[M, n], (packed, scale) = pack_int4_panels (W4A16) or
+    pack_fp8_panels (FP8) of a [(L,) K, n] weight: `matmul_bf16` of the dequantized weight (each value times its
+    group's scale plus its bias, rounded to bfloat16), prologues, residual, live rows and a stacked weight's
+    `layer` as there."""
     if prologue not in _PROLOGUES:
-        raise ValueError(f"matmul_int4's prologue must be one of {list(_PROLOGUES)}, got {prologue!r}")
+        raise ValueError(f"matmul_dequant's prologue must be one of {list(_PROLOGUES)}, got {prologue!r}")
     rounded = prologue == "rounded"
     one = packed.shape[-3:]
     K = (2 * one[1] if len(one) == 3 else 0) if rounded else x.shape[-1] if x.ndim else 0
-    _check_int4(x, packed, scale, n, K, rounded)
+    _check_dequant(x, packed, scale, n, K, rounded)
     return _native_matmul(x, (packed, scale), jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32), K,
                           prologue=prologue, epilogue="store", norm=norm, eps=eps, residual=residual,
-                          live_rows=live_rows, layer=layer, **_INT4)
+                          live_rows=live_rows, layer=layer, **_DEQUANT)
 
 
-def gated_pairs_int4(x, packed, scale, *, prologue: str | None = None, norm=None, eps: float = 0.0, live_rows=None,
-                     layer=None, activation: str = "silu"):
-    """`gated_pairs` of a W4A16 gate/up weight: (packed, scale) = pack_int4_panels of int4 gate and up values
-    [(L,) K, I] and their scales in `pack_gated`'s column order (16 gate and the same 16 up columns a panel)."""
+def gated_pairs_dequant(x, packed, scale, *, prologue: str | None = None, norm=None, eps: float = 0.0,
+                        live_rows=None, layer=None, activation: str = "silu"):
+    """`gated_pairs` of a weight-only quantized gate/up weight: (packed, scale) = pack_int4_panels or
+    pack_fp8_panels of gate and up values [(L,) K, I] and their scales in `pack_gated`'s column order (16 gate and
+    the same 16 up columns a panel)."""
     if prologue not in (None, "rms_norm"):
-        raise ValueError(f"gated_pairs_int4's prologue must be None or 'rms_norm', got {prologue!r}")
+        raise ValueError(f"gated_pairs_dequant's prologue must be None or 'rms_norm', got {prologue!r}")
     K = x.shape[-1] if x.ndim else 0
-    _check_int4(x, packed, scale, packed.shape[-3] * PANEL, K, False)
+    _check_dequant(x, packed, scale, packed.shape[-3] * PANEL, K, False)
     out = jax.ShapeDtypeStruct((x.shape[0], rounded_width(packed.shape[-3] * PANEL // 2)), jnp.uint32)
     return _native_matmul(x, (packed, scale), out, K, prologue=prologue, epilogue="gated_pairs", norm=norm, eps=eps,
-                          residual=None, live_rows=live_rows, layer=layer, activation=activation, **_INT4)
+                          residual=None, live_rows=live_rows, layer=layer, activation=activation, **_DEQUANT)
 
 
-def _check_int4(x, packed, scale, n: int, K: int, rounded: bool) -> None:
+def _check_dequant(x, packed, scale, n: int, K: int, rounded: bool) -> None:
     one = packed.shape[-3:]
-    if x.ndim != 2 or packed.ndim not in (3, 4) or one != (-(-n // PANEL), K // 2, PANEL) or K % 2 or (
-            x.shape[1] != (rounded_width(K) if rounded else K)) or scale.ndim != packed.ndim or (
-            scale.shape[:-2] != packed.shape[:-2] or scale.shape[-1] != 2 * PANEL):
-        raise ValueError(f"the native int4 matmul needs x [M, K] ([M, rounded_width(K)] when rounded) and "
-                         f"pack_int4_panels of a [(L,) K, {n}] weight, got {x.shape}, {packed.shape} and scales "
-                         f"{scale.shape}")
+    if x.ndim != 2 or packed.ndim not in (3, 4) or one[:2] != (-(-n // PANEL), K // 2) or (
+            one[2] not in (PANEL, 2 * PANEL)) or K % 2 or x.shape[1] != (rounded_width(K) if rounded else K) or (
+            scale.ndim != packed.ndim or scale.shape[:-2] != packed.shape[:-2] or scale.shape[-1] != 2 * PANEL):
+        raise ValueError(f"the native dequantizing matmul needs x [M, K] ([M, rounded_width(K)] when rounded) and "
+                         f"pack_int4_panels or pack_fp8_panels of a [(L,) K, {n}] weight, got {x.shape}, "
+                         f"{packed.shape} and scales {scale.shape}")
     if x.dtype != (jnp.uint32 if rounded else jnp.float32) or packed.dtype != jnp.uint8 or scale.dtype != jnp.float32:
-        raise ValueError(f"the native int4 matmul needs float32 x (uint32 when rounded), a uint8 packed weight and "
-                         f"float32 scales, got {x.dtype}, {packed.dtype} and {scale.dtype}")
+        raise ValueError(f"the native dequantizing matmul needs float32 x (uint32 when rounded), a uint8 packed "
+                         f"weight and float32 scales, got {x.dtype}, {packed.dtype} and {scale.dtype}")
 
 
 def pack_int8(w, scale):
@@ -413,8 +444,9 @@ def _native_matmul(x, weights: tuple, out, K: int, *, prologue, epilogue, norm, 
     """The shared checks and the FFI call of the native matmuls (out: the result's shape and dtype): `weights` are
     the weight's operands, a packed weight first, one layer's (3 dimensions) or a stack of them with `layer` naming
     the one to use (`layout`: a stack's, for errors), and `target` the kernel: `matmul_bf16` and `gated_pairs`'s
-    ((pack_bf16's [P, K2, 64],)), their W4A16 forms' ((pack_int4_panels' [P, K2, 32], scales and biases)), or the int8
-    ones' ((pack_int8's [P, K4, 128], comp, scales))."""
+    ((pack_bf16's [P, K2, 64],)), their weight-only quantized forms' ((pack_int4_panels' [P, K2, 32] or
+    pack_fp8_panels' [P, K2, 64], scales and biases)), or the int8 ones' ((pack_int8's [P, K4, 128], comp,
+    scales))."""
     packed = weights[0]
     if (packed.ndim == 4) != (layer is not None) or (layer is not None and jnp.ndim(layer) != 0):
         raise ValueError(f"the native matmul takes a scalar layer index with a stacked {layout}weight and "

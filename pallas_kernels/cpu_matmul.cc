@@ -66,13 +66,15 @@ struct Problem {
   bool amx = false;       // the tile path (amx_panel): blocks of kTileRows rows
   bool gelu_tanh = false;  // gated: the activation is the tanh-approximated GELU, not silu
   const uint32_t* last_block = nullptr;  // amx: the last block's pairs padded to kTileRows rows where it has fewer
-  // W4A16 (MatmulInt4): the weight as int4 panels [P, K2, 32] (byte (k, c): w[2k, c]'s unsigned value in its low
-  // nibble, w[2k + 1, c]'s in its high one) with float32 [P, groups, 64], each group's 32 scales then 32 biases
-  // (-zero point x scale), each group `group_pairs` pairs of rows; w is unused (each panel is dequantized to
-  // bfloat16 first: int4_panel).
-  const uint8_t* int4 = nullptr;
-  const float* int4_scale = nullptr;
+  // Weight-only quantized (MatmulDequant): W4A16's int4 panels [P, K2, 32] (byte (k, c): w[2k, c]'s unsigned
+  // value in its low nibble, w[2k + 1, c]'s in its high one) or FP8's panels [P, K2, 64] (bytes (k, c) and (k, 32
+  // + c): w[2k, c] and w[2k + 1, c] in float8 e4m3), with float32 [P, groups, 64], each group's 32 scales then 32
+  // biases (int4: -zero point x scale), each group `group_pairs` pairs of rows; w is unused (each panel is
+  // dequantized to bfloat16 first: dequantized_panel).
+  const uint8_t* quant = nullptr;
+  const float* quant_scale = nullptr;
   int64_t groups = 0, group_pairs = 0;
+  bool fp8 = false;
 };
 
 // Fewer live rows than this run on registers even where tiles are available: a step of one request reads
@@ -182,15 +184,26 @@ void panel(const Problem& p, int64_t index, int64_t next) {
     rows<kMaxRows>(p, m0, index, mask, std::min<int64_t>(p.rows, p.M - m0), m0 == 0 ? prefetch : nullptr);
 }
 
-// W4A16: panel `index` dequantized into a bfloat16 panel of this thread's ([K2, 64], pack_bf16's layout: each
-// value times its group's scale plus its group's bias, -zero point x scale, exact in float32, then rounded), then
-// multiplied as a bfloat16 one (all rows: once per call).
-void int4_panel(const Problem& p, int64_t index) {
+// Decodes 16 float8 e4m3 values (bytes) exactly: placed in a float16's sign, the low four bits of its exponent and
+// the top three of its mantissa, each is its value / 256 (normal or subnormal alike: both formats' exponents
+// differ by that bias), which vcvtph2ps widens; the 256 is in the panel's scales (pack_fp8_panels).
+inline __m512 fp8_over_256(__m128i bytes) {
+  const __m256i v = _mm256_cvtepu8_epi16(bytes);
+  const __m256i half = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8),
+                                       _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7F)), 7));
+  return _mm512_cvtph_ps(half);
+}
+
+// Weight-only quantized: panel `index` dequantized into a bfloat16 panel of this thread's ([K2, 64], pack_bf16's
+// layout: each value times its group's scale plus its group's bias (int4: -zero point x scale), exact in float32,
+// then rounded), then multiplied as a bfloat16 one (all rows: once per call).
+void dequantized_panel(const Problem& p, int64_t index) {
   thread_local std::vector<uint16_t> buffer;
   buffer.resize(static_cast<size_t>(p.K2 * 64) + 32);
   uint16_t* panel_w = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
-  const uint8_t* q = p.int4 + index * p.K2 * 32;
-  const float* scales = p.int4_scale + index * p.groups * 64;
+  const int64_t width = p.fp8 ? 64 : 32;  // bytes of a panel's pair of rows
+  const uint8_t* q = p.quant + index * p.K2 * width;
+  const float* scales = p.quant_scale + index * p.groups * 64;
   const __m512i low = _mm512_set1_epi32(0xF);
   for (int64_t g = 0; g < p.groups; ++g) {
     const float* group = scales + g * 64;  // 32 scales, then 32 biases
@@ -198,9 +211,17 @@ void int4_panel(const Problem& p, int64_t index) {
     const __m512 b[2] = {_mm512_loadu_ps(group + 32), _mm512_loadu_ps(group + 48)};
     for (int64_t k = g * p.group_pairs; k < (g + 1) * p.group_pairs; ++k) {
       for (int h = 0; h < 2; ++h) {  // columns 16h .. 16h + 15
-        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * 32 + 16 * h)));
-        const __m512 even = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, low)), s[h], b[h]);
-        const __m512 odd = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), s[h], b[h]);
+        __m512 even, odd;
+        if (p.fp8) {
+          const uint8_t* row = q + k * 64 + 16 * h;
+          even = _mm512_fmadd_ps(fp8_over_256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row))), s[h], b[h]);
+          odd = _mm512_fmadd_ps(fp8_over_256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 32))), s[h], b[h]);
+        } else {
+          const __m512i v =
+              _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * 32 + 16 * h)));
+          even = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, low)), s[h], b[h]);
+          odd = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), s[h], b[h]);
+        }
         const __m512i pairs = _mm512_or_si512(
             _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(even)),
             _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(odd)), 16));
@@ -500,8 +521,8 @@ struct Shared {
     bool tiles = false;
     for (int64_t i; (i = take(items_taken, items, from_back)) >= 0;) {
       const int64_t next = from_back ? i - 1 : i + 1;
-      if (problem.int4) {
-        int4_panel(problem, i);
+      if (problem.quant) {
+        dequantized_panel(problem, i);
       } else if (!problem.amx) {
         panel(problem, i, next >= 0 && next < items ? next : -1);
       } else {
@@ -526,8 +547,8 @@ struct Shared {
 // pairs [live, gated_K2p] when `gated`), the residual added where given.
 void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live, const uint16_t* w, int64_t P,
                 int64_t K2, int64_t K, int64_t N, void* y, int32_t epilogue, const float* residual,
-                int32_t prologue, const float* norm, float eps, const uint8_t* int4 = nullptr,
-                const float* int4_scale = nullptr, int64_t groups = 0) {
+                int32_t prologue, const float* norm, float eps, const uint8_t* quant = nullptr,
+                const float* quant_scale = nullptr, int64_t groups = 0, bool fp8 = false) {
   const bool gated = epilogue != kStore;
   const int64_t K2p = (K2 + 15) / 16 * 16, gated_K2p = (N / 4 + 15) / 16 * 16;
   auto shared = std::make_shared<Shared>();
@@ -536,7 +557,7 @@ void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live
   // phase 7.3-8.3 -> 5.3-5.4 us; in one process, chains of 64-row calls 0.98-0.985x.
   // On the tile path, a tile of the last block reads 16 rows: past its end where it has fewer, into the slack
   // (16 rows more) of this buffer, or, for pairs from XLA, a copy padded to 16 rows (`padded`).
-  const bool amx = live >= kTileMinRows && amx_enabled() && int4 == nullptr;  // W4A16: the register path
+  const bool amx = live >= kTileMinRows && amx_enabled() && quant == nullptr;  // weight-only: the register path
   thread_local std::vector<uint32_t> buffer, padded;
   if (!rounded) buffer.resize(static_cast<size_t>((live + (amx ? kTileRows : 0)) * K2p) + 16);
   uint32_t* pairs = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
@@ -555,8 +576,9 @@ void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live
   shared->problem.amx = amx;
   shared->problem.gelu_tanh = epilogue == kGatedPairsGeluTanh;
   shared->problem.last_block = last_block;
-  shared->problem.int4 = int4;
-  shared->problem.int4_scale = int4_scale;
+  shared->problem.quant = quant;
+  shared->problem.quant_scale = quant_scale;
+  shared->problem.fp8 = fp8;
   shared->problem.groups = groups;
   shared->problem.group_pairs = groups ? K2 / groups : 0;
   // A result too large for the cache (an output head's logits: 12.6 MB for 64 rows of a 49152-token
@@ -600,14 +622,14 @@ ffi::Error check_shapes(const ffi::AnyBuffer& x, const int64_t* w_dims, ffi::Res
   return ffi::Error::Success();
 }
 
-// What Matmul and MatmulInt4 share once the weight is located (one layer's dims w_dims, as bfloat16 panels
-// [P, K2, 64]; `w`, or the int4 panels and their scales): the shapes checked, y's rows from `live` on (a bucket's
+// What Matmul and MatmulDequant share once the weight is located (one layer's dims w_dims, as bfloat16 panels
+// [P, K2, 64]; `w`, or the quantized panels and their scales): the shapes checked, y's rows from `live` on (a bucket's
 // padding tokens) zeroed, and the rows before it computed.
 ffi::Error checked_matmul(ffi::ThreadPool& pool, const ffi::AnyBuffer& x, const int64_t* w_dims, const uint16_t* w,
                           const ffi::Buffer<ffi::F32>& norm, const ffi::Buffer<ffi::F32>& residual,
                           const ffi::Buffer<ffi::S32>& live_rows, ffi::Result<ffi::AnyBuffer>& y, int32_t prologue,
-                          int32_t epilogue, float eps, const uint8_t* int4 = nullptr,
-                          const float* int4_scale = nullptr, int64_t groups = 0) {
+                          int32_t epilogue, float eps, const uint8_t* quant = nullptr,
+                          const float* quant_scale = nullptr, int64_t groups = 0, bool fp8 = false) {
   int64_t K2, K, N;
   bool rounded, gated;
   if (auto error = check_shapes(x, w_dims, y, prologue, epilogue, norm, K2, K, N, rounded, gated); error.failure())
@@ -624,7 +646,7 @@ ffi::Error checked_matmul(ffi::ThreadPool& pool, const ffi::AnyBuffer& x, const 
   std::memset(static_cast<char*>(y->untyped_data()) + 4 * live * width, 0, 4 * (M - live) * width);
   if (live == 0 || N == 0) return ffi::Error::Success();
   run_matmul(pool, x.untyped_data(), rounded, live, w, w_dims[0], K2, K, N, y->untyped_data(), epilogue,
-             add ? residual.typed_data() : nullptr, prologue, norm.typed_data(), eps, int4, int4_scale, groups);
+             add ? residual.typed_data() : nullptr, prologue, norm.typed_data(), eps, quant, quant_scale, groups, fp8);
   return ffi::Error::Success();
 }
 
@@ -649,34 +671,38 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16>
   return checked_matmul(pool, x, w_dims, w, norm, residual, live_rows, y, prologue, epilogue, eps);
 }
 
-// W4A16: x as for Matmul by an int4 weight with group scales and zero points (Problem::int4): packed [P, K2, 32]
-// uint8 or a stack of them [L, P, K2, 32] (layer `layer`, read in place), scales and biases [(L,) P, groups, 64]
-// float32. Each panel is
-// dequantized to bfloat16 as it is taken, then multiplied as Matmul multiplies (prologues and epilogues alike).
-ffi::Error MatmulInt4(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U8> stacked, ffi::Buffer<ffi::F32> scale,
-                      ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::F32> norm, ffi::Buffer<ffi::F32> residual,
-                      ffi::Buffer<ffi::S32> live_rows, ffi::Result<ffi::AnyBuffer> y, int32_t prologue,
-                      int32_t epilogue, float eps) {
+// Weight-only quantized: x as for Matmul by a weight of int4 or float8 values with group scales (and biases)
+// (Problem::quant): panels [P, K2, 32] (int4) or [P, K2, 64] (fp8) uint8, or a stack of them [L, P, K2, ..]
+// (layer `layer`, read in place), scales and biases [(L,) P, groups, 64] float32. Each panel is dequantized to
+// bfloat16 as it is taken, then multiplied as Matmul multiplies (prologues and epilogues alike).
+ffi::Error MatmulDequant(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U8> stacked,
+                         ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::F32> norm,
+                         ffi::Buffer<ffi::F32> residual, ffi::Buffer<ffi::S32> live_rows, ffi::Result<ffi::AnyBuffer> y,
+                         int32_t prologue, int32_t epilogue, float eps) {
   const auto x_dims = x.dimensions();
   const auto s_dims = stacked.dimensions();
   const auto c_dims = scale.dimensions();
   const auto y_dims = y->dimensions();
   if (x_dims.size() != 2 || (s_dims.size() != 3 && s_dims.size() != 4) || c_dims.size() != s_dims.size() ||
-      y_dims.size() != 2 || s_dims.back() != kPanel || c_dims.back() != 2 * kPanel || y_dims[0] != x_dims[0])
-    return ffi::Error::InvalidArgument("cpu int4 matmul: x must be [M, K], w packed [(L,) P, K2, 32], its scales "
-                                       "and biases [(L,) P, groups, 64] and y [M, N]");
-  if (layer.element_count() != 1) return ffi::Error::InvalidArgument("cpu int4 matmul: layer must hold one index");
+      y_dims.size() != 2 || (s_dims.back() != kPanel && s_dims.back() != 2 * kPanel) ||
+      c_dims.back() != 2 * kPanel || y_dims[0] != x_dims[0])
+    return ffi::Error::InvalidArgument("cpu dequantizing matmul: x must be [M, K], w packed [(L,) P, K2, 32] (int4) "
+                                       "or [(L,) P, K2, 64] (fp8), its scales and biases [(L,) P, groups, 64] and "
+                                       "y [M, N]");
+  if (layer.element_count() != 1)
+    return ffi::Error::InvalidArgument("cpu dequantizing matmul: layer must hold one index");
   const int64_t layers = s_dims.size() == 4 ? s_dims[0] : 1, index = layer.typed_data()[0];
   if (index < 0 || index >= layers)
-    return ffi::Error::InvalidArgument("cpu int4 matmul: the layer index is outside the stacked weight");
-  const int64_t P = s_dims[s_dims.size() - 3], K2_given = s_dims[s_dims.size() - 2];
+    return ffi::Error::InvalidArgument("cpu dequantizing matmul: the layer index is outside the stacked weight");
+  const int64_t P = s_dims[s_dims.size() - 3], K2_given = s_dims[s_dims.size() - 2], width = s_dims.back();
   const int64_t groups = c_dims[c_dims.size() - 2];
   if (c_dims[c_dims.size() - 3] != P || (layers > 1 && c_dims[0] != layers) || groups < 1 || K2_given % groups)
-    return ffi::Error::InvalidArgument("cpu int4 matmul: the scales must be [(L,) P, groups, 64], groups dividing K2");
+    return ffi::Error::InvalidArgument("cpu dequantizing matmul: the scales must be [(L,) P, groups, 64], groups "
+                                       "dividing K2");
   const int64_t w_dims[3] = {P, K2_given, 2 * kPanel};  // the bfloat16 panels it dequantizes to
   return checked_matmul(pool, x, w_dims, nullptr, norm, residual, live_rows, y, prologue, epilogue, eps,
-                        stacked.typed_data() + index * P * K2_given * kPanel,
-                        scale.typed_data() + index * P * groups * 2 * kPanel, groups);
+                        stacked.typed_data() + index * P * K2_given * width,
+                        scale.typed_data() + index * P * groups * 2 * kPanel, groups, width == 2 * kPanel);
 }
 
 // A mixture of experts' grouped matmul: x's rows sorted by expert, group g (sizes[g] rows, in order) by the
@@ -723,9 +749,9 @@ ffi::Error GroupedMatmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi
 #else  // no AVX-512 BF16: cpu.py never calls this (matmul_available() is False); kept for a clear error.
 
 namespace {
-ffi::Error MatmulInt4(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::U8>, ffi::Buffer<ffi::F32>,
-                      ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S32>,
-                      ffi::Result<ffi::AnyBuffer>, int32_t, int32_t, float) {
+ffi::Error MatmulDequant(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::U8>, ffi::Buffer<ffi::F32>,
+                         ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S32>,
+                         ffi::Result<ffi::AnyBuffer>, int32_t, int32_t, float) {
   return ffi::Error(ffi::ErrorCode::kUnimplemented, "cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
 }
 ffi::Error Matmul(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>,
@@ -755,11 +781,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuMatmulBf16, Matmul,
                                   .Attr<int32_t>("epilogue")
                                   .Attr<float>("eps"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuMatmulInt4, MatmulInt4,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuMatmulDequant, MatmulDequant,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()           // x f32 [M, K] (u32 [M, K2p] pairs: rounded)
-                                  .Arg<ffi::Buffer<ffi::U8>>()     // w int4 [P, K2, 32] or stacked [L, P, K2, 32]
+                                  .Arg<ffi::Buffer<ffi::U8>>()     // w [P, K2, 32 or 64] or stacked [L, P, K2, ..]
                                   .Arg<ffi::Buffer<ffi::F32>>()    // scales, biases [(L,) P, groups, 64]
                                   .Arg<ffi::Buffer<ffi::S32>>()    // layer i32[1]: the stack's layer (0 for 3-D w)
                                   .Arg<ffi::Buffer<ffi::F32>>()    // norm weight [K] (kRmsNorm; else empty)

@@ -835,40 +835,56 @@ def test_native_int8_gated_mlp_matches_the_w8a8_reference(m, k, i, activation):
     np.testing.assert_allclose(both[1], u, rtol=1e-5, atol=1e-4 * float(jnp.abs(u).max()))
 
 
-@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
-@pytest.mark.parametrize("m, k, n, group, zeros", [(1, 64, 32, 16, False), (5, 96, 70, 32, True),
-                                                   (13, 112, 48, 112, False), (64, 96, 64, 2, True)])
-def test_native_int4_matmul_is_the_bf16_matmul_of_the_dequantized_weight(m, k, n, group, zeros):
-    """matmul_int4 (W4A16 panels dequantized as taken) against matmul_bf16 of the dequantized weight rounded to
-    bfloat16, symmetric or with zero points, with a stacked weight's layer, the rms_norm prologue, a residual and
-    padding rows; gated_pairs_int4 feeding a rounded matmul_int4 against the bfloat16 pair of calls."""
-    from jaxengine.models.quantization import Int4Weight
+def _weight_only(form: str, rng, k: int, n: int, group: int):
+    """A stack of 2 weight-only quantized weights [2, k, n] in `form` (int4, int4 with zero points, fp8: every
+    e4m3 value but NaN, subnormals and signed zeros included) with scales per group of `group` inputs -> (the
+    native kernel's packed weight and scales, pack_bf16 of the weight dequantized in float32 and rounded)."""
+    import ml_dtypes
 
-    rng = np.random.default_rng(m + k + n)
-    q = rng.integers(-8, 8, (2, k, n)).astype(np.int8)
+    from jaxengine.models.quantization import WeightOnly
+
     scale = (rng.random((2, k // group, n)) * 0.1).astype(np.float32)
-    zero = rng.integers(-8, 8, scale.shape).astype(np.int8) if zeros else None
-    packed, packed_scale = (jnp.asarray(a) for a in cpu.pack_int4_panels(q, scale, zero))
-    w = cpu.pack_bf16(Int4Weight(jnp.asarray(q), jnp.asarray(scale), None if zero is None else jnp.asarray(zero))
-                      .dequantized().astype(jnp.bfloat16))
+    if form == "fp8":
+        codes = rng.integers(0, 256, (2, k, n)).astype(np.uint8)
+        codes[(codes & 0x7F) == 0x7F] = 0x3C  # no NaNs
+        codes.reshape(-1)[:254] = [c for c in range(256) if c & 0x7F != 0x7F]
+        values = codes.view(ml_dtypes.float8_e4m3fn)
+        packed = cpu.pack_fp8_panels(values, scale)
+        dequantized = WeightOnly(jnp.asarray(values), jnp.asarray(scale)).dequantized()
+    else:
+        values = rng.integers(-8, 8, (2, k, n)).astype(np.int8)
+        zero = rng.integers(-8, 8, scale.shape).astype(np.int8) if form == "int4-zeros" else None
+        packed = cpu.pack_int4_panels(values, scale, zero)
+        dequantized = WeightOnly(jnp.asarray(values), jnp.asarray(scale),
+                                 None if zero is None else jnp.asarray(zero)).dequantized()
+    return tuple(jnp.asarray(a) for a in packed), cpu.pack_bf16(dequantized.astype(jnp.bfloat16))
+
+
+@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@pytest.mark.parametrize("m, k, n, group, form", [
+    (1, 64, 32, 16, "int4"), (5, 96, 70, 32, "int4-zeros"), (13, 112, 48, 112, "int4"), (64, 96, 64, 2, "int4-zeros"),
+    (1, 64, 32, 16, "fp8"), (5, 96, 70, 32, "fp8"), (64, 96, 64, 2, "fp8")])
+def test_native_dequantizing_matmul_is_the_bf16_matmul_of_the_dequantized_weight(m, k, n, group, form):
+    """matmul_dequant (int4 panels, symmetric or with zero points, or fp8 ones, dequantized as taken) against
+    matmul_bf16 of the dequantized weight rounded to bfloat16, with a stacked weight's layer, the rms_norm
+    prologue, a residual and padding rows; gated_pairs_dequant feeding a rounded matmul_dequant against the
+    bfloat16 pair of calls."""
+    rng = np.random.default_rng(m + k + n)
+    (packed, packed_scale), w = _weight_only(form, rng, k, n, group)
     x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
     norm = jnp.asarray(rng.standard_normal(k), jnp.float32)
     residual = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)
     settings = dict(prologue="rms_norm", norm=norm, eps=1e-5, residual=residual, live_rows=max(m - 1, 1),
                     layer=jnp.int32(1))
-    got = jax.jit(lambda x: cpu.matmul_int4(x, packed, packed_scale, n, **settings))(x)
+    got = jax.jit(lambda x: cpu.matmul_dequant(x, packed, packed_scale, n, **settings))(x)
     want = jax.jit(lambda x: cpu.matmul_bf16(x, w, n, **settings))(x)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
     if n % 32 == 0:  # as a gate/up weight (pack_gated's order): its gated pairs, then a rounded down projection
-        down_q = rng.integers(-8, 8, (2, n // 2, 32)).astype(np.int8)
-        down_scale = (rng.random((2, 1, 32)) * 0.1).astype(np.float32)
-        down, down_s = (jnp.asarray(a) for a in cpu.pack_int4_panels(down_q, down_scale))
-        down_bf16 = cpu.pack_bf16(Int4Weight(jnp.asarray(down_q), jnp.asarray(down_scale)).dequantized().astype(
-            jnp.bfloat16))
+        (down, down_s), down_bf16 = _weight_only(form, rng, n // 2, 32, n // 2)
         layer = jnp.int32(0)
-        pairs = cpu.gated_pairs_int4(x, packed, packed_scale, layer=layer)
+        pairs = cpu.gated_pairs_dequant(x, packed, packed_scale, layer=layer)
         # the pairs a row holds (n / 4: the gated columns' pairs; the rest of its chunk is the kernels' padding)
         np.testing.assert_array_equal(pairs[:, :n // 4], cpu.gated_pairs(x, w, layer=layer)[:, :n // 4])
-        np.testing.assert_allclose(cpu.matmul_int4(pairs, down, down_s, 32, prologue="rounded", layer=layer),
+        np.testing.assert_allclose(cpu.matmul_dequant(pairs, down, down_s, 32, prologue="rounded", layer=layer),
                                    cpu.matmul_bf16(pairs, down_bf16, 32, prologue="rounded", layer=layer),
                                    rtol=1e-6, atol=1e-5)

@@ -16,8 +16,9 @@ from jaxengine import LLMEngine
 from jaxengine.cli import main as cli_main
 from jaxengine.config import EngineConfig
 from jaxengine.models.loader import load_config
-from jaxengine.models.quantization import (W4A16, compressed_tensors_config, parse_quantization,
-                                           write_gptq_checkpoint, write_w4a16_checkpoint, write_w8a8_checkpoint)
+from jaxengine.models.quantization import (W4A16, compressed_tensors_config, fp8_config, parse_quantization,
+                                           write_fp8_checkpoint, write_gptq_checkpoint, write_w4a16_checkpoint,
+                                           write_w8a8_checkpoint)
 from jaxengine.sampling_params import SamplingParams
 from pallas_kernels import cpu
 from tests import tiny_models
@@ -51,6 +52,9 @@ def quantized(model_dirs, tmp_path_factory):
             cli_main(["quantize", "--model", str(model_dirs[arch]), "--output", str(root / name), "--scheme", scheme,
                       "--group-size", str(group), "--zero-point"])
         out[name] = root / name
+    for name, (arch, method, block) in FP8.items():
+        out[name] = write_fp8_checkpoint(model_dirs[arch], root / name, block, method)
+    with_input_scales(out["phi3-fp8-tensor"])
     for name, (arch, kind, symmetric, group) in ACT_ORDER.items():
         out[name] = (write_gptq_checkpoint(model_dirs[arch], root / name, group, symmetric,
                                            "gptq" if symmetric else "gptq_v2", act_order=True) if kind == "gptq" else
@@ -61,9 +65,29 @@ def quantized(model_dirs, tmp_path_factory):
 W4_GROUPS = {"llama": 16, "phi3": 8, "qwen3": 0}  # W4A16 checkpoints' group sizes (0: one group per channel)
 ZERO_POINTS = {"llama-awq": ("llama", "awq", 16), "phi3-awq": ("phi3", "awq", 8), "qwen3-w4-zp": ("qwen3", "w4a16", 0),
                "phi3-gptq-v2": ("phi3", "gptq", 16), "llama-gptq-v1": ("llama", "gptq", 0)}
+# (arch, method, block [out, in]: None per tensor (fp8) or per channel (compressed-tensors)) of FP8 checkpoints;
+# Phi-3's with static input scales
+FP8 = {"llama-fp8-block": ("llama", "fp8", (32, 48)), "phi3-fp8-tensor": ("phi3", "fp8", None),
+       "qwen3-fp8-channel": ("qwen3", "compressed-tensors", None),
+       "gemma2-fp8-block": ("gemma2", "compressed-tensors", (16, 32))}
 # (arch, format, symmetric, group) of checkpoints in activation order
 ACT_ORDER = {"llama-gptq-act": ("llama", "gptq", True, 16), "phi3-gptq-act": ("phi3", "gptq", False, 8),
              "qwen3-w4-act": ("qwen3", "w4a16", False, 16)}
+
+
+def with_input_scales(checkpoint):
+    """An fp8 checkpoint per tensor made AutoFP8's static form: an `input_scale` per projection (as calibration
+    writes them; weights-only FP8 checks them and does not apply them)."""
+    from safetensors.torch import save_file
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["quantization_config"]["activation_scheme"] = "static"
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    for f in checkpoint.glob("*.safetensors"):
+        tensors = load_file(f)
+        scales = {name.replace(".weight_scale", ".input_scale"): torch.tensor(0.02) for name in tensors
+                  if name.endswith(".weight_scale")}
+        save_file(tensors | scales, f, metadata={"format": "pt"})
 
 
 def nibbles(words, order=range(8)) -> np.ndarray:
@@ -83,9 +107,11 @@ def dequantized(float_dir, quantized_dir):
     output in AWQ's order) and scales."""
     model = transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32).eval()
     config = json.loads((quantized_dir / "config.json").read_text())["quantization_config"]
-    tensors = {}
+    tensors, load_file_dtypes = {}, {}
     for f in quantized_dir.glob("*.safetensors"):
-        tensors |= {name: t.float().numpy() if t.is_floating_point() else t.numpy() for name, t in load_file(f).items()}
+        loaded = load_file(f)
+        load_file_dtypes |= {name: t.dtype for name, t in loaded.items()}
+        tensors |= {name: t.float().numpy() if t.is_floating_point() else t.numpy() for name, t in loaded.items()}
     with torch.no_grad():
         for name, module in model.named_modules():
             out, width = getattr(module, "out_features", 0), getattr(module, "in_features", 0)
@@ -98,6 +124,15 @@ def dequantized(float_dir, quantized_dir):
                 q = nibbles(tensors[name + ".qweight"].T)[:, :width]
                 zero = nibbles(tensors[name + ".qzeros"])[:, :out].T + (config["checkpoint_format"] == "gptq")
                 scale = tensors[name + ".scales"].T
+            elif name + ".weight" in tensors and load_file_dtypes.get(name + ".weight") == torch.float8_e4m3fn:
+                block = config.get("weight_block_size") or (config.get("config_groups") or {}).get(
+                    "group_0", {}).get("weights", {}).get("block_structure")
+                scale = tensors.get(name + ".weight_scale_inv", tensors.get(name + ".weight_scale"))
+                scale = np.asarray(scale, np.float32).reshape(-1, 1) if block is None else scale
+                if block is not None:  # each block's scale over its rows and inputs
+                    scale = np.repeat(np.repeat(scale, block[0], 0), block[1], 1)[:out, :width]
+                module.weight.copy_(torch.from_numpy((tensors[name + ".weight"] * scale).astype(np.float32)))
+                continue
             elif name + ".weight_packed" in tensors:
                 q = nibbles(tensors[name + ".weight_packed"])[:, :width]
                 zero = (nibbles(tensors[name + ".weight_zero_point"].T)[:, :out].T
@@ -169,44 +204,27 @@ def test_w8a8_matches_transformers_with_int8_projections(engines, model_dirs, qu
     assert np.abs(ours - float_ref).max() > 1e-2
 
 
-@pytest.mark.parametrize("arch", list(W4_GROUPS))
-def test_w4a16_matches_transformers_with_dequantized_weights(engines, model_dirs, quantized, arch):
-    """W4A16 (pack-quantized int4 in groups of 16 or 8 inputs, or one group per channel): every prompt position's
-    log-probability as transformers' with the dequantized weights, and off the float model's."""
-    engine = engines(arch, model=str(quantized[arch + "-w4"]), max_num_batched_tokens=32, num_kv_blocks=30)
-    assert (engine.model_config.quantization, engine.model_config.quant_group_size) == ("w4a16", W4_GROUPS[arch])
-    ours = prompt_logprobs(engine, PROMPT)
-    ref = reference_logprobs(dequantized(model_dirs[arch], quantized[arch + "-w4"]), PROMPT)
-    float_ref = reference_logprobs(
-        transformers.AutoModelForCausalLM.from_pretrained(model_dirs[arch], dtype=torch.float32).eval(), PROMPT)
-    assert np.abs(ours - ref).max() < 1e-4
-    assert np.abs(ours - float_ref).max() > 1e-2
+# the 4-bit checkpoints' (arch, method, group, zero points): compressed-tensors' symmetric W4A16 (groups of 16 or 8
+# inputs, or one per channel), GPTQ's symmetric ones, and ZERO_POINTS'
+FOUR_BIT = ({arch + "-w4": (arch, "compressed-tensors", group, False) for arch, group in W4_GROUPS.items()}
+            | {arch + "-gptq": (arch, "gptq", W4_GROUPS[arch], False) for arch in ("llama", "phi3")}
+            | {name: (arch, {"w4a16": "compressed-tensors"}.get(scheme, scheme), group, True)
+               for name, (arch, scheme, group) in ZERO_POINTS.items()})
 
 
-@pytest.mark.parametrize("arch", ["llama", "phi3"])
-def test_gptq_checkpoints_match_transformers_with_dequantized_weights(engines, model_dirs, quantized, arch):
-    """GPTQ's format (4-bit symmetric, qweight packed along the input, float16 scales, the stored zero point 7, a
-    plain g_idx; Phi-3's fused projections): the W4A16 path's numbers, as transformers' with the weights
-    dequantized."""
-    engine = engines(arch, model=str(quantized[arch + "-gptq"]), max_num_batched_tokens=32, num_kv_blocks=30)
-    assert engine.model_config.quant_method == "gptq"
-    ours = prompt_logprobs(engine, PROMPT)
-    ref = reference_logprobs(dequantized(model_dirs[arch], quantized[arch + "-gptq"]), PROMPT)
-    assert np.abs(ours - ref).max() < 1e-4
-
-
-@pytest.mark.parametrize("name", list(ZERO_POINTS))
-def test_zero_point_checkpoints_match_transformers_with_dequantized_weights(engines, model_dirs, quantized, name):
-    """4-bit weights with a zero point per group: AWQ's (its packing order along the output; Phi-3's fused
-    projections split with their zero points), GPTQ's with sym=false (gptq_v2, and the gptq format's zero points
-    stored minus one), compressed-tensors' asymmetric W4A16 (zero points packed along the output; Qwen3's one KV
-    head): every prompt position's log-probability as transformers' with the weights dequantized, and off the float
+@pytest.mark.parametrize("name", list(FOUR_BIT))
+def test_4bit_checkpoints_match_transformers_with_dequantized_weights(engines, model_dirs, quantized, name):
+    """4-bit weights: compressed-tensors' pack-quantized W4A16 (symmetric; with zero points packed along the
+    output), GPTQ's (qweight packed along the input, float16 scales; symmetric with the stored zero point 7 and a
+    plain g_idx, or sym=false in gptq_v2 and in the gptq format's zero points stored minus one), AWQ's (its packing
+    order along the output); Phi-3's fused projections split with their scales and zero points, Qwen3's one KV
+    head: every prompt position's log-probability as transformers' with the weights dequantized, and off the float
     model's."""
-    arch, scheme, group = ZERO_POINTS[name]
+    arch, method, group, zero_point = FOUR_BIT[name]
     engine = engines(arch, model=str(quantized[name]), max_num_batched_tokens=32, num_kv_blocks=30)
     cfg = engine.model_config
-    assert (cfg.quantization, cfg.quant_group_size, cfg.quant_zero_point) == ("w4a16", group, True)
-    assert cfg.quant_method == {"w4a16": "compressed-tensors"}.get(scheme, scheme)
+    assert (cfg.quantization, cfg.quant_method, cfg.quant_group_size, cfg.quant_zero_point) == (
+        "w4a16", method, group, zero_point)
     ours = prompt_logprobs(engine, PROMPT)
     ref = reference_logprobs(dequantized(model_dirs[arch], quantized[name]), PROMPT)
     float_ref = reference_logprobs(
@@ -219,13 +237,43 @@ def test_zero_point_checkpoints_match_transformers_with_dequantized_weights(engi
         np.testing.assert_allclose(prompt_logprobs(two, PROMPT), ours, atol=2e-4)
 
 
+@pytest.mark.parametrize("name", list(FP8))
+def test_fp8_checkpoints_match_transformers_with_dequantized_weights(engines, model_dirs, quantized, name):
+    """FP8 weights (e4m3, weights-only: activations in float, as vLLM's CPU build runs them): the fp8 method's blocks
+    (weight_scale_inv; blocks straddling the groups of a width they do not divide, a partial last block) and
+    per-tensor scales (Phi-3's fused projections; static input scales, not applied), compressed-tensors' per-channel
+    and block scales (Qwen3's one KV head, also over tp=2; Gemma 2). float32 (XLA's dequantization) as transformers'
+    with the weights dequantized, and off the float model's; bfloat16 on the native matmul's fp8 panels to
+    bfloat16's precision."""
+    arch, method, block = FP8[name]
+    settings = dict(model=str(quantized[name]), max_num_batched_tokens=32, num_kv_blocks=30)
+    engine = engines(arch, **settings)
+    cfg = engine.model_config
+    assert (cfg.quantization, cfg.quant_method) == ("w8a16_fp8", method)
+    ref = reference_logprobs(dequantized(model_dirs[arch], quantized[name]), PROMPT)
+    float_ref = reference_logprobs(
+        transformers.AutoModelForCausalLM.from_pretrained(model_dirs[arch], dtype=torch.float32).eval(), PROMPT)
+    ours = prompt_logprobs(engine, PROMPT)
+    assert np.abs(ours - ref).max() < 1e-4
+    assert np.abs(ours - float_ref).max() > 2e-3
+    engine = engines(arch, dtype="bfloat16", **settings)
+    dtypes = {path[-1]: v.get_value().dtype for path, v in nnx.to_flat_state(engine.runner.state)}
+    if cpu.matmul_available():
+        assert dtypes["qkv_proj"] == np.uint8 and dtypes["o_proj_scale"] == np.float32
+    error = np.abs(prompt_logprobs(engine, PROMPT) - ref)  # Qwen3's bfloat16 noise: median ~0.025
+    assert np.median(error) < 0.04 and error.max() < 0.3, error
+    if name == "qwen3-fp8-channel":  # its one KV head repeated over tp=2 with its scales: the same numbers
+        two = engines(arch, tensor_parallel_size=2, **settings)
+        np.testing.assert_allclose(prompt_logprobs(two, PROMPT), ours, atol=2e-4)
+
+
 @pytest.mark.parametrize("name", list(ACT_ORDER))
 def test_activation_order(engines, model_dirs, quantized, name):
-    """GPTQ's desc_act and compressed-tensors' actorder "group": each input's group from g_idx (the inputs grouped
-    in an order of their own; Phi-3's fused projections share theirs; with zero points or not). float32 (XLA's dequantization, scales and zero points taken by
-    g_idx) as transformers' with the weights dequantized; bfloat16 on the native matmul (the inputs sorted by
-    group: x's columns taken in that order, the down projection's folded into gate/up's columns) to bfloat16's
-    precision."""
+    """GPTQ's desc_act and compressed-tensors' actorder "group": each input's group from g_idx (the inputs grouped in an
+    order of their own; Phi-3's fused projections share theirs; with zero points or not). float32 (XLA's
+    dequantization, scales and zero points taken by g_idx) as transformers' with the weights dequantized; bfloat16
+    on the native matmul (the inputs sorted by group: x's columns taken in that order, the down projection's folded
+    into gate/up's columns) to bfloat16's precision."""
     arch, kind, symmetric, group = ACT_ORDER[name]
     settings = dict(model=str(quantized[name]), max_num_batched_tokens=32, num_kv_blocks=30)
     engine = engines(arch, **settings)
@@ -355,6 +403,16 @@ def _config_with(quantization_config: dict) -> dict:
     return {"quantization_config": quantization_config}
 
 
+def _fp8_args(**changes) -> dict:
+    """compressed-tensors' FP8_DYNAMIC config with `changes` (as _group_args)."""
+    config = fp8_config(None, "compressed-tensors")
+    group = config["config_groups"]["group_0"]
+    for path, value in changes.items():
+        part, field = path.split("__")
+        group[part][field] = value
+    return config
+
+
 def _group_args(scheme="w8a8_int8", **changes) -> dict:
     config = compressed_tensors_config("group", scheme) if scheme == W4A16 else compressed_tensors_config()
     group = config["config_groups"]["group_0"]
@@ -365,6 +423,7 @@ def _group_args(scheme="w8a8_int8", **changes) -> dict:
 
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm",
        "modules_to_not_convert": None}
 
@@ -382,26 +441,40 @@ AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, 
     (AWQ | {"version": "gemv"}, r"version='gemv' is not supported; supported: gemm"),
     (AWQ | {"modules_to_not_convert": ["visual", "layers.1.mlp"]},
      r"modules_to_not_convert \['layers.1.mlp'\] is not supported"),
+    (FP8_CONFIG | {"fmt": "e5m2"}, r"fmt='e5m2' is not supported \(fp8 takes e4m3\)"),
+    (FP8_CONFIG | {"activation_scheme": None}, r"activation_scheme=None must be 'dynamic' or 'static'"),
+    (FP8_CONFIG | {"activation_scheme": "static"}, r"block-wise FP8 takes the dynamic activation scheme"),
+    (FP8_CONFIG | {"weight_block_size": [128]}, r"weight_block_size=\[128\] must be two positive sizes"),
+    (FP8_CONFIG | {"ignored_layers": ["model.layers.0.self_attn.q_proj"]}, r"ignored_layers .* is not supported"),
+    (FP8_CONFIG | {"scale_fmt": "ue8m0"}, r"scale_fmt='ue8m0' is not supported"),
 ])
-def test_unsupported_gptq_and_awq_are_refused_by_field(config, message):
+def test_unsupported_gptq_awq_and_fp8_are_refused_by_field(config, message):
     with pytest.raises(ValueError, match=message):
         parse_quantization(_config_with(config) | {"num_hidden_layers": 2})
 
 
 def test_gptq_and_awq_configs():
-    assert parse_quantization(_config_with(GPTQ)) == ("w4a16", 128, "gptq", False, "gptq", False)
+    assert parse_quantization(_config_with(GPTQ)) == ("w4a16", 128, "gptq", False, "gptq", False, 1)
     assert parse_quantization(_config_with(GPTQ | {"group_size": -1, "sym": False, "checkpoint_format": "gptq_v2",
-                                                   "desc_act": True})) == ("w4a16", 0, "gptq", True, "gptq_v2", True)
+                                                   "desc_act": True})) == ("w4a16", 0, "gptq", True, "gptq_v2", True, 1)
     # AutoAWQ's own names of the fields; modules_to_not_convert naming no decoder projection (a vision tower's)
     awq = {"quant_method": "awq", "w_bit": 4, "q_group_size": 64, "zero_point": True, "version": "GEMM",
            "modules_to_not_convert": ["visual"]}
     assert parse_quantization(_config_with(awq) | {"num_hidden_layers": 2}) == (
-        "w4a16", 64, "awq", True, "gemm", False)
+        "w4a16", 64, "awq", True, "gemm", False, 1)
+    fp8 = ("w8a16_fp8", 128, "fp8", False, "e4m3", False, 64)  # blocks of 64 outputs x 128 inputs
+    assert parse_quantization(_config_with(FP8_CONFIG | {"weight_block_size": [64, 128]})) == fp8
+    # per tensor, static activation scales (checked, not applied: weights-only), ignored layers that are no
+    # projection
+    assert parse_quantization(_config_with(FP8_CONFIG | {"weight_block_size": None, "activation_scheme": "static",
+                                                         "ignored_layers": ["lm_head"]}))[:7:6] == ("w8a16_fp8", 0)
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"quant_method": "fp8"}, r"quant_method 'fp8' is not supported"),
-    (compressed_tensors_config() | {"format": "float-quantized"}, r"format 'float-quantized' is not supported"),
+    ({"quant_method": "bitsandbytes"}, r"quant_method 'bitsandbytes' is not supported"),
+    (compressed_tensors_config() | {"format": "nvfp4-pack-quantized"},
+     r"format 'nvfp4-pack-quantized' is not supported"),
+    (compressed_tensors_config() | {"format": "float-quantized"}, r"weights.type='int' is not supported \(w8a16_fp8"),
     (_group_args(input_activations__dynamic=False), r"input_activations.dynamic=False is not supported"),
     (_group_args(weights__symmetric=False), r"weights.symmetric=False is not supported \(w8a8_int8 takes true\)"),
     (_group_args(weights__num_bits=4), r"weights.num_bits=4 is not supported"),
@@ -413,7 +486,13 @@ def test_gptq_and_awq_configs():
     (_group_args(W4A16, weights__symmetric=None), r"weights.symmetric=None is not supported \(w4a16 takes true or"),
     (_group_args(W4A16, weights__num_bits=8), r"weights.num_bits=8 is not supported \(w4a16 takes 4\)"),
     (_group_args(W4A16, weights__actorder="dynamic"), r"weights.actorder='dynamic' is not supported"),
-    (_group_args(weights__actorder="group"), r"weights.actorder='group' is not supported; supported: None, static, weight$"),
+    (_group_args(weights__actorder="group"),
+     r"weights.actorder='group' is not supported; supported: None, static, weight$"),
+    (_fp8_args(weights__strategy="group", weights__group_size=128), r"weights.strategy='group' is not supported"),
+    (_fp8_args(weights__strategy="block", weights__block_structure=[128]), r"block_structure=\[128\] must be two"),
+    (_fp8_args(input_activations__type="int"), r"8-bit int activations with FP8 weights are not supported"),
+    (_fp8_args(input_activations__dynamic=False), r"strategy='token' \(dynamic=False\) is not supported"),
+    (_fp8_args(weights__symmetric=False), r"weights.symmetric=False is not supported \(w8a16_fp8 takes true\)"),
     (_group_args(W4A16, weights__group_size=None), r"weights.group_size=None: the group strategy needs a positive"),
     (compressed_tensors_config("group", W4A16) | {"config_groups": {"group_0": {
         "targets": ["Linear"], "weights": compressed_tensors_config("group", W4A16)["config_groups"]["group_0"][
@@ -425,21 +504,21 @@ def test_unsupported_quantization_is_refused_by_field(config, message):
     assert parse_quantization({}) is None
     ct, packed = "compressed-tensors", "pack-quantized"
     assert parse_quantization(_config_with(compressed_tensors_config("tensor"))) == (
-        "w8a8_int8", 0, ct, False, "int-quantized", False)
+        "w8a8_int8", 0, ct, False, "int-quantized", False, 1)
     assert parse_quantization(_config_with(compressed_tensors_config("group", W4A16, 64))) == (
-        "w4a16", 64, ct, False, packed, False)
+        "w4a16", 64, ct, False, packed, False, 1)
     assert parse_quantization(_config_with(compressed_tensors_config("channel", W4A16))) == (
-        "w4a16", 0, ct, False, packed, False)
+        "w4a16", 0, ct, False, packed, False, 1)
     assert parse_quantization(_config_with(_group_args(W4A16, weights__symmetric=False))) == (
-        "w4a16", 128, ct, True, packed, False)
+        "w4a16", 128, ct, True, packed, False, 1)
     assert parse_quantization(_config_with(_group_args(W4A16, weights__actorder="group"))) == (
-        "w4a16", 128, ct, False, packed, True)
+        "w4a16", 128, ct, False, packed, True, 1)
     assert parse_quantization(_config_with(_group_args(W4A16, weights__actorder="weight")))[5] is False
 
 
 def test_quantization_setting_must_be_the_checkpoints(model_dirs, quantized, tmp_path):
-    with pytest.raises(ValueError, match="quantization must be one of compressed-tensors, gptq, awq"):
-        EngineConfig(quantization="fp8")
+    with pytest.raises(ValueError, match="quantization must be one of compressed-tensors, gptq, awq, fp8"):
+        EngineConfig(quantization="bitsandbytes")
     with pytest.raises(ValueError, match="quantization='gptq' does not match the checkpoint's quant_method "
                                          "'compressed-tensors'"):
         LLMEngine(EngineConfig(model=str(quantized["llama"]), quantization="gptq"), progress=False)

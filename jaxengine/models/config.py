@@ -64,15 +64,17 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalise the top experts' router probabilities to sum to 1
     shared_expert_gate: bool = False  # Qwen2 MoE: the shared expert's output times sigmoid(x @ gate)
-    # None, "w8a8_int8" or "w4a16": the decoder layers' projections quantized (jaxengine/models/quantization.py);
-    # W4A16's weights in groups of quant_group_size inputs (0: one group per output channel), with a zero point per
-    # group where quant_zero_point (asymmetric)
+    # None, "w8a8_int8", "w4a16" or "w8a16_fp8": the decoder layers' projections quantized (jaxengine/models/
+    # quantization.py); W4A16's weights in groups of quant_group_size inputs (0: one group per output channel), with
+    # a zero point per group where quant_zero_point (asymmetric); FP8's scales in blocks of quant_block_out outputs
+    # x quant_group_size inputs
     quantization: str | None = None
     quant_group_size: int = 0
     quant_method: str | None = None  # the checkpoint's format: compressed-tensors, gptq or awq
     quant_zero_point: bool = False
     quant_format: str = ""  # the method's own format (quantization.Quantized.format): GPTQ's gptq or gptq_v2, ...
     quant_act_order: bool = False  # W4A16: each input's group given by a g_idx (activation order)
+    quant_block_out: int = 1  # FP8: the weights' scale blocks along the output (1: per channel, 0: one per tensor)
 
     @property
     def q_per_kv(self) -> int:

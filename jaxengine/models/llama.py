@@ -22,8 +22,8 @@ from jaxengine.layers.moe import moe_mlp
 from jaxengine.layers.norms import gemma_scale, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
 from jaxengine.models.config import ModelConfig, rope_inv_freq
-from jaxengine.models.quantization import (QUANTIZED_LINEARS, W4A16, W8A8_INT8, Int4Weight, Int8Weight, int8_matmul,
-                                           scale_groups)
+from jaxengine.models.quantization import (QUANTIZED_LINEARS, W4A16, W8A8_INT8, W8A16_FP8, WEIGHT_ONLY, Int8Weight,
+                                           WeightOnly, int8_matmul, projection_shapes, scale_groups)
 from jaxengine.runner.batch import RaggedBatch
 
 
@@ -36,32 +36,32 @@ def _param(shape, dtype, axes: tuple[str, ...]) -> nnx.Param:
 def _stack_index(w, layer):
     """The layer index the native matmul takes with `w`: a stacked packed weight [L, P, K2, 64] (the scanned
     layer loop's, read in place) needs it, one layer's [P, K2, 64] does not."""
-    if isinstance(w, (Int8Weight, Int4Weight)):
+    if isinstance(w, (Int8Weight, WeightOnly)):
         w = w.weight
     return layer if w.ndim == 4 else None
 
 
 def _native(w) -> bool:
-    """Whether `w` is packed for a native CPU matmul (bfloat16's, the int8 one's, or int4 panels)."""
-    if isinstance(w, Int4Weight):  # packed: pallas_kernels.cpu.pack_int4_panels' uint8 panels
+    """Whether `w` is packed for a native CPU matmul (bfloat16's, the int8 one's, or int4 or fp8 panels)."""
+    if isinstance(w, WeightOnly):  # packed: pallas_kernels.cpu.pack_int4_panels' or pack_fp8_panels' uint8 panels
         return w.weight.dtype == jnp.uint8
     return w.comp is not None if isinstance(w, Int8Weight) else w.ndim >= 3
 
 
 def _native_quantized(x, w, n: int, layer, **kwargs):
     """The native CPU matmul of float32 x and a packed quantized weight: W8A8's int8 kernel (pallas_kernels/
-    cpu_int8.cc), or W4A16's int4 panels dequantized as the bfloat16 kernel takes them."""
+    cpu_int8.cc), or a weight-only one's int4 or fp8 panels dequantized as the bfloat16 kernel takes them."""
     from pallas_kernels import cpu
 
     if isinstance(w, Int8Weight):
         return cpu.matmul_int8(x, w.weight, w.comp, w.scale, n, layer=_stack_index(w, layer), **kwargs)
-    return cpu.matmul_int4(x, w.weight, w.scale, n, layer=_stack_index(w, layer), **kwargs)
+    return cpu.matmul_dequant(x, w.weight, w.scale, n, layer=_stack_index(w, layer), **kwargs)
 
 
 def _in_order(x, w, norm=None):
-    """(x, w, norm) as the matmul takes them: a packed W4A16 weight in activation order (Int4Weight.perm) takes
+    """(x, w, norm) as the matmul takes them: a packed W4A16 weight in activation order (WeightOnly.perm) takes
     x's columns in its order, and a norm weight over them likewise."""
-    if not isinstance(w, Int4Weight) or w.perm is None:
+    if not isinstance(w, WeightOnly) or w.perm is None:
         return x, w, norm
     return jnp.take(x, w.perm, -1), w._replace(perm=None), None if norm is None else jnp.take(norm, w.perm, -1)
 
@@ -69,16 +69,17 @@ def _in_order(x, w, norm=None):
 def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
     """x @ w (+ residual) -> [.., n] in the weight's dtype, accumulated in float32 (a bf16 x bf16 -> bf16 dot is
     far slower on CPU), returned in x's dtype. A quantized weight (Int8Weight) quantizes x per row and multiplies
-    in int8 (jaxengine/models/quantization.py); a W4A16 one (Int4Weight) is dequantized first. A packed weight
+    in int8 (jaxengine/models/quantization.py); a weight-only one (WeightOnly: W4A16, FP8) is dequantized first. A
+    packed weight
     (`pack_for_native_matmul`: 3 dimensions, or 4 for all layers' stacked, of which `layer` is used) runs the
     native CPU kernel: same numbers up to summation order (pallas_kernels/cpu_matmul.cc), the residual added as
     the result is stored (packed quantized weights: `_native_quantized`). `live_rows` (i32[]): x's rows from it on
     are a bucket's padding, which the native kernel skips (they come out zero); XLA's dot computes them like the
     others."""
     x, w, _ = _in_order(x, w)
-    if isinstance(w, Int4Weight) and not _native(w):
+    if isinstance(w, WeightOnly) and not _native(w):
         w = w.dequantized()
-    if isinstance(w, (Int8Weight, Int4Weight)) and _native(w):
+    if isinstance(w, (Int8Weight, WeightOnly)) and _native(w):
         if residual is not None and x.dtype == jnp.float32:
             return _native_quantized(x, w, n, layer, residual=residual, live_rows=live_rows)
         out = _native_quantized(x.astype(jnp.float32), w, n, layer, live_rows=live_rows).astype(x.dtype)
@@ -99,7 +100,7 @@ def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
 def _normed_dot(h, norm, eps: float, w, n: int, live_rows=None, layer=None):
     """rms_norm(h, norm, eps) @ w; the native CPU matmul normalises the rows on its way in (no separate pass)."""
     h, w, norm = _in_order(h, w, norm)
-    if isinstance(w, (Int8Weight, Int4Weight)) and _native(w) and h.dtype == jnp.float32:
+    if isinstance(w, (Int8Weight, WeightOnly)) and _native(w) and h.dtype == jnp.float32:
         return _native_quantized(h, w, n, layer, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows)
     if _native(w) and h.dtype == jnp.float32:
         from pallas_kernels import cpu
@@ -114,7 +115,7 @@ def _unpacked_gate_up(h, norm, eps: float, gate_up, live_rows=None, layer=None):
     activation, or updates to add to each)."""
     from pallas_kernels import cpu
 
-    width = (gate_up.weight if isinstance(gate_up, (Int8Weight, Int4Weight)) else gate_up).shape[-3] * cpu.PANEL
+    width = (gate_up.weight if isinstance(gate_up, (Int8Weight, WeightOnly)) else gate_up).shape[-3] * cpu.PANEL
     return cpu.unpack_gated(_normed_dot(h, norm, eps, gate_up, width, live_rows, layer))
 
 
@@ -134,12 +135,12 @@ def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer
             gated = cpu.gated_int8(h, gate_up.weight, gate_up.comp, gate_up.scale, prologue="rms_norm", norm=norm,
                                    eps=eps, activation=activation, **settings)
             down_projection = functools.partial(_dot, gated, down, n, live_rows=live_rows, layer=layer)
-        elif isinstance(gate_up, Int4Weight):  # W4A16 (pack_int4_panels), dequantized panel by panel; in
+        elif isinstance(gate_up, WeightOnly):  # weight-only (int4 or fp8 panels), dequantized panel by panel; in
             # activation order, the down projection's folded into gate/up's columns (_pack_quantized_layer)
             x, gate_up, x_norm = _in_order(h, gate_up, norm)
-            pairs = cpu.gated_pairs_int4(x, gate_up.weight, gate_up.scale, prologue="rms_norm", norm=x_norm, eps=eps,
+            pairs = cpu.gated_pairs_dequant(x, gate_up.weight, gate_up.scale, prologue="rms_norm", norm=x_norm, eps=eps,
                                          activation=activation, **settings)
-            down_projection = functools.partial(cpu.matmul_int4, pairs, down.weight, down.scale, n,
+            down_projection = functools.partial(cpu.matmul_dequant, pairs, down.weight, down.scale, n,
                                                 prologue="rounded", **settings)
         else:
             pairs = cpu.gated_pairs(h, gate_up, prologue="rms_norm", norm=norm, eps=eps, activation=activation,
@@ -246,18 +247,19 @@ def _pack_layer(layer) -> None:
 def _pack_quantized_layer(layer, lead) -> None:
     """Packs a quantized layer's projections for the native CPU matmuls, fused as `_pack_layer` fuses bfloat16 ones:
     q/k/v side by side as one `qkv_proj`; gate/up, where the width is a multiple of 16 and the activation one the
-    kernels apply, as one `gate_up_proj` in `pack_gated`'s column order (for `_gated_mlp`); each with its scales
-    (and W8A8's `_comp`). W8A8: `pallas_kernels.cpu.pack_int8` where the CPU has AVX-512 VNNI; W4A16:
-    `pack_int4_panels` (dequantized to bfloat16 panel by panel; zero points become biases beside the scales), for
-    groups of an even size. In activation order (g_idx), each projection's inputs are sorted by group (its rows
-    permuted, the step permuting x's columns likewise: `_perm`), q/k/v's and gate/up's alike where fused, and the
-    down projection's order is folded into gate/up's output columns (its x then comes in that order). Otherwise
-    they stay as they are (XLA's int8 dots; W4A16 dequantized whole at each step)."""
+    kernels apply, as one `gate_up_proj` in `pack_gated`'s column order (for `_gated_mlp`); each with its scales (and
+    W8A8's `_comp`). W8A8: `pallas_kernels.cpu.pack_int8` where the CPU has AVX-512 VNNI; W4A16: `pack_int4_panels`
+    (dequantized to bfloat16 panel by panel; zero points become biases beside the scales) and FP8: `pack_fp8_panels`
+    (likewise), for groups of an even size. In activation order (g_idx), each projection's inputs are sorted by group
+    (its rows permuted, the step permuting x's columns likewise: `_perm`), q/k/v's and gate/up's alike where fused,
+    and the down projection's order is folded into gate/up's output columns (its x then comes in that order).
+    Otherwise they stay as they are (XLA's int8 dots; weight-only ones dequantized whole at each step)."""
     from pallas_kernels import cpu
 
     cfg = layer.cfg
     int8 = cfg.quantization == W8A8_INT8
-    if not (cpu.int8_matmul_available() if int8 else cfg.quant_group_size % 2 == 0):
+    even_groups = all(width // scale_groups(cfg, width) % 2 == 0 for _, width in projection_shapes(cfg).values())
+    if not (cpu.int8_matmul_available() if int8 else even_groups):
         return
     plan = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",)}
     if cfg.intermediate_size:
@@ -289,7 +291,8 @@ def _pack_quantized_layer(layer, lead) -> None:
         return [join(*(values[name + part] for name in names)) for part in ("", "_scale", "_zero") if part in parts]
 
     for fused, names in plan.items():
-        arrays = (cpu.pack_int8 if int8 else cpu.pack_int4_panels)(*take(names))
+        pack = {W8A8_INT8: cpu.pack_int8, W4A16: cpu.pack_int4_panels, W8A16_FP8: cpu.pack_fp8_panels}
+        arrays = pack[cfg.quantization](*take(names))
         for suffix, array in zip(("", "_comp", "_scale") if int8 else ("", "_scale"), arrays):
             axes = lead + ("packed",) * (array.ndim - len(lead))
             setattr(layer, fused + suffix, nnx.Param(jax.device_put(array), logical_axes=axes))
@@ -308,7 +311,8 @@ class DecoderLayers(nnx.Module):
         self.attention_backend = attention_backend
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.cfg = cfg
-        linear = dtype if cfg.quantization is None else jnp.int8  # the projections' weights
+        # the projections' weights
+        linear = {None: dtype, W8A16_FP8: jnp.float8_e4m3fn}.get(cfg.quantization, jnp.int8)
         self.attn_norm = _param((L, D), dtype, ("layers", "embed"))
         self.q_proj = _param((L, D, q_width), linear, ("layers", "embed", "heads"))
         self.k_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
@@ -340,14 +344,15 @@ class DecoderLayers(nnx.Module):
         if cfg.shared_expert_gate:
             self.shared_expert_gate = _param((L, D, 1), dtype, ("layers", "embed", "unit"))
         for name in QUANTIZED_LINEARS if cfg.quantization is not None else ():
-            if hasattr(self, name):  # W8A8: its scales per output channel; W4A16: per group of inputs too (and
-                # their zero points)
+            if hasattr(self, name):  # W8A8: its scales per output channel; W4A16 and FP8: per group of inputs too
+                # (and W4A16's zero points)
                 axes = getattr(self, name).get_metadata()["logical_axes"]
                 _, width, out = getattr(self, name).get_value().shape
                 if cfg.quantization == W8A8_INT8:
                     setattr(self, name + "_scale", _param((L, out), jnp.float32, (axes[0], axes[-1])))
                     continue
-                setattr(self, name + "_scale", _param((L, scale_groups(cfg, width), out), dtype, axes))
+                scale_dtype = jnp.float32 if cfg.quantization == W8A16_FP8 else dtype
+                setattr(self, name + "_scale", _param((L, scale_groups(cfg, width), out), scale_dtype, axes))
                 if cfg.quant_zero_point:
                     setattr(self, name + "_zero", _param((L, scale_groups(cfg, width), out), jnp.int8, axes))
                 if cfg.quant_act_order:  # each input's group
@@ -362,10 +367,10 @@ class DecoderLayers(nnx.Module):
         w = getattr(self, name)[...]
         if self.cfg.quantization is None:
             return w
-        if self.cfg.quantization == W4A16:
+        if self.cfg.quantization in WEIGHT_ONLY:
             zero, g_idx, perm = (getattr(self, name + part)[...] if hasattr(self, name + part) else None
                                  for part in ("_zero", "_g_idx", "_perm"))
-            return Int4Weight(w, getattr(self, name + "_scale")[...], zero, g_idx, perm)
+            return WeightOnly(w, getattr(self, name + "_scale")[...], zero, g_idx, perm)
         comp = getattr(self, name + "_comp")[...] if hasattr(self, name + "_comp") else None
         return Int8Weight(w, getattr(self, name + "_scale")[...], comp)
 
@@ -675,9 +680,10 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
                       "pre_feedforward_layernorm.weight": ("mlp_norm", False),
                       "post_feedforward_layernorm.weight": ("post_mlp_norm", False)}
     if cfg.quantization is not None:  # each projection's scales (quantization.with_quantized: W8A8's [out], W4A16's
-        # [out, groups], transposed) and zero points (W4A16's [out, groups], transposed)
+        # and FP8's [out, groups], transposed) and zero points (W4A16's [out, groups], transposed)
         projections = [(hf_name, ours) for hf_name, (ours, _) in per_layer.items() if ours in QUANTIZED_LINEARS]
-        per_layer |= {hf_name + "_scale": (ours + "_scale", cfg.quantization == W4A16) for hf_name, ours in projections}
+        per_layer |= {hf_name + "_scale": (ours + "_scale", cfg.quantization in WEIGHT_ONLY)
+                      for hf_name, ours in projections}
         if cfg.quant_zero_point:
             per_layer |= {hf_name + "_zero_point": (ours + "_zero", True) for hf_name, ours in projections}
         if cfg.quant_act_order:

@@ -86,7 +86,8 @@ def load_config(model_dir: Path, hf_overrides: dict | None = None) -> tuple[Arch
         raise ValueError("quantization_config: a quantized mixture of experts is not supported")
     cfg = dataclasses.replace(cfg, quantization=quantization.scheme, quant_group_size=quantization.group_size,
                               quant_method=quantization.method, quant_zero_point=quantization.zero_point,
-                              quant_format=quantization.format, quant_act_order=quantization.act_order)
+                              quant_format=quantization.format, quant_act_order=quantization.act_order,
+                              quant_block_out=quantization.block_out)
     check_group_size(cfg)
     return arch, cfg
 

@@ -1,37 +1,47 @@
 """Quantized checkpoints, as vLLM's CPU, GPU and TPU builds serve them:
 
-- compressed-tensors (vLLM's `compressed-tensors` method, as llm-compressor writes it), two schemes:
+- compressed-tensors (vLLM's `compressed-tensors` method, as llm-compressor writes it), three schemes:
   - W8A8 int8 (`format: int-quantized`): every decoder layer's linear projection (q/k/v/o, gate/up/down) holds int8
     weights, symmetric, with a float scale per output channel (or one per tensor); its input is quantized per
     token as the step runs: scale = max|x| / 127, x_q = round(x / scale) (half to even), and the product is
     (x_q @ w_q) in int32 times both scales (`int8_matmul`; the native CPU kernel: pallas_kernels/cpu_int8.cc).
   - W4A16 (`format: pack-quantized`): the projections' weights int4 (eight to an int32 word in the checkpoint)
     with a float scale per group of `group_size` inputs (or per output channel), symmetric or with a zero point
-    per group, activations in float: the weight is dequantized ((value - zero point) times its group's scale) and
-    multiplied as a float one (`Int4Weight`; on CPU the native bfloat16 matmul dequantizes it panel by panel).
-- GPTQ (`gptq`: 4-bit, symmetric or with zero points, without activation order) and AWQ (`awq`: AutoAWQ's gemm
+    per group, in activation order or not, activations in float: the weight is dequantized ((value - zero point)
+    times its group's scale) and multiplied as a float one (`WeightOnly`; on CPU the native bfloat16 matmul
+    dequantizes it panel by panel).
+  - FP8 (`format: float-quantized`, FP8_DYNAMIC and FP8_BLOCK): float8 e4m3 weights with a float32 scale per output
+    channel, per tensor or per block; served weights-only (the activations stay in float, as vLLM's CPU build runs
+    such checkpoints): dequantized as W4A16's are.
+- GPTQ (`gptq`: 4-bit, symmetric or with zero points, in activation order or not) and AWQ (`awq`: AutoAWQ's gemm
   version, 4-bit with zero points): their tensors laid out as compressed-tensors' W4A16 at load (`with_quantized`),
   the same numbers and kernels after.
+- FP8 (`fp8`: transformers' fine-grained FP8, as DeepSeek's and Qwen's FP8 checkpoints, scales per block; AutoFP8's,
+  per tensor): as compressed-tensors' FP8.
 
 The embedding, the norms and the output head stay in the checkpoint's float dtype (llm-compressor leaves `lm_head`
-out). Other methods (FP8, ...) and other schemes are refused by field.
+out). Other methods and other schemes are refused by field.
 
-`write_w8a8_checkpoint`, `write_w4a16_checkpoint`, `write_gptq_checkpoint` and `write_awq_checkpoint` write such
-checkpoints from a float one (round to nearest, no calibration data), for tests, benchmarks and users without
-llm-compressor (`jaxengine quantize`).
+`write_w8a8_checkpoint`, `write_w4a16_checkpoint`, `write_gptq_checkpoint`, `write_awq_checkpoint` and
+`write_fp8_checkpoint` write such checkpoints from a float one (round to nearest, no calibration data), for tests,
+benchmarks and users without llm-compressor (`jaxengine quantize`).
 """
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 W8A8_INT8 = "w8a8_int8"  # ModelConfig.quantization's values: the schemes served
 W4A16 = "w4a16"
+W8A16_FP8 = "w8a16_fp8"
+WEIGHT_ONLY = (W4A16, W8A16_FP8)  # the schemes whose weights are dequantized to multiply (WeightOnly)
 QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _HEAD = ("lm_head", "re:.*lm_head")  # how llm-compressor names the output head it leaves out
 
@@ -46,19 +56,20 @@ class Int8Weight(NamedTuple):
 
 class Quantized(NamedTuple):
     """What a quantized checkpoint's config.json says (ModelConfig's quantization, quant_group_size, quant_method,
-    quant_zero_point, quant_format, quant_act_order)."""
-    scheme: str  # W8A8_INT8 or W4A16
-    group_size: int  # W4A16: the weights' group along the input (0: one group per output channel)
+    quant_zero_point, quant_format, quant_act_order, quant_block_out)."""
+    scheme: str  # W8A8_INT8, W4A16 or W8A16_FP8
+    group_size: int  # W4A16, FP8: the weights' group (block) along the input (0: the whole input)
     method: str  # compressed-tensors, gptq or awq
     zero_point: bool = False  # W4A16: asymmetric, a zero point per group
     format: str = ""  # the method's own: compressed-tensors' format, GPTQ's checkpoint_format, AWQ's version
     act_order: bool = False  # W4A16: each input's group given by a g_idx (GPTQ's desc_act, actorder "group")
+    block_out: int = 1  # FP8: the weights' block along the output (1: per channel, 0: one for the whole tensor)
 
 
 def parse_quantization(hf: dict) -> Quantized | None:
-    """A quantized checkpoint's config.json: compressed-tensors' W8A8 int8 or W4A16 (symmetric or with zero
-    points), GPTQ's or AWQ's 4-bit weights (as W4A16); None for an unquantized checkpoint; a ValueError naming the
-    field for any other quantization."""
+    """A quantized checkpoint's config.json: compressed-tensors' W8A8 int8, W4A16 (symmetric or with zero points)
+    or FP8 weights, GPTQ's or AWQ's 4-bit weights (as W4A16), FP8 weights (`fp8`); None for an unquantized
+    checkpoint; a ValueError naming the field for any other quantization."""
     q = hf.get("quantization_config")
     if not q:
         return None
@@ -67,15 +78,18 @@ def parse_quantization(hf: dict) -> Quantized | None:
         return _gptq(q, hf)
     if method == "awq":
         return _awq(q, hf)
+    if method == "fp8":
+        return _fp8(q, hf)
     if method != "compressed-tensors":
         raise ValueError(f"quantization_config.quant_method {method!r} is not supported; supported: compressed-tensors "
                          f"(W8A8 int8: int8 weights with per-channel or per-tensor scales, dynamic per-token int8 "
                          f"activations; W4A16: int4 weights in groups or per channel, symmetric or with zero "
-                         f"points), gptq (4-bit, without activation order), awq (4-bit, the gemm version)")
-    formats = {"int-quantized": W8A8_INT8, "pack-quantized": W4A16}
+                         f"points; FP8 weights), gptq (4-bit), awq (4-bit, the gemm version), fp8 (e4m3 weights per "
+                         f"tensor or in blocks)")
+    formats = {"int-quantized": W8A8_INT8, "pack-quantized": W4A16, "float-quantized": W8A16_FP8}
     if q.get("format") not in formats:
         raise ValueError(f"quantization_config.format {q.get('format')!r} is not supported; supported: int-quantized "
-                         f"(W8A8 int8), pack-quantized (W4A16)")
+                         f"(W8A8 int8), pack-quantized (W4A16), float-quantized (FP8)")
     scheme = formats[q["format"]]
     if q.get("quantization_status", "compressed") != "compressed":
         raise ValueError(f"quantization_config.quantization_status {q.get('quantization_status')!r} is not supported; "
@@ -86,7 +100,7 @@ def parse_quantization(hf: dict) -> Quantized | None:
     groups = q.get("config_groups") or {}
     if not groups:
         raise ValueError("quantization_config.config_groups is empty")
-    forms = set()  # (group size, zero points, activation order) of each group
+    forms = set()  # (group size, zero points, activation order, output block) of each group
     for name, group in groups.items():
         where = f"quantization_config.config_groups.{name}"
         targets = group.get("targets") or []
@@ -97,7 +111,15 @@ def parse_quantization(hf: dict) -> Quantized | None:
             _check_args(group.get("weights"), f"{where}.weights", scheme, bits=8, strategies=("channel", "tensor"))
             _check_args(group.get("input_activations"), f"{where}.input_activations", scheme, bits=8,
                         strategies=("token",), dynamic=True)
-            forms.add((0, False, False))
+            forms.add((0, False, False, 1))
+        elif scheme == W8A16_FP8:
+            weights = group.get("weights")
+            _check_args(weights, f"{where}.weights", scheme, bits=8, strategies=("channel", "tensor", "block"),
+                        kind="float")
+            _check_fp8_activations(group.get("input_activations"), f"{where}.input_activations")
+            block_out, size = {"channel": (1, 0), "tensor": (0, 0)}.get(weights["strategy"]) or _block(
+                weights.get("block_structure"), f"{where}.weights.block_structure")
+            forms.add((size, False, False, block_out))
         else:
             weights = group.get("weights")
             _check_args(weights, f"{where}.weights", scheme, bits=4, strategies=("group", "channel"),
@@ -108,7 +130,7 @@ def parse_quantization(hf: dict) -> Quantized | None:
             size = weights.get("group_size") if weights["strategy"] == "group" else 0
             if weights["strategy"] == "group" and not (isinstance(size, int) and size > 0):
                 raise ValueError(f"{where}.weights.group_size={size!r}: the group strategy needs a positive size")
-            forms.add((size, not weights["symmetric"], weights.get("actorder") == "group"))
+            forms.add((size, not weights["symmetric"], weights.get("actorder") == "group", 1))
         if group.get("output_activations"):
             raise ValueError(f"{where}.output_activations is not supported")
     if len(forms) > 1:
@@ -118,8 +140,8 @@ def parse_quantization(hf: dict) -> Quantized | None:
     if ignored:
         raise ValueError(f"quantization_config.ignore {ignored!r} is not supported: only the output head (lm_head) may "
                          f"stay unquantized")
-    size, zero_point, act_order = forms.pop()
-    return Quantized(scheme, size, "compressed-tensors", zero_point, q["format"], act_order)
+    size, zero_point, act_order, block_out = forms.pop()
+    return Quantized(scheme, size, "compressed-tensors", zero_point, q["format"], act_order, block_out)
 
 
 def _gptq(q: dict, hf: dict) -> Quantized:
@@ -163,17 +185,66 @@ def _awq(q: dict, hf: dict) -> Quantized:
                          f"other versions pack their weights otherwise)")
     if q.get("lm_head", False):
         raise ValueError("quantization_config.lm_head=true is not supported (the output head stays in float)")
-    skipped = q.get("modules_to_not_convert") or []
+    _check_converted(q.get("modules_to_not_convert"), "modules_to_not_convert", hf)
+    name, group = field("group_size", "q_group_size")
+    return Quantized(W4A16, _group_size(group, name), "awq", True, "gemm")
+
+
+def _fp8(q: dict, hf: dict) -> Quantized:
+    """An FP8 config (vLLM's `fp8`: transformers' fine-grained FP8, DeepSeek's and Qwen's FP8 checkpoints,
+    AutoFP8's), once its fields are ones served: e4m3 weights with one scale per tensor (`weight_scale`) or per
+    block of `weight_block_size` [out, in] (`weight_scale_inv`), every decoder projection quantized. The
+    activations stay in float (weights-only FP8, as vLLM's CPU build runs such checkpoints): a dynamic activation
+    scheme computes nothing else; a static one's `input_scale`s are checked and not applied."""
+    if q.get("fmt", "e4m3") != "e4m3":
+        raise ValueError(f"quantization_config.fmt={q['fmt']!r} is not supported (fp8 takes e4m3)")
+    scheme = q.get("activation_scheme")
+    if scheme not in ("dynamic", "static"):
+        raise ValueError(f"quantization_config.activation_scheme={scheme!r} must be 'dynamic' or 'static'")
+    block = q.get("weight_block_size")
+    if block is not None and scheme != "dynamic":
+        raise ValueError("quantization_config.weight_block_size: block-wise FP8 takes the dynamic activation scheme")
+    for field in ("ignored_layers", "modules_to_not_convert"):
+        _check_converted(q.get(field), field, hf)
+    if q.get("scale_fmt") not in (None, "float32", "fp32"):
+        raise ValueError(f"quantization_config.scale_fmt={q['scale_fmt']!r} is not supported (float32 scales)")
+    block_out, size = (0, 0) if block is None else _block(block, "quantization_config.weight_block_size")
+    return Quantized(W8A16_FP8, size, "fp8", format="e4m3", block_out=block_out)
+
+
+def _block(block, where: str) -> tuple[int, int]:
+    """An FP8 weight block [out, in] -> (its rows, its inputs)."""
+    if not (isinstance(block, (list, tuple)) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise ValueError(f"{where}={block!r} must be two positive sizes [output, input]")
+    return block[0], block[1]
+
+
+def _check_fp8_activations(args: dict | None, where: str) -> None:
+    """FP8 weights' input_activations as compressed-tensors writes them (FP8_DYNAMIC's dynamic per token, FP8_BLOCK's
+    dynamic per group, a per-tensor scale, dynamic or static; or none): served weights-only, the activations
+    staying in float as vLLM's CPU build runs them."""
+    if not args:
+        return
+    if args.get("num_bits") != 8 or args.get("type") != "float":
+        raise ValueError(f"{where}: {args.get('num_bits')}-bit {args.get('type')} activations with FP8 weights are "
+                         f"not supported (8-bit float, or none)")
+    if args.get("strategy") not in ("token", "group", "tensor") or (
+            args.get("strategy") != "tensor" and args.get("dynamic") is not True):
+        raise ValueError(f"{where}.strategy={args.get('strategy')!r} (dynamic={args.get('dynamic')!r}) is not "
+                         f"supported; supported: token or group (dynamic), tensor")
+
+
+def _check_converted(modules, field: str, hf: dict) -> None:
+    """A config's list of modules left in float (AWQ's modules_to_not_convert, FP8's ignored_layers: names matched
+    as substrings of a layer's, as vLLM matches them) may name none of the decoder layers' projections."""
     projections = [f"model.layers.{i}.{block}.{p}" for i in range(hf.get("num_hidden_layers", 0))
                    for block, parts in (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")),
                                         ("mlp", ("gate_proj", "up_proj", "down_proj", "gate_up_proj")))
                    for p in parts]
-    left = [module for module in skipped if any(module in projection for projection in projections)]
+    left = [module for module in modules or [] if any(module in projection for projection in projections)]
     if left:
-        raise ValueError(f"quantization_config.modules_to_not_convert {left!r} is not supported: every decoder "
-                         f"layer's projection must be quantized")
-    name, group = field("group_size", "q_group_size")
-    return Quantized(W4A16, _group_size(group, name), "awq", True, "gemm")
+        raise ValueError(f"quantization_config.{field} {left!r} is not supported: every decoder layer's projection "
+                         f"must be quantized")
 
 
 def _group_size(group, name: str) -> int:
@@ -184,11 +255,11 @@ def _group_size(group, name: str) -> int:
 
 
 def _check_args(args: dict | None, where: str, scheme: str, *, bits: int, strategies: tuple[str, ...],
-                dynamic: bool = False, weight_only: bool = False) -> None:
-    """`weight_only` (W4A16): zero points and a g_idx's activation order allowed."""
+                dynamic: bool = False, weight_only: bool = False, kind: str = "int") -> None:
+    """`weight_only` (W4A16): zero points and a g_idx's activation order allowed; `kind`: int or float values."""
     if not args:
         raise ValueError(f"{where} is missing: {scheme} quantizes them")
-    expected = {"num_bits": bits, "type": "int", "dynamic": dynamic}
+    expected = {"num_bits": bits, "type": kind, "dynamic": dynamic}
     for field, value in expected.items():
         if args.get(field, value if field == "type" else None) != value:
             raise ValueError(f"{where}.{field}={args.get(field)!r} is not supported ({scheme} takes {value!r})")
@@ -201,8 +272,9 @@ def _check_args(args: dict | None, where: str, scheme: str, *, bits: int, strate
     if args.get("group_size") and args.get("strategy") != "group":
         raise ValueError(f"{where}.group_size={args['group_size']!r} is not supported with strategy "
                          f"{args.get('strategy')!r}")
-    if args.get("block_structure"):
-        raise ValueError(f"{where}.block_structure={args['block_structure']!r} is not supported")
+    if args.get("block_structure") and args.get("strategy") != "block":
+        raise ValueError(f"{where}.block_structure={args['block_structure']!r} is not supported with strategy "
+                         f"{args.get('strategy')!r}")
     # "group": each input's group in a g_idx tensor; "weight" and "static": groups of consecutive inputs
     orders = (None, "static", "weight", "group") if weight_only else (None, "static", "weight")
     if args.get("actorder") not in orders:
@@ -218,15 +290,20 @@ def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
 
 
 def scale_groups(cfg, width: int) -> int:
-    """How many groups of scales a W4A16 projection of `width` inputs has (one per output channel: 1)."""
-    return width // cfg.quant_group_size if cfg.quant_group_size else 1
+    """How many groups of scales a weight-only quantized projection of `width` inputs has along them (one for the
+    whole input: 1): W4A16's groups; FP8's blocks, split where a block straddles two groups' widths (groups of
+    gcd(width, block) inputs, the last block of a width it does not divide included)."""
+    size = cfg.quant_group_size
+    if not size:
+        return 1
+    return width // (math.gcd(width, size) if cfg.quantization == W8A16_FP8 else size)
 
 
 def check_group_size(cfg) -> None:
     """A W4A16 checkpoint's group size must divide every quantized projection's input width."""
     size = cfg.quant_group_size
     for name, (_, width) in projection_shapes(cfg).items():
-        if size and width % size:
+        if cfg.quantization == W4A16 and size and width % size:
             raise ValueError(f"quantization_config group_size={size} does not divide {name}'s input width {width}")
 
 
@@ -279,6 +356,8 @@ def with_quantized(split_tensor, cfg):
         convert = {"gptq": gptq_tensor, "awq": awq_tensor}.get(cfg.quant_method)
         if convert is None and cfg.quantization == W4A16:
             convert = packed_tensor
+        if cfg.quantization == W8A16_FP8:
+            convert = fp8_tensor
         if convert is not None:
             name, array = convert(name, array)
             if name is None:
@@ -297,7 +376,7 @@ def with_quantized(split_tensor, cfg):
                 raise ValueError(f"tensor {name} has {scale.size} scales, expected {width} (one per output channel) "
                                  f"or 1")
             array = scale
-        elif cfg.quantization == W4A16 and name.endswith((".weight_scale", ".weight_zero_point")):
+        elif cfg.quantization in WEIGHT_ONLY and name.endswith((".weight_scale", ".weight_zero_point")):
             out, width = projection(name)
             if tuple(array.shape) != (out, scale_groups(cfg, width)):
                 raise ValueError(f"tensor {name} has shape {tuple(array.shape)}, expected "
@@ -305,6 +384,38 @@ def with_quantized(split_tensor, cfg):
         elif name.endswith(".weight_g_idx"):
             array = checked_g_idx(name, array)
         return split_tensor(name, array, cfg)
+
+    def fp8_tensor(name, array):
+        """An FP8 projection's scales (`weight_scale`: one, one per output channel [out, 1], or per block [ceil(out /
+        rows), ceil(in / inputs)]; the fp8 method's block ones are `weight_scale_inv`) as weight_scale [out,
+        groups] float32, each row's and group's its block's; a static activation scheme's `input_scale` (not
+        applied: weights-only) checked and dropped; the e4m3 weight as it is."""
+        stem, _, kind = name.rpartition(".")
+        if kind == "input_scale":
+            scale = np.asarray(array, np.float32)
+            if scale.size != 1 or not scale.reshape(-1)[0] > 0:
+                raise ValueError(f"tensor {name}: an input scale must be one positive value, got shape {scale.shape}")
+            return None, None
+        fp8 = np.asarray(array).dtype == ml_dtypes.float8_e4m3fn
+        projection_weight = kind == "weight" and ".layers." in name and stem.rsplit(".", 1)[-1] in shapes
+        if projection_weight != fp8:
+            raise ValueError(f"tensor {name} is {np.asarray(array).dtype}: an FP8 checkpoint's decoder projections "
+                             f"(and only they) are float8_e4m3fn")
+        if kind not in ("weight_scale", "weight_scale_inv"):
+            return name, array
+        out, width = projection(name)
+        rows, inputs = cfg.quant_block_out, cfg.quant_group_size
+        scale = np.asarray(array, np.float32)
+        if not inputs:  # per tensor or per output channel
+            if scale.size not in (1, out if rows == 1 else 1):
+                raise ValueError(f"tensor {name} has {scale.size} scales, expected {out if rows == 1 else 1}")
+            return stem + ".weight_scale", np.broadcast_to(scale.reshape(-1, 1), (out, 1)).copy()
+        expected = (-(-out // rows), -(-width // inputs))
+        if scale.shape != expected:
+            raise ValueError(f"tensor {name} has shape {scale.shape}, expected {expected} (blocks of {rows} x "
+                             f"{inputs})")
+        groups = scale_groups(cfg, width)
+        return stem + ".weight_scale", scale[np.arange(out) // rows][:, np.arange(groups) * (width // groups) // inputs]
 
     def packed_tensor(name, array):
         """compressed-tensors' pack-quantized tensors: `weight_packed` [out, ceil(in / 8)] (packed along the input)
@@ -392,13 +503,14 @@ def with_quantized(split_tensor, cfg):
     return split
 
 
-class Int4Weight(NamedTuple):
-    """A W4A16 projection as the layer's matmul takes it: int4 values in int8 [in, out] (the unsigned value minus
-    8), their scales [groups, out] (in the checkpoint's float dtype), zero points (None: symmetric; else int8
-    [groups, out], offset as the values are) and, in activation order, each input's group `g_idx` [in] (None:
-    groups of in / groups consecutive inputs); or packed for the native CPU matmul (uint8 `weight`:
-    pallas_kernels.cpu.pack_int4_panels' panels of the inputs in `perm`'s order (None: as they are), its scales and
-    biases in `scale`)."""
+class WeightOnly(NamedTuple):
+    """A weight-only quantized projection as the layer's matmul takes it: W4A16's int4 values in int8 [in, out] (the
+    unsigned value minus 8) or FP8's float8 e4m3 ones, their scales [groups, out] (W4A16's in the checkpoint's
+    float dtype, FP8's in float32), W4A16's zero points (None: symmetric; else int8 [groups, out], offset as the
+    values are) and, in activation order, each input's group `g_idx` [in] (None: groups of in / groups consecutive
+    inputs); or packed for the native CPU matmul (uint8 `weight`: pallas_kernels.cpu.pack_int4_panels' or
+    pack_fp8_panels' panels of the inputs in `perm`'s order (None: as they are), its scales and biases in
+    `scale`)."""
     weight: jax.Array
     scale: jax.Array
     zero: jax.Array | None = None
@@ -530,7 +642,8 @@ def write_w4a16_checkpoint(source: str | Path, output: str | Path, group_size: i
         return out if g_idx is None else out | {name + "_g_idx": g_idx}
 
     config = compressed_tensors_config("group" if group_size else "channel", W4A16, group_size)
-    config["config_groups"]["group_0"]["weights"] |= {"symmetric": symmetric, "actorder": "group" if act_order else None}
+    config["config_groups"]["group_0"]["weights"] |= {"symmetric": symmetric,
+                                                      "actorder": "group" if act_order else None}
     return _write_quantized(source, output, convert, config)
 
 
@@ -606,9 +719,60 @@ def _check_group_size(group_size) -> None:
         raise ValueError(f"group_size must be a non-negative integer, got {group_size!r}")
 
 
-def _write_quantized(source, output, convert, quantization_config: dict) -> Path:
+def fp8_config(block: tuple[int, int] | None = (128, 128), method: str = "fp8") -> dict:
+    """The `quantization_config` of FP8 weights in blocks of `block` [out, in] (None: per tensor for the fp8 method,
+    per output channel for compressed-tensors) as `method` writes it: transformers' fine-grained FP8 (`fp8`) or
+    llm-compressor's FP8_DYNAMIC / FP8_BLOCK (`compressed-tensors`)."""
+    if method == "fp8":
+        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                "weight_block_size": None if block is None else list(block)}
+    args = dict(num_bits=8, type="float", symmetric=True, group_size=None, actorder=None, observer=None,
+                observer_kwargs={})
+    weights = args | {"strategy": "block" if block else "channel", "dynamic": False, "observer": "minmax",
+                      "block_structure": list(block) if block else None}
+    # FP8_DYNAMIC's activations: dynamic per token; FP8_BLOCK's: dynamic per group of 128 inputs
+    activations = args | ({"strategy": "group", "group_size": 128} if block else {"strategy": "token"}) | {
+        "dynamic": True}
+    return {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "output_activations": None, "weights": weights,
+                                          "input_activations": activations}},
+            "ignore": ["lm_head"], "kv_cache_scheme": None, "sparsity_config": {}}
+
+
+def write_fp8_checkpoint(source: str | Path, output: str | Path, block: tuple[int, int] | None = (128, 128),
+                         method: str = "fp8") -> Path:
+    """Writes `source` (a float Hugging Face checkpoint directory of a dense model) as an FP8 checkpoint in
+    `output`: every decoder layer's projection weight in float8 e4m3 (round to nearest) with float32 scales,
+    amax / 448 of each `block` [out, in] (None: per tensor for the fp8 method, per output channel for
+    compressed-tensors), in `method`'s format: `fp8` (transformers' fine-grained FP8, as DeepSeek's and Qwen's FP8
+    checkpoints: `weight_scale_inv` per block, dynamic activations) or `compressed-tensors` (float-quantized, as
+    llm-compressor's FP8_DYNAMIC and FP8_BLOCK: `weight_scale`, dynamic per-token activations)."""
+    if method not in ("fp8", "compressed-tensors"):
+        raise ValueError(f"method must be 'fp8' or 'compressed-tensors', got {method!r}")
+    rows, inputs = _block(list(block), "block") if block is not None else (0 if method == "fp8" else 1, 0)
+
+    def convert(name, weight):
+        out, width = weight.shape
+        if inputs:
+            padded = np.pad(np.abs(weight), ((0, -out % rows), (0, -width % inputs)))
+            amax = padded.reshape(-(-out // rows), rows, -(-width // inputs), inputs).max(axis=(1, 3))
+            scale = (amax / 448).astype(np.float32)
+            full = np.repeat(np.repeat(scale, rows, 0), inputs, 1)[:out, :width]
+        else:
+            scale = (np.abs(weight).max(axis=1 if rows else None, keepdims=bool(rows)) / 448).astype(np.float32)
+            full = scale
+        q = (weight / np.where(full > 0, full, 1)).astype(ml_dtypes.float8_e4m3fn)
+        suffix = "_scale_inv" if method == "fp8" and inputs else "_scale"
+        return {name: q, name + suffix: scale}
+
+    config = fp8_config(block, method)
+    return _write_quantized(source, output, convert, config, keep_float32=True)
+
+
+def _write_quantized(source, output, convert, quantization_config: dict, keep_float32: bool = False) -> Path:
     """Copies `source` to `output` with each decoder layer projection's weight replaced by `convert(name, float32
-    weight [out, in])`'s tensors (float32 ones in the weight's dtype) and `quantization_config` in config.json."""
+    weight [out, in])`'s tensors (float32 ones in the weight's dtype unless `keep_float32`) and
+    `quantization_config` in config.json."""
     import torch  # the torch reader and writer keep bfloat16 tensors as they are
     from safetensors.torch import load_file, save_file
 
@@ -634,8 +798,13 @@ def _write_quantized(source, output, convert, quantization_config: dict) -> Path
                 if ".experts." in name:
                     raise ValueError("a mixture of experts' quantization is not supported")
                 for key, value in convert(name, tensor.float().numpy()).items():
-                    value = torch.from_numpy(np.ascontiguousarray(value))  # float32 ones in the weight's dtype
-                    out[key] = value.to(tensor.dtype) if value.dtype == torch.float32 else value
+                    value = np.ascontiguousarray(value)
+                    if value.dtype == ml_dtypes.float8_e4m3fn:
+                        value = torch.from_numpy(value.view(np.uint8)).view(torch.float8_e4m3fn)
+                    else:
+                        value = torch.from_numpy(value)
+                    float32 = value.dtype == torch.float32 and not keep_float32
+                    out[key] = value.to(tensor.dtype) if float32 else value
             else:
                 out[name] = tensor
         save_file(out, output / file.name, metadata={"format": "pt"})

@@ -1,4 +1,4 @@
-"""Zero-copy reading of safetensors files through numpy memory maps (bfloat16 included)."""
+"""Zero-copy reading of safetensors files through numpy memory maps (bfloat16 and float8 e4m3 included)."""
 
 import json
 import struct
@@ -9,6 +9,7 @@ import numpy as np
 
 _DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+    "F8_E4M3": ml_dtypes.float8_e4m3fn,
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
 }
 
