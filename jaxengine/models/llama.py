@@ -67,15 +67,13 @@ def _in_order(x, w, norm=None):
 
 
 def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
-    """x @ w (+ residual) -> [.., n] in the weight's dtype, accumulated in float32 (a bf16 x bf16 -> bf16 dot is
-    far slower on CPU), returned in x's dtype. A quantized weight (Int8Weight) quantizes x per row and multiplies
-    in int8 (jaxengine/models/quantization.py); a weight-only one (WeightOnly: W4A16, FP8) is dequantized first. A
-    packed weight
-    (`pack_for_native_matmul`: 3 dimensions, or 4 for all layers' stacked, of which `layer` is used) runs the
-    native CPU kernel: same numbers up to summation order (pallas_kernels/cpu_matmul.cc), the residual added as
-    the result is stored (packed quantized weights: `_native_quantized`). `live_rows` (i32[]): x's rows from it on
-    are a bucket's padding, which the native kernel skips (they come out zero); XLA's dot computes them like the
-    others."""
+    """x @ w (+ residual) -> [.., n] in the weight's dtype, accumulated in float32 (a bf16 x bf16 -> bf16 dot is far
+    slower on CPU), returned in x's dtype. A quantized weight (Int8Weight) quantizes x per row and multiplies in int8
+    (jaxengine/models/quantization.py); a weight-only one (WeightOnly: W4A16, FP8) is dequantized first. A packed
+    weight (`pack_for_native_matmul`: 3 dimensions, or 4 for all layers' stacked, of which `layer` is used) runs the
+    native CPU kernel: same numbers up to summation order (pallas_kernels/cpu_matmul.cc), the residual added as the
+    result is stored (packed quantized weights: `_native_quantized`). `live_rows` (i32[]): x's rows from it on are a
+    bucket's padding, which the native kernel skips (they come out zero); XLA's dot computes them like the others."""
     x, w, _ = _in_order(x, w)
     if isinstance(w, WeightOnly) and not _native(w):
         w = w.dequantized()
@@ -138,8 +136,8 @@ def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer
         elif isinstance(gate_up, WeightOnly):  # weight-only (int4 or fp8 panels), dequantized panel by panel; in
             # activation order, the down projection's folded into gate/up's columns (_pack_quantized_layer)
             x, gate_up, x_norm = _in_order(h, gate_up, norm)
-            pairs = cpu.gated_pairs_dequant(x, gate_up.weight, gate_up.scale, prologue="rms_norm", norm=x_norm, eps=eps,
-                                         activation=activation, **settings)
+            pairs = cpu.gated_pairs_dequant(x, gate_up.weight, gate_up.scale, prologue="rms_norm", norm=x_norm,
+                                            eps=eps, activation=activation, **settings)
             down_projection = functools.partial(cpu.matmul_dequant, pairs, down.weight, down.scale, n,
                                                 prologue="rounded", **settings)
         else:
@@ -290,9 +288,9 @@ def _pack_quantized_layer(layer, lead) -> None:
         join = cpu.gated_columns if names == ("gate_proj", "up_proj") else lambda *a: np.concatenate(a, -1)
         return [join(*(values[name + part] for name in names)) for part in ("", "_scale", "_zero") if part in parts]
 
+    pack = {W8A8_INT8: cpu.pack_int8, W4A16: cpu.pack_int4_panels, W8A16_FP8: cpu.pack_fp8_panels}[cfg.quantization]
     for fused, names in plan.items():
-        pack = {W8A8_INT8: cpu.pack_int8, W4A16: cpu.pack_int4_panels, W8A16_FP8: cpu.pack_fp8_panels}
-        arrays = pack[cfg.quantization](*take(names))
+        arrays = pack(*take(names))
         for suffix, array in zip(("", "_comp", "_scale") if int8 else ("", "_scale"), arrays):
             axes = lead + ("packed",) * (array.ndim - len(lead))
             setattr(layer, fused + suffix, nnx.Param(jax.device_put(array), logical_axes=axes))

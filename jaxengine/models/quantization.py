@@ -340,7 +340,8 @@ def with_quantized(split_tensor, cfg):
     transposed) and, with zero points, its int8 `weight_zero_point` [out, groups] (offset as the values are:
     compressed-tensors' packed ones unpacked, GPTQ's and AWQ's `qzeros`), in activation order its int32
     `weight_g_idx` [in] (GPTQ's `g_idx`), each checked; compressed-tensors' `weight_shape`, GPTQ's `g_idx` where
-    inputs are grouped in turn (and a symmetric GPTQ's `qzeros`) dropped once checked."""
+    inputs are grouped in turn (and a symmetric GPTQ's `qzeros`) dropped once checked. FP8's float8 `weight` as it
+    is, its scales as W4A16's (`fp8_tensor`)."""
     if cfg.quantization is None:
         return split_tensor
     shapes = projection_shapes(cfg)
