@@ -413,10 +413,9 @@ def matmul_int8(x, packed, comp, scale, n: int, *, prologue: str | None = None, 
 def gated_int8(x, packed, comp, scale, *, prologue: str | None = None, norm=None, eps: float = 0.0, live_rows=None,
                layer=None, activation: str = "silu"):
     """act(x' @ gate) * (x' @ up) -> f32[M, I] for (packed, comp, scale) = pack_int8 of gate and up (and their
-    scales) in `pack_gated`'s column order (`gated_columns`; x' = x
-    after the prologue), the products as `matmul_int8` computes them, the activation ("silu" or "gelu_tanh")
-    applied as they leave the registers: no [M, 2I] result goes through memory. Stacked weights, `layer` and
-    `live_rows` as for `matmul_int8`."""
+    scales) in `pack_gated`'s column order (`gated_columns`; x' = x after the prologue), the products as
+    `matmul_int8` computes them, the activation ("silu" or "gelu_tanh") applied as they leave the registers: no
+    [M, 2I] result goes through memory. Stacked weights, `layer` and `live_rows` as for `matmul_int8`."""
     n = packed.shape[-3] * PANEL
     return _int8_call(x, packed, comp, scale, n, n // 2, prologue=prologue, norm=norm, eps=eps, residual=None,
                       live_rows=live_rows, layer=layer, epilogue="gated_pairs", activation=activation)

@@ -2,6 +2,7 @@
 model with each quantized projection's weight replaced by the checkpoint's int8 values and scales and its input
 quantized per token, as vLLM's W8A8 kernels compute it, or by the checkpoint's 4-bit weights dequantized."""
 
+import functools
 import json
 import shutil
 
@@ -189,6 +190,25 @@ def reference_logprobs(model, prompt):
 PROMPT = list(np.random.default_rng(5).integers(3, tiny_models.VOCAB_SIZE, 70))
 
 
+@functools.cache
+def float_logprobs(float_dir) -> np.ndarray:
+    """transformers' float model of `float_dir` on PROMPT: what a quantized model's numbers must measurably differ
+    from (its quantized path ran)."""
+    return reference_logprobs(
+        transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32).eval(), PROMPT)
+
+
+def matches_oracle(engine, oracle, float_dir, tolerance: float, off_float: float = 1e-2):
+    """Every PROMPT position's log-probability of `engine` within `tolerance` of `oracle`'s (transformers computing
+    each quantized projection as the checkpoint says), and more than `off_float` off the float model's at some
+    position -> (ours, the oracle's)."""
+    ours = prompt_logprobs(engine, PROMPT)
+    ref = reference_logprobs(oracle, PROMPT)
+    assert np.abs(ours - ref).max() < tolerance
+    assert np.abs(ours - float_logprobs(float_dir)).max() > off_float
+    return ours, ref
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_w8a8_matches_transformers_with_int8_projections(engines, model_dirs, quantized, arch):
     """Every prompt position's log-probability (a 70-token prompt in three chunks) as the emulated W8A8 model's,
@@ -196,12 +216,7 @@ def test_w8a8_matches_transformers_with_int8_projections(engines, model_dirs, qu
     its partial rotary layout applied to q/k scales; Gemma 2's sandwich norms; Qwen3's one KV head)."""
     engine = engines(arch, model=str(quantized[arch]), max_num_batched_tokens=32, num_kv_blocks=30)
     assert engine.model_config.quantization == "w8a8_int8"
-    ours = prompt_logprobs(engine, PROMPT)
-    ref = reference_logprobs(emulated(model_dirs[arch], quantized[arch]), PROMPT)
-    float_ref = reference_logprobs(
-        transformers.AutoModelForCausalLM.from_pretrained(model_dirs[arch], dtype=torch.float32).eval(), PROMPT)
-    assert np.abs(ours - ref).max() < 2e-3
-    assert np.abs(ours - float_ref).max() > 1e-2
+    matches_oracle(engine, emulated(model_dirs[arch], quantized[arch]), model_dirs[arch], 2e-3)
 
 
 # the 4-bit checkpoints' (arch, method, group, zero points): compressed-tensors' symmetric W4A16 (groups of 16 or 8
@@ -225,12 +240,7 @@ def test_4bit_checkpoints_match_transformers_with_dequantized_weights(engines, m
     cfg = engine.model_config
     assert (cfg.quantization, cfg.quant_method, cfg.quant_group_size, cfg.quant_zero_point) == (
         "w4a16", method, group, zero_point)
-    ours = prompt_logprobs(engine, PROMPT)
-    ref = reference_logprobs(dequantized(model_dirs[arch], quantized[name]), PROMPT)
-    float_ref = reference_logprobs(
-        transformers.AutoModelForCausalLM.from_pretrained(model_dirs[arch], dtype=torch.float32).eval(), PROMPT)
-    assert np.abs(ours - ref).max() < 1e-4
-    assert np.abs(ours - float_ref).max() > 1e-2
+    ours, _ = matches_oracle(engine, dequantized(model_dirs[arch], quantized[name]), model_dirs[arch], 1e-4)
     if name == "qwen3-w4-zp":  # its one KV head repeated over tp=2, with its zero points: the same numbers
         two = engines(arch, model=str(quantized[name]), max_num_batched_tokens=32, num_kv_blocks=30,
                       tensor_parallel_size=2)
@@ -250,12 +260,7 @@ def test_fp8_checkpoints_match_transformers_with_dequantized_weights(engines, mo
     engine = engines(arch, **settings)
     cfg = engine.model_config
     assert (cfg.quantization, cfg.quant_method) == ("w8a16_fp8", method)
-    ref = reference_logprobs(dequantized(model_dirs[arch], quantized[name]), PROMPT)
-    float_ref = reference_logprobs(
-        transformers.AutoModelForCausalLM.from_pretrained(model_dirs[arch], dtype=torch.float32).eval(), PROMPT)
-    ours = prompt_logprobs(engine, PROMPT)
-    assert np.abs(ours - ref).max() < 1e-4
-    assert np.abs(ours - float_ref).max() > 2e-3
+    ours, ref = matches_oracle(engine, dequantized(model_dirs[arch], quantized[name]), model_dirs[arch], 1e-4, 2e-3)
     engine = engines(arch, dtype="bfloat16", **settings)
     dtypes = {path[-1]: v.get_value().dtype for path, v in nnx.to_flat_state(engine.runner.state)}
     if cpu.matmul_available():

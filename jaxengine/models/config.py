@@ -70,7 +70,7 @@ class ModelConfig:
     # x quant_group_size inputs
     quantization: str | None = None
     quant_group_size: int = 0
-    quant_method: str | None = None  # the checkpoint's format: compressed-tensors, gptq or awq
+    quant_method: str | None = None  # the checkpoint's format: compressed-tensors, gptq, awq or fp8
     quant_zero_point: bool = False
     quant_format: str = ""  # the method's own format (quantization.Quantized.format): GPTQ's gptq or gptq_v2, ...
     quant_act_order: bool = False  # W4A16: each input's group given by a g_idx (activation order)

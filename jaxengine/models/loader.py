@@ -84,10 +84,9 @@ def load_config(model_dir: Path, hf_overrides: dict | None = None) -> tuple[Arch
         return arch, cfg
     if cfg.num_experts:
         raise ValueError("quantization_config: a quantized mixture of experts is not supported")
-    cfg = dataclasses.replace(cfg, quantization=quantization.scheme, quant_group_size=quantization.group_size,
-                              quant_method=quantization.method, quant_zero_point=quantization.zero_point,
-                              quant_format=quantization.format, quant_act_order=quantization.act_order,
-                              quant_block_out=quantization.block_out)
+    # ModelConfig's quantization (the scheme) and quant_* fields (the others)
+    cfg = dataclasses.replace(cfg, quantization=quantization.scheme, **{
+        f"quant_{field}": value for field, value in quantization._asdict().items() if field != "scheme"})
     check_group_size(cfg)
     return arch, cfg
 

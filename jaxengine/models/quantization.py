@@ -59,7 +59,7 @@ class Quantized(NamedTuple):
     quant_zero_point, quant_format, quant_act_order, quant_block_out)."""
     scheme: str  # W8A8_INT8, W4A16 or W8A16_FP8
     group_size: int  # W4A16, FP8: the weights' group (block) along the input (0: the whole input)
-    method: str  # compressed-tensors, gptq or awq
+    method: str  # compressed-tensors, gptq, awq or fp8
     zero_point: bool = False  # W4A16: asymmetric, a zero point per group
     format: str = ""  # the method's own: compressed-tensors' format, GPTQ's checkpoint_format, AWQ's version
     act_order: bool = False  # W4A16: each input's group given by a g_idx (GPTQ's desc_act, actorder "group")
@@ -75,7 +75,7 @@ def parse_quantization(hf: dict) -> Quantized | None:
         return None
     method = q.get("quant_method")
     if method == "gptq":
-        return _gptq(q, hf)
+        return _gptq(q)
     if method == "awq":
         return _awq(q, hf)
     if method == "fp8":
@@ -144,7 +144,7 @@ def parse_quantization(hf: dict) -> Quantized | None:
     return Quantized(scheme, size, "compressed-tensors", zero_point, q["format"], act_order, block_out)
 
 
-def _gptq(q: dict, hf: dict) -> Quantized:
+def _gptq(q: dict) -> Quantized:
     """A GPTQ config, once its fields are ones served: 4 bits, symmetric or with zero points, in activation order
     or not (desc_act: the g_idx tensors say each input's group), the output head unquantized, every projection
     quantized."""
@@ -354,11 +354,9 @@ def with_quantized(split_tensor, cfg):
         return shapes[part]
 
     def split(name, array, cfg):
-        convert = {"gptq": gptq_tensor, "awq": awq_tensor}.get(cfg.quant_method)
-        if convert is None and cfg.quantization == W4A16:
-            convert = packed_tensor
-        if cfg.quantization == W8A16_FP8:
-            convert = fp8_tensor
+        # each format's tensors in compressed-tensors' names and layouts (W8A8's are already)
+        convert = {"gptq": gptq_tensor, "awq": awq_tensor}.get(cfg.quant_method) or {
+            W4A16: packed_tensor, W8A16_FP8: fp8_tensor}.get(cfg.quantization)
         if convert is not None:
             name, array = convert(name, array)
             if name is None:
@@ -640,7 +638,7 @@ def write_w4a16_checkpoint(source: str | Path, output: str | Path, group_size: i
                name + "_shape": np.asarray(weight.shape, np.int64)}
         if not symmetric:
             out[name + "_zero_point"] = np.ascontiguousarray(pack_int4(zero.T).T)
-        return out if g_idx is None else out | {name + "_g_idx": g_idx}
+        return out | {name + "_g_idx": g_idx} if act_order else out
 
     config = compressed_tensors_config("group" if group_size else "channel", W4A16, group_size)
     config["config_groups"]["group_0"]["weights"] |= {"symmetric": symmetric,
@@ -662,7 +660,6 @@ def write_gptq_checkpoint(source: str | Path, output: str | Path, group_size: in
     v1 = checkpoint_format == "gptq"
 
     def convert(name, weight):
-        width = weight.shape[1]
         q, scale, zero, g_idx = _quantize_in_order(name, weight, group_size, symmetric, act_order)
         zero = np.zeros(scale.shape, np.int8) if zero is None else zero
         if v1 and zero.min() == -8:
@@ -672,7 +669,7 @@ def write_gptq_checkpoint(source: str | Path, output: str | Path, group_size: in
         return {stem + ".qweight": np.ascontiguousarray(pack_int4(q).T),
                 stem + ".qzeros": pack_int4(np.ascontiguousarray(zero.T) - v1),
                 stem + ".scales": np.ascontiguousarray(scale.T).astype(np.float16),
-                stem + ".g_idx": g_idx if act_order else (np.arange(width) // (group_size or width)).astype(np.int32)}
+                stem + ".g_idx": g_idx}
 
     config = {"quant_method": "gptq", "bits": 4, "group_size": group_size or -1, "desc_act": act_order,
               "sym": symmetric, "checkpoint_format": checkpoint_format, "damp_percent": 0.01, "true_sequential": True}
@@ -702,14 +699,15 @@ def _quantize_in_order(name: str, weight, group_size: int, symmetric: bool, act_
     """`quantize_int4` of projection `name`'s weight [out, in], its inputs grouped in turn or (`act_order`) in an
     order of their own: a seeded shuffle standing in for GPTQ's order of the calibration inputs' Hessian, one per
     layer and input as GPTQ's (q/k/v share theirs, gate/up theirs) -> (values, scales, zero points, each input's
-    group int32 [in] or None)."""
-    if not act_order:
-        return *quantize_int4(weight, group_size, symmetric), None
+    group int32 [in])."""
     width = weight.shape[1]
-    inputs = {"k_proj": "q_proj", "v_proj": "q_proj", "qkv_proj": "q_proj", "up_proj": "gate_proj",
-              "gate_up_proj": "gate_proj"}
-    layer, projection = name.split(".layers.")[1].split(".")[0], name.rsplit(".", 2)[-2]
-    order = np.random.default_rng(list(f"{layer}.{inputs.get(projection, projection)}".encode())).permutation(width)
+    order = np.arange(width)
+    if act_order:
+        inputs = {"k_proj": "q_proj", "v_proj": "q_proj", "qkv_proj": "q_proj", "up_proj": "gate_proj",
+                  "gate_up_proj": "gate_proj"}
+        layer, projection = name.split(".layers.")[1].split(".")[0], name.rsplit(".", 2)[-2]
+        key = f"{layer}.{inputs.get(projection, projection)}".encode()
+        order = np.random.default_rng(list(key)).permutation(width)
     q, scale, zero = quantize_int4(weight[:, order], group_size, symmetric)  # groups of consecutive inputs in order
     position = np.argsort(order)  # each input's place in the order
     return q[:, position], scale, zero, (position // (group_size or width)).astype(np.int32)
