@@ -5,14 +5,9 @@
 # RATES: the serving request rates (default inf, the shared workload's; serve_bench.sh's own default is "inf 4").
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-peers="${PEERS:-$here/../../shared/peers}"
-models="${MODELS:-/tmp/jaxengine-peer-models}"
-runs="${RUNS:-3}"
 rates="${RATES:-inf}"
-[ -d "$models/llama-135m" ] || python "$peers/make_models.py" "$models" --only llama-135m >&2
-engine=(--model "$models/llama-135m" --max-model-len 1024 --max-num-seqs 64 --max-num-batched-tokens 512
-        --kv-cache-gib 2)
-source "$here/peer_env.sh"  # peer_env: vLLM's environment
+source "$here/shared_workload_env.sh"  # peers, models, runs, engine_settings, peer_env (vLLM's environment)
+engine=(--model "$models/llama-135m" "${engine_settings[@]}")
 
 # The peer's offline runs keep its engine in the calling process (VLLM_ENABLE_V1_MULTIPROCESSING=0): on these
 # 2 cores that was 474-509 output tok/s against 435-452 with its default engine-core process (session 17, two

@@ -9,19 +9,15 @@
 #     bash benchmarks/quantized.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-peers="${PEERS:-$here/../../shared/peers}"
-models="${MODELS:-/tmp/jaxengine-peer-models}"
-runs="${RUNS:-3}"
 schemes="${SCHEMES:-w8a8 w4a16 awq fp8}"
-[ -d "$models/llama-135m" ] || python "$peers/make_models.py" "$models" --only llama-135m >&2
-source "$here/peer_env.sh"  # peer_env: vLLM's environment; offline in-process, as cpu_shared_workload.sh runs it
-peer_env+=(VLLM_ENABLE_V1_MULTIPROCESSING=0)
+source "$here/shared_workload_env.sh"  # peers, models, runs, engine_settings, peer_env (vLLM's environment)
+peer_env+=(VLLM_ENABLE_V1_MULTIPROCESSING=0)  # offline in-process, as cpu_shared_workload.sh runs it
 for scheme in $schemes; do
     model="$models/llama-135m-$scheme"
     # group 64: the shared model's widths (576, 1536) are multiples of it, not of 128
     flags=(--scheme "$scheme"); case "$scheme" in w4a16|awq) flags+=(--group-size 64);; esac
     [ -d "$model" ] || jaxengine quantize --model "$models/llama-135m" --output "$model" "${flags[@]}" >&2
-    engine=(--model "$model" --max-model-len 1024 --max-num-seqs 64 --max-num-batched-tokens 512 --kv-cache-gib 2)
+    engine=(--model "$model" "${engine_settings[@]}")
     jaxengine bench throughput "${engine[@]}" --runs "$runs"
     jaxengine bench latency "${engine[@]}" --batch-size 1 --num-iters 5
     if [ -n "${PEER_VENV:-}" ]; then

@@ -1,6 +1,14 @@
-# Sourced by the shared-workload scripts: `peer_env`, the environment vLLM's CPU build runs in, and PEER_VENV made
-# absolute where it is set. The peer's fastest settings (../shared/peers/README.md): no CPUs reserved, a 2 GiB KV
-# cache, and, each where present, tcmalloc (Debian's libtcmalloc-minimal4) and the venv's libiomp5 preloaded.
+# Sourced by the shared-workload scripts (with `here`, their folder, set): the settings they share. `peers`,
+# `models` (the shared model made there if missing) and `runs` from PEERS, MODELS and RUNS; `engine_settings`, our
+# engine's flags for the workload (`--model` aside); `peer_env`, the environment vLLM's CPU build runs in, and
+# PEER_VENV made absolute where it is set. The peer's fastest settings (../shared/peers/README.md): no CPUs
+# reserved, a 2 GiB KV cache, and, each where present, tcmalloc (Debian's libtcmalloc-minimal4) and the venv's
+# libiomp5 preloaded.
+peers="${PEERS:-$here/../../shared/peers}"
+models="${MODELS:-/tmp/jaxengine-peer-models}"
+runs="${RUNS:-3}"
+[ -d "$models/llama-135m" ] || python "$peers/make_models.py" "$models" --only llama-135m >&2
+engine_settings=(--max-model-len 1024 --max-num-seqs 64 --max-num-batched-tokens 512 --kv-cache-gib 2)
 peer_env=(VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2)
 if [ -n "${PEER_VENV:-}" ]; then
     PEER_VENV="$(readlink -f "$PEER_VENV")"
