@@ -12,7 +12,8 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 LAYER_LOOPS = ("auto", "scan", "unrolled")
 ATTENTION_BACKENDS = ("auto", "reference", "pallas", "native")  # see jaxengine/layers/attention.py
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # see jaxengine/models/loader.py: resolve_dtypes
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")  # see LLMEngine._kv_cache_dtype
+# vLLM's names (fp8 is fp8_e4m3: float8 e4m3fn); see LLMEngine._kv_cache_dtype
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 RUNNERS = ("auto", "generate", "pooling")  # see LLMEngine._runner_type
 # vLLM's names of the quantization methods served (models/quantization.py)
 QUANTIZATION_METHODS = ("compressed-tensors", "gptq", "awq", "fp8")
@@ -31,7 +32,8 @@ class EngineConfig:
     # must be the checkpoint's. Served: compressed-tensors W8A8 int8, W4A16 and FP8, GPTQ and AWQ 4-bit, FP8
     # (models/quantization.py).
     quantization: str | None = None
-    kv_cache_dtype: str = "auto"  # auto | float32 | bfloat16 | float16; auto: see LLMEngine._kv_cache_dtype
+    # auto | float32 | bfloat16 | float16 | fp8 (= fp8_e4m3) | fp8_e5m2; auto: see LLMEngine._kv_cache_dtype
+    kv_cache_dtype: str = "auto"
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     block_size: int = 16
     max_num_seqs: int = 64

@@ -4,9 +4,9 @@ output or the gated MLP's activation applied to it), the sampler's argmax, rando
 (`cpu_sampling.cc`) and a fusion barrier.
 
 XLA:CPU runs the reference attention's gathers and many tiny batched dots far from memory bandwidth; the
-native body reads each request's K/V straight from its pages (float32 q; float32 or bfloat16 pages), and its
-companion writer puts each step's K/V into the pages in place (`write_kv`: XLA:CPU's scatter into a bfloat16
-pool converts the whole pool around every write). XLA:CPU's bfloat16 dots reach a fraction of the AVX-512
+native body reads each request's K/V straight from its pages (float32 q; float32, bfloat16 or float8 pages), and
+its companion writer puts each step's K/V into the pages in place (`write_kv`: XLA:CPU's scatter into a bfloat16
+or float8 pool converts the whole pool around every write). XLA:CPU's bfloat16 dots reach a fraction of the AVX-512
 BF16 peak at decode and prefill row counts; the native matmul uses that instruction directly
 (`matmul_available()`: only where the CPU has it). Both are compiled from source into one library with the
 system C++ compiler on first use and cached under `~/.cache/jaxengine/kernels` (or `$JAXENGINE_KERNEL_CACHE`),
@@ -641,31 +641,44 @@ def token_logprobs(x, tokens, num_top: int):
     return jax.ffi.ffi_call(_LOGPROBS_TARGET, out)(x, jnp.asarray(tokens, jnp.int32))
 
 
+KV_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2)  # the pools the native body reads
+
+
 def supports(q_dtype, kv_dtype) -> bool:
-    """float32 queries over float32 or bfloat16 pages (computed in float32)."""
-    return jnp.dtype(q_dtype) == jnp.float32 and jnp.dtype(kv_dtype) in (jnp.float32, jnp.bfloat16)
+    """float32 queries over float32, bfloat16 or float8 (e4m3fn, e5m2) pages (computed in float32)."""
+    return jnp.dtype(q_dtype) == jnp.float32 and jnp.dtype(kv_dtype) in KV_DTYPES
 
 
-def write_kv(kv_pages, layer, rows, pages, offsets):
-    """kv_pages [L, P, S, 2 * Hkv, D] (float32 or bfloat16) with kv_pages[layer, pages[t], offsets[t]] = rows[t]
-    (rows float32 [T, 2 * Hkv, D], rounded to the pool's dtype); tokens whose page is outside [0, P) are
-    skipped. Written in place: the pool is aliased to the result (donate it, as the engine does)."""
+def write_kv(kv_pages, layer, rows, pages, offsets, scales=None):
+    """kv_pages [L, P, S, 2 * Hkv, D] (float32, bfloat16 or float8) with kv_pages[layer, pages[t], offsets[t]] =
+    rows[t] (rows float32 [T, 2 * Hkv, D]; K, the even rows, divided by scales[0] and V by scales[1] (`scales`
+    f32[2], the KV cache's scales; None: 1), rounded to the pool's dtype to nearest even, float8 saturated at its
+    largest finite value as `layers.attention.to_cache`); tokens whose page is outside [0, P) are skipped. Written
+    in place: the pool is aliased to the result (donate it, as the engine does)."""
     if rows.ndim != 3 or kv_pages.ndim != 5 or rows.shape[1:] != kv_pages.shape[3:]:
         raise ValueError(f"write_kv needs rows [T, {kv_pages.shape[3:]}] for a pool {kv_pages.shape}, got {rows.shape}")
     if not supports(jnp.float32, kv_pages.dtype):
-        raise ValueError(f"write_kv supports float32 and bfloat16 pools, not {kv_pages.dtype}")
+        raise ValueError(f"write_kv supports float32, bfloat16 and float8 pools, not {kv_pages.dtype}")
     _library()
     call = jax.ffi.ffi_call(_WRITE_TARGET, jax.ShapeDtypeStruct(kv_pages.shape, kv_pages.dtype),
                             input_output_aliases={0: 0})
     return call(kv_pages, jnp.asarray(layer, jnp.int32).reshape(1), rows.astype(jnp.float32),
-                pages.astype(jnp.int32), offsets.astype(jnp.int32))
+                pages.astype(jnp.int32), offsets.astype(jnp.int32), _kv_scales(scales))
 
 
-def rope_write_kv(qkv, cos, sin, kv_pages, layer, pages, offsets, num_heads: int):
+def _kv_scales(scales):
+    """The writers' f32[2] (K's scale, V's): ones for None."""
+    scales = jnp.ones(2, jnp.float32) if scales is None else jnp.asarray(scales, jnp.float32)
+    if scales.shape != (2,):
+        raise ValueError(f"the KV cache's scales must be [2] (K's, V's), got {scales.shape}")
+    return scales
+
+
+def rope_write_kv(qkv, cos, sin, kv_pages, layer, pages, offsets, num_heads: int, scales=None):
     """The rotary embedding of q and k (`layers/rope.apply_rope`) and `write_kv` of k and v in one pass, from
     the fused projection qkv float32 [T, (num_heads + 2 * Hkv) * D] ([q heads | k heads | v heads] per token)
     with cos, sin float32 [T, 1, D] (`rope_tables`). Returns q [T, num_heads, D] rotated, and the pool with
-    this step's K/V written in place (aliased: donate it)."""
+    this step's K/V written in place as `write_kv` writes them (`scales` as its; aliased: donate it)."""
     T = qkv.shape[0] if qkv.ndim == 2 else -1
     D, Hkv = kv_pages.shape[-1], kv_pages.shape[-2] // 2
     if qkv.ndim != 2 or kv_pages.ndim != 5 or qkv.shape[1] != (num_heads + 2 * Hkv) * D or D % 2:
@@ -675,14 +688,15 @@ def rope_write_kv(qkv, cos, sin, kv_pages, layer, pages, offsets, num_heads: int
         raise ValueError(f"rope_write_kv needs cos and sin [{T}, 1, {D}] and pages and offsets [{T}], got "
                          f"{cos.shape}, {sin.shape}, {pages.shape}, {offsets.shape}")
     if qkv.dtype != jnp.float32 or not supports(jnp.float32, kv_pages.dtype):
-        raise ValueError(f"rope_write_kv needs float32 qkv and a float32 or bfloat16 pool, got {qkv.dtype} and "
-                         f"{kv_pages.dtype}")
+        raise ValueError(f"rope_write_kv needs float32 qkv and a float32, bfloat16 or float8 pool, got {qkv.dtype} "
+                         f"and {kv_pages.dtype}")
     _library()
     call = jax.ffi.ffi_call(_ROPE_WRITE_TARGET, (jax.ShapeDtypeStruct((T, num_heads, D), jnp.float32),
                                                  jax.ShapeDtypeStruct(kv_pages.shape, kv_pages.dtype)),
                             input_output_aliases={3: 1})
     return call(qkv, cos.reshape(T, D).astype(jnp.float32), sin.reshape(T, D).astype(jnp.float32), kv_pages,
-                jnp.asarray(layer, jnp.int32).reshape(1), pages.astype(jnp.int32), offsets.astype(jnp.int32))
+                jnp.asarray(layer, jnp.int32).reshape(1), pages.astype(jnp.int32), offsets.astype(jnp.int32),
+                _kv_scales(scales))
 
 
 def fusion_barrier(x):

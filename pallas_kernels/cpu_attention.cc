@@ -1,18 +1,20 @@
 // Ragged paged attention for XLA:CPU, called through the XLA FFI (see cpu.py, which builds and registers it).
 //
-// Same contract as reference.py: q [T, Hq, D] (float32), the whole paged pool [L, P, S, 2*Hkv, D] (float32 or
-// bfloat16) with K and V interleaved on the head axis (row 2h is head h's K, 2h+1 its V), read in place at
-// `layer`. Work items are (request, tile of up to kTileTokens query tokens), a long range of keys split among
-// several where a call has few items (split_items); each walks its request's keys a window at a time (blocks
-// of 16 keys, the softmax's maximum and sum updated once per window), so every key's K/V row is read from
-// memory once per item straight from its page. Items are shared between the caller and XLA's intra-op thread
-// pool. WriteKv, the companion, writes a step's K/V rows in place.
+// Same contract as reference.py: q [T, Hq, D] (float32), the whole paged pool [L, P, S, 2*Hkv, D] (float32,
+// bfloat16, or float8 e4m3fn or e5m2) with K and V interleaved on the head axis (row 2h is head h's K, 2h+1 its V),
+// read in place at `layer`. Work items are (request, tile of up to kTileTokens query tokens), a long range of keys
+// split among several where a call has few items (split_items); each walks its request's keys a window at a time
+// (blocks of 16 keys, the softmax's maximum and sum updated once per window), so every key's K/V row is read from
+// memory once per item straight from its page. Items are shared between the caller and XLA's intra-op thread pool.
+// WriteKv, the companion, writes a step's K/V rows in place.
 //
 // Compute is float32. With a known head_dim (64, 128, 256) the 16 scores of a row are one vector (a
 // transposing reduction of 16 partial-sum vectors; for many rows, K transposed once per block). Where the CPU
 // has AVX-512 BF16, bfloat16 pages are scored by vdpbf16ps against q rounded to bfloat16, and their values
 // weighted by vdpbf16ps with the softmax weights rounded to bfloat16 (as transformers rounds a bfloat16
-// model's probabilities); elsewhere (and for other head_dims) bfloat16 pages are widened to float32.
+// model's probabilities); elsewhere (and for other head_dims) bfloat16 pages are widened to float32. float8
+// pages are widened to bfloat16 (exactly) a window of keys at a time and then computed on as bfloat16 pages are
+// (for other head_dims: widened to float32 as they are read).
 
 #include <algorithm>
 #include <array>
@@ -44,9 +46,22 @@ constexpr int kKeyBlock = 16;   // keys per vector of scores
 constexpr int kTransposeRows = 8;  // rows of a kv head from which a window's K is transposed (head_window_vector)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// The pool's element type.
+enum class Pages { kF32, kBf16, kE4M3, kE5M2, kUnsupported };
+
+inline Pages pages_of(ffi::DataType type) {
+  switch (type) {
+    case ffi::DataType::F32: return Pages::kF32;
+    case ffi::DataType::BF16: return Pages::kBf16;
+    case ffi::DataType::F8E4M3FN: return Pages::kE4M3;
+    case ffi::DataType::F8E5M2: return Pages::kE5M2;
+    default: return Pages::kUnsupported;
+  }
+}
+
 struct Problem {
   const float* q;
-  const void* kv;  // float32 or bfloat16 (uint16) pages
+  const void* kv;  // float32, bfloat16 (uint16), E4M3 or E5M2 pages
   const int32_t* kv_lens;
   const int32_t* block_tables;
   const int32_t* cu_q_lens;
@@ -93,7 +108,35 @@ inline v16 load16(const uint16_t* x) {
 #endif
 }
 
+// float8 pages' values, one byte each: e4m3fn (bias 7, 3 mantissa bits, no infinities, largest 448) and e5m2
+// (bias 15, 2 mantissa bits: a float16's top byte). Written saturated (to_fp8): a finite value never
+// becomes NaN or infinite.
+struct E4M3 {
+  uint8_t bits;
+};
+struct E5M2 {
+  uint8_t bits;
+};
+
 inline float to_float(float x) { return x; }
+
+inline float to_float(E4M3 x) {
+  const int e = (x.bits >> 3) & 15, m = x.bits & 7;
+  const float magnitude = (x.bits & 0x7f) == 0x7f ? std::numeric_limits<float>::quiet_NaN()
+                          : e == 0                ? std::ldexp(static_cast<float>(m), -9)
+                                                  : std::ldexp(static_cast<float>(8 + m), e - 10);
+  return x.bits & 0x80 ? -magnitude : magnitude;
+}
+
+inline float to_float(E5M2 x) {
+  const int e = (x.bits >> 2) & 31, m = x.bits & 3;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const float magnitude = e == 31  ? (m ? std::numeric_limits<float>::quiet_NaN() : kInf)
+                          : e == 0 ? std::ldexp(static_cast<float>(m), -16)
+                                   : std::ldexp(static_cast<float>(4 + m), e - 17);
+  return x.bits & 0x80 ? -magnitude : magnitude;
+}
+
 
 inline float to_float(uint16_t x) {
   const uint32_t bits = static_cast<uint32_t>(x) << 16;
@@ -832,13 +875,65 @@ inline void item_keys(const Problem& p, const Item& item, int32_t& lo, int32_t& 
   attended_keys(p, item, ctx, first, last, lo, hi);
 }
 
+#ifdef __AVX512BW__
+// A float8 format's bfloat16 values by magnitude (the byte without its sign): 128 words, four vectors.
+template <class F>
+struct Bf16Table {
+  alignas(64) uint16_t words[128];
+  Bf16Table() {
+    for (int m = 0; m < 128; ++m) {
+      const float value = to_float(F{static_cast<uint8_t>(m)});
+      uint32_t bits;
+      std::memcpy(&bits, &value, sizeof(bits));
+      words[m] = static_cast<uint16_t>(bits >> 16);
+    }
+  }
+};
+
+template <class F>
+const Bf16Table<F> kBf16Table;  // per format, built once at load
+#endif
+
+// n float8 values (n a multiple of 32) as bfloat16, exactly (every float8 value is a bfloat16 one). With
+// AVX-512 BW, 32 at a time by table: each byte widened to a word, its magnitude's bfloat16 picked from the four
+// vectors (two vpermi2w, bit 6 choosing between them), its sign moved to the word's top bit. Measured in one
+// process, the shared model's layer (3 KV heads x 64), 16 decode requests x 2000 keys: 1.33 ms against widening
+// through float16 and float32, 0.97-0.99 ms so (bfloat16 pages 0.87-0.91 ms: the decode is compute-bound here).
+template <class F>
+inline void widen_fp8_row(const F* src, uint16_t* dst, int64_t n) {
+#ifdef __AVX512BW__
+  const uint16_t* table = kBf16Table<F>.words;
+  const __m512i t0 = _mm512_load_si512(table), t1 = _mm512_load_si512(table + 32);
+  const __m512i t2 = _mm512_load_si512(table + 64), t3 = _mm512_load_si512(table + 96);
+  const __m512i bit6 = _mm512_set1_epi16(0x40), sign = _mm512_set1_epi16(static_cast<short>(0x8000));
+  for (int64_t i = 0; i < n; i += 32) {
+    const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    const __m512i magnitude = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(w, bit6),
+                                                      _mm512_permutex2var_epi16(t0, w, t1),
+                                                      _mm512_permutex2var_epi16(t2, w, t3));
+    // magnitude | (w << 8 & sign): ternary logic a | (b & c)
+    _mm512_storeu_si512(dst + i, _mm512_ternarylogic_epi32(magnitude, _mm512_slli_epi16(w, 8), sign, 0xf8));
+  }
+#else
+  for (int64_t i = 0; i < n; ++i) {
+    const float value = to_float(src[i]);
+    uint32_t word;
+    std::memcpy(&word, &value, sizeof(word));
+    dst[i] = static_cast<uint16_t>(word >> 16);
+  }
+#endif
+}
+
 // One request's tokens [first_token, end_token) over all heads, in blocks of 16 keys with an online softmax.
 // Keys are read a window at a time ahead of their use (see below). next: the worker's next item, whose first
 // keys are prefetched during this one's last window; ahead: in, the key below which this item's keys were so
-// prefetched (-1: none); out, the same for next.
-template <int kD, class T>
+// prefetched (-1: none); out, the same for next. `Stored`: the pages' type where it is not T's: float8 pages are
+// widened to bfloat16 (exactly) a window at a time as they are first read, and computed on as bfloat16 pages
+// are (widening each key for every row that reads it made a 2k-token prefill several times slower).
+template <int kD, class T, class Stored = T>
 void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahead) {
-  const T* kv = static_cast<const T*>(p.kv);
+  static_assert(std::is_same_v<T, Stored> || std::is_same_v<T, uint16_t>, "float8 pages are computed as bfloat16");
+  const Stored* kv = static_cast<const Stored*>(p.kv);
   const int64_t D = kD > 0 ? kD : p.head_dim, G = p.group, Hkv = p.num_kv_heads, Hq = Hkv * G;
   const int32_t q_start = p.cu_q_lens[item.req];
   const int32_t q_len = p.cu_q_lens[item.req + 1] - q_start;
@@ -874,7 +969,7 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
     by_head[kv_head * tokens * G + (i / Hq) * G + head % G] = &row;
   }
   const int32_t* table = p.block_tables + item.req * p.pages_per_seq;
-  const int64_t row_bytes = 2 * Hkv * D * sizeof(T);
+  const int64_t width = 2 * Hkv * D, row_bytes = width * sizeof(Stored);
   // Keys are read ahead of their use a window (up to 256 KB) at a time. While a window is computed on, the
   // next one (the item's own, or the first of the worker's next item) is prefetched into L2, a few lines
   // before each head's block, so that reading memory overlaps computing. Measured in one process, 64 decode
@@ -884,11 +979,18 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
   // first, its pages side by side: a line of each page, then the next line of each. That reads at close to
   // the full memory bandwidth (one stream per page: 25-27 GB/s for 12 KB pages on 2 cores), where touching
   // pages one after the other ran at ~15 GB/s and the compute's head-by-head reads at half of that.
-  const int32_t window = std::max<int32_t>(kKeyBlock, (kTouchBytes / row_bytes) / kKeyBlock * kKeyBlock);
+  const int64_t widest_row = width * std::max(sizeof(T), sizeof(Stored));
+  const int32_t window = std::max<int32_t>(kKeyBlock, (kTouchBytes / widest_row) / kKeyBlock * kKeyBlock);
   thread_local std::vector<const T*> key_rows;  // [window]: each key's [2 * Hkv, D] row
+  thread_local std::vector<const Stored*> stored_rows;  // the same in the pages, where they are widened
+  thread_local std::vector<T> widened;  // [window, 2 * Hkv, D]: a window's rows widened (float8 pages)
   thread_local std::vector<std::array<bool, kKeyBlock>> usable;  // [window / 16]: the keys found, per block
   thread_local std::vector<i32x16> ok;                           // the same as lane masks
   key_rows.resize(window);
+  if constexpr (!std::is_same_v<T, Stored>) {
+    stored_rows.resize(window);
+    widened.resize(static_cast<size_t>(window) * width);
+  }
   usable.resize(window / kKeyBlock);
   ok.resize(window / kKeyBlock);
   int32_t prefetched = std::max(ahead, key_lo);  // keys below were prefetched
@@ -914,8 +1016,17 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
     plan.per_step = (plan.lines() + steps - 1) / steps;
     for (int b = 0; b < blocks; ++b) {
       const int32_t block = start + b * kKeyBlock;
-      locate_keys(p, kv, table, block, std::min<int32_t>(kKeyBlock, end - block), &key_rows[b * kKeyBlock],
-                  usable[b].data());
+      const int n = std::min<int32_t>(kKeyBlock, end - block);
+      if constexpr (std::is_same_v<T, Stored>) {
+        locate_keys(p, kv, table, block, n, &key_rows[b * kKeyBlock], usable[b].data());
+      } else {
+        locate_keys(p, kv, table, block, n, &stored_rows[b * kKeyBlock], usable[b].data());
+        for (int j = 0; j < kKeyBlock; ++j) {  // a key past n or without a page: a row never weighted
+          T* row = widened.data() + static_cast<size_t>(b * kKeyBlock + j) * width;
+          if (usable[b][j]) widen_fp8_row(stored_rows[b * kKeyBlock + j], row, width);
+          key_rows[b * kKeyBlock + j] = usable[b][j] ? row : widened.data();
+        }
+      }
       for (int j = 0; j < kKeyBlock; ++j) ok[b][j] = usable[b][j] ? -1 : 0;
     }
     if constexpr (kD > 0) {
@@ -994,15 +1105,20 @@ struct Shared {
   }
 };
 
-template <class T>
+// A pool of `Stored` values: computed on as T (uint16_t: bfloat16) for the known head_dims where float8 pages
+// are widened (run_item), as they are for others.
+template <class Stored, class T = Stored>
 auto pick(int64_t D) -> void (*)(const Problem&, const Item&, const Item*, int32_t&) {
-  return D == 64 ? run_item<64, T> : D == 128 ? run_item<128, T> : D == 256 ? run_item<256, T> : run_item<0, T>;
+  return D == 64    ? run_item<64, T, Stored>
+         : D == 128 ? run_item<128, T, Stored>
+         : D == 256 ? run_item<256, T, Stored>
+                    : run_item<0, Stored>;
 }
 
-template <class T>
+template <class Stored, class T = Stored>
 auto pick_merge(int64_t D) -> void (*)(const Problem&, const Item*, int) {
   return D == 64 ? merge_parts<64, T> : D == 128 ? merge_parts<128, T> : D == 256 ? merge_parts<256, T>
-                                                                                 : merge_parts<0, T>;
+                                                                                 : merge_parts<0, Stored>;
 }
 
 constexpr int32_t kMinPartKeys = 256;  // keys a part of a split item has at least
@@ -1054,9 +1170,10 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuff
                      float soft_cap, ffi::ResultBuffer<ffi::F32> out) {
   const auto q_dims = q.dimensions();
   const auto kv_dims = kv.dimensions();
-  const bool bf16 = kv.element_type() == ffi::DataType::BF16;
-  if (!bf16 && kv.element_type() != ffi::DataType::F32)
-    return ffi::Error::InvalidArgument("cpu attention: the kv pages must be float32 or bfloat16");
+  const Pages pages = pages_of(kv.element_type());
+  if (pages == Pages::kUnsupported)
+    return ffi::Error::InvalidArgument("cpu attention: the kv pages must be float32, bfloat16, float8_e4m3fn or "
+                                       "float8_e5m2");
   if (q_dims.size() != 3 || kv_dims.size() != 5 || block_tables.dimensions().size() != 2)
     return ffi::Error::InvalidArgument("cpu attention: q must be [T, H, D], kv [L, P, S, 2*Hkv, D]");
   const int64_t T = q_dims[0], Hq = q_dims[1], D = q_dims[2];
@@ -1073,8 +1190,12 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuff
               cu_q_lens.typed_data(), out->typed_data(), kv_dims[1], kv_dims[2], Hkv, Hq / Hkv, D,
               block_tables.dimensions()[1], std::clamp<int64_t>(layer.typed_data()[0], 0, L - 1),
               window.typed_data()[0], sm_scale, soft_cap};
-  shared->run = bf16 ? pick<uint16_t>(D) : pick<float>(D);
-  shared->merge = bf16 ? pick_merge<uint16_t>(D) : pick_merge<float>(D);
+  switch (pages) {
+    case Pages::kBf16: shared->run = pick<uint16_t>(D), shared->merge = pick_merge<uint16_t>(D); break;
+    case Pages::kE4M3: shared->run = pick<E4M3, uint16_t>(D), shared->merge = pick_merge<E4M3, uint16_t>(D); break;
+    case Pages::kE5M2: shared->run = pick<E5M2, uint16_t>(D), shared->merge = pick_merge<E5M2, uint16_t>(D); break;
+    default: shared->run = pick<float>(D), shared->merge = pick_merge<float>(D);
+  }
   // Tokens that no item writes (a bucket's padding) get zeros. Only those: zeroing the whole output first
   // wrote 1.2 MB a layer for a 512-token step that the items then wrote again.
   const int64_t token_floats = Hq * D;
@@ -1112,28 +1233,79 @@ inline int64_t kv_row_at(int64_t l, int64_t P, int64_t S, int64_t width, int32_t
   return ((l * P + page) * S + offset) * width;
 }
 
-// Row `row` (2 * Hkv * D float32 values) into the pool at element `at`, rounded to nearest even where the
-// pool is bfloat16.
-inline void store_kv_row(void* pool, bool bf16, int64_t at, const float* row, int64_t width) {
-  if (bf16) {
-    uint16_t* dst = static_cast<uint16_t*>(pool) + at;
-    for (int64_t i = 0; i < width; ++i) dst[i] = round_bf16(row[i]);
+// x rounded to nearest even in a float8 format of kMant mantissa bits and exponent bias kBias, saturated at its
+// largest finite magnitude (`max_code`, the bits without the sign; infinities too); NaN stays NaN (`nan_code`).
+// What clipping to that magnitude and then converting gives in JAX (attention.to_cache).
+template <int kMant, int kBias>
+inline uint8_t to_fp8(float x, uint32_t max_code, uint8_t nan_code) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80);
+  const uint32_t magnitude = bits & 0x7fffffff;
+  if (magnitude > 0x7f800000) return sign | nan_code;
+  const int exponent = static_cast<int>(magnitude >> 23) - 127;
+  uint32_t code;
+  if (exponent < 1 - kBias) {  // below the smallest normal: a multiple of the smallest subnormal (ties to even)
+    const float a = std::fabs(x) * std::ldexp(1.0f, kBias - 1 + kMant);
+    code = static_cast<uint32_t>(std::nearbyint(a));
   } else {
-    std::memcpy(static_cast<float*>(pool) + at, row, sizeof(float) * width);
+    constexpr int kShift = 23 - kMant;
+    const uint32_t mantissa = magnitude & 0x7fffff, rest = mantissa & ((1u << kShift) - 1), half = 1u << (kShift - 1);
+    code = (static_cast<uint32_t>(exponent + kBias) << kMant) | (mantissa >> kShift);
+    if (rest > half || (rest == half && (code & 1))) ++code;  // a carry moves into the exponent, as it should
+  }
+  return sign | static_cast<uint8_t>(std::min(code, max_code));
+}
+
+// Row `row` (2 * Hkv * D float32 values, head h's K at 2h, its V at 2h + 1) into the pool at element `at`,
+// each K value divided by scales[0] and each V value by scales[1] (the KV cache's scales; 1 where none), rounded
+// to nearest even to the pool's dtype (float8: saturated).
+inline void store_kv_row(void* pool, Pages pages, int64_t at, const float* row, int64_t width, int64_t D,
+                         const float* scales) {
+  thread_local std::vector<float> scaled;
+  for (int64_t start = 0; start < width; start += D) {
+    const float scale = scales[(start / D) % 2];
+    const float* src = row + start;
+    if (scale != 1.0f) {
+      scaled.resize(D);
+      for (int64_t i = 0; i < D; ++i) scaled[i] = src[i] / scale;
+      src = scaled.data();
+    }
+    switch (pages) {
+      case Pages::kBf16: {
+        uint16_t* dst = static_cast<uint16_t*>(pool) + at + start;
+        for (int64_t i = 0; i < D; ++i) dst[i] = round_bf16(src[i]);
+        break;
+      }
+      case Pages::kE4M3: {
+        uint8_t* dst = static_cast<uint8_t*>(pool) + at + start;
+        for (int64_t i = 0; i < D; ++i) dst[i] = to_fp8<3, 7>(src[i], 0x7e, 0x7f);
+        break;
+      }
+      case Pages::kE5M2: {
+        uint8_t* dst = static_cast<uint8_t*>(pool) + at + start;
+        for (int64_t i = 0; i < D; ++i) dst[i] = to_fp8<2, 15>(src[i], 0x7b, 0x7e);
+        break;
+      }
+      default: std::memcpy(static_cast<float*>(pool) + at + start, src, sizeof(float) * D);
+    }
   }
 }
 
-// Writes this step's K/V rows into their pages in place: kv[layer, pages[t], offsets[t]] = rows[t] (float32
-// rows rounded to nearest even where the pool is bfloat16). A page id outside [0, P) (padding tokens) or an
-// offset outside [0, S) is skipped. The pool is aliased to the result (cpu.py), so XLA neither copies it
-// nor, as its own scatter into a bfloat16 pool does on CPU, converts it around each write.
+// Writes this step's K/V rows into their pages in place: kv[layer, pages[t], offsets[t]] = rows[t] (float32 rows, K
+// divided by scales[0] and V by scales[1], rounded to nearest even to the pool's dtype). A page id outside [0, P)
+// (padding tokens) or an offset outside [0, S) is skipped. The pool is aliased to the result (cpu.py), so XLA
+// neither copies it nor, as its own scatter into a bfloat16 pool does on CPU, converts it around each write.
 ffi::Error WriteKv(ffi::AnyBuffer kv, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::F32> rows,
-                   ffi::Buffer<ffi::S32> pages, ffi::Buffer<ffi::S32> offsets, ffi::Result<ffi::AnyBuffer> out) {
+                   ffi::Buffer<ffi::S32> pages, ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::F32> scales,
+                   ffi::Result<ffi::AnyBuffer> out) {
   const auto kv_dims = kv.dimensions();
   const auto row_dims = rows.dimensions();
-  const bool bf16 = kv.element_type() == ffi::DataType::BF16;
-  if ((!bf16 && kv.element_type() != ffi::DataType::F32) || out->element_type() != kv.element_type())
-    return ffi::Error::InvalidArgument("cpu write_kv: the pool must be float32 or bfloat16");
+  const Pages kind = pages_of(kv.element_type());
+  if (kind == Pages::kUnsupported || out->element_type() != kv.element_type())
+    return ffi::Error::InvalidArgument("cpu write_kv: the pool must be float32, bfloat16, float8_e4m3fn or "
+                                       "float8_e5m2");
+  if (scales.element_count() != 2) return ffi::Error::InvalidArgument("cpu write_kv: scales must be [2]");
   if (kv_dims.size() != 5 || row_dims.size() != 3 || row_dims[1] != kv_dims[3] || row_dims[2] != kv_dims[4] ||
       pages.element_count() != static_cast<size_t>(row_dims[0]) || offsets.element_count() != pages.element_count())
     return ffi::Error::InvalidArgument("cpu write_kv: pool [L, P, S, 2*Hkv, D], rows [T, 2*Hkv, D], pages and "
@@ -1143,7 +1315,8 @@ ffi::Error WriteKv(ffi::AnyBuffer kv, ffi::Buffer<ffi::S32> layer, ffi::Buffer<f
   void* pool = writable_pool(kv, out);
   for (int64_t t = 0; t < row_dims[0]; ++t) {
     const int64_t at = kv_row_at(l, P, S, width, pages.typed_data()[t], offsets.typed_data()[t]);
-    if (at >= 0) store_kv_row(pool, bf16, at, rows.typed_data() + t * width, width);
+    if (at >= 0)
+      store_kv_row(pool, kind, at, rows.typed_data() + t * width, width, kv_dims[4], scales.typed_data());
   }
   return ffi::Error::Success();
 }
@@ -1165,7 +1338,8 @@ struct RopeShared {
   const float *qkv, *cos, *sin;
   float* q;
   void* pool;
-  bool bf16;
+  Pages kind;
+  const float* scales;  // K's and V's (WriteKv)
   const int32_t *pages, *offsets;
   int64_t T, Hq, Hkv, D, l, P, S, width, items;
   std::atomic<int64_t> next{0}, done{0};
@@ -1184,7 +1358,7 @@ struct RopeShared {
           rotate(src + (Hq + h) * D, c, s, row.data() + 2 * h * D, D);
           std::memcpy(row.data() + (2 * h + 1) * D, src + (Hq + Hkv + h) * D, sizeof(float) * D);
         }
-        store_kv_row(pool, bf16, at, row.data(), width);
+        store_kv_row(pool, kind, at, row.data(), width, D, scales);
       }
       done.fetch_add(1, std::memory_order_release);
     }
@@ -1197,13 +1371,15 @@ struct RopeShared {
 // (aliased). One pass where XLA ran a split, two rotations, the K/V interleave and then the writer.
 ffi::Error RopeWriteKv(ffi::ThreadPool thread_pool, ffi::Buffer<ffi::F32> qkv, ffi::Buffer<ffi::F32> cos,
                        ffi::Buffer<ffi::F32> sin, ffi::AnyBuffer kv, ffi::Buffer<ffi::S32> layer,
-                       ffi::Buffer<ffi::S32> pages, ffi::Buffer<ffi::S32> offsets, ffi::ResultBuffer<ffi::F32> q,
-                       ffi::Result<ffi::AnyBuffer> out) {
+                       ffi::Buffer<ffi::S32> pages, ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::F32> scales,
+                       ffi::ResultBuffer<ffi::F32> q, ffi::Result<ffi::AnyBuffer> out) {
   const auto kv_dims = kv.dimensions();
   const auto q_dims = q->dimensions();
-  const bool bf16 = kv.element_type() == ffi::DataType::BF16;
-  if ((!bf16 && kv.element_type() != ffi::DataType::F32) || out->element_type() != kv.element_type())
-    return ffi::Error::InvalidArgument("cpu rope_write_kv: the pool must be float32 or bfloat16");
+  const Pages kind = pages_of(kv.element_type());
+  if (kind == Pages::kUnsupported || out->element_type() != kv.element_type())
+    return ffi::Error::InvalidArgument("cpu rope_write_kv: the pool must be float32, bfloat16, float8_e4m3fn or "
+                                       "float8_e5m2");
+  if (scales.element_count() != 2) return ffi::Error::InvalidArgument("cpu rope_write_kv: scales must be [2]");
   if (kv_dims.size() != 5 || q_dims.size() != 3 || qkv.dimensions().size() != 2 || q_dims[2] != kv_dims[4] ||
       q_dims[2] % 2 || qkv.dimensions()[0] != q_dims[0])
     return ffi::Error::InvalidArgument("cpu rope_write_kv: qkv [T, W], pool [L, P, S, 2*Hkv, D] and q [T, Hq, D] "
@@ -1220,7 +1396,8 @@ ffi::Error RopeWriteKv(ffi::ThreadPool thread_pool, ffi::Buffer<ffi::F32> qkv, f
   auto shared = std::make_shared<RopeShared>();
   RopeShared& r = *shared;
   r.qkv = qkv.typed_data(), r.cos = cos.typed_data(), r.sin = sin.typed_data(), r.q = q->typed_data();
-  r.pool = pool, r.bf16 = bf16, r.pages = pages.typed_data(), r.offsets = offsets.typed_data();
+  r.pool = pool, r.kind = kind, r.scales = scales.typed_data();
+  r.pages = pages.typed_data(), r.offsets = offsets.typed_data();
   r.T = T, r.Hq = Hq, r.Hkv = Hkv, r.D = D, r.l = l, r.P = P, r.S = S, r.width = width;
   r.items = (T + kRopeTokens - 1) / kRopeTokens;
   share_work(thread_pool, shared, r.items);
@@ -1247,6 +1424,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuRopeWriteKv, RopeWriteKv,
                                   .Arg<ffi::Buffer<ffi::S32>>()   // layer
                                   .Arg<ffi::Buffer<ffi::S32>>()   // pages [T]
                                   .Arg<ffi::Buffer<ffi::S32>>()   // offsets [T]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // scales [2]: K's and V's
                                   .Ret<ffi::Buffer<ffi::F32>>()   // q [T, Hq, D], rotated
                                   .Ret<ffi::AnyBuffer>());        // the pool
 
@@ -1257,7 +1435,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuAttention, Attention,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()   // q
-                                  .Arg<ffi::AnyBuffer>()          // kv pages: float32 or bfloat16
+                                  .Arg<ffi::AnyBuffer>()          // kv pages: float32, bfloat16 or float8
                                   .Arg<ffi::Buffer<ffi::S32>>()   // layer
                                   .Arg<ffi::Buffer<ffi::S32>>()   // kv_lens
                                   .Arg<ffi::Buffer<ffi::S32>>()   // block_tables
@@ -1275,4 +1453,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuWriteKv, WriteKv,
                                   .Arg<ffi::Buffer<ffi::F32>>()   // rows [T, 2*Hkv, D]
                                   .Arg<ffi::Buffer<ffi::S32>>()   // pages [T]
                                   .Arg<ffi::Buffer<ffi::S32>>()   // offsets [T]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // scales [2]: K's and V's
                                   .Ret<ffi::AnyBuffer>());        // the pool

@@ -214,8 +214,11 @@ def test_kv_cache_dtype_follows_the_weights_on_cpu_and_refuses_what_cannot_run(e
         LLMEngine(EngineConfig(**explicit, kv_cache_dtype="bfloat16", attention_backend="reference"), progress=False)
     with pytest.raises(ValueError, match="kv_cache_dtype 'float16' on CPU"):
         LLMEngine(EngineConfig(**explicit, kv_cache_dtype="float16"), progress=False)
+    with pytest.raises(ValueError, match=r"kv_cache_dtype 'fp8_e5m2' on CPU needs the native attention \(bfloat16 and "
+                                         r"fp8 only"):
+        LLMEngine(EngineConfig(**explicit, kv_cache_dtype="fp8_e5m2", attention_backend="reference"), progress=False)
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
-        EngineConfig(kv_cache_dtype="fp8")
+        EngineConfig(kv_cache_dtype="int8")
 
 
 def test_scanned_layers_decode_as_the_unrolled_ones_on_cpu(engines):

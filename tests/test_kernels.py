@@ -18,7 +18,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jaxengine import SamplingParams
 from jaxengine.config import EngineConfig
 from jaxengine.engine.llm_engine import LLMEngine
-from jaxengine.layers.attention import select_body
+from jaxengine.layers.attention import FP8_DTYPES, select_body, to_cache
 from pallas_kernels import cpu, gpu, tpu
 from pallas_kernels.reference import ragged_paged_attention as reference
 from tests import tiny_models
@@ -74,11 +74,12 @@ def test_bfloat16_body_matches_reference(body, case):
     np.testing.assert_allclose(got[:real], want[:real], atol=2 ** -7, rtol=2 ** -7)
 
 
-def check_native_over_bfloat16_pages(case, **kwargs):
-    """The native body over `case`'s pool rounded to bfloat16 against the reference over the same pages widened
-    to float32: within a few 2^-9 (see below), and zeros for the padding tokens."""
+def check_native_over_bfloat16_pages(case, dtype=jnp.bfloat16, **kwargs):
+    """The native body over `case`'s pool rounded to bfloat16 (or `dtype`: float8, which it computes on as
+    bfloat16) against the reference over the same pages widened to float32: within a few 2^-9 (see below), and
+    zeros for the padding tokens."""
     q, pool, *rest = case.args
-    pool = pool.astype(jnp.bfloat16)
+    pool = to_cache(pool, dtype)
     want = np.asarray(reference(q, pool.astype(jnp.float32), *rest, **kwargs))
     got = np.asarray(native()(q, pool, *rest, **kwargs))
     real = case.num_real_tokens
@@ -111,7 +112,7 @@ def test_native_body_scores_many_rows_against_transposed_keys(mode, group, head_
     check_native_over_bfloat16_pages(case, sm_scale=head_dim ** -0.5)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float8_e4m3fn], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("q_lens, kv_lens, window", [
     ([1], [1500], None), ([1, 1], [900, 40], None), ([5], [1300], None), ([1], [1500], 700), ([1], [600], None)])
 def test_native_body_splits_long_key_ranges_among_workers(q_lens, kv_lens, window, dtype):
@@ -127,53 +128,109 @@ def test_native_body_splits_long_key_ranges_among_workers(q_lens, kv_lens, windo
     pages = rng.permutation(num_pages)
     tables = np.stack([pages[i * pages_per_seq:(i + 1) * pages_per_seq] for i in range(n)]).astype(np.int32)
     cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    args = (jnp.asarray(q), jnp.asarray(pool, dtype), jnp.int32(1), jnp.asarray(kv_lens, jnp.int32),
+    args = (jnp.asarray(q), to_cache(jnp.asarray(pool), dtype), jnp.int32(1), jnp.asarray(kv_lens, jnp.int32),
             jnp.asarray(tables), jnp.asarray(cu), jnp.int32(n))
     kwargs = dict(sm_scale=head_dim ** -0.5, sliding_window=window)
     want = np.asarray(reference(args[0], args[1].astype(jnp.float32), *args[2:], **kwargs))
     got = np.asarray(native()(*args, **kwargs))
     real = sum(q_lens)
-    tol = 2 ** -6 if dtype == jnp.bfloat16 else 1e-5
+    tol = 1e-5 if dtype == jnp.float32 else 2 ** -6  # float8 pages computed on as bfloat16 ones
     np.testing.assert_allclose(got[:real], want[:real], atol=tol, rtol=0)
     assert np.all(got[real:] == 0)
 
 
-@pytest.mark.parametrize("mode, window", [("decode", None), ("mixed", None), ("decode", 100), ("mixed", 150)])
-def test_native_body_reads_ahead_across_windows_and_items(mode, window):
+@pytest.mark.parametrize("mode, window, dtype", [("decode", None, jnp.bfloat16), ("mixed", None, jnp.bfloat16),
+                                                 ("decode", 100, jnp.bfloat16), ("mixed", 150, jnp.float8_e5m2)])
+def test_native_body_reads_ahead_across_windows_and_items(mode, window, dtype):
     """Long requests over wide rows (8 kv heads x 128 x bfloat16: 4 KB a key, so the native body reads 64 keys a
-    window): each request's keys span several windows, each prefetched while the previous one is computed on,
-    and each worker prefetches its next item's first window. The output must not depend on any of that."""
+    window; float8 pages: 64 keys, widened a window at a time): each request's keys span several windows, each
+    prefetched while the previous one is computed on, and each worker prefetches its next item's first window.
+    The output must not depend on any of that."""
     case = ragged_case(11, mode, 16, 2, 128, max_kv_len=400, max_reqs=6, num_kv_heads=8, num_layers=2)
     assert max(case.kv_lens) > 3 * 64
-    check_native_over_bfloat16_pages(case, sm_scale=128 ** -0.5, sliding_window=window)
+    check_native_over_bfloat16_pages(case, dtype, sm_scale=128 ** -0.5, sliding_window=window)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def bits(x) -> np.ndarray:
+    x = np.asarray(x)
+    return x.view(f"u{x.dtype.itemsize}")
+
+
+def kv_rows(rng, shape, dtype) -> np.ndarray:
+    """float32 K/V rows of magnitudes 1e-4 to 1e5 (a float8 pool's subnormals and saturation); for a float8 pool
+    the first values are the format's exact ties (halfway between neighbours: rounded to the even one)."""
+    rows = rng.standard_normal(shape) * 10.0 ** rng.integers(-4, 6, shape[:1] + (1,) * (len(shape) - 1))
+    if jnp.dtype(dtype) in FP8_DTYPES:
+        values = np.sort(np.arange(256, dtype=np.uint8).view(jnp.dtype(dtype)).astype(np.float32))
+        values = values[np.isfinite(values)]
+        ties = (values[1:] + values[:-1]) / 2
+        rows.reshape(-1)[:ties.size] = ties[:rows.size]
+    return rows.astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, *FP8_DTYPES], ids=lambda d: jnp.dtype(d).name)
 def test_native_kv_writer_matches_the_scatter_in_place(dtype):
-    """The native K/V writer (the CPU body's companion: XLA:CPU's scatter converts a whole bfloat16 pool around
-    each write) against `.at[].set`, padding tokens (page id = P) skipped, under jit with the pool donated."""
+    """The native K/V writer (the CPU body's companion: XLA:CPU's scatter converts a whole bfloat16 or float8 pool
+    around each write) against `.at[].set` of `to_cache`'s values bit for bit, padding tokens (page id = P)
+    skipped, under jit with the pool donated. float8 pools: K and V divided by their scales, rounded to nearest
+    even (the format's ties included) and saturated at its largest value."""
     import jax
 
     native()
     rng = np.random.default_rng(5)
-    pool = jnp.asarray(rng.standard_normal((2, 6, 16, 4, 64)), dtype)
-    rows = jnp.asarray(rng.standard_normal((5, 4, 64)), jnp.float32)
+    pool = to_cache(jnp.asarray(rng.standard_normal((2, 6, 16, 4, 64)), jnp.float32), dtype)
+    rows = jnp.asarray(kv_rows(rng, (5, 4, 64), dtype))
     pages, offsets = jnp.array([4, 4, 0, 6, 2]), jnp.array([0, 15, 7, 3, 9])  # token 3: padding
-    want = np.asarray(pool.at[1, pages, offsets].set(rows.astype(dtype), mode="drop").astype(jnp.float32))
+    scales = jnp.array([0.5, 3.0]) if jnp.dtype(dtype) in FP8_DTYPES else None
+    divided = rows if scales is None else rows / jnp.tile(scales, 2)[None, :, None]  # rows K, V, K, V
+    want = pool.at[1, pages, offsets].set(to_cache(divided, dtype), mode="drop")
     write = jax.jit(cpu.write_kv, donate_argnums=0)
-    got = write(pool, 1, rows, pages, offsets)
+    got = write(pool, 1, rows, pages, offsets, scales)
     assert got.dtype == dtype
-    np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), want)
+    np.testing.assert_array_equal(bits(got), bits(want))
     with pytest.raises(ValueError, match="rows"):
         cpu.write_kv(got, 0, rows[:, :2], pages, offsets)
+    with pytest.raises(ValueError, match=r"scales must be \[2\]"):
+        cpu.write_kv(got, 0, rows, pages, offsets, jnp.ones(3))
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+# (body, case): each body over CASES[:3]; the native body's any-width path too (head_dim 48: not the Pallas kernels')
+FP8_CASES = [(body, case) for body in FLOAT32_BODIES for case in CASES[:3]] + [
+    ("native", ("mixed", 16, 2, 48, 30, 20.0))]
+
+
+@pytest.mark.parametrize("dtype", FP8_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("body, case", FP8_CASES, ids=lambda c: c if isinstance(c, str) else "-".join(map(str, c)))
+def test_float8_pages_every_body_matches_reference(dtype, body, case):
+    """A float8 pool (kv_cache_dtype fp8 / fp8_e5m2) against the reference over the same pages (each value widened
+    to float32 exactly, the rest in float32): the Pallas kernels (interpret mode) and the native body's any-width
+    path (head_dim 48) compute so too; for head_dim 64/128/256 the native body widens a window of keys to bfloat16
+    (exactly) and computes as over bfloat16 pages (check_native_over_bfloat16_pages' bounds)."""
+    mode, page_size, group, head_dim, window, cap = case
+    case = ragged_case(5 + page_size + group, mode, page_size, group, head_dim, max_kv_len=90, max_reqs=4,
+                       num_kv_heads=NUM_KV_HEADS, num_layers=NUM_LAYERS)
+    q, pool, *rest = case.args
+    kwargs = dict(sm_scale=head_dim ** -0.5, sliding_window=window, soft_cap=cap)
+    if body == "native" and head_dim != 48:
+        check_native_over_bfloat16_pages(case, dtype, **kwargs)
+        return
+    pool = to_cache(pool, dtype)
+    want = np.asarray(reference(q, pool, *rest, **kwargs))
+    np.testing.assert_array_equal(np.asarray(reference(q, pool.astype(jnp.float32), *rest, **kwargs)), want)
+    got = np.asarray(FLOAT32_BODIES[body](q, pool, *rest, **kwargs))
+    real = case.num_real_tokens
+    np.testing.assert_allclose(got[:real], want[:real], atol=2e-5, rtol=1e-5)
+    assert np.all(got[real:] == 0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float8_e4m3fn], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("T", [5, 150])
 def test_native_rope_writer_matches_xla_rotation_and_scatter(dtype, T):
     """q and k rotated and K/V written in one native pass from the fused projection [q heads | k heads | v heads]
     against XLA's split, apply_rope and `.at[].set`; a padding token's q is rotated, its K/V not written. 150
-    tokens: shared out in items of 64 with XLA's pool."""
+    tokens: shared out in items of 64 with XLA's pool. A float8 pool: K and V divided by their scales as they are
+    written (`to_cache`'s rounding; the rotations may differ in the last float32 bit, so a value may round to a
+    neighbour)."""
     import jax
 
     from jaxengine.layers.rope import apply_rope, rope_tables
@@ -181,8 +238,9 @@ def test_native_rope_writer_matches_xla_rotation_and_scatter(dtype, T):
     native()
     rng = np.random.default_rng(11)
     Hq, Hkv, D, P = 6, 2, 64, 6 if T == 5 else 12
-    pool = jnp.asarray(rng.standard_normal((2, P, 16, 2 * Hkv, D)), dtype)
+    pool = to_cache(jnp.asarray(rng.standard_normal((2, P, 16, 2 * Hkv, D)), jnp.float32), dtype)
     qkv = jnp.asarray(rng.standard_normal((T, (Hq + 2 * Hkv) * D)), jnp.float32)
+    scales = jnp.array([0.25, 0.75]) if jnp.dtype(dtype) in FP8_DTYPES else None
     inv_freq = jnp.asarray(1e4 ** -(np.arange(D // 2) / (D // 2)), jnp.float32)
     if T == 5:
         positions = jnp.array([3, 17, 0, 250, 9])
@@ -195,13 +253,18 @@ def test_native_rope_writer_matches_xla_rotation_and_scatter(dtype, T):
     q, k, v = jnp.split(qkv, [Hq * D, (Hq + Hkv) * D], -1)
     want_q = apply_rope(q.reshape(T, Hq, D), cos, sin)
     rows = jnp.stack([apply_rope(k.reshape(T, Hkv, D), cos, sin), v.reshape(T, Hkv, D)], axis=2).reshape(T, 2 * Hkv, D)
-    want_pool = np.asarray(pool.at[1, pages, offsets].set(rows.astype(dtype), mode="drop").astype(jnp.float32))
+    if scales is not None:
+        rows = rows / jnp.tile(scales, Hkv)[None, :, None]
+    want_pool = np.asarray(pool.at[1, pages, offsets].set(to_cache(rows, dtype), mode="drop").astype(jnp.float32))
     got_q, got_pool = jax.jit(cpu.rope_write_kv, donate_argnums=3, static_argnums=7)(qkv, cos, sin, pool, 1, pages,
-                                                                                      offsets, Hq)
+                                                                                      offsets, Hq, scales)
     np.testing.assert_allclose(np.asarray(got_q), np.asarray(want_q), rtol=1e-6, atol=1e-6)
     assert got_pool.dtype == dtype
-    np.testing.assert_allclose(np.asarray(got_pool.astype(jnp.float32)), want_pool, rtol=2 ** -8 if dtype ==
-                               jnp.bfloat16 else 1e-6, atol=1e-6)
+    got_pool = np.asarray(got_pool.astype(jnp.float32))
+    rtol = {jnp.dtype(jnp.bfloat16): 2 ** -8, jnp.dtype(jnp.float8_e4m3fn): 2 ** -3}.get(jnp.dtype(dtype), 1e-6)
+    np.testing.assert_allclose(got_pool, want_pool, rtol=rtol, atol=1e-6)
+    if scales is not None:  # the rare value near a float8 tie may round to its neighbour
+        assert np.mean(got_pool == want_pool) > 0.999
     with pytest.raises(ValueError, match=r"qkv \[T, 640\]"):
         cpu.rope_write_kv(qkv[:, :-1], cos, sin, got_pool, 0, pages, offsets, Hq)
     with pytest.raises(ValueError, match="cos and sin"):

@@ -5,7 +5,9 @@ quantized per token, as vLLM's W8A8 kernels compute it, or by the checkpoint's 4
 import functools
 import json
 import shutil
+from types import SimpleNamespace
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -17,9 +19,9 @@ from jaxengine import LLMEngine
 from jaxengine.cli import main as cli_main
 from jaxengine.config import EngineConfig
 from jaxengine.models.loader import load_config
-from jaxengine.models.quantization import (W4A16, compressed_tensors_config, fp8_config, parse_quantization,
-                                           write_fp8_checkpoint, write_gptq_checkpoint, write_w4a16_checkpoint,
-                                           write_w8a8_checkpoint)
+from jaxengine.models.quantization import (W4A16, compressed_tensors_config, fp8_config, kv_scale_tensor,
+                                           parse_quantization, write_fp8_checkpoint, write_gptq_checkpoint,
+                                           write_w4a16_checkpoint, write_w8a8_checkpoint)
 from jaxengine.sampling_params import SamplingParams
 from pallas_kernels import cpu
 from tests import tiny_models
@@ -56,6 +58,8 @@ def quantized(model_dirs, tmp_path_factory):
     for name, (arch, method, block) in FP8.items():
         out[name] = write_fp8_checkpoint(model_dirs[arch], root / name, block, method)
     with_input_scales(out["phi3-fp8-tensor"])
+    for name, (source, style) in KV_SCALED.items():
+        out[name] = with_kv_scales(out[source], root / name, style)
     for name, (arch, kind, symmetric, group) in ACT_ORDER.items():
         out[name] = (write_gptq_checkpoint(model_dirs[arch], root / name, group, symmetric,
                                            "gptq" if symmetric else "gptq_v2", act_order=True) if kind == "gptq" else
@@ -74,6 +78,59 @@ FP8 = {"llama-fp8-block": ("llama", "fp8", (32, 48)), "phi3-fp8-tensor": ("phi3"
 # (arch, format, symmetric, group) of checkpoints in activation order
 ACT_ORDER = {"llama-gptq-act": ("llama", "gptq", True, 16), "phi3-gptq-act": ("phi3", "gptq", False, 8),
              "qwen3-w4-act": ("qwen3", "w4a16", False, 16)}
+
+
+# FP8 checkpoints with each layer's K and V cache scales: (the checkpoint they copy, how they are stored: compressed-
+# tensors' kv_cache_scheme and self_attn.k_scale / v_scale, or AutoFP8's "static" and the projections' output_scale)
+KV_SCALED = {"qwen3-fp8-kv": ("qwen3-fp8-channel", "compressed-tensors"), "llama-fp8-kv": ("llama-fp8-block", "fp8")}
+
+
+def kv_scales(layer: int) -> tuple[float, float]:
+    """Layer `layer`'s (K, V) cache scales in KV_SCALED's checkpoints: about max|K| / 448 for these models."""
+    return 0.01 + 0.0025 * layer, 0.012 - 0.002 * layer
+
+
+def with_kv_scales(checkpoint, output, style: str):
+    """A copy of `checkpoint` with a K and a V cache scale per layer (`kv_scales`), as `style` stores them."""
+    from safetensors.torch import save_file
+
+    shutil.copytree(checkpoint, output)
+    config = json.loads((output / "config.json").read_text())
+    config["quantization_config"]["kv_cache_scheme"] = KV_SCHEME if style == "compressed-tensors" else "static"
+    (output / "config.json").write_text(json.dumps(config))
+    names = ("self_attn.k_scale", "self_attn.v_scale") if style == "compressed-tensors" else (
+        "self_attn.k_proj.output_scale", "self_attn.v_proj.output_scale")
+    f = sorted(output.glob("*.safetensors"))[0]
+    scales = {f"model.layers.{i}.{name}": torch.tensor([scale]) for i in range(config["num_hidden_layers"])
+              for name, scale in zip(names, kv_scales(i))}
+    save_file(load_file(f) | scales, f, metadata={"format": "pt"})
+    return output
+
+
+def with_fp8_attention(model, kv_cache_dtype: str, scaled: bool = False):
+    """transformers' `model` attending over its keys and values as a float8 KV cache holds them: divided by the
+    layer's scales (`kv_scales`; 1 unless `scaled`), saturated, rounded to the format (`kv_cache_dtype`) and
+    multiplied back."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import sdpa_mask
+
+    dtype = torch.float8_e5m2 if kv_cache_dtype == "fp8_e5m2" else torch.float8_e4m3fn
+    limit = torch.finfo(dtype).max
+
+    def rounded(x, scale):
+        return (x / scale).clamp(-limit, limit).to(dtype).to(x.dtype) * scale
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        k_scale, v_scale = kv_scales(module.layer_idx) if scaled else (1.0, 1.0)
+        return sdpa_attention_forward(module, query, rounded(key, k_scale), rounded(value, v_scale), attention_mask,
+                                      **kwargs)
+
+    name = f"jaxengine-{kv_cache_dtype}{'-scaled' if scaled else ''}"
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, sdpa_mask)  # sdpa's masks (sliding windows included)
+    model.set_attn_implementation(name)
+    return model
 
 
 def with_input_scales(checkpoint):
@@ -391,6 +448,72 @@ def test_lora_adapter_over_int8_layers(engines, model_dirs, quantized, lora_adap
     assert np.median(effect) > 0.5
 
 
+# float8 KV caches: name -> (arch, kv_cache_dtype, the checkpoint: None for the float one, else a KV_SCALED one)
+KV_CACHES = {"llama-fp8": ("llama", "fp8", None), "llama-e5m2": ("llama", "fp8_e5m2", None),
+             "qwen3-fp8-kv": ("qwen3", "fp8_e4m3", "qwen3-fp8-kv"), "llama-fp8-kv": ("llama", "fp8", "llama-fp8-kv")}
+
+
+@pytest.mark.parametrize("name", KV_CACHES)
+def test_fp8_kv_cache_matches_transformers_over_float8_keys_and_values(engines, model_dirs, quantized, name):
+    """`kv_cache_dtype` fp8 / fp8_e4m3 (float8 e4m3fn) and fp8_e5m2, as vLLM's: K and V stored in float8 (divided by
+    the checkpoint's scales where it has them: compressed-tensors' kv_cache_scheme, AutoFP8's output scales) and
+    widened as they are read. Every prompt position's log-probability as transformers' (with the checkpoint's
+    weights) attending over keys and values rounded the same way, and off the same model's over float ones; four
+    times the float32 cache's blocks in the same memory. Llama: the fused rotary writer; Qwen3: q/k norms and the
+    plain writer."""
+    arch, kv_cache_dtype, checkpoint = KV_CACHES[name]
+    source = model_dirs[arch] if checkpoint is None else quantized[checkpoint]
+    settings = dict(model=str(source), max_num_batched_tokens=32, kv_cache_gib=0.01)
+    engine = engines(arch, kv_cache_dtype=kv_cache_dtype, **settings)
+    assert engine.runner.kv_cache.dtype == (jnp.float8_e5m2 if kv_cache_dtype == "fp8_e5m2" else jnp.float8_e4m3fn)
+    assert engine.model_config.quant_kv_scales == (checkpoint is not None)
+    assert engine.block_manager.num_blocks // 4 == engines(arch, **settings).block_manager.num_blocks
+
+    def oracle():
+        if checkpoint is None:
+            return transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+        return dequantized(model_dirs[arch], source)
+
+    ours = prompt_logprobs(engine, PROMPT)
+    want = reference_logprobs(with_fp8_attention(oracle(), kv_cache_dtype, scaled=checkpoint is not None), PROMPT)
+    over_float = reference_logprobs(oracle(), PROMPT)
+    assert np.abs(ours - want).max() < 1e-3
+    assert np.abs(ours - over_float).max() > 2e-2
+    if checkpoint is not None:  # the scales applied: rounding without them is measurably off
+        unscaled = reference_logprobs(with_fp8_attention(oracle(), kv_cache_dtype), PROMPT)
+        assert np.abs(ours - unscaled).max() > 5 * np.abs(ours - want).max()
+
+
+def test_kv_cache_scales_apply_only_to_a_float8_cache(engines, quantized):
+    """A checkpoint's KV cache scales with a float cache (kv_cache_dtype auto) are unused, as vLLM leaves them: the
+    same numbers as the checkpoint without them."""
+    settings = dict(max_num_batched_tokens=32, kv_cache_gib=0.01)
+    np.testing.assert_array_equal(
+        prompt_logprobs(engines("qwen3", model=str(quantized["qwen3-fp8-kv"]), **settings), PROMPT),
+        prompt_logprobs(engines("qwen3", model=str(quantized["qwen3-fp8-channel"]), **settings), PROMPT))
+
+
+def test_kv_cache_scale_tensors_are_checked_by_name():
+    """Each producer's names of a layer's KV cache scales become self_attn.k_scale / v_scale (the older kv_scale:
+    both); a query scale (for attention in float8) is checked and dropped; per-head, non-positive or undeclared
+    scales are refused naming the tensor."""
+    declared, undeclared = SimpleNamespace(quant_kv_scales=True), SimpleNamespace(quant_kv_scales=False)
+    stem = "model.layers.3.self_attn"
+    for name, kinds in (("k_scale", "k"), ("v_proj.output_scale", "v"), ("k_proj.k_scale", "k"), ("kv_scale", "kv"),
+                        ("q_scale", "")):
+        pieces = kv_scale_tensor(f"{stem}.{name}", np.array([0.5], np.float32), declared)
+        assert [(n, float(a), a.shape) for n, a in pieces] == [(f"{stem}.{k}_scale", 0.5, ()) for k in kinds]
+    assert kv_scale_tensor(f"{stem}.k_proj.weight_scale", np.ones(4), declared) is None
+    with pytest.raises(ValueError, match=rf"tensor {stem}.k_scale: a KV cache scale must be one positive value "
+                                         r"\(per tensor; per-head scales are not supported\), got shape \(2,\)"):
+        kv_scale_tensor(f"{stem}.k_scale", np.ones(2, np.float32), declared)
+    with pytest.raises(ValueError, match="must be one positive value"):
+        kv_scale_tensor(f"{stem}.v_scale", np.zeros(1, np.float32), declared)
+    with pytest.raises(ValueError, match=rf"tensor {stem}.k_scale: a KV cache scale, but the checkpoint's "
+                                         r"quantization_config has no kv_cache_scheme"):
+        kv_scale_tensor(f"{stem}.k_scale", np.ones(1, np.float32), undeclared)
+
+
 def test_orbax_conversion_keeps_the_int8_layers(engines, quantized, tmp_path):
     """`jaxengine convert` of a W8A8 checkpoint: the Orbax one holds the int8 weights and their scales, and serves
     the same log-probabilities."""
@@ -428,6 +551,9 @@ def _group_args(scheme="w8a8_int8", **changes) -> dict:
 
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+# llm-compressor's float8 KV cache scheme (a K and a V scale per layer)
+KV_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True,
+             "group_size": None, "observer": "minmax"}
 FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm",
        "modules_to_not_convert": None}
@@ -459,20 +585,23 @@ def test_unsupported_gptq_awq_and_fp8_are_refused_by_field(config, message):
 
 
 def test_gptq_and_awq_configs():
-    assert parse_quantization(_config_with(GPTQ)) == ("w4a16", 128, "gptq", False, "gptq", False, 1)
+    assert parse_quantization(_config_with(GPTQ)) == ("w4a16", 128, "gptq", False, "gptq", False, 1, False)
     assert parse_quantization(_config_with(GPTQ | {"group_size": -1, "sym": False, "checkpoint_format": "gptq_v2",
-                                                   "desc_act": True})) == ("w4a16", 0, "gptq", True, "gptq_v2", True, 1)
+                                                   "desc_act": True})) == (
+        "w4a16", 0, "gptq", True, "gptq_v2", True, 1, False)
     # AutoAWQ's own names of the fields; modules_to_not_convert naming no decoder projection (a vision tower's)
     awq = {"quant_method": "awq", "w_bit": 4, "q_group_size": 64, "zero_point": True, "version": "GEMM",
            "modules_to_not_convert": ["visual"]}
     assert parse_quantization(_config_with(awq) | {"num_hidden_layers": 2}) == (
-        "w4a16", 64, "awq", True, "gemm", False, 1)
-    fp8 = ("w8a16_fp8", 128, "fp8", False, "e4m3", False, 64)  # blocks of 64 outputs x 128 inputs
+        "w4a16", 64, "awq", True, "gemm", False, 1, False)
+    fp8 = ("w8a16_fp8", 128, "fp8", False, "e4m3", False, 64, False)  # blocks of 64 outputs x 128 inputs
     assert parse_quantization(_config_with(FP8_CONFIG | {"weight_block_size": [64, 128]})) == fp8
     # per tensor, static activation scales (checked, not applied: weights-only), ignored layers that are no
     # projection
     assert parse_quantization(_config_with(FP8_CONFIG | {"weight_block_size": None, "activation_scheme": "static",
                                                          "ignored_layers": ["lm_head"]}))[:7:6] == ("w8a16_fp8", 0)
+    # AutoFP8's static KV cache scheme: K/V scales stored (applied where the KV cache is fp8)
+    assert parse_quantization(_config_with(FP8_CONFIG | {"kv_cache_scheme": "static"})).kv_scales
 
 
 @pytest.mark.parametrize("config, message", [
@@ -487,7 +616,12 @@ def test_gptq_and_awq_configs():
     (_group_args(input_activations__strategy="tensor"), r"input_activations.strategy='tensor' is not supported"),
     (compressed_tensors_config() | {"ignore": ["lm_head", "model.layers.0.mlp.down_proj"]},
      r"ignore \['model.layers.0.mlp.down_proj'\] is not supported"),
-    (compressed_tensors_config() | {"kv_cache_scheme": {"num_bits": 8}}, r"kv_cache_scheme is not supported"),
+    (compressed_tensors_config() | {"kv_cache_scheme": KV_SCHEME | {"strategy": "attn_head"}},
+     r"kv_cache_scheme.strategy='attn_head' is not supported; supported: a static float8 scheme"),
+    (compressed_tensors_config() | {"kv_cache_scheme": KV_SCHEME | {"type": "int"}}, r"kv_cache_scheme.type='int'"),
+    (compressed_tensors_config() | {"kv_cache_scheme": KV_SCHEME | {"dynamic": True}},
+     r"kv_cache_scheme.dynamic=True"),
+    (FP8_CONFIG | {"kv_cache_scheme": "dynamic"}, r"kv_cache_scheme='dynamic' is not supported; supported: 'static'"),
     (_group_args(W4A16, weights__symmetric=None), r"weights.symmetric=None is not supported \(w4a16 takes true or"),
     (_group_args(W4A16, weights__num_bits=8), r"weights.num_bits=8 is not supported \(w4a16 takes 4\)"),
     (_group_args(W4A16, weights__actorder="dynamic"), r"weights.actorder='dynamic' is not supported"),
@@ -509,15 +643,15 @@ def test_unsupported_quantization_is_refused_by_field(config, message):
     assert parse_quantization({}) is None
     ct, packed = "compressed-tensors", "pack-quantized"
     assert parse_quantization(_config_with(compressed_tensors_config("tensor"))) == (
-        "w8a8_int8", 0, ct, False, "int-quantized", False, 1)
+        "w8a8_int8", 0, ct, False, "int-quantized", False, 1, False)
     assert parse_quantization(_config_with(compressed_tensors_config("group", W4A16, 64))) == (
-        "w4a16", 64, ct, False, packed, False, 1)
+        "w4a16", 64, ct, False, packed, False, 1, False)
     assert parse_quantization(_config_with(compressed_tensors_config("channel", W4A16))) == (
-        "w4a16", 0, ct, False, packed, False, 1)
+        "w4a16", 0, ct, False, packed, False, 1, False)
     assert parse_quantization(_config_with(_group_args(W4A16, weights__symmetric=False))) == (
-        "w4a16", 128, ct, True, packed, False, 1)
+        "w4a16", 128, ct, True, packed, False, 1, False)
     assert parse_quantization(_config_with(_group_args(W4A16, weights__actorder="group"))) == (
-        "w4a16", 128, ct, False, packed, True, 1)
+        "w4a16", 128, ct, False, packed, True, 1, False)
     assert parse_quantization(_config_with(_group_args(W4A16, weights__actorder="weight")))[5] is False
 
 

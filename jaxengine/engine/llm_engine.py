@@ -29,6 +29,7 @@ from jaxengine.parallel.sharding import check_layout, make_mesh
 from jaxengine.outputs import (CompletionOutput, Logprob, PoolingOutput, PoolingRequestOutput, RequestMetrics,
                                RequestOutput)
 from jaxengine import lora
+from jaxengine.layers.attention import FP8_DTYPES
 from jaxengine.layers.rope import partial_rotary_layout
 from jaxengine.lora import LoRAAdapter, LoRARequest, LoRASlots
 from jaxengine.pooling_params import PoolerConfig, PoolingParams
@@ -230,9 +231,15 @@ class LLMEngine:
                                   channel=CommandChannel() if jax.process_count() > 1 and is_leader() else None,
                                   executable_cache=executables,
                                   lora=(config.max_loras, config.max_lora_rank) if config.enable_lora else None)
-        logger.info("KV cache: %d blocks of %d tokens (%d tokens); at most %.1f requests of max_model_len=%d at once",
-                    num_blocks, config.block_size, num_blocks * config.block_size,
+        kv_dtype = jnp.dtype(model.kv_dtype)
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens, %s); at most %.1f requests of max_model_len=%d at "
+                    "once", num_blocks, config.block_size, num_blocks * config.block_size, kv_dtype.name,
                     num_blocks * config.block_size / self.max_model_len, self.max_model_len)
+        if (kv_dtype in FP8_DTYPES) != self.model_config.quant_kv_scales:
+            logger.info("float8 KV cache with scales of 1 (the checkpoint has none: calibrated ones keep more of K/V's "
+                        "precision where their values are far from 1)" if kv_dtype in FP8_DTYPES else
+                        "the checkpoint's KV cache scales are unused: they apply to a float8 cache (kv_cache_dtype "
+                        "fp8)")
         if config.warmup:
             self.runner.warmup(progress)
         self.requests: dict[str, _Request] = {}
@@ -397,19 +404,22 @@ class LLMEngine:
         """The KV cache's dtype. `auto`: the compute dtype, except on CPU where the native attention runs and
         the weights are bfloat16 (a bfloat16 checkpoint with the native matmul): a bfloat16 cache there, as
         vLLM's CPU build keeps a bfloat16 model's cache, which halves the bytes each decode step reads (the
-        native kernels round K/V to bfloat16 on write and compute in float32). An explicit bfloat16 or
-        float16 cache on CPU needs the native body (bfloat16) or is refused: XLA:CPU's scatter converts a
-        whole reduced-precision cache around every write."""
+        native kernels round K/V to bfloat16 on write and compute in float32). `fp8` (`fp8_e4m3`) and `fp8_e5m2`,
+        as vLLM's: float8 e4m3fn or e5m2 pages, K/V divided by their scales on write (the checkpoint's, else 1;
+        saturated at the format's largest value) and widened to float32 on read. An explicit bfloat16, float16
+        or float8 cache on CPU needs the native body (bfloat16 or float8) or is refused: XLA:CPU's scatter
+        converts a whole reduced-precision cache around every write."""
         setting = config.kv_cache_dtype
+        dtype = {"fp8": jnp.float8_e4m3fn, "fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2}.get(setting)
         if jax.default_backend() != "cpu":
-            return model.dtype if setting == "auto" else jnp.dtype(setting)
+            return model.dtype if setting == "auto" else jnp.dtype(dtype or setting)
         native = model.attention_body(config.block_size) == "cpu"
         if setting == "auto":
             return jnp.bfloat16 if native and model.param_dtype == jnp.bfloat16 else model.dtype
-        if setting != "float32" and not (native and setting == "bfloat16"):
-            raise ValueError(f"kv_cache_dtype {setting!r} on CPU needs the native attention (bfloat16 only; "
+        if setting != "float32" and not (native and (setting == "bfloat16" or dtype is not None)):
+            raise ValueError(f"kv_cache_dtype {setting!r} on CPU needs the native attention (bfloat16 and fp8 only; "
                              f"attention_backend auto or native, one device); use float32 or auto")
-        return jnp.dtype(setting)
+        return jnp.dtype(dtype or setting)
 
     @staticmethod
     def _long_rope(config: EngineConfig, model_config) -> bool:

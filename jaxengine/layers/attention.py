@@ -29,6 +29,18 @@ def kv_writer(kv_cache: jax.Array, dtype, backend: str = "auto") -> str:
     return select_body(backend, kv_cache.shape[-1], kv_cache.shape[2], (dtype, kv_cache.dtype))[0]
 
 
+FP8_DTYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2)  # the float8 KV caches (kv_cache_dtype fp8, fp8_e5m2)
+
+
+def to_cache(x: jax.Array, dtype) -> jax.Array:
+    """x in the cache's dtype: rounded to nearest even; a float8 cache saturates at its largest finite value (as
+    vLLM's fp8 cache writes do: a large K/V value never becomes NaN or infinite)."""
+    if jnp.dtype(dtype) in FP8_DTYPES:
+        limit = float(jnp.finfo(dtype).max)
+        x = jnp.clip(x.astype(jnp.float32), -limit, limit)
+    return x.astype(dtype)
+
+
 def write_kv(
     kv_cache: jax.Array,  # [num_layers, num_pages, page_size, 2 * num_kv_heads, head_dim]
     layer: jax.Array,  # i32[]
@@ -36,25 +48,29 @@ def write_kv(
     v: jax.Array,  # [T, num_kv_heads, head_dim]
     slots: tuple[jax.Array, jax.Array],
     backend: str = "auto",
+    scales: jax.Array | None = None,  # f32[2]: the KV cache's scales (K's, V's); None: 1
 ) -> jax.Array:
-    """Writes this step's K/V into their pages in place (the cache is donated): the TPU companion kernel where
-    the TPU attention body runs, the native writer where the native CPU body runs (XLA:CPU's scatter converts
-    a whole bfloat16 cache around each write), otherwise an XLA scatter."""
+    """Writes this step's K/V (divided by their scales) into their pages in place (the cache is donated): the
+    TPU companion kernel where the TPU attention body runs, the native writer where the native CPU body runs
+    (XLA:CPU's scatter converts a whole bfloat16 or float8 cache around each write), otherwise an XLA scatter."""
     num_tokens, num_kv_heads, head_dim = k.shape
-    interleaved = jnp.stack([k, v], axis=2).reshape(num_tokens, 2 * num_kv_heads, head_dim)
     page, offset = slots
     name = kv_writer(kv_cache, k.dtype, backend)
     if name == "cpu":
         from pallas_kernels import cpu
 
-        return cpu.write_kv(kv_cache, layer, interleaved, page, offset)
+        interleaved = jnp.stack([k, v], axis=2).reshape(num_tokens, 2 * num_kv_heads, head_dim)
+        return cpu.write_kv(kv_cache, layer, interleaved, page, offset, scales)
+    if scales is not None:
+        k, v = k.astype(jnp.float32) / scales[0], v.astype(jnp.float32) / scales[1]
+    interleaved = to_cache(jnp.stack([k, v], axis=2).reshape(num_tokens, 2 * num_kv_heads, head_dim), kv_cache.dtype)
     if name == "tpu":
         from pallas_kernels import tpu
 
         interpret = {} if jax.default_backend() == "tpu" else {"interpret": _tpu_interpret()}
         pages = jnp.where(page < kv_cache.shape[1], page, -1)
         return tpu.write_kv(kv_cache, layer, interleaved, pages, offset, **interpret)
-    return kv_cache.at[layer, page, offset].set(interleaved.astype(kv_cache.dtype), mode="drop")
+    return kv_cache.at[layer, page, offset].set(interleaved, mode="drop")
 
 
 def _tpu_interpret():
@@ -82,7 +98,7 @@ def select_body(setting: str, head_dim: int, page_size: int, dtypes=(jnp.float32
         if backend == "cpu" and cpu.available():
             if cpu.supports(*dtypes):
                 return "cpu", cpu.ragged_paged_attention
-            _warn_once(f"the native CPU attention takes float32 queries over float32 or bfloat16 pages, not "
+            _warn_once(f"the native CPU attention takes float32 queries over float32, bfloat16 or float8 pages, not "
                        f"{jnp.dtype(dtypes[0]).name} over {jnp.dtype(dtypes[1]).name}; using the reference "
                        f"attention instead")
         return "reference", ragged_paged_attention
@@ -118,7 +134,14 @@ def attention(
     sliding_window: jax.Array | int | None = None,
     soft_cap: float | None = None,
     backend: str = "auto",
+    scales: jax.Array | None = None,  # f32[2]: the KV cache's scales (K's, V's) as write_kv took them; None: 1
 ) -> jax.Array:  # [T, num_q_heads, head_dim]
+    """Every body reads the cache's values as they are (widened to float32); a scaled cache's K scale is folded
+    into q (q . (k_stored x s_k) = (q x s_k) . k_stored, soft cap and mask unchanged) and its V scale into the
+    output (a weighted sum of V rows)."""
     _, body = select_body(backend, q.shape[-1], kv_cache.shape[2], (q.dtype, kv_cache.dtype))
-    return body(q, kv_cache, layer, batch.kv_lens, batch.block_tables, batch.cu_q_lens, batch.num_seqs,
-                sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+    if scales is not None:
+        q = (q * scales[0]).astype(q.dtype)
+    out = body(q, kv_cache, layer, batch.kv_lens, batch.block_tables, batch.cu_q_lens, batch.num_seqs,
+               sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+    return out if scales is None else (out * scales[1]).astype(out.dtype)

@@ -75,6 +75,8 @@ class ModelConfig:
     quant_format: str = ""  # the method's own format (quantization.Quantized.format): GPTQ's gptq or gptq_v2, ...
     quant_act_order: bool = False  # W4A16: each input's group given by a g_idx (activation order)
     quant_block_out: int = 1  # FP8: the weights' scale blocks along the output (1: per channel, 0: one per tensor)
+    # Each layer's K and V cache scales stored (kv_cache_scheme): applied where the KV cache is fp8
+    quant_kv_scales: bool = False
 
     @property
     def q_per_kv(self) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 
 from jaxengine.layers.activations import ACTIVATIONS
-from jaxengine.layers.attention import attention, kv_writer, select_body, token_slots, write_kv
+from jaxengine.layers.attention import FP8_DTYPES, attention, kv_writer, select_body, token_slots, write_kv
 from jaxengine.layers.moe import moe_mlp
 from jaxengine.layers.norms import gemma_scale, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
@@ -341,6 +341,9 @@ class DecoderLayers(nnx.Module):
             self.expert_down = _param((L, E, M, D), dtype, ("layers", "experts", "mlp", "embed"))
         if cfg.shared_expert_gate:
             self.shared_expert_gate = _param((L, D, 1), dtype, ("layers", "embed", "unit"))
+        if cfg.quant_kv_scales:  # the checkpoint's KV cache scales (kv_scales)
+            self.k_scale = _param((L,), jnp.float32, ("layers",))
+            self.v_scale = _param((L,), jnp.float32, ("layers",))
         for name in QUANTIZED_LINEARS if cfg.quantization is not None else ():
             if hasattr(self, name):  # W8A8: its scales per output channel; W4A16 and FP8: per group of inputs too
                 # (and W4A16's zero points)
@@ -372,6 +375,13 @@ class DecoderLayers(nnx.Module):
         comp = getattr(self, name + "_comp")[...] if hasattr(self, name + "_comp") else None
         return Int8Weight(w, getattr(self, name + "_scale")[...], comp)
 
+    def kv_scales(self, cache_dtype) -> jax.Array | None:
+        """This layer's KV cache scales f32[2] (K's, V's: K/V are stored divided by them) where the cache is float8
+        and the checkpoint has them; None (1) otherwise, as vLLM leaves a float cache unscaled."""
+        if jnp.dtype(cache_dtype) not in FP8_DTYPES or not hasattr(self, "k_scale"):
+            return None
+        return jnp.stack([self.k_scale[...], self.v_scale[...]]).astype(jnp.float32)
+
     def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, ropes, lora=None):
         """`ropes`: the rotary tables (cos, sin) of full-attention layers and those of sliding-window layers
         (None: the same). `lora`: the LoRA adapters' weights of this layer, the tokens' slots and whether any token
@@ -384,6 +394,7 @@ class DecoderLayers(nnx.Module):
         T = h.shape[0]
         live = batch.cu_q_lens[batch.num_seqs]  # tokens from here on are the bucket's padding
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        scales = self.kv_scales(kv_cache.dtype)
         qkv = None
         if hasattr(self, "qkv_proj"):  # fused at packing (pack_for_native_matmul)
             qkv = _normed_dot(h, self.norm("attn_norm"), eps, self.linear("qkv_proj"), q_width + 2 * kv_width, live,
@@ -403,7 +414,7 @@ class DecoderLayers(nnx.Module):
             # XLA's split, rotations and K/V interleave.
             from pallas_kernels import cpu
 
-            q, kv_cache = cpu.rope_write_kv(qkv, *rope, kv_cache, layer, *slots, cfg.num_heads)
+            q, kv_cache = cpu.rope_write_kv(qkv, *rope, kv_cache, layer, *slots, cfg.num_heads, scales)
         else:
             if qkv is not None:
                 q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], -1)
@@ -424,9 +435,9 @@ class DecoderLayers(nnx.Module):
                 q = rms_norm(q, self.norm("q_norm"), eps)
                 k = rms_norm(k, self.norm("k_norm"), eps)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-            kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=self.attention_backend)
+            kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=self.attention_backend, scales=scales)
         o = attention(q, kv_cache, layer, batch, sm_scale=cfg.sm_scale, sliding_window=window,
-                      soft_cap=cfg.attn_logit_softcap, backend=self.attention_backend).reshape(T, -1)
+                      soft_cap=cfg.attn_logit_softcap, backend=self.attention_backend, scales=scales).reshape(T, -1)
         D = cfg.hidden_size
         o_delta = _lora_delta(o, lora, "o_proj")
         if cfg.sandwich_norms:
@@ -677,6 +688,8 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
         per_layer |= {"post_attention_layernorm.weight": ("post_attn_norm", False),
                       "pre_feedforward_layernorm.weight": ("mlp_norm", False),
                       "post_feedforward_layernorm.weight": ("post_mlp_norm", False)}
+    if cfg.quant_kv_scales:  # quantization.kv_scale_tensor's names
+        per_layer |= {"self_attn.k_scale": ("k_scale", False), "self_attn.v_scale": ("v_scale", False)}
     if cfg.quantization is not None:  # each projection's scales (quantization.with_quantized: W8A8's [out], W4A16's
         # and FP8's [out, groups], transposed) and zero points (W4A16's [out, groups], transposed)
         projections = [(hf_name, ours) for hf_name, (ours, _) in per_layer.items() if ours in QUANTIZED_LINEARS]

@@ -22,6 +22,10 @@
 The embedding, the norms and the output head stay in the checkpoint's float dtype (llm-compressor leaves `lm_head`
 out). Other methods and other schemes are refused by field.
 
+A checkpoint may also hold each layer's KV cache scales (compressed-tensors' `kv_cache_scheme`, the `fp8` method's
+`kv_cache_scheme: static`; `kv_scale_tensor` reads each producer's names): they apply where the engine's KV cache is
+float8 (`kv_cache_dtype fp8`, `LLMEngine._kv_cache_dtype`), as vLLM applies them.
+
 `write_w8a8_checkpoint`, `write_w4a16_checkpoint`, `write_gptq_checkpoint`, `write_awq_checkpoint` and
 `write_fp8_checkpoint` write such checkpoints from a float one (round to nearest, no calibration data), for tests,
 benchmarks and users without llm-compressor (`jaxengine quantize`).
@@ -64,6 +68,7 @@ class Quantized(NamedTuple):
     format: str = ""  # the method's own: compressed-tensors' format, GPTQ's checkpoint_format, AWQ's version
     act_order: bool = False  # W4A16: each input's group given by a g_idx (GPTQ's desc_act, actorder "group")
     block_out: int = 1  # FP8: the weights' block along the output (1: per channel, 0: one for the whole tensor)
+    kv_scales: bool = False  # each layer's K and V cache scales stored (kv_cache_scheme; see `kv_scale_tensor`)
 
 
 def parse_quantization(hf: dict) -> Quantized | None:
@@ -94,9 +99,10 @@ def parse_quantization(hf: dict) -> Quantized | None:
     if q.get("quantization_status", "compressed") != "compressed":
         raise ValueError(f"quantization_config.quantization_status {q.get('quantization_status')!r} is not supported; "
                          f"supported: compressed")
-    for field in ("kv_cache_scheme", "sparsity_config", "transform_config"):
+    for field in ("sparsity_config", "transform_config"):
         if q.get(field):
             raise ValueError(f"quantization_config.{field} is not supported")
+    kv_scales = _kv_cache_scheme(q.get("kv_cache_scheme"))
     groups = q.get("config_groups") or {}
     if not groups:
         raise ValueError("quantization_config.config_groups is empty")
@@ -141,7 +147,24 @@ def parse_quantization(hf: dict) -> Quantized | None:
         raise ValueError(f"quantization_config.ignore {ignored!r} is not supported: only the output head (lm_head) may "
                          f"stay unquantized")
     size, zero_point, act_order, block_out = forms.pop()
-    return Quantized(scheme, size, "compressed-tensors", zero_point, q["format"], act_order, block_out)
+    return Quantized(scheme, size, "compressed-tensors", zero_point, q["format"], act_order, block_out, kv_scales)
+
+
+def _kv_cache_scheme(scheme) -> bool:
+    """Whether a compressed-tensors `kv_cache_scheme` stores K and V cache scales: llm-compressor's static float8
+    one (8-bit float, symmetric, one scale per tensor: each layer's `k_scale` and `v_scale`); None: none. Served
+    as vLLM serves them: applied where the KV cache is fp8 (`kv_cache_dtype`), unused otherwise."""
+    if not scheme:
+        return False
+    where = "quantization_config.kv_cache_scheme"
+    if not isinstance(scheme, dict):
+        raise ValueError(f"{where} must be an object, got {scheme!r}")
+    for field, served in (("num_bits", 8), ("type", "float"), ("strategy", "tensor"), ("dynamic", False),
+                          ("symmetric", True)):
+        if scheme.get(field, served) != served:
+            raise ValueError(f"{where}.{field}={scheme.get(field)!r} is not supported; supported: a static float8 "
+                             f"scheme with one scale per tensor ({field}={served!r})")
+    return True
 
 
 def _gptq(q: dict) -> Quantized:
@@ -209,7 +232,10 @@ def _fp8(q: dict, hf: dict) -> Quantized:
     if q.get("scale_fmt") not in (None, "float32", "fp32"):
         raise ValueError(f"quantization_config.scale_fmt={q['scale_fmt']!r} is not supported (float32 scales)")
     block_out, size = (0, 0) if block is None else _block(block, "quantization_config.weight_block_size")
-    return Quantized(W8A16_FP8, size, "fp8", format="e4m3", block_out=block_out)
+    kv_scheme = q.get("kv_cache_scheme")  # AutoFP8's: "static", K/V scales as k_proj's and v_proj's output_scale
+    if kv_scheme not in (None, "static"):
+        raise ValueError(f"quantization_config.kv_cache_scheme={kv_scheme!r} is not supported; supported: 'static'")
+    return Quantized(W8A16_FP8, size, "fp8", format="e4m3", block_out=block_out, kv_scales=kv_scheme == "static")
 
 
 def _block(block, where: str) -> tuple[int, int]:
@@ -354,6 +380,8 @@ def with_quantized(split_tensor, cfg):
         return shapes[part]
 
     def split(name, array, cfg):
+        if (kv_scales := kv_scale_tensor(name, array, cfg)) is not None:
+            return [piece for kv_name, scale in kv_scales for piece in split_tensor(kv_name, scale, cfg)]
         # each format's tensors in compressed-tensors' names and layouts (W8A8's are already)
         convert = {"gptq": gptq_tensor, "awq": awq_tensor}.get(cfg.quant_method) or {
             W4A16: packed_tensor, W8A16_FP8: fp8_tensor}.get(cfg.quantization)
@@ -500,6 +528,30 @@ def with_quantized(split_tensor, cfg):
         return stem + (".weight" if kind == "qweight" else ".weight_zero_point"), values
 
     return split
+
+
+# A layer's KV cache scale tensors after `self_attn.`, as each producer names them -> which of K and V they scale:
+# compressed-tensors' (llm-compressor), AutoFP8's and Quark's (the projections' output scales), ModelOpt's, and
+# the older single `kv_scale` of both. A query scale (for attention computed in float8) has no use here.
+_KV_SCALE_NAMES = {"k_scale": "k", "v_scale": "v", "k_proj.output_scale": "k", "v_proj.output_scale": "v",
+                   "k_proj.k_scale": "k", "v_proj.v_scale": "v", "kv_scale": "kv", "q_scale": ""}
+
+
+def kv_scale_tensor(name: str, array, cfg) -> list[tuple[str, np.ndarray]] | None:
+    """A KV cache scale tensor (`_KV_SCALE_NAMES`) as the layer's `self_attn.k_scale` and/or `self_attn.v_scale`
+    (float32 []), checked: one positive value per tensor; a query scale checked and dropped (attention runs in
+    float here, as on vLLM's CPU build). None: not such a tensor."""
+    stem, found, rest = name.partition(".self_attn.")
+    if not found or rest not in _KV_SCALE_NAMES:
+        return None
+    if not cfg.quant_kv_scales:
+        raise ValueError(f"tensor {name}: a KV cache scale, but the checkpoint's quantization_config has no "
+                         f"kv_cache_scheme")
+    scale = np.asarray(array, np.float32)
+    if scale.size != 1 or not (np.isfinite(scale).all() and scale.reshape(-1)[0] > 0):
+        raise ValueError(f"tensor {name}: a KV cache scale must be one positive value (per tensor; per-head scales "
+                         f"are not supported), got shape {scale.shape}")
+    return [(f"{stem}.self_attn.{kind}_scale", scale.reshape(())) for kind in _KV_SCALE_NAMES[rest]]
 
 
 class WeightOnly(NamedTuple):
