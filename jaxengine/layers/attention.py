@@ -136,9 +136,9 @@ def attention(
     backend: str = "auto",
     scales: jax.Array | None = None,  # f32[2]: the KV cache's scales (K's, V's) as write_kv took them; None: 1
 ) -> jax.Array:  # [T, num_q_heads, head_dim]
-    """Every body reads the cache's values as they are (widened to float32); a scaled cache's K scale is folded
-    into q (q . (k_stored x s_k) = (q x s_k) . k_stored, soft cap and mask unchanged) and its V scale into the
-    output (a weighted sum of V rows)."""
+    """Every body reads the cache's values as they are (a float8 cache's widened exactly: to float32, or to
+    bfloat16 in the native body); a scaled cache's K scale is folded into q (q . (k_stored x s_k) = (q x s_k) .
+    k_stored, soft cap and mask unchanged) and its V scale into the output (a weighted sum of V rows)."""
     _, body = select_body(backend, q.shape[-1], kv_cache.shape[2], (q.dtype, kv_cache.dtype))
     if scales is not None:
         q = (q * scales[0]).astype(q.dtype)
