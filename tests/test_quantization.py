@@ -458,16 +458,14 @@ def test_fp8_kv_cache_matches_transformers_over_float8_keys_and_values(engines, 
     """`kv_cache_dtype` fp8 / fp8_e4m3 (float8 e4m3fn) and fp8_e5m2, as vLLM's: K and V stored in float8 (divided by
     the checkpoint's scales where it has them: compressed-tensors' kv_cache_scheme, AutoFP8's output scales) and
     widened as they are read. Every prompt position's log-probability as transformers' (with the checkpoint's
-    weights) attending over keys and values rounded the same way, and off the same model's over float ones; four
-    times the float32 cache's blocks in the same memory. Llama: the fused rotary writer; Qwen3: q/k norms and the
-    plain writer."""
+    weights) attending over keys and values rounded the same way, and off the same model's over float ones. Llama:
+    the fused rotary writer; Qwen3: q/k norms and the plain writer."""
     arch, kv_cache_dtype, checkpoint = KV_CACHES[name]
     source = model_dirs[arch] if checkpoint is None else quantized[checkpoint]
-    settings = dict(model=str(source), max_num_batched_tokens=32, kv_cache_gib=0.01)
-    engine = engines(arch, kv_cache_dtype=kv_cache_dtype, **settings)
+    engine = engines(arch, model=str(source), kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=32,
+                     kv_cache_gib=0.01)
     assert engine.runner.kv_cache.dtype == (jnp.float8_e5m2 if kv_cache_dtype == "fp8_e5m2" else jnp.float8_e4m3fn)
     assert engine.model_config.quant_kv_scales == (checkpoint is not None)
-    assert engine.block_manager.num_blocks // 4 == engines(arch, **settings).block_manager.num_blocks
 
     def oracle():
         if checkpoint is None:
@@ -486,11 +484,15 @@ def test_fp8_kv_cache_matches_transformers_over_float8_keys_and_values(engines, 
 
 def test_kv_cache_scales_apply_only_to_a_float8_cache(engines, quantized):
     """A checkpoint's KV cache scales with a float cache (kv_cache_dtype auto) are unused, as vLLM leaves them: the
-    same numbers as the checkpoint without them."""
-    settings = dict(max_num_batched_tokens=32, kv_cache_gib=0.01)
+    same numbers as the checkpoint without them. The float8 cache holds four times the float32 one's blocks in the
+    same memory."""
+    settings = dict(model=str(quantized["qwen3-fp8-kv"]), max_num_batched_tokens=32, kv_cache_gib=0.01)
+    float_cache = engines("qwen3", **settings)
     np.testing.assert_array_equal(
-        prompt_logprobs(engines("qwen3", model=str(quantized["qwen3-fp8-kv"]), **settings), PROMPT),
-        prompt_logprobs(engines("qwen3", model=str(quantized["qwen3-fp8-channel"]), **settings), PROMPT))
+        prompt_logprobs(float_cache, PROMPT),
+        prompt_logprobs(engines("qwen3", **(settings | dict(model=str(quantized["qwen3-fp8-channel"])))), PROMPT))
+    fp8 = engines("qwen3", kv_cache_dtype="fp8_e4m3", **settings)  # test_fp8_kv_cache_matches_transformers...'s
+    assert fp8.block_manager.num_blocks // 4 == float_cache.block_manager.num_blocks
 
 
 def test_kv_cache_scale_tensors_are_checked_by_name():
