@@ -881,12 +881,7 @@ template <class F>
 struct Bf16Table {
   alignas(64) uint16_t words[128];
   Bf16Table() {
-    for (int m = 0; m < 128; ++m) {
-      const float value = to_float(F{static_cast<uint8_t>(m)});
-      uint32_t bits;
-      std::memcpy(&bits, &value, sizeof(bits));
-      words[m] = static_cast<uint16_t>(bits >> 16);
-    }
+    for (int m = 0; m < 128; ++m) words[m] = round_bf16(to_float(F{static_cast<uint8_t>(m)}));  // exact
   }
 };
 
@@ -915,12 +910,7 @@ inline void widen_fp8_row(const F* src, uint16_t* dst, int64_t n) {
     _mm512_storeu_si512(dst + i, _mm512_ternarylogic_epi32(magnitude, _mm512_slli_epi16(w, 8), sign, 0xf8));
   }
 #else
-  for (int64_t i = 0; i < n; ++i) {
-    const float value = to_float(src[i]);
-    uint32_t word;
-    std::memcpy(&word, &value, sizeof(word));
-    dst[i] = static_cast<uint16_t>(word >> 16);
-  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = round_bf16(to_float(src[i]));  // exact
 #endif
 }
 
