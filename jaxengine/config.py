@@ -16,7 +16,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")  # see jaxengine/models/load
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 RUNNERS = ("auto", "generate", "pooling")  # see LLMEngine._runner_type
 # vLLM's names of the quantization methods served (models/quantization.py)
-QUANTIZATION_METHODS = ("compressed-tensors", "gptq", "awq", "fp8")
+QUANTIZATION_METHODS = ("compressed-tensors", "gptq", "awq", "fp8", "mxfp4")
 CONVERTS = ("auto", "embed")  # vLLM's --convert: what a pooling runner makes of the model (embeddings only here)
 
 

@@ -36,6 +36,7 @@ _SOURCES = tuple(Path(__file__).with_name(name)
 _HEADERS = tuple(Path(__file__).with_name(name)
                  for name in ("cpu_gated.h", "cpu_pool.h", "cpu_tiles.h", "cpu_vector.h"))
 _TARGET = "jaxengine_cpu_ragged_paged_attention"
+_SINKS_TARGET = "jaxengine_cpu_ragged_paged_attention_sinks"
 _MATMUL_TARGET = "jaxengine_cpu_matmul_bf16"
 _GROUPED_MATMUL_TARGET = "jaxengine_cpu_grouped_matmul_bf16"
 _INT8_MATMUL_TARGET = "jaxengine_cpu_matmul_int8"
@@ -87,6 +88,7 @@ def _library() -> ctypes.CDLL:
         _build(compiler, include, library)  # pruned by another process between the check and the load
         lib = ctypes.cdll.LoadLibrary(str(library))
     jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuAttention), platform="cpu")
+    jax.ffi.register_ffi_target(_SINKS_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuAttentionSinks), platform="cpu")
     jax.ffi.register_ffi_target(_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulBf16), platform="cpu")
     jax.ffi.register_ffi_target(_GROUPED_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuGroupedMatmulBf16),
                                 platform="cpu")
@@ -709,12 +711,15 @@ def fusion_barrier(x):
 
 
 def ragged_paged_attention(q, kv_pages, layer, kv_lens, block_tables, cu_q_lens, num_seqs, *, sm_scale: float,
-                           sliding_window=None, soft_cap: float | None = None):
-    """Same arguments and result as `reference.ragged_paged_attention`."""
+                           sliding_window=None, soft_cap: float | None = None, sinks=None):
+    """Same arguments and result as `reference.ragged_paged_attention` (with `sinks`: a call of its own, which
+    adds each head's sink to the softmax's sum as the rows are stored)."""
     _library()
     scalar = lambda x: jnp.asarray(x, jnp.int32).reshape(1)  # noqa: E731
     window = 0 if sliding_window is None else sliding_window
-    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
-    return call(q, kv_pages, scalar(layer), kv_lens.astype(jnp.int32), block_tables.astype(jnp.int32),
-                cu_q_lens.astype(jnp.int32), scalar(num_seqs), scalar(window),
-                sm_scale=np.float32(sm_scale), soft_cap=np.float32(soft_cap or 0.0))
+    args = (q, kv_pages, scalar(layer), kv_lens.astype(jnp.int32), block_tables.astype(jnp.int32),
+            cu_q_lens.astype(jnp.int32), scalar(num_seqs), scalar(window))
+    if sinks is not None:
+        args += (jnp.asarray(sinks, jnp.float32).reshape(q.shape[1]),)
+    call = jax.ffi.ffi_call(_TARGET if sinks is None else _SINKS_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
+    return call(*args, sm_scale=np.float32(sm_scale), soft_cap=np.float32(soft_cap or 0.0))

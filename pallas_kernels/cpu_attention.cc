@@ -69,7 +69,19 @@ struct Problem {
   int64_t num_pages, page_size, num_kv_heads, group, head_dim, pages_per_seq, layer;
   int32_t window;
   float sm_scale, soft_cap;
+  const float* sinks = nullptr;  // [Hq]: each query head's sink logit (GPT-OSS), or none
 };
+
+// What a row's unnormalised output is multiplied by: 1 / its sum, where a head's sink (a logit in the softmax's
+// denominator that weights no value) joins the sum, both rescaled to the larger of the row's maximum and the sink.
+inline float output_scale(const Problem& p, int64_t head, float m, float l) {
+  if (l <= 0.0f) return 0.0f;
+  if (p.sinks == nullptr) return 1.0f / l;
+  const float sink = p.sinks[head];
+  if (sink <= m) return 1.0f / (l + std::exp(sink - m));
+  const float c = std::exp(m - sink);
+  return c / (l * c + 1.0f);
+}
 
 // Work item: a request's tokens [first_token, end_token) against its keys from key_begin to key_end (all of
 // them unless a long range is split among items, see split_items). `partial`, for a split item: where its rows'
@@ -1043,8 +1055,7 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
     }
     const int32_t token = item.first_token + i / Hq;
     float* dst = p.out + (token * Hq + i % Hq) * D;
-    const float inv = row.l > 0.0f ? 1.0f / row.l : 0.0f;
-    store_output<kD, T>(row.acc, inv, dst, D);
+    store_output<kD, T>(row.acc, output_scale(p, i % Hq, row.m, row.l), dst, D);
   }
 }
 
@@ -1068,7 +1079,7 @@ void merge_parts(const Problem& p, const Item* parts, int count) {
       for (int64_t d = 0; d < D; ++d) acc[d] += part[2 + d] * scale;
     }
     const int32_t token = parts[0].first_token + i / static_cast<int>(Hq);
-    store_output<kD, T>(acc.data(), l > 0.0f ? 1.0f / l : 0.0f, p.out + (token * Hq + i % Hq) * D, D);
+    store_output<kD, T>(acc.data(), output_scale(p, i % Hq, m, l), p.out + (token * Hq + i % Hq) * D, D);
   }
 }
 
@@ -1153,11 +1164,11 @@ void split_items(Shared& shared, int64_t workers) {
   shared.splits = std::move(splits);
 }
 
-ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer kv,
-                     ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> kv_lens,
-                     ffi::Buffer<ffi::S32> block_tables, ffi::Buffer<ffi::S32> cu_q_lens,
-                     ffi::Buffer<ffi::S32> num_seqs, ffi::Buffer<ffi::S32> window, float sm_scale,
-                     float soft_cap, ffi::ResultBuffer<ffi::F32> out) {
+ffi::Error AttentionOf(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer kv,
+                       ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> kv_lens,
+                       ffi::Buffer<ffi::S32> block_tables, ffi::Buffer<ffi::S32> cu_q_lens,
+                       ffi::Buffer<ffi::S32> num_seqs, ffi::Buffer<ffi::S32> window, const float* sinks,
+                       float sm_scale, float soft_cap, ffi::ResultBuffer<ffi::F32> out) {
   const auto q_dims = q.dimensions();
   const auto kv_dims = kv.dimensions();
   const Pages pages = pages_of(kv.element_type());
@@ -1179,7 +1190,7 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuff
   p = Problem{q.typed_data(), kv.untyped_data(), kv_lens.typed_data(), block_tables.typed_data(),
               cu_q_lens.typed_data(), out->typed_data(), kv_dims[1], kv_dims[2], Hkv, Hq / Hkv, D,
               block_tables.dimensions()[1], std::clamp<int64_t>(layer.typed_data()[0], 0, L - 1),
-              window.typed_data()[0], sm_scale, soft_cap};
+              window.typed_data()[0], sm_scale, soft_cap, sinks};
   switch (pages) {
     case Pages::kBf16: shared->run = pick<uint16_t>(D), shared->merge = pick_merge<uint16_t>(D); break;
     case Pages::kE4M3: shared->run = pick<E4M3, uint16_t>(D), shared->merge = pick_merge<E4M3, uint16_t>(D); break;
@@ -1207,6 +1218,27 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuff
   share_work(pool, shared, static_cast<int64_t>(shared->items.size()));
   for (const auto& [first, parts] : shared->splits) shared->merge(p, &shared->items[first], parts);
   return ffi::Error::Success();
+}
+
+ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer kv,
+                     ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> kv_lens,
+                     ffi::Buffer<ffi::S32> block_tables, ffi::Buffer<ffi::S32> cu_q_lens,
+                     ffi::Buffer<ffi::S32> num_seqs, ffi::Buffer<ffi::S32> window, float sm_scale,
+                     float soft_cap, ffi::ResultBuffer<ffi::F32> out) {
+  return AttentionOf(pool, q, kv, layer, kv_lens, block_tables, cu_q_lens, num_seqs, window, nullptr, sm_scale,
+                     soft_cap, out);
+}
+
+// The same with each query head's sink logit (a target of its own: models without sinks keep the call above).
+ffi::Error AttentionSinks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer kv,
+                          ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> kv_lens,
+                          ffi::Buffer<ffi::S32> block_tables, ffi::Buffer<ffi::S32> cu_q_lens,
+                          ffi::Buffer<ffi::S32> num_seqs, ffi::Buffer<ffi::S32> window, ffi::Buffer<ffi::F32> sinks,
+                          float sm_scale, float soft_cap, ffi::ResultBuffer<ffi::F32> out) {
+  if (q.dimensions().size() != 3 || sinks.element_count() != static_cast<size_t>(q.dimensions()[1]))
+    return ffi::Error::InvalidArgument("cpu attention: sinks must hold one value per query head");
+  return AttentionOf(pool, q, kv, layer, kv_lens, block_tables, cu_q_lens, num_seqs, window, sinks.typed_data(),
+                     sm_scale, soft_cap, out);
 }
 
 // The pool a K/V writer writes into: its result, aliased to the input pool (cpu.py); where XLA did not alias
@@ -1432,6 +1464,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuAttention, Attention,
                                   .Arg<ffi::Buffer<ffi::S32>>()   // cu_q_lens
                                   .Arg<ffi::Buffer<ffi::S32>>()   // num_seqs
                                   .Arg<ffi::Buffer<ffi::S32>>()   // sliding window (<= 0: none)
+                                  .Attr<float>("sm_scale")
+                                  .Attr<float>("soft_cap")        // <= 0: none
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuAttentionSinks, AttentionSinks,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // q
+                                  .Arg<ffi::AnyBuffer>()          // kv pages: float32, bfloat16 or float8
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // layer
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // kv_lens
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // block_tables
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // cu_q_lens
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // num_seqs
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // sliding window (<= 0: none)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // sinks [Hq]
                                   .Attr<float>("sm_scale")
                                   .Attr<float>("soft_cap")        // <= 0: none
                                   .Ret<ffi::Buffer<ffi::F32>>());

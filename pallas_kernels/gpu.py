@@ -25,9 +25,10 @@ def supports(head_dim: int, page_size: int) -> bool:
     return pow2(head_dim) and 16 <= head_dim <= 256 and pow2(page_size) and page_size >= 16
 
 
-def _kernel(layer_ref, window_ref, num_seqs_ref, kv_lens_ref, tables_ref, cu_ref, q_ref, kv_ref, _zeros, o_ref,
-            *, block_tokens: int, group: int, padded_group: int, page_size: int, sm_scale: float,
-            soft_cap: float | None):
+def _kernel(layer_ref, window_ref, num_seqs_ref, kv_lens_ref, tables_ref, cu_ref, q_ref, kv_ref, _zeros, *refs,
+            block_tokens: int, group: int, padded_group: int, page_size: int, sm_scale: float,
+            soft_cap: float | None, sinks: bool):
+    sinks_ref, o_ref = refs if sinks else (None, refs[0])
     r, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     q_start, q_end = cu_ref[r], cu_ref[r + 1]
     q_len = q_end - q_start
@@ -68,6 +69,8 @@ def _kernel(layer_ref, window_ref, num_seqs_ref, kv_lens_ref, tables_ref, cu_ref
         head_dim = q.shape[1]
         init = (jnp.full((rows,), _MASK, jnp.float32), jnp.zeros((rows,), jnp.float32),
                 jnp.zeros((rows, head_dim), jnp.float32))
+        if sinks:  # the walk starts from each row's head's sink: its maximum the sink, its sum 1
+            init = (plgpu.load(sinks_ref.at[h, :]), jnp.ones((rows,), jnp.float32), init[2])
         _, l, acc = jax.lax.fori_loop(lo, hi, body, init)
         out = jnp.where(l[:, None] > 0, acc / jnp.where(l > 0, l, 1.0)[:, None], 0.0)
         store_mask = jax.lax.broadcasted_iota(jnp.int32, (rows, head_dim), 0)
@@ -87,6 +90,7 @@ def ragged_paged_attention(
     sm_scale: float,
     sliding_window: jax.Array | int | None = None,
     soft_cap: float | None = None,
+    sinks: jax.Array | None = None,  # f32[num_q_heads]: each head's sink logit; None: none
     interpret: bool = False,
     num_warps: int = 4,
     num_stages: int = 2,
@@ -105,7 +109,12 @@ def ragged_paged_attention(
                jnp.asarray(num_seqs, jnp.int32).reshape(1), kv_lens.astype(jnp.int32),
                block_tables.astype(jnp.int32), cu_q_lens.astype(jnp.int32)]
     kernel = functools.partial(_kernel, block_tokens=block_tokens, group=group, padded_group=padded_group,
-                               page_size=page_size, sm_scale=sm_scale, soft_cap=soft_cap)
+                               page_size=page_size, sm_scale=sm_scale, soft_cap=soft_cap, sinks=sinks is not None)
+    extra = ()
+    if sinks is not None:  # each program's rows' sinks: [Hkv, rows], the group's (padded) repeated per token
+        per_head = jnp.pad(jnp.asarray(sinks, jnp.float32).reshape(num_kv_heads, group),
+                           ((0, 0), (0, padded_group - group)))
+        extra = (jnp.tile(per_head, (1, block_tokens)),)
     grid = (kv_lens.shape[0], num_kv_heads, pl.cdiv(num_tokens, block_tokens))
     out = pl.pallas_call(
         kernel,
@@ -114,6 +123,6 @@ def ragged_paged_attention(
         input_output_aliases={len(scalars) + 2: 0},
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-    )(*scalars, rows, kv_pages, jnp.zeros_like(rows))
+    )(*scalars, rows, kv_pages, jnp.zeros_like(rows), *extra)
     out = out.reshape(num_kv_heads, num_tokens + block_tokens, padded_group, head_dim)[:, :num_tokens, :group]
     return out.transpose(1, 0, 2, 3).reshape(num_tokens, num_q_heads, head_dim)

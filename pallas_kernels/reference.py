@@ -36,7 +36,10 @@ def ragged_paged_attention(
     sm_scale: float,
     sliding_window: jax.Array | int | None = None,  # i32[] or int; None or <= 0: full attention
     soft_cap: float | None = None,
+    sinks: jax.Array | None = None,  # f32[num_q_heads]: each head's sink logit (GPT-OSS); None: none
 ) -> jax.Array:  # [T, num_q_heads, head_dim]; padded tokens get zeros
+    """A head's sink is a logit beside its scores in the softmax's denominator that weights no value: the walk
+    starts from it (its running maximum the sink, its sum 1) instead of from nothing."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, num_pages, page_size, kv_width, _ = kv_pages.shape
     num_kv_heads = kv_width // 2
@@ -51,6 +54,7 @@ def ragged_paged_attention(
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
     live = jnp.arange(num_reqs) < num_seqs
     walk = functools.partial(_softmax_step, soft_cap=soft_cap)
+    head_sinks = None if sinks is None else sinks.astype(jnp.float32).reshape(num_kv_heads, group)
 
     # One-token requests: row r is request r's only token.
     single = live & (q_lens == 1)
@@ -75,7 +79,7 @@ def ragged_paged_attention(
     lo = jnp.min(jnp.where(single, first_key, jnp.iinfo(jnp.int32).max)) // chunk
     hi = (jnp.max(kv_len) + chunk - 1) // chunk
     state = (num_reqs, num_kv_heads, group)
-    _, l, acc = jax.lax.fori_loop(jnp.minimum(lo, hi), hi, single_body, _init(state, head_dim))
+    _, l, acc = jax.lax.fori_loop(jnp.minimum(lo, hi), hi, single_body, _init(state, head_dim, head_sinks))
     out_single = _normalise(l, acc)  # [R, Hkv, G, D]
     out = jnp.zeros((num_tokens + 1, num_kv_heads, group, head_dim), jnp.float32)
     out = out.at[jnp.where(single, first_token, num_tokens)].set(out_single)[:num_tokens]
@@ -110,7 +114,9 @@ def ragged_paged_attention(
 
         lo = jnp.min(jnp.where(valid, first_key, jnp.iinfo(jnp.int32).max)) // keys
         hi = jnp.max(jnp.where(valid, pos, -1)) // keys + 1
-        _, l, acc = jax.lax.fori_loop(jnp.minimum(lo, hi), hi, key_body, _init((num_kv_heads, group, block), head_dim))
+        block_sinks = None if head_sinks is None else head_sinks[..., None]
+        _, l, acc = jax.lax.fori_loop(jnp.minimum(lo, hi), hi, key_body,
+                                      _init((num_kv_heads, group, block), head_dim, block_sinks))
         result = _normalise(l, acc).transpose(2, 0, 1, 3)  # [B, Hkv, G, D]
         current = jax.lax.dynamic_slice_in_dim(out, start, block)
         return jax.lax.dynamic_update_slice_in_dim(out, jnp.where(valid[:, None, None, None], result, current),
@@ -120,8 +126,11 @@ def ragged_paged_attention(
     return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
 
 
-def _init(shape, head_dim):
-    return jnp.full(shape, -jnp.inf), jnp.zeros(shape), jnp.zeros(shape + (head_dim,))
+def _init(shape, head_dim, sinks=None):
+    """The online softmax's start: nothing seen, or (`sinks`, broadcast to `shape`) each head's sink seen."""
+    if sinks is None:
+        return jnp.full(shape, -jnp.inf), jnp.zeros(shape), jnp.zeros(shape + (head_dim,))
+    return jnp.broadcast_to(sinks, shape), jnp.ones(shape), jnp.zeros(shape + (head_dim,))
 
 
 def _softmax_step(carry, s, mask, v, pv_spec, *, soft_cap):

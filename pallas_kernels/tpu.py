@@ -40,9 +40,10 @@ def block_q_for(head_dim: int, page_size: int, group: int, generation: str = "de
 
 
 def _kernel(layer_ref, kv_lens_ref, tables_ref, cu_ref, num_seqs_ref, window_ref,  # scalar prefetch (SMEM)
-            q_hbm, kv_hbm, _zeros, o_hbm,  # HBM refs
-            q_dec, o_dec, q_pre, o_pre, kv_buf, sems,  # scratch
-            *, block_q: int, page_size: int, group: int, sm_scale: float, soft_cap: float | None):
+            q_hbm, kv_hbm, _zeros, *refs,  # HBM refs (the sinks in SMEM where given), then scratch
+            block_q: int, page_size: int, group: int, sm_scale: float, soft_cap: float | None, sinks: bool):
+    sinks_ref = refs[0] if sinks else None
+    o_hbm, q_dec, o_dec, q_pre, o_pre, kv_buf, sems = refs[1:] if sinks else refs
     r, h = pl.program_id(0), pl.program_id(1)
     layer, window = layer_ref[0], window_ref[0]
 
@@ -107,6 +108,12 @@ def _kernel(layer_ref, kv_lens_ref, tables_ref, cu_ref, num_seqs_ref, window_ref
             n = rows * group
             init = (jnp.full((n, 1), -jnp.inf, jnp.float32), jnp.zeros((n, 1), jnp.float32),
                     jnp.zeros((n, head_dim), jnp.float32))
+            if sinks:  # the walk starts from each head's sink: its maximum the sink, its sum 1
+                lane = jax.lax.broadcasted_iota(jnp.int32, (n, 1), 0) % group
+                m0 = init[0]
+                for g in range(group):
+                    m0 = jnp.where(lane == g, sinks_ref[h * group + g], m0)
+                init = (m0, jnp.ones((n, 1), jnp.float32), init[2])
             _, l, acc = jax.lax.fori_loop(lo, hi, body, init)
             out = jnp.where(l > 0, acc / jnp.where(l > 0, l, 1.0), 0.0)
             o_vmem[...] = out.reshape(rows, group, head_dim).astype(o_vmem.dtype)
@@ -140,6 +147,7 @@ def ragged_paged_attention(
     sm_scale: float,
     sliding_window: jax.Array | int | None = None,
     soft_cap: float | None = None,
+    sinks: jax.Array | None = None,  # f32[num_q_heads]: each head's sink logit; None: none
     interpret=False,  # False on TPU; pltpu.InterpretParams() to run on CPU
     generation: str = "default",
 ) -> jax.Array:  # [T, num_q_heads, head_dim]
@@ -155,13 +163,14 @@ def ragged_paged_attention(
                jnp.asarray(0 if sliding_window is None else sliding_window, jnp.int32).reshape(1))
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     kernel = functools.partial(_kernel, block_q=block_q, page_size=page_size, group=group, sm_scale=sm_scale,
-                               soft_cap=soft_cap)
+                               soft_cap=soft_cap, sinks=sinks is not None)
+    extra = () if sinks is None else (jnp.asarray(sinks, jnp.float32).reshape(num_q_heads),)
     out = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(scalars),
             grid=(num_reqs, num_kv_heads),
-            in_specs=[any_spec, any_spec, any_spec],
+            in_specs=[any_spec, any_spec, any_spec] + [pl.BlockSpec(memory_space=pltpu.SMEM)] * len(extra),
             out_specs=any_spec,
             scratch_shapes=[
                 pltpu.VMEM((1, group, head_dim), q.dtype), pltpu.VMEM((1, group, head_dim), q.dtype),
@@ -173,7 +182,7 @@ def ragged_paged_attention(
         input_output_aliases={len(scalars) + 2: 0},  # the zeros below become the output
         compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary", "arbitrary")),
         interpret=interpret,
-    )(*scalars, padded, kv_pages, jnp.zeros_like(padded))
+    )(*scalars, padded, kv_pages, jnp.zeros_like(padded), *extra)
     return out[:num_tokens]
 
 

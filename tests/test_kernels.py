@@ -151,6 +151,67 @@ def test_native_body_reads_ahead_across_windows_and_items(mode, window, dtype):
     check_native_over_bfloat16_pages(case, dtype, sm_scale=128 ** -0.5, sliding_window=window)
 
 
+def dense_attention_with_sinks(case, sinks, sm_scale, sliding_window=None):
+    """Each real token's attention as transformers' GPT-OSS computes it: its scores (causal, windowed) and its head's
+    sink side by side in one softmax, the sink's weight dropped."""
+    q = np.asarray(case.args[0], np.float64)
+    out = np.zeros(q.shape)
+    heads, group = q.shape[1], q.shape[1] // NUM_KV_HEADS
+    start = 0
+    for r, (q_len, kv_len) in enumerate(zip(case.q_lens, case.kv_lens)):
+        k, v = (np.asarray(x, np.float64) for x in case.contiguous_kv(r))
+        for t in range(q_len):
+            pos = kv_len - q_len + t
+            keys = np.arange(kv_len)
+            live = (keys <= pos) & ((keys > pos - sliding_window) if sliding_window else True)
+            for h in range(heads):
+                scores = np.where(live, k[:, h // group] @ q[start + t, h] * sm_scale, -np.inf)
+                logits = np.append(scores, sinks[h])
+                p = np.exp(logits - logits.max())
+                out[start + t, h] = (p[:-1] / p.sum()) @ v[:, h // group]
+        start += q_len
+    return out
+
+
+SINK_CASES = [("mixed", 16, 4, 64, None), ("decode", 16, 2, 48, 9), ("prefill", 64, 1, 128, 24)]
+
+
+@pytest.mark.parametrize("body", ["reference", *FLOAT32_BODIES])
+@pytest.mark.parametrize("case", SINK_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_attention_sinks_every_body_matches_the_dense_softmax(body, case):
+    """GPT-OSS's sinks: one logit per query head beside its scores in the softmax, weighting no value. Sinks from
+    well below the scores to above them (the native body's store rescales to whichever is larger); head_dim 48
+    takes the native body's any-width path. Padding tokens stay zero."""
+    mode, page_size, group, head_dim, window = case
+    if body in BODIES and head_dim == 48:
+        pytest.skip("the Pallas kernels take head_dim 64, 128, 256")
+    case = ragged_case(head_dim + group, mode, page_size, group, head_dim, max_kv_len=90, max_reqs=4,
+                       num_kv_heads=NUM_KV_HEADS, num_layers=NUM_LAYERS)
+    sinks = np.random.default_rng(group).uniform(-4.0, 6.0, NUM_KV_HEADS * group).astype(np.float32)
+    kwargs = dict(sm_scale=head_dim ** -0.5, sliding_window=window)
+    want = dense_attention_with_sinks(case, sinks, **kwargs)
+    fn = reference if body == "reference" else FLOAT32_BODIES[body]
+    got = np.asarray(fn(*case.args, sinks=jnp.asarray(sinks), **kwargs))
+    real = case.num_real_tokens
+    np.testing.assert_allclose(got[:real], want[:real], atol=2e-5, rtol=0)
+    assert np.all(got[real:] == 0)
+    assert np.abs(got[:real] - np.asarray(fn(*case.args, **kwargs))[:real]).max() > 0.05  # the sinks count
+
+
+def test_attention_sinks_through_split_key_ranges_and_bfloat16_pages():
+    """The native body's split items (one long decode row, its keys among workers, merged at the end) add the sink
+    once, after the merge; over bfloat16 pages too."""
+    case = ragged_case(3, "decode", 16, 4, 64, max_kv_len=1400, max_reqs=2, num_kv_heads=NUM_KV_HEADS,
+                       num_layers=NUM_LAYERS)
+    assert max(case.kv_lens) > 512
+    sinks = jnp.asarray(np.linspace(-2.0, 5.0, NUM_KV_HEADS * 4), jnp.float32)
+    want = dense_attention_with_sinks(case, np.asarray(sinks), 64 ** -0.5)
+    real = case.num_real_tokens
+    got = np.asarray(native()(*case.args, sm_scale=64 ** -0.5, sinks=sinks))
+    np.testing.assert_allclose(got[:real], want[:real], atol=2e-5, rtol=0)
+    check_native_over_bfloat16_pages(case, sm_scale=64 ** -0.5, sinks=sinks)
+
+
 def bits(x) -> np.ndarray:
     x = np.asarray(x)
     return x.view(f"u{x.dtype.itemsize}")

@@ -216,3 +216,57 @@ def test_partial_rotary_layout_is_loaded_once(model_dirs, tmp_path, capsys):
     want = q[:, order].reshape(cfg.num_heads * cfg.head_dim, -1).T  # ours: [hidden, heads * head_dim]
     for loaded in (model, restored):
         np.testing.assert_array_equal(np.asarray(loaded.layers.q_proj[...][1]), want)
+
+
+GPT_OSS_20B = dict(  # openai/gpt-oss-20b's config.json (transformers 4.55 keys: rope_scaling, experts_per_token)
+    architectures=["GptOssForCausalLM"], model_type="gpt_oss", attention_bias=True, attention_dropout=0.0,
+    eos_token_id=200002, experts_per_token=4, head_dim=64, hidden_act="silu", hidden_size=2880,
+    initial_context_length=4096, intermediate_size=2880, max_position_embeddings=131072, num_attention_heads=64,
+    num_experts_per_tok=4, num_hidden_layers=24, num_key_value_heads=8, num_local_experts=32, pad_token_id=199999,
+    rms_norm_eps=1e-5, rope_theta=150000, router_aux_loss_coef=0.9, sliding_window=128, swiglu_limit=7.0,
+    tie_word_embeddings=False, vocab_size=201088,
+    layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(24)],
+    rope_scaling={"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                  "rope_type": "yarn", "truncate": False},
+    quantization_config={"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]})
+
+
+def test_gpt_oss_hub_config_reads_its_experts_sinks_and_untruncated_yarn_as_transformers():
+    """gpt-oss-20b: every layer 4 of 32 experts (biased, the clamped SwiGLU at 7.0 with transformers' default
+    alpha), sinks, q/k/v/o biases, alternate 128-token windows from the first layer; its YaRN without truncation
+    (transformers' frequencies and attention factor); MXFP4 experts read as bfloat16 weights (no torch_dtype)."""
+    import numpy as np
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from jaxengine.models.config import rope_inv_freq
+    from jaxengine.models.quantization import parse_quantization
+
+    cfg = read(GPT_OSS_20B)
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size) == (32, 4, 2880)
+    assert cfg.intermediate_size == 0
+    assert cfg.hidden_act == "swigluoai" and (cfg.swiglu_alpha, cfg.swiglu_limit) == (1.702, 7.0)
+    assert cfg.moe_bias and cfg.attn_sinks and cfg.norm_topk_prob and cfg.qkv_bias and cfg.o_bias
+    assert cfg.sliding_windows == (128, 0) * 12 and cfg.torch_dtype == "bfloat16" and cfg.quant_method == "mxfp4"
+    assert parse_quantization(GPT_OSS_20B) is None  # the experts are dequantized as they load
+    theirs = transformers.GptOssConfig(**{k: v for k, v in GPT_OSS_20B.items()
+                                          if k not in ("architectures", "quantization_config")})
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS["yarn"](theirs, torch.device("cpu"))
+    ours, our_scaling = rope_inv_freq(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+    np.testing.assert_allclose(ours, inv_freq.numpy(), rtol=1e-6)
+    assert math.isclose(our_scaling, scaling, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("field, value", [("swiglu_limit", 0), ("swiglu_alpha", "1.7")])
+def test_gpt_oss_bad_swiglu_settings_are_refused(field, value):
+    with pytest.raises(ValueError, match=f"{field} must be a positive number"):
+        read(GPT_OSS_20B | {field: value})
+
+
+def test_mxfp4_is_refused_outside_gpt_oss():
+    from jaxengine.models.quantization import parse_quantization
+
+    llama = dict(GEMMA_2B, architectures=["LlamaForCausalLM"], quantization_config={"quant_method": "mxfp4"})
+    with pytest.raises(ValueError, match="quant_method 'mxfp4' is supported for GPT-OSS checkpoints only"):
+        parse_quantization(llama)

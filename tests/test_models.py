@@ -214,13 +214,14 @@ def test_gemma3_multimodal_checkpoint_serves_its_language_model(tmp_path, tokeni
 
 
 @pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
-@pytest.mark.parametrize("intermediate", [48, 40])
+@pytest.mark.parametrize("intermediate, activation", [(48, "silu"), (40, "silu"), (45, "swigluoai")])
 @pytest.mark.parametrize("stacked", [True, False])
-def test_packed_experts_match_the_grouped_dot_over_the_same_weights(intermediate, stacked):
+def test_packed_experts_match_the_grouped_dot_over_the_same_weights(intermediate, activation, stacked):
     """The native grouped matmul over packed experts (gate/up packed together where the width is a multiple of
     16, silu then applied in registers; each projection packed alone otherwise), from a stack of all layers'
     experts (the scanned loop's) or one layer's, against `lax.ragged_dot` over the unpacked bfloat16 weights.
-    A bucket's padding rows (the last 3) take no expert: they come out zero."""
+    GPT-OSS's experts (swigluoai) with biases on the router and on each projection, over an odd width (the packed
+    pairs' extra column). A bucket's padding rows (the last 3) take no expert: they come out zero."""
     from jaxengine.layers.moe import moe_mlp
     from pallas_kernels import cpu
 
@@ -233,11 +234,14 @@ def test_packed_experts_match_the_grouped_dot_over_the_same_weights(intermediate
     router, down = weight(D, E), weight(L, E, intermediate, D)
     gate, up = weight(L, E, D, intermediate), weight(L, E, D, intermediate)
     x = jnp.asarray(rng.standard_normal((T, D), np.float32))
-    common = dict(top_k=top_k, renormalize=True, activation="silu")
+    common = dict(top_k=top_k, renormalize=True, activation=activation)
+    if activation == "swigluoai":
+        common |= dict(swiglu=(1.702, 1.0), router_bias=weight(1, E)[0], gate_bias=weight(E, 2, intermediate)[:, 0],
+                       up_bias=weight(E, 2, intermediate)[:, 0], down_bias=weight(E, 2, D)[:, 0])
     layer = 1
     want = moe_mlp(x, router, gate=gate[layer], up=up[layer], down=down[layer], **common)
     pick = (lambda w: w) if stacked else (lambda w: w[layer])
-    if intermediate % cpu.GATED == 0:
+    if intermediate % cpu.GATED == 0 and activation in cpu.GATED_ACTIVATIONS:
         packed = dict(gate_up=pick(cpu.pack_gated(gate, up)))
     else:
         packed = dict(gate=pick(cpu.pack_bf16(gate)), up=pick(cpu.pack_bf16(up)))
@@ -245,3 +249,107 @@ def test_packed_experts_match_the_grouped_dot_over_the_same_weights(intermediate
                                        **packed, **common))(x, jnp.int32(layer))
     np.testing.assert_allclose(np.asarray(got[:-3]), np.asarray(want[:-3]), rtol=1e-4, atol=1e-4)
     assert not np.asarray(got[-3:]).any()
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_mxfp4(tmp_path_factory, tokenizer_dir):
+    """The GPT-OSS test model (experts 64 wide: whole 32-value blocks) as the hub ships gpt-oss: its experts'
+    gate_up_proj and down_proj as MXFP4 `_blocks` and `_scales` (random bytes: every float4 value, scales 2^-5 to
+    2^0), `quant_method: mxfp4` and no dtype in config.json."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    source = tiny_models.make_model("gptoss", tmp_path_factory.mktemp("gptoss-64"), tokenizer_dir,
+                                    intermediate_size=64)
+    out = tmp_path_factory.mktemp("gptoss-mxfp4")
+    for f in source.iterdir():
+        if f.name != "model.safetensors":
+            (out / f.name).write_bytes(f.read_bytes())
+    rng = np.random.default_rng(4)
+    tensors = {}
+    for name, value in load_file(source / "model.safetensors").items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):  # [E, in, out] -> blocks [E, out, in/32, 16]
+            experts, inputs, outputs = value.shape
+            tensors[name + "_blocks"] = rng.integers(0, 256, (experts, outputs, inputs // 32, 16), dtype=np.uint8)
+            tensors[name + "_scales"] = rng.integers(122, 128, (experts, outputs, inputs // 32), dtype=np.uint8)
+        else:
+            tensors[name] = value
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    config = tiny_models.read_config(source)
+    config.pop("dtype", None)
+    config.pop("torch_dtype", None)
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def test_gpt_oss_mxfp4_checkpoint_matches_transformers_dequantizing_it(gpt_oss_mxfp4):
+    """The hub's GPT-OSS form: each expert tensor's blocks and scales (held until both arrive) dequantized at load,
+    then split into gate and up; transformers' own MXFP4 dequantization of the same checkpoint is the oracle.
+    `dtype: auto` gives bfloat16 weights, as the hub checkpoint's other tensors are (float32 here: the oracle's)."""
+    from jaxengine.models.loader import load_config
+
+    _, cfg = load_config(gpt_oss_mxfp4)
+    assert cfg.torch_dtype == "bfloat16" and cfg.quantization is None and cfg.quant_method == "mxfp4"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        gpt_oss_mxfp4, dtype=torch.float32, quantization_config=transformers.Mxfp4Config(dequantize=True)).eval()
+    model, cfg = load_model(gpt_oss_mxfp4, "float32", progress=False)
+    prompts = sequences(cfg.vocab_size)
+    paged = PagedModel(model)
+    paged.add_sequences(len(prompts))
+    for prompt, logits in zip(prompts, paged.step(prompts, num_tokens=256, all_logits=True)):
+        np.testing.assert_allclose(logits, hf_logits(hf, prompt), atol=1e-4, rtol=0)
+
+
+def test_mxfp4_dequantization_matches_transformers_and_refuses_bad_shapes():
+    """Every byte (both nibbles) at the scales' extremes, against transformers' own MXFP4 conversion."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from jaxengine.models.quantization import dequantize_mxfp4
+
+    blocks = np.arange(256, dtype=np.uint8).reshape(2, 4, 2, 16)  # [experts, out, groups, 16]
+    scales = np.array([[[0, 127], [1, 250], [120, 130], [127, 127]]] * 2, np.uint8)
+    ours = dequantize_mxfp4(blocks, scales)  # [experts, out, in]
+    theirs = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32)
+    np.testing.assert_array_equal(ours.swapaxes(-1, -2), theirs.numpy())  # theirs: [experts, in, out]
+    with pytest.raises(ValueError, match="disagree"):
+        dequantize_mxfp4(blocks, scales[..., :1])
+    with pytest.raises(ValueError, match="must be uint8"):
+        dequantize_mxfp4(blocks.astype(np.int8), scales)
+
+
+def test_gpt_oss_mxfp4_blocks_without_their_scales_are_refused(gpt_oss_mxfp4, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    for f in gpt_oss_mxfp4.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(gpt_oss_mxfp4 / "model.safetensors")
+    del tensors["model.layers.1.mlp.experts.down_proj_scales"]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"missing tensors: model\.layers\.1\.mlp\.experts\.down_proj"):
+        load_model(tmp_path, "float32", progress=False)
+
+
+def test_gpt_oss_mxfp4_engine_checks_the_quantization_setting_and_decodes_as_transformers(gpt_oss_mxfp4):
+    """`quantization: mxfp4` (vLLM's name) names the checkpoint's method (another method's name is refused); the
+    engine's greedy tokens are transformers' over the dequantized checkpoint (float32: bfloat16's own rounding is
+    checked per logit by test_bfloat16_error_is_within_twice_transformers_own_bfloat16_error)."""
+    from jaxengine import SamplingParams
+    from jaxengine.config import EngineConfig
+    from jaxengine.engine.llm_engine import LLMEngine
+    from tests.engine_util import hf_greedy, random_prompts, run_to_completion
+
+    with pytest.raises(ValueError, match="does not match the checkpoint's quant_method 'mxfp4'"):
+        LLMEngine(EngineConfig(model=str(gpt_oss_mxfp4), quantization="awq"), progress=False)
+    engine = LLMEngine(EngineConfig(model=str(gpt_oss_mxfp4), quantization="mxfp4", dtype="float32",
+                                    max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64, min_token_bucket=64,
+                                    kv_cache_gib=0.01), progress=False)
+    prompts = random_prompts(tiny_models.VOCAB_SIZE, (7, 30), seed=3)
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    finals = run_to_completion(engine, [(f"p{i}", p, greedy) for i, p in enumerate(prompts)])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        gpt_oss_mxfp4, dtype=torch.float32, quantization_config=transformers.Mxfp4Config(dequantize=True)).eval()
+    for i, prompt in enumerate(prompts):
+        assert finals[f"p{i}"].outputs[0].token_ids == hf_greedy(hf, prompt, 8)

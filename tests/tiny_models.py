@@ -70,6 +70,13 @@ SPECS = {
         cls="Qwen3MoeForCausalLM", num_attention_heads=4, num_key_value_heads=1, head_dim=24, num_experts=6,
         num_experts_per_tok=3, moe_intermediate_size=40, norm_topk_prob=True, tie_word_embeddings=True,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # GPT-OSS: q/k/v/o biases and sinks, alternate sliding-window layers, YaRN without truncation, renormalised top
+    # 2 of 4 experts with biases and the clamped SwiGLU (a clamp low enough to bind on these weights).
+    "gptoss": dict(
+        cls="GptOssForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=48,
+        num_local_experts=4, num_experts_per_tok=2, sliding_window=24, swiglu_limit=1.5, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                             truncate=False, original_max_position_embeddings=64)),
 }
 
 def make_tokenizer(out_dir: Path) -> None:
@@ -148,6 +155,8 @@ def _randomise(model) -> None:
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
+            elif name.endswith("sinks"):  # GPT-OSS: logits beside the scores, some above them
+                p.normal_(1.0, 1.5)
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.2)
             elif "embed" in name:

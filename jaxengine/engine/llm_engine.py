@@ -175,7 +175,7 @@ class LLMEngine:
                      if config.model else _demo_model_dir())
         tp = config.tensor_parallel_size
         architecture, checkpoint_config = load_config(model_dir, config.hf_overrides)
-        if config.quantization is not None and checkpoint_config.quantization is None:
+        if config.quantization is not None and checkpoint_config.quant_method is None:
             raise ValueError(f"quantization={config.quantization!r}, but {model_dir} is not a quantized checkpoint "
                              f"(its config.json has no quantization_config; quantizing at load is not supported)")
         if config.quantization not in (None, checkpoint_config.quant_method):

@@ -135,13 +135,17 @@ def attention(
     soft_cap: float | None = None,
     backend: str = "auto",
     scales: jax.Array | None = None,  # f32[2]: the KV cache's scales (K's, V's) as write_kv took them; None: 1
+    sinks: jax.Array | None = None,  # f32[num_q_heads]: each head's sink logit (GPT-OSS); None: none
 ) -> jax.Array:  # [T, num_q_heads, head_dim]
     """Every body reads the cache's values as they are (a float8 cache's widened exactly: to float32, or to
     bfloat16 in the native body); a scaled cache's K scale is folded into q (q . (k_stored x s_k) = (q x s_k) .
-    k_stored, soft cap and mask unchanged) and its V scale into the output (a weighted sum of V rows)."""
+    k_stored, soft cap and mask unchanged) and its V scale into the output (a weighted sum of V rows). A head's
+    sink is a logit that joins its scores in the softmax's denominator and weights no value (attention to
+    nothing)."""
     _, body = select_body(backend, q.shape[-1], kv_cache.shape[2], (q.dtype, kv_cache.dtype))
     if scales is not None:
         q = (q * scales[0]).astype(q.dtype)
     out = body(q, kv_cache, layer, batch.kv_lens, batch.block_tables, batch.cu_q_lens, batch.num_seqs,
-               sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+               sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
+               **({} if sinks is None else {"sinks": sinks}))
     return out if scales is None else (out * scales[1]).astype(out.dtype)

@@ -6,11 +6,24 @@ import jax.numpy as jnp
 from jaxengine.layers.activations import ACTIVATIONS
 
 
-def route(x, router, top_k: int, renormalize: bool):
-    """(weights f32[T, top_k], experts i32[T, top_k]) for x [T, D] and router [D, E]: the softmax of the router
-    logits (in float32) at its top_k experts, renormalised to sum to 1 where `renormalize` (Mixtral, and Qwen
-    MoE's `norm_topk_prob`)."""
+SWIGLU_OAI = "swigluoai"  # GPT-OSS's experts' activation (vLLM's name for it)
+
+
+def swiglu_oai(gate, up, alpha: float, limit: float):
+    """GPT-OSS's gating: the gate clamped from above and the up product both ways at `limit`, then
+    (up + 1) * gate * sigmoid(alpha * gate)."""
+    gate = jnp.minimum(gate, limit)
+    up = jnp.clip(up, -limit, limit)
+    return (up + 1) * (gate * jax.nn.sigmoid(alpha * gate))
+
+
+def route(x, router, top_k: int, renormalize: bool, bias=None):
+    """(weights f32[T, top_k], experts i32[T, top_k]) for x [T, D] and router [D, E] (and its `bias` [E]): the
+    softmax of the router logits (in float32) at its top_k experts, renormalised to sum to 1 where `renormalize`
+    (Mixtral, Qwen MoE's `norm_topk_prob`, and GPT-OSS's softmax over the top logits, which is the same)."""
     logits = jnp.dot(x.astype(router.dtype), router, preferred_element_type=jnp.float32)
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
     weights, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
     if renormalize:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
@@ -30,6 +43,11 @@ def moe_mlp(
     gate_up: jax.Array | None = None,  # packed by pallas_kernels.cpu.pack_gated, in place of gate and up
     layer=None,  # i32[]: the layer whose experts a packed stack of all layers' ([L, E, P, K2, 64]) gives
     live_rows=None,  # i32[]: x's rows from it on are a bucket's padding
+    router_bias=None,  # [E]
+    gate_bias=None,  # [E, I]: added to each expert's gate products (GPT-OSS)
+    up_bias=None,  # [E, I]
+    down_bias=None,  # [E, D]: added to each expert's output, before the router's weight
+    swiglu=(1.702, 7.0),  # activation "swigluoai": its (alpha, limit)
 ) -> jax.Array:  # [T, D] in x's dtype
     """The tokens' (token, expert) pairs sorted by expert run as one grouped matmul per projection, in the
     weights' dtype with float32 accumulation, then are weighted and summed back per token. Weights packed for
@@ -38,10 +56,16 @@ def moe_mlp(
     the down projection rounded); others run `lax.ragged_dot`, which TPUs group natively and XLA:CPU computes
     densely (every expert over every row). The native form gives a bucket's padding rows (`live_rows`) no
     expert: they are sorted last, outside every group, and never multiplied; `ragged_dot` routes them like the
-    others. Their results are never read."""
+    others. Their results are never read. `swigluoai` (GPT-OSS) gates as `swiglu_oai`, its biases added to the
+    products first (the native form then multiplies gate and up apart and gates them in XLA)."""
     T, E = x.shape[0], router.shape[-1]
-    act = ACTIVATIONS[activation]
-    weights, experts = route(x, router, top_k, renormalize)
+    if activation == SWIGLU_OAI:
+        def glu(gate, up):
+            return swiglu_oai(gate, up, *swiglu)
+    else:
+        def glu(gate, up):
+            return ACTIVATIONS[activation](gate) * up
+    weights, experts = route(x, router, top_k, renormalize, router_bias)
     flat = experts.reshape(-1)  # [T * top_k]
     native = down.ndim >= 4  # packed for the native CPU matmul
     if native and live_rows is not None:
@@ -50,6 +74,14 @@ def moe_mlp(
     rows = order // top_k  # the token of each sorted pair
     sizes = jnp.bincount(flat, length=E + 1)[:E].astype(jnp.int32)  # [E] rows per expert
     xs = x[rows]
+    sorted_experts = jnp.minimum(flat[order], E - 1)  # each sorted pair's expert (padding's: any)
+
+    def biased(y, bias):  # y [T * top_k, n] plus each pair's expert's bias (zeros past its width: packed pairs)
+        if bias is None:
+            return y
+        bias = bias.astype(jnp.float32)
+        return y + jnp.pad(bias, ((0, 0), (0, y.shape[-1] - bias.shape[-1])))[sorted_experts]
+
     if native:
         from pallas_kernels import cpu
 
@@ -65,12 +97,14 @@ def moe_mlp(
             out = grouped(pairs, down, D, prologue="rounded")
         else:
             n = 2 * down.shape[-2]  # the intermediate width (one more, zero, where it is odd: pack_bf16's pairs)
-            hidden = act(grouped(xs.astype(jnp.float32), gate, n)) * grouped(xs.astype(jnp.float32), up, n)
+            hidden = glu(biased(grouped(xs.astype(jnp.float32), gate, n), gate_bias),
+                         biased(grouped(xs.astype(jnp.float32), up, n), up_bias))
             out = grouped(hidden, down, D)
     else:
         def grouped(a, w):
             return jax.lax.ragged_dot(a.astype(w.dtype), w, sizes, preferred_element_type=jnp.float32)
 
-        out = grouped(act(grouped(xs, gate)) * grouped(xs, up), down)
-    out = out * weights.reshape(-1)[order][:, None]  # [T * top_k, D] f32
+        out = grouped(glu(biased(grouped(xs, gate), gate_bias), biased(grouped(xs, up), up_bias)), down)
+    pair_weights = jnp.where(flat[order] < E, weights.reshape(-1)[order], 0.0)  # padding's (native): 0, biases too
+    out = biased(out, down_bias) * pair_weights[:, None]  # [T * top_k, D] f32
     return jnp.zeros((T, x.shape[1]), jnp.float32).at[rows].add(out).astype(x.dtype)

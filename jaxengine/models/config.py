@@ -64,13 +64,18 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalise the top experts' router probabilities to sum to 1
     shared_expert_gate: bool = False  # Qwen2 MoE: the shared expert's output times sigmoid(x @ gate)
+    moe_bias: bool = False  # GPT-OSS: biases on the router's logits and on each expert's gate, up and down products
+    swiglu_alpha: float = 1.702  # hidden_act "swigluoai" (GPT-OSS's experts): layers.moe.swiglu_oai's alpha
+    swiglu_limit: float = 7.0  # and its clamp
+    attn_sinks: bool = False  # GPT-OSS: a learned logit per query head in the attention's softmax (layers.attention)
     # None, "w8a8_int8", "w4a16" or "w8a16_fp8": the decoder layers' projections quantized (jaxengine/models/
     # quantization.py); W4A16's weights in groups of quant_group_size inputs (0: one group per output channel), with
     # a zero point per group where quant_zero_point (asymmetric); FP8's scales in blocks of quant_block_out outputs
     # x quant_group_size inputs
     quantization: str | None = None
     quant_group_size: int = 0
-    quant_method: str | None = None  # the checkpoint's format: compressed-tensors, gptq, awq or fp8
+    quant_method: str | None = None  # the checkpoint's format: compressed-tensors, gptq, awq, fp8 or mxfp4 (GPT-OSS's
+    # experts, dequantized at load: `quantization` None)
     quant_zero_point: bool = False
     quant_format: str = ""  # the method's own format (quantization.Quantized.format): GPTQ's gptq or gptq_v2, ...
     quant_act_order: bool = False  # W4A16: each input's group given by a g_idx (activation order)
@@ -338,6 +343,26 @@ def moe_config_from_hf(hf: dict) -> ModelConfig:
     return dataclasses.replace(cfg, **experts, moe_intermediate_size=hf["moe_intermediate_size"],
                                intermediate_size=shared, norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
                                shared_expert_gate=shared > 0)
+
+
+def gpt_oss_config_from_hf(hf: dict) -> ModelConfig:
+    """GPT-OSS: attention with q/k/v/o biases and a sink logit per query head, alternate sliding-window layers
+    (`layer_types`), YaRN, and a mixture of experts in every layer with biases on the router and on each expert's
+    projections, softmax over the top experts' logits and the clamped SwiGLU (`swigluoai`). `hidden_act` in its
+    config (silu) is not what the experts apply and is not read."""
+    cfg = model_config_from_hf(hf | {"hidden_act": "silu"})
+    if (hf.get("quantization_config") or {}).get("quant_method") == "mxfp4":  # experts dequantized at load
+        cfg = dataclasses.replace(cfg, quant_method="mxfp4",  # the hub's other tensors are bfloat16
+                                  torch_dtype=cfg.torch_dtype or "bfloat16")
+    limit, alpha = hf.get("swiglu_limit", 7.0), hf.get("swiglu_alpha", 1.702)
+    for name, value in (("swiglu_limit", limit), ("swiglu_alpha", alpha)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return dataclasses.replace(
+        cfg, num_experts=hf["num_local_experts"], experts_per_token=hf.get("num_experts_per_tok") or
+        hf["experts_per_token"], moe_intermediate_size=cfg.intermediate_size, intermediate_size=0,
+        norm_topk_prob=True, moe_bias=True, hidden_act="swigluoai", swiglu_alpha=float(alpha),
+        swiglu_limit=float(limit), attn_sinks=True)
 
 
 def gemma3_language_config_from_hf(hf: dict) -> ModelConfig:

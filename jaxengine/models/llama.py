@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Gemma 1-3) in Flax NNX over a paged KV cache.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 1-3, their mixtures of experts, GPT-OSS) in
+Flax NNX over a paged KV cache.
 
 Layer weights are loaded stacked on a leading `num_layers` axis (one array per parameter: one transfer, one
 sharding, one Orbax entry) and the layers run under `lax.scan`, which compiles an order of magnitude faster than
@@ -339,6 +340,13 @@ class DecoderLayers(nnx.Module):
             self.expert_gate = _param((L, E, D, M), dtype, ("layers", "experts", "embed", "mlp"))
             self.expert_up = _param((L, E, D, M), dtype, ("layers", "experts", "embed", "mlp"))
             self.expert_down = _param((L, E, M, D), dtype, ("layers", "experts", "mlp", "embed"))
+        if cfg.moe_bias:
+            self.router_bias = _param((L, E), dtype, ("layers", "experts"))
+            self.expert_gate_bias = _param((L, E, M), dtype, ("layers", "experts", "mlp"))
+            self.expert_up_bias = _param((L, E, M), dtype, ("layers", "experts", "mlp"))
+            self.expert_down_bias = _param((L, E, D), dtype, ("layers", "experts", "embed"))
+        if cfg.attn_sinks:  # each query head's sink logit, in float32 as the attention takes it
+            self.sinks = _param((L, cfg.num_heads), jnp.float32, ("layers", "heads"))
         if cfg.shared_expert_gate:
             self.shared_expert_gate = _param((L, D, 1), dtype, ("layers", "embed", "unit"))
         if cfg.quant_kv_scales:  # the checkpoint's KV cache scales (kv_scales)
@@ -437,7 +445,8 @@ class DecoderLayers(nnx.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=self.attention_backend, scales=scales)
         o = attention(q, kv_cache, layer, batch, sm_scale=cfg.sm_scale, sliding_window=window,
-                      soft_cap=cfg.attn_logit_softcap, backend=self.attention_backend, scales=scales).reshape(T, -1)
+                      soft_cap=cfg.attn_logit_softcap, backend=self.attention_backend, scales=scales,
+                      sinks=self.sinks[...] if cfg.attn_sinks else None).reshape(T, -1)
         D = cfg.hidden_size
         o_delta = _lora_delta(o, lora, "o_proj")
         if cfg.sandwich_norms:
@@ -487,11 +496,11 @@ class DecoderLayers(nnx.Module):
             out_norm = self.norm("post_mlp_norm") if cfg.sandwich_norms else None
             return _gated_mlp(h, self.norm("mlp_norm"), eps, self.linear("gate_up_proj"), self.linear("down_proj"), D,
                               live, layer, cfg.hidden_act, out_norm)
-        mlp_norm, activation = self.norm("mlp_norm"), ACTIVATIONS[cfg.hidden_act]
+        mlp_norm = self.norm("mlp_norm")
         out = None
         if I:
             gate, up = self._gate_up(h, mlp_norm, live, layer)
-            gated = activation(gate) * up
+            gated = ACTIVATIONS[cfg.hidden_act](gate) * up
             if not (cfg.sandwich_norms or cfg.num_experts):
                 return _dot(gated, self.linear("down_proj"), D, residual=h, live_rows=live, layer=layer)
             out = _dot(gated, self.linear("down_proj"), D, live_rows=live, layer=layer)
@@ -501,10 +510,13 @@ class DecoderLayers(nnx.Module):
                 shared_gate = self.shared_expert_gate[...]
                 out = out * jax.nn.sigmoid(jnp.dot(x.astype(shared_gate.dtype), shared_gate,
                                                    preferred_element_type=jnp.float32)).astype(out.dtype)
-            projections = {name: getattr(self, name)[...] for name in ("expert_gate", "expert_up", "expert_gate_up")
+            projections = {name: getattr(self, name)[...] for name in ("expert_gate", "expert_up", "expert_gate_up",
+                                                                        "expert_gate_bias", "expert_up_bias",
+                                                                        "expert_down_bias", "router_bias")
                            if hasattr(self, name)}
             experts = moe_mlp(x, self.router[...], down=self.expert_down[...], top_k=cfg.experts_per_token,
                               renormalize=cfg.norm_topk_prob, activation=cfg.hidden_act, layer=layer, live_rows=live,
+                              swiglu=(cfg.swiglu_alpha, cfg.swiglu_limit),
                               **{name.removeprefix("expert_"): w for name, w in projections.items()})
             out = experts if out is None else out + experts
         if cfg.sandwich_norms:
@@ -671,7 +683,12 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
     if cfg.shared_expert_gate:
         per_layer["mlp.shared_expert_gate.weight"] = ("shared_expert_gate", True)
     experts = {}  # a per-expert tensor's name within the layer's experts -> our stacked parameter
-    if cfg.num_experts:
+    if cfg.architecture == "GptOssForCausalLM":  # each layer's experts stacked in one tensor (registry._GptOssTensors)
+        per_layer |= {"mlp.router.weight": ("router", True), "mlp.router.bias": ("router_bias", False),
+                      "self_attn.sinks": ("sinks", False)}
+        per_layer |= {f"mlp.experts.{p}_proj{bias}": (f"expert_{p}{bias}", False)
+                      for p in ("gate", "up", "down") for bias in ("", "_bias")}
+    elif cfg.num_experts:
         mixtral = cfg.architecture == "MixtralForCausalLM"
         moe = "block_sparse_moe" if mixtral else "mlp"
         per_layer[f"{moe}.gate.weight"] = ("router", True)

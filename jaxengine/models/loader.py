@@ -170,7 +170,8 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
                                   checkpoint_cfg.num_kv_heads)
     else:
         # the checkpoint's tensors split by its own shapes (KV heads are repeated after)
-        split = _with_rotary_layout(with_quantized(arch.split_tensor, checkpoint_cfg), checkpoint_cfg)
+        split = arch.split_tensor() if isinstance(arch.split_tensor, type) else arch.split_tensor  # this load's
+        split = _with_rotary_layout(with_quantized(split, checkpoint_cfg), checkpoint_cfg)
         loaded = _fill(checkpoint_files(model_dir), hf_weight_map(cfg), targets, shardings, cfg, progress,
                        kv_repeat=(checkpoint_cfg.num_kv_heads, repeats), executables=executables,
                        tensor_name=arch.tensor_name,

@@ -71,6 +71,28 @@ class Quantized(NamedTuple):
     kv_scales: bool = False  # each layer's K and V cache scales stored (kv_cache_scheme; see `kv_scale_tensor`)
 
 
+# An MXFP4 (OCP microscaling) element: float4 e2m1, sign in the top bit of its 4
+MXFP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+                        np.float32)
+
+
+def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """MXFP4 weights as GPT-OSS checkpoints store them: `blocks` uint8 [..., out, in / 32, 16], two float4 e2m1
+    values a byte (the low 4 bits first), and `scales` uint8 [..., out, in / 32], each block of 32 values' power of
+    two (E8M0: 2^(s - 127)). Returns float32 [..., out, in] (exact: every value is a float32 one)."""
+    blocks, scales = np.asarray(blocks), np.asarray(scales)
+    if blocks.dtype != np.uint8 or scales.dtype != np.uint8:
+        raise ValueError(f"MXFP4 blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
+    if blocks.ndim < 2 or blocks.shape[-1] != 16 or blocks.shape[:-1] != scales.shape:
+        raise ValueError(f"MXFP4 blocks {blocks.shape} and scales {scales.shape} disagree: blocks must be "
+                         f"[..., groups, 16] and scales [..., groups]")
+    values = np.empty(blocks.shape[:-1] + (32,), np.float32)
+    values[..., 0::2] = MXFP4_VALUES[blocks & 0x0F]
+    values[..., 1::2] = MXFP4_VALUES[blocks >> 4]
+    values = np.ldexp(values, scales.astype(np.int32)[..., None] - 127)
+    return values.reshape(*scales.shape[:-1], scales.shape[-1] * 32)
+
+
 def parse_quantization(hf: dict) -> Quantized | None:
     """A quantized checkpoint's config.json: compressed-tensors' W8A8 int8, W4A16 (symmetric or with zero points)
     or FP8 weights, GPTQ's or AWQ's 4-bit weights (as W4A16), FP8 weights (`fp8`); None for an unquantized
@@ -79,6 +101,11 @@ def parse_quantization(hf: dict) -> Quantized | None:
     if not q:
         return None
     method = q.get("quant_method")
+    if method == "mxfp4":
+        if (hf.get("architectures") or [None])[0] != "GptOssForCausalLM":
+            raise ValueError("quantization_config.quant_method 'mxfp4' is supported for GPT-OSS checkpoints only "
+                             "(their experts' weights, dequantized at load: dequantize_mxfp4)")
+        return None
     if method == "gptq":
         return _gptq(q)
     if method == "awq":

@@ -4,7 +4,9 @@ from collections.abc import Callable
 import dataclasses
 
 from jaxengine.models.config import (GEMMA_ARCHITECTURES, ModelConfig, gemma3_language_config_from_hf,
-                                     gemma_config_from_hf, model_config_from_hf, moe_config_from_hf)
+                                     gemma_config_from_hf, gpt_oss_config_from_hf, model_config_from_hf,
+                                     moe_config_from_hf)
+from jaxengine.models.quantization import dequantize_mxfp4
 from jaxengine.models.llama import LlamaForCausalLM
 
 
@@ -18,7 +20,9 @@ class Architecture:
     read_config: Callable[[dict], ModelConfig]
     # a checkpoint tensor's name -> the name the model's weight map knows it by; None: not the model's
     tensor_name: Callable[[str], str | None] = _same_name
-    # a (renamed) checkpoint tensor -> the (name, array) pieces the weight map knows (Phi-3's fused projections)
+    # a (renamed) checkpoint tensor -> the (name, array) pieces the weight map knows (Phi-3's fused projections),
+    # or a class whose instances are such functions, one for each load (they may hold a tensor until its pair
+    # arrives: MXFP4's blocks and scales)
     split_tensor: Callable[[str, object, ModelConfig], list] = lambda name, array, cfg: [(name, array)]
     embedding_only: bool = False  # a base model (`*Model`): served by the pooling runner only
     classifier: bool = False  # `*ForSequenceClassification`: pooled, then its `score` head (on the host)
@@ -49,6 +53,33 @@ def _phi3_split(name: str, array, cfg: ModelConfig) -> list:
         parts = (array,) * 2 if inputs else (array[:i], array[i:])
         return [(f"{prefix}{p}_proj.{kind}", part) for p, part in zip(("gate", "up"), parts)]
     return [(name, array)]
+
+
+class _GptOssTensors:
+    """GPT-OSS's tensors as the weight map knows them (an instance for each load). A layer's experts' `gate_up_proj`
+    ([E, hidden, 2 x I], as transformers keeps it) and its bias ([E, 2 x I]) hold the gate's and the up
+    projection's columns alternately: they become `gate_proj` and `up_proj` (and `_bias`). MXFP4 checkpoints (the
+    hub's) store `gate_up_proj` and `down_proj` as `_blocks` and `_scales` ([E, out, ...]): each pair is held until
+    both have arrived, then dequantized (quantization.dequantize_mxfp4) to the [E, in, out] tensor."""
+
+    _FUSED = (".mlp.experts.gate_up_proj", ".mlp.experts.gate_up_proj_bias")
+
+    def __init__(self):
+        self._held = {}
+
+    def __call__(self, name: str, array, cfg: ModelConfig) -> list:
+        if name.endswith(("_blocks", "_scales")) and ".mlp.experts." in name:
+            stem, kind = name.rsplit("_", 1)
+            other = self._held.pop(f"{stem}_{'scales' if kind == 'blocks' else 'blocks'}", None)
+            if other is None:
+                self._held[name] = array
+                return []
+            blocks, scales = (array, other) if kind == "blocks" else (other, array)
+            name, array = stem, dequantize_mxfp4(blocks, scales).swapaxes(-1, -2)
+        if name.endswith(self._FUSED):
+            head, _, tail = name.rpartition(".gate_up_proj")
+            return [(f"{head}.gate_proj{tail}", array[..., 0::2]), (f"{head}.up_proj{tail}", array[..., 1::2])]
+        return [(name, array)]
 
 
 def _classifier_tensor(name: str) -> str | None:
@@ -100,6 +131,8 @@ _REGISTRY = {
 } | {name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES} | {
     name: Architecture(LlamaForCausalLM, moe_config_from_hf)
     for name in ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")} | {
+    # GPT-OSS: its experts' fused gate/up tensors split, MXFP4 ones dequantized at load
+    "GptOssForCausalLM": Architecture(LlamaForCausalLM, gpt_oss_config_from_hf, split_tensor=_GptOssTensors),
     # Gemma 3 4B-27B, served as text models (a request's content is text only: jaxengine.llm._chat_messages)
     "Gemma3ForConditionalGeneration": Architecture(LlamaForCausalLM, gemma3_language_config_from_hf,
                                                    _gemma3_language_tensor),
