@@ -7,9 +7,15 @@
   to the answer, where the tool-call parser finds it). With `chat_template_kwargs: {"enable_thinking": false}` the
   output is all answer.
 
+- `openai_gptoss` (GPT-OSS): its harmony messages (jaxengine.harmony) read from the text with special tokens kept
+  (`special_tokens`: chat requests keep them, as vLLM's parser needs them too): the `analysis` channel's is the
+  reasoning; the `final` channel's and preambles are the answer, with any function call in its harmony form for
+  the `openai` tool-call parser.
+
 Both tags must be tokens of the model's vocabulary (as vLLM requires): the engine starts a request's structured
-output (its grammar) only after the reasoning's end token, where its prompt has not already closed the reasoning
-(Qwen3 without thinking renders an empty `<think></think>` into the prompt).
+output (its grammar) only after the reasoning's end (`ends_reasoning`: the end token; GPT-OSS's final channel's
+header `<|channel|>final<|message|>`), where its prompt has not already closed the reasoning (Qwen3 without
+thinking renders an empty `<think></think>` into the prompt).
 
 Decided: the start tag is recognised at the start of the output only (after white space), so that a stream, which
 cannot take text back, splits an output as the whole output splits.
@@ -17,7 +23,7 @@ cannot take text back, splits an output as the whole output splits.
 
 import dataclasses
 
-REASONING_PARSERS = ("deepseek_r1", "qwen3")
+REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")
 _START, _END, _TOOL_CALL = "<think>", "</think>", "<tool_call>"
 
 
@@ -28,10 +34,14 @@ class ReasoningParser:
     end_token_id: int
     ends_at: tuple[str, ...]  # the tags that end the reasoning; the first is its own end tag (dropped)
 
+    special_tokens = False  # whether the parser reads special tokens (requests then keep them in their text)
+
     @classmethod
     def of(cls, name: str, tokenizer) -> "ReasoningParser":
         if name not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {name!r}")
+        if name == "openai_gptoss":
+            return HarmonyReasoningParser.of(tokenizer)
         vocab = tokenizer.get_vocab()
         missing = [tag for tag in (_START, _END) if tag not in vocab]
         if missing:
@@ -48,6 +58,10 @@ class ReasoningParser:
             if token == self.end_token_id:
                 return True
         return False
+
+    def ends_reasoning(self, output_ids) -> bool:
+        """Whether an output's last token ended its reasoning (a structured output holds the tokens after it)."""
+        return bool(output_ids) and output_ids[-1] == self.end_token_id
 
     def thinks(self, chat_template_kwargs: dict | None) -> bool:
         """Whether a request's output begins with reasoning (Qwen3: unless enable_thinking is false)."""
@@ -69,6 +83,46 @@ class ReasoningParser:
             return body[:i], body[i + len(tag) if tag == _END else i:], True
         held = 0 if final else max(partial_tag(body, tag) for tag in self.ends_at)
         return body[:len(body) - held], "", False
+
+    def stream(self, thinks: bool = True) -> "ReasoningStream":
+        return ReasoningStream(self, thinks)
+
+
+@dataclasses.dataclass(frozen=True)
+class HarmonyReasoningParser:
+    """`openai_gptoss`: GPT-OSS's harmony messages (module docstring); `end_ids`: the token ids of the final
+    channel's header, after which the answer (and a structured output) starts."""
+
+    name: str
+    end_ids: tuple[int, ...]
+    special_tokens = True
+
+    @classmethod
+    def of(cls, tokenizer) -> "HarmonyReasoningParser":
+        from jaxengine import harmony
+
+        vocab = tokenizer.get_vocab()
+        missing = [tag for tag in harmony.TOKENS if tag not in vocab]
+        if missing:
+            raise ValueError(f"reasoning_parser 'openai_gptoss': the tokenizer has no {', '.join(missing)} token "
+                             f"(GPT-OSS's harmony vocabulary has them)")
+        return cls("openai_gptoss", tuple(tokenizer.encode(harmony.FINAL_HEADER, add_special_tokens=False)))
+
+    def ends_reasoning(self, output_ids) -> bool:
+        n = len(self.end_ids)
+        return len(output_ids) >= n and tuple(output_ids[-n:]) == self.end_ids
+
+    def ended_in_prompt(self, prompt_ids) -> bool:
+        """Whether the prompt opened the final channel (a continued final message)."""
+        return self.ends_reasoning(list(prompt_ids))
+
+    def thinks(self, chat_template_kwargs: dict | None) -> bool:
+        return True
+
+    def split(self, text: str, thinks: bool = True, final: bool = True) -> tuple[str, str, bool]:
+        from jaxengine import harmony
+
+        return harmony.split(text, final)
 
     def stream(self, thinks: bool = True) -> "ReasoningStream":
         return ReasoningStream(self, thinks)

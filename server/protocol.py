@@ -147,6 +147,9 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None  # taken only from a server started with --trust-request-chat-template
     add_special_tokens: bool = False  # vLLM's: special tokens added on top of what the template writes
     include_reasoning: bool = True  # with --reasoning-parser: false leaves the reasoning out of the response
+    # OpenAI's: given to the chat template as `reasoning_effort` (GPT-OSS's writes it into its system message;
+    # chat_template_kwargs' own reasoning_effort wins)
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
 
 
 class StartProfileRequest(BaseModel):

@@ -719,11 +719,14 @@ class Serving:
         tools = getattr(req, "tools", None)
         if not isinstance(req, TokenizeRequest) and self._tool_choice(req) == "none":
             tools = None
+        kwargs = req.chat_template_kwargs
+        if getattr(req, "reasoning_effort", None) is not None:
+            kwargs = {"reasoning_effort": req.reasoning_effort} | (kwargs or {})
         try:
             return chat_prompt_ids(self.tokenizer, messages, chat_template=template,
                                    add_generation_prompt=req.add_generation_prompt,
                                    continue_final_message=req.continue_final_message,
-                                   chat_template_kwargs=req.chat_template_kwargs,
+                                   chat_template_kwargs=kwargs,
                                    add_special_tokens=bool(req.add_special_tokens),
                                    tools=[t.model_dump(exclude_none=True) for t in tools] if tools else None)
         except Exception as e:  # template errors are the request's fault (roles, kwargs, its own template)
@@ -800,6 +803,8 @@ class Serving:
         self._check_runner("generate", "/v1/chat/completions")
         if req.length_penalty != 1.0 and not req.use_beam_search:
             raise APIError("length_penalty applies to beam search (use_beam_search)", param="length_penalty")
+        if getattr(self.reasoning, "special_tokens", False):
+            req = req.model_copy(update={"skip_special_tokens": False})  # its parser reads special tokens
         if req.use_beam_search:
             return await self._beam_chat(req)
         if req.top_logprobs is not None and not req.logprobs:

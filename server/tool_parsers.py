@@ -14,6 +14,9 @@
   <|python_end|> where special tokens are kept); any other output is content.
 - `qwen3_coder` / `qwen3_xml` (Qwen3-Coder): `<function=name>` blocks of `<parameter=key>value</parameter>`s in
   <tool_call> tags, the values typed by the request's tool schemas (`with_tools`).
+- `openai` (GPT-OSS): its harmony messages to `functions.NAME` (jaxengine.harmony), whose content is the call's
+  arguments; the other messages' contents are the content (with `--reasoning-parser openai_gptoss`, the reasoning
+  is already apart). Its headers are special tokens: requests keep them (`special_tokens`).
 
 Each parser is `parse(text) -> (content, calls)` for a whole output and `Stream()` for a growing one, whose
 `feed(text, final) -> (content delta, new calls)`.
@@ -26,6 +29,7 @@ import math
 import re
 import uuid
 
+from jaxengine import harmony
 from jaxengine.reasoning import partial_tag
 
 _START, _END = "<tool_call>", "</tool_call>"
@@ -581,8 +585,35 @@ class Qwen3Xml:
         return _XmlStream(self.tools)
 
 
+def _parse_harmony(text: str) -> tuple[str | None, list[ToolCall]]:
+    content, calls = harmony.answer_and_calls(text)
+    return content or None, [ToolCall(name, arguments) for name, arguments, _ in calls]
+
+
+class _HarmonyStream:
+    """Content as its messages grow; each call whole once its message has ended (its `<|call|>`, or the output's
+    end)."""
+
+    def __init__(self):
+        self.sent, self.calls = 0, 0  # content characters and calls sent
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        content, calls = harmony.answer_and_calls(text, final)
+        done = [ToolCall(name, arguments) for name, arguments, complete in calls[self.calls:] if complete]
+        delta, self.sent, self.calls = content[self.sent:], max(self.sent, len(content)), self.calls + len(done)
+        return delta, done
+
+
+class OpenAI:
+    """`openai` (GPT-OSS): harmony messages to `functions.NAME` are calls of NAME with their content as the
+    arguments; the other messages' contents are the message's content (jaxengine.harmony)."""
+    parse = staticmethod(_parse_harmony)
+    Stream = _HarmonyStream
+    special_tokens = True  # the messages' headers are special tokens
+
+
 PARSERS = {"hermes": Hermes, "llama3_json": Llama3Json, "mistral": Mistral, "pythonic": Pythonic,
-           "qwen3_coder": Qwen3Xml, "qwen3_xml": Qwen3Xml}
+           "qwen3_coder": Qwen3Xml, "qwen3_xml": Qwen3Xml, "openai": OpenAI}
 TOOL_CALL_PARSERS = tuple(PARSERS)
 
 

@@ -48,7 +48,7 @@ def test_matches_the_search_over_transformers(engines, model_dirs, length_penalt
         np.testing.assert_allclose([s.cum_logprob for s in out.sequences], [w[1] for w in want], atol=1e-4)
         for seq in out.sequences:
             assert seq.finish_reason == "length" and len(seq.logprobs) == 5
-            assert seq.text == engine.tokenizer.decode(seq.tokens)
+            assert seq.text == engine.tokenizer.decode(seq.tokens, skip_special_tokens=True)  # as the default
     assert not engine.has_unfinished_requests()
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 

@@ -59,7 +59,7 @@ def test_prompt_that_closed_the_reasoning(tokenizer):
 
 
 def test_unknown_parser_and_a_vocabulary_without_the_tags_are_refused():
-    with pytest.raises(ValueError, match="reasoning_parser must be one of deepseek_r1, qwen3, got 'granite'"):
+    with pytest.raises(ValueError, match="must be one of deepseek_r1, qwen3, openai_gptoss, got 'granite'"):
         EngineConfig(reasoning_parser="granite")
     class Vocab:  # a tokenizer's vocabulary without </think>
         def get_vocab(self):
@@ -93,3 +93,98 @@ def test_structured_output_starts_after_the_reasoning(engines):
         assert end not in out.token_ids and out.text in ("yes", "no")
     for eng in (engine, plain):
         assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+
+
+# GPT-OSS's harmony completions (jaxengine.harmony), as the text keeps its special tokens
+ANALYSIS = "<|channel|>analysis<|message|>The user wants 2 + 2.<|end|>"
+FINAL = "<|start|>assistant<|channel|>final<|message|>It is 4."
+CALL = '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
+
+
+def call_text(name, arguments):
+    return f'<|start|>assistant<|channel|>commentary to=functions.{name}<|message|>{arguments}<|call|>'
+
+
+@pytest.mark.parametrize("text, want", [
+    (ANALYSIS + FINAL, ("The user wants 2 + 2.", "It is 4.", True)),
+    (ANALYSIS + CALL, ("The user wants 2 + 2.", call_text("get_weather", '{"city": "Paris"}'), True)),
+    # the recipient before the channel; a preamble before the call; two analysis messages
+    (ANALYSIS + "<|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>"
+     + '<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}',
+     ("The user wants 2 + 2.", "Checking." + call_text("f", "{}"), True)),
+    (ANALYSIS + "<|start|>assistant<|channel|>analysis<|message|>More.<|end|>" + FINAL,
+     ("The user wants 2 + 2.\nMore.", "It is 4.", True)),
+    # a built-in tool's call is reasoning; text before any header, and a header never finished, are answer
+    (ANALYSIS + "<|start|>assistant<|channel|>analysis to=browser.search<|message|>{\"q\": 1}<|call|>",
+     ("The user wants 2 + 2.\n{\"q\": 1}", "", False)),
+    ("Plain text.", ("", "Plain text.", True)),
+    ("<|channel|>analysis<|message|>Still thinking", ("Still thinking", "", False)),
+    (ANALYSIS + "<|start|>assistant<|channel|>fin", ("The user wants 2 + 2.", "<|start|>assistant<|channel|>fin",
+                                                     True)),
+])
+def test_openai_gptoss_splits_harmony_messages(tokenizer, text, want):
+    parser = ReasoningParser.of("openai_gptoss", tokenizer)
+    assert parser.special_tokens and parser.thinks(None)
+    assert parser.split(text) == want
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
+def test_openai_gptoss_streamed_split_is_the_whole_split_and_the_tool_parser_finds_the_calls(tokenizer, step):
+    """Streamed a few characters at a time (a special token may arrive cut where text is streamed by characters),
+    the reasoning and answer deltas join to the whole split; the `openai` tool-call parser then finds the calls in
+    the answer (and in the raw text, where the reasoning stays content), whole and streamed."""
+    from server.tool_parsers import PARSERS, ToolCall
+
+    parser, tools = ReasoningParser.of("openai_gptoss", tokenizer), PARSERS["openai"]
+    assert tools.special_tokens
+    for text, calls in [(ANALYSIS + FINAL, []), (ANALYSIS + CALL, [("get_weather", '{"city": "Paris"}')]),
+                        (ANALYSIS + "<|start|>assistant<|channel|>commentary<|message|>One moment.<|end|>" + CALL,
+                         [("get_weather", '{"city": "Paris"}')]), ("Plain <|st", [])]:
+        stream, reasoning, answer = parser.stream(), "", ""
+        tool_stream, content, found = tools.Stream(), "", []
+        ends = list(range(step, len(text), step)) + [len(text)]
+        for end in ends:
+            final = end == len(text)
+            r, a = stream.feed(text[:end], final=final)
+            reasoning, answer = reasoning + r, answer + a
+            c, new = tool_stream.feed(stream.answer, final=final)
+            content, found = content + c, found + new
+        whole = parser.split(text)
+        assert (reasoning, answer) == whole[:2], text
+        want_content, want_calls = tools.parse(whole[1])
+        assert [(t.name, t.arguments) for t in want_calls] == calls
+        assert content == (want_content or "") and [(t.name, t.arguments) for t in found] == calls
+        assert all(isinstance(t, ToolCall) for t in found)
+        raw_content, raw_calls = tools.parse(text)  # no reasoning parser: the analysis stays in the content
+        assert [(t.name, t.arguments) for t in raw_calls] == calls
+        assert raw_content == "\n".join(filter(None, [whole[0], want_content]))
+
+
+def test_openai_gptoss_reasoning_ends_at_the_final_channel_header(tokenizer):
+    parser = ReasoningParser.of("openai_gptoss", tokenizer)
+    header = tokenizer.encode("<|channel|>final<|message|>", add_special_tokens=False)
+    assert parser.end_ids == tuple(header) and len(header) > 2
+    assert parser.ends_reasoning([5, 6, *header]) and not parser.ends_reasoning(header[:-1])
+    assert parser.ended_in_prompt([7, *header]) and not parser.ended_in_prompt([*header, 9])
+
+    class Vocab:  # a vocabulary without harmony's tokens
+        def get_vocab(self):
+            return {"<|end|>": 5}
+
+    with pytest.raises(ValueError, match="openai_gptoss': the tokenizer has no <\\|start\\|>"):
+        ReasoningParser.of("openai_gptoss", Vocab())
+
+
+def test_openai_gptoss_structured_output_waits_for_the_final_channel(engines):
+    """GPT-OSS's reasoning ends where its final channel opens (a header of several tokens): a prompt that opened it
+    (a continued final message) has the grammar hold from the first token, a token biased outside it notwithstanding;
+    before the header the output is the model's own (here the biased token)."""
+    engine = engines("gptoss", reasoning_parser="openai_gptoss")
+    header = list(engine.reasoning.end_ids)
+    outside = 9  # a token the grammar does not allow first
+    params = SamplingParams(temperature=0, max_tokens=6, logit_bias={outside: 100.0}, structured_outputs=CHOICE)
+    out = _first_output(engine, [5, 6, 7, *header], params)
+    assert out.text in ("yes", "no") and out.finish_reason == "stop"
+    out = _first_output(engine, [5, 6, 7], params)
+    assert out.token_ids[0] == outside
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

@@ -81,14 +81,18 @@ SPECS = {
 
 def make_tokenizer(out_dir: Path) -> None:
     """The demo's tokenizer, with a reasoning model's <think> and </think> (added tokens that are not special,
-    as Qwen3's and DeepSeek-R1's: their text stays in outputs) for the reasoning parsers."""
+    as Qwen3's and DeepSeek-R1's: their text stays in outputs) for the reasoning parsers, and GPT-OSS's harmony
+    tokens (special, as its: <|end|> is the demo's own) for its reasoning and tool-call parsers."""
     from transformers import AutoTokenizer
 
+    from jaxengine import harmony
     from jaxengine.demo import make_tokenizer as train
 
     train(out_dir, VOCAB_SIZE - 11)
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     tokenizer.add_tokens(["<think>", "</think>"])
+    tokenizer.add_tokens([t for t in harmony.TOKENS if t != harmony.END], special_tokens=True)
+    assert len(tokenizer) <= VOCAB_SIZE
     tokenizer.save_pretrained(out_dir)
 
 

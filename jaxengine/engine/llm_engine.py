@@ -794,7 +794,7 @@ class LLMEngine:
         seq.output_token_ids.append(token)
         if seq.grammar is not None:
             seq.grammar.accept(token)
-        elif seq.grammar_after_reasoning is not None and token == self.reasoning.end_token_id:
+        elif seq.grammar_after_reasoning is not None and self.reasoning.ends_reasoning(seq.output_token_ids):
             seq.grammar, seq.grammar_after_reasoning = seq.grammar_after_reasoning, None  # from the next token on
         detok = self.requests[seq.request_id].detokenizers[seq.index]
         finish, stop_reason = self._stop_condition(seq, token)

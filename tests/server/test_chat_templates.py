@@ -96,3 +96,18 @@ def test_add_special_tokens_as_vllm_reads_it(bos_server, async_engine):
     assert prompt_tokens("/v1/chat/completions", CHAT) == len(templated)
     assert prompt_tokens("/v1/chat/completions", CHAT | {"add_special_tokens": True}) == len(templated) + 1
     wait_until_idle(async_engine.engine)
+
+
+def test_reasoning_effort_reaches_the_template(templated, async_engine):
+    """OpenAI's reasoning_effort, as vLLM passes it: the template's `reasoning_effort` (GPT-OSS's renders it into its
+    system message); chat_template_kwargs' own wins; other values are refused."""
+    own = {"chat_template": "{{ messages[0]['content'] }} effort={{ reasoning_effort | default('none') }}",
+           "max_tokens": 2}
+    tok = async_engine.engine.tokenizer
+    for extra, effort in (({}, "none"), ({"reasoning_effort": "low"}, "low"),
+                          ({"reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "high"}}, "high")):
+        out = templated.post("/v1/chat/completions", json=CHAT | own | extra).json()
+        assert out["usage"]["prompt_tokens"] == len(tok.encode(f"hi there effort={effort}", add_special_tokens=False))
+    refused = templated.post("/v1/chat/completions", json=CHAT | own | {"reasoning_effort": "extreme"})
+    assert refused.status_code == 400 and "reasoning_effort" in refused.text
+    wait_until_idle(async_engine.engine)

@@ -16,6 +16,10 @@ from tests.server.test_tool_calls import CALLS, TOOLS, ScriptedText
 
 THOUGHT = "The user wants 2 + 2. That is 4."
 SCRIPT = f"<think>{THOUGHT}</think>\n\nIt is 4."
+# GPT-OSS's harmony output (its text with special tokens kept): analysis, then the final answer or a call
+HARMONY = f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>final<|message|>It is 4."
+HARMONY_CALL = (f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>commentary "
+                'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris", "unit": "C"}')
 
 
 class Reasoning:
@@ -44,7 +48,9 @@ def servers(async_engine):
             for name, script, parser, tools in (("r1", SCRIPT, "deepseek_r1", None),
                                                 ("qwen3", "<think>Weather first.</think>\n" + CALLS, "qwen3", "hermes"),
                                                 ("unclosed", "<think>Still going", "qwen3", None),
-                                                ("no-thinking", "It is 4.", "qwen3", None))}
+                                                ("no-thinking", "It is 4.", "qwen3", None),
+                                                ("gptoss", HARMONY, "openai_gptoss", None),
+                                                ("gptoss-tools", HARMONY_CALL, "openai_gptoss", "openai"))}
     yield made
     for server in made.values():
         server.stop()
@@ -131,3 +137,35 @@ def test_an_assistant_turn_with_reasoning_reaches_the_template(servers):
 def test_fuzzed_chat_bodies_with_a_reasoning_parser_never_cause_5xx(servers, body, stream):
     """The fuzzer of tests/server/test_errors_and_ops.py against the qwen3 reasoning server with tool calls."""
     assert_no_5xx_and_healthy(servers["qwen3"], "/v1/chat/completions", body | {"stream": stream})
+
+
+def test_gpt_oss_harmony_reasoning_answer_and_calls(servers):
+    """--reasoning-parser openai_gptoss: the analysis channel is the reasoning, the final channel the answer; with
+    --tool-call-parser openai a message to functions.NAME is a call (finish reason tool_calls), unstreamed and
+    streamed."""
+    message = chat(servers["gptoss"])["message"]
+    assert message["reasoning"] == THOUGHT and message["content"] == "It is 4."
+    assert gathered(chat(servers["gptoss"], stream=True)) == (THOUGHT, "It is 4.", [], "length")
+    for stream in (False, True):
+        got = chat(servers["gptoss-tools"], stream=stream, tools=TOOLS, max_tokens=24)
+        if stream:
+            reasoning, content, calls, finish = gathered(got)
+        else:
+            message, finish = got["message"], got["finish_reason"]
+            reasoning, content, calls = message["reasoning"], message["content"], message["tool_calls"]
+        assert reasoning == THOUGHT and not content and finish == "tool_calls"
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+            ("get_weather", {"city": "Paris", "unit": "C"})]
+
+
+def test_gpt_oss_chat_keeps_the_special_tokens_its_parser_reads(async_engine):
+    """The harmony parser reads special tokens, so chat requests keep them in their text (skip_special_tokens is
+    set false, as vLLM's harmony path decodes): a model pushed to write <|channel|> over and over (a header that
+    never reaches its <|message|>) answers with that text as it stands."""
+    server = LiveServer(build_app(Reasoning(async_engine, "openai_gptoss"), MODEL))
+    try:
+        channel = async_engine.engine.tokenizer.convert_tokens_to_ids("<|channel|>")
+        message = chat(server, max_tokens=3, logit_bias={str(channel): 100})["message"]
+        assert message["content"] == "<|channel|>" * 3 and "reasoning" in message and not message["reasoning"]
+    finally:
+        server.stop()
