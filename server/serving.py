@@ -947,7 +947,8 @@ def _template_message(m: ChatMessage) -> dict:
     if reasoning is not None:
         if m.role != "assistant":
             raise APIError(f"reasoning is an assistant message's field, not a {m.role} message's", param="messages")
-        message["reasoning"] = message["reasoning_content"] = reasoning  # templates read either name
+        # templates read one of these names (GPT-OSS's `thinking`: its analysis channel)
+        message["reasoning"] = message["reasoning_content"] = message["thinking"] = reasoning
     if m.tool_calls:
         message["tool_calls"] = [
             {"id": t.id, "type": t.type,

@@ -188,3 +188,11 @@ def test_openai_gptoss_structured_output_waits_for_the_final_channel(engines):
     out = _first_output(engine, [5, 6, 7], params)
     assert out.token_ids[0] == outside
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_gpt_oss_gets_the_harmony_parser_unless_one_is_named(engines):
+    """As vLLM: a GPT-OSS engine without --reasoning-parser reads its harmony output (openai_gptoss); other models
+    get none, and a named parser is kept."""
+    assert engines("gptoss").reasoning.name == "openai_gptoss"
+    assert engines("llama").reasoning is None
+    assert engines("gptoss", reasoning_parser="deepseek_r1").reasoning.name == "deepseek_r1"

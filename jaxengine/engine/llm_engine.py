@@ -33,6 +33,7 @@ from jaxengine.layers.attention import FP8_DTYPES
 from jaxengine.layers.rope import partial_rotary_layout
 from jaxengine.lora import LoRAAdapter, LoRARequest, LoRASlots
 from jaxengine.pooling_params import PoolerConfig, PoolingParams
+from jaxengine import harmony
 from jaxengine.reasoning import ReasoningParser
 from jaxengine.runner.executables import ExecutableCache
 from jaxengine.runner.model_runner import MAX_BANNED, MAX_LOGIT_BIAS, ModelRunner
@@ -352,12 +353,19 @@ class LLMEngine:
             del self.loras[lora_int_id]
 
     def _reasoning(self, config: EngineConfig) -> ReasoningParser | None:
-        if config.reasoning_parser is None:
+        """The --reasoning-parser; for GPT-OSS (its harmony tokens in the vocabulary) openai_gptoss where none is
+        named, as vLLM sets it for that model."""
+        name = config.reasoning_parser
+        if (name is None and self.model_config.architecture == "GptOssForCausalLM" and self.runner_type != "pooling"
+                and all(tag in self.tokenizer.get_vocab() for tag in harmony.TOKENS)):
+            logger.info("reasoning parser: openai_gptoss (GPT-OSS's harmony messages), as vLLM sets it for GPT-OSS")
+            name = "openai_gptoss"
+        if name is None:
             return None
         if self.runner_type == "pooling":
             raise ValueError("reasoning_parser applies to generation; a pooling model (runner 'pooling') generates "
                              "no text")
-        return ReasoningParser.of(config.reasoning_parser, self.tokenizer)
+        return ReasoningParser.of(name, self.tokenizer)
 
     @staticmethod
     def _speculates(params: SamplingParams) -> bool:

@@ -118,13 +118,14 @@ def test_unclosed_reasoning_and_thinking_turned_off(servers):
 
 def test_an_assistant_turn_with_reasoning_reaches_the_template(servers):
     """An earlier turn's reasoning (`reasoning`, or `reasoning_content` as DeepSeek's API and older vLLM name it)
-    goes to the template under both names; on another role it is refused."""
+    goes to the template under both names, and as `thinking` (GPT-OSS's template's); on another role it is
+    refused."""
     from server.protocol import ChatMessage
     from server.serving import _template_message
 
     for field in ("reasoning", "reasoning_content"):
         message = _template_message(ChatMessage(role="assistant", content="4", **{field: "2 + 2"}))
-        assert message["reasoning"] == message["reasoning_content"] == "2 + 2"
+        assert message["reasoning"] == message["reasoning_content"] == message["thinking"] == "2 + 2"
     response = httpx.post(servers["r1"].url + "/v1/chat/completions", timeout=60, json={
         "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi", "reasoning": "x"}]})
     assert response.status_code == 400 and response.json()["error"]["param"] == "messages"

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""A GPT-OSS checkpoint scaled to this 2-core CPU, for benchmarks/gpt_oss.sh: gpt-oss-20b's layer (64-wide heads,
+8 query heads to a KV head, sinks, q/k/v/o biases, alternate 128-token windows, untruncated YaRN; 32 experts, top 4,
+biases, the clamped SwiGLU) at width 640 and 12 layers (~0.5 B parameters, ~0.1 B active), random bfloat16 weights
+(seed 0), with the shared model's tokenizer (its vocabulary of 49152), so that the shared workload's prompts
+(random token ids) run on it.
+
+  python benchmarks/make_gpt_oss.py MODELS_DIR   # writes MODELS_DIR/gpt-oss-mini from MODELS_DIR/llama-135m
+"""
+
+import shutil
+import sys
+from pathlib import Path
+
+# This directory's kernels.py would shadow the `kernels` package that transformers imports.
+sys.path = [entry for entry in sys.path if Path(entry or ".").resolve() != Path(__file__).resolve().parent]
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+
+def main() -> None:
+    models = Path(sys.argv[1])
+    out, tokenizer = models / "gpt-oss-mini", models / "llama-135m"
+    vocab = transformers.AutoTokenizer.from_pretrained(tokenizer)
+    config = transformers.GptOssConfig(
+        vocab_size=len(vocab), hidden_size=640, intermediate_size=640, num_hidden_layers=12, head_dim=64,
+        num_attention_heads=16, num_key_value_heads=2, num_local_experts=32, num_experts_per_tok=4,
+        sliding_window=128, max_position_embeddings=4096, tie_word_embeddings=False,
+        bos_token_id=vocab.bos_token_id, eos_token_id=vocab.eos_token_id, pad_token_id=vocab.pad_token_id,
+        rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                             truncate=False, original_max_position_embeddings=4096))
+    config.architectures = ["GptOssForCausalLM"]
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(config)
+    with torch.no_grad():  # fan-in scaled weights (the default init is far smaller), biases and sinks spread
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            elif name.endswith(("bias", "sinks")):
+                p.normal_(0.0, 0.1)
+            elif name.endswith("experts.down_proj"):
+                p.normal_(0.0, p.shape[-2] ** -0.5)  # [experts, in, out]
+            elif name.endswith("experts.gate_up_proj"):
+                p.normal_(0.0, p.shape[-2] ** -0.5)
+            else:
+                p.normal_(0.0, p.shape[-1] ** -0.5)  # [out, in]
+    model.to(torch.bfloat16).save_pretrained(out)
+    for f in tokenizer.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")) or f.suffix == ".jinja":
+            shutil.copy(f, out / f.name)
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
