@@ -6,12 +6,12 @@ An assistant completion is a run of messages, each a header and its content:
 name a recipient (`to=functions.get_weather`, before or after the channel) and a content type (`<|constrain|>json`);
 a content ends at `<|end|>`, `<|call|>` or `<|return|>` (the last two are end-of-sequence tokens: an output's text
 stops before them) or where the next message starts. The channels, as vLLM reads them: `analysis` is reasoning,
-`final` the answer, `commentary` without a recipient a preamble (answer too); a message to `functions.NAME` is a call
-of NAME with its content as the arguments; one to another recipient (a built-in tool's) is reasoning.
+`final` the answer; a message to `functions.NAME` is a call of NAME with its content as the arguments.
 
-Decided: text before the first header is answer (a completion that does not follow the format stays whole), and
-a header that never reaches its `<|message|>` in a finished output is answer as it stands; messages of one kind are
-joined with a newline.
+Decided: `commentary` without a recipient (a preamble the model writes for the user before its calls) is answer; a
+message to another recipient (a built-in tool's, `browser.search`) is reasoning; text before the first header is
+answer (a completion that does not follow the format stays whole), and a header that never reaches its `<|message|>`
+in a finished output is answer as it stands; messages of one kind are joined with a newline.
 """
 
 import dataclasses

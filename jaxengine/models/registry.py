@@ -6,8 +6,8 @@ import dataclasses
 from jaxengine.models.config import (GEMMA_ARCHITECTURES, ModelConfig, gemma3_language_config_from_hf,
                                      gemma_config_from_hf, gpt_oss_config_from_hf, model_config_from_hf,
                                      moe_config_from_hf)
-from jaxengine.models.quantization import dequantize_mxfp4
 from jaxengine.models.llama import LlamaForCausalLM
+from jaxengine.models.quantization import dequantize_mxfp4
 
 
 def _same_name(name: str) -> str:
