@@ -93,14 +93,18 @@ def test_include_reasoning_false_leaves_it_out(servers):
     assert not any("reasoning" in c["delta"] for c in chunks) and gathered(chunks)[1] == "\n\nIt is 4."
 
 
+def reasoning_and_calls(server, stream: bool) -> tuple[str, str, list, str]:
+    """(reasoning, content, calls, finish reason) of a chat with TOOLS, unstreamed or gathered from its stream."""
+    got = chat(server, stream=stream, tools=TOOLS, max_tokens=24)
+    if stream:
+        return gathered(got)
+    message = got["message"]
+    return message["reasoning"], message["content"], message["tool_calls"], got["finish_reason"]
+
+
 def test_tool_calls_in_the_answer_after_the_reasoning(servers):
     for stream in (False, True):
-        got = chat(servers["qwen3"], stream=stream, tools=TOOLS, max_tokens=24)
-        if stream:
-            reasoning, content, calls, finish = gathered(got)
-        else:
-            message, finish = got["message"], got["finish_reason"]
-            reasoning, content, calls = message["reasoning"], message["content"], message["tool_calls"]
+        reasoning, content, calls, finish = reasoning_and_calls(servers["qwen3"], stream)
         assert reasoning == "Weather first." and (content or "").strip() == "" and finish == "tool_calls"
         assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
             ("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]
@@ -148,12 +152,7 @@ def test_gpt_oss_harmony_reasoning_answer_and_calls(servers):
     assert message["reasoning"] == THOUGHT and message["content"] == "It is 4."
     assert gathered(chat(servers["gptoss"], stream=True)) == (THOUGHT, "It is 4.", [], "length")
     for stream in (False, True):
-        got = chat(servers["gptoss-tools"], stream=stream, tools=TOOLS, max_tokens=24)
-        if stream:
-            reasoning, content, calls, finish = gathered(got)
-        else:
-            message, finish = got["message"], got["finish_reason"]
-            reasoning, content, calls = message["reasoning"], message["content"], message["tool_calls"]
+        reasoning, content, calls, finish = reasoning_and_calls(servers["gptoss-tools"], stream)
         assert reasoning == THOUGHT and not content and finish == "tool_calls"
         assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
             ("get_weather", {"city": "Paris", "unit": "C"})]
