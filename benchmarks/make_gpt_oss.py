@@ -6,6 +6,10 @@ biases, the clamped SwiGLU) at width 640 and 12 layers (~0.5 B parameters, ~0.1 
 (random token ids) run on it.
 
   python benchmarks/make_gpt_oss.py MODELS_DIR   # writes MODELS_DIR/gpt-oss-mini from MODELS_DIR/llama-135m
+
+and `gpt-oss-mini-mxfp4`, the same with its experts in MXFP4 as the hub ships gpt-oss (`_blocks` and `_scales`, a
+power-of-two scale per 32 inputs, the smallest that keeps the block's largest value within float4 e2m1's 6, each
+value rounded to the nearest e2m1 one).
 """
 
 import shutil
@@ -15,8 +19,45 @@ from pathlib import Path
 # This directory's kernels.py would shadow the `kernels` package that transformers imports.
 sys.path = [entry for entry in sys.path if Path(entry or ".").resolve() != Path(__file__).resolve().parent]
 
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)  # float4 e2m1's magnitudes, by code
+
+
+def mxfp4(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(blocks uint8 [..., out, in / 32, 16], scales uint8 [..., out, in / 32]) of a [..., in, out] weight."""
+    w = np.swapaxes(weight, -1, -2)
+    groups = w.reshape(*w.shape[:-1], -1, 32)
+    exponent = np.ceil(np.log2(np.maximum(np.abs(groups).max(-1), 2.0 ** -126) / 6.0)).astype(np.int32)
+    exponent = np.clip(exponent, -127, 127)
+    scaled = groups / np.ldexp(np.float32(1.0), exponent)[..., None]
+    codes = np.abs(np.abs(scaled)[..., None] - E2M1).argmin(-1).astype(np.uint8) | (scaled < 0).astype(np.uint8) << 3
+    return (np.ascontiguousarray(codes[..., 0::2] | codes[..., 1::2] << 4, np.uint8),
+            np.ascontiguousarray(exponent + 127, np.uint8))
+
+
+def write_mxfp4(source: Path, out: Path) -> None:
+    out.mkdir(exist_ok=True)
+    for f in source.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, out / f.name)
+    tensors = {}
+    for name, value in load_file(source / "model.safetensors").items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            blocks, scales = mxfp4(value.float().numpy())
+            tensors[name + "_blocks"], tensors[name + "_scales"] = torch.from_numpy(blocks), torch.from_numpy(scales)
+        else:
+            tensors[name] = value
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def main() -> None:
@@ -49,6 +90,7 @@ def main() -> None:
     for f in tokenizer.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")) or f.suffix == ".jinja":
             shutil.copy(f, out / f.name)
+    write_mxfp4(out, models / "gpt-oss-mini-mxfp4")
     print(out)
 
 
