@@ -15,8 +15,9 @@
 - `qwen3_coder` / `qwen3_xml` (Qwen3-Coder): `<function=name>` blocks of `<parameter=key>value</parameter>`s in
   <tool_call> tags, the values typed by the request's tool schemas (`with_tools`).
 - `openai` (GPT-OSS): its harmony messages to `functions.NAME` (jaxengine.harmony), whose content is the call's
-  arguments; the other messages' contents are the content (with `--reasoning-parser openai_gptoss`, the reasoning
-  is already apart). Its headers are special tokens: requests keep them (`special_tokens`).
+  arguments (streamed as they are written); the other messages' contents are the content (with
+  `--reasoning-parser openai_gptoss`, the reasoning is already apart). Its headers are special tokens: requests
+  keep them (`special_tokens`).
 
 Each parser is `parse(text) -> (content, calls)` for a whole output and `Stream()` for a growing one, whose
 `feed(text, final) -> (content delta, new calls)`.
@@ -591,17 +592,26 @@ def _parse_harmony(text: str) -> tuple[str | None, list[ToolCall]]:
 
 
 class _HarmonyStream:
-    """Content as its messages grow; each call whole once its message has ended (its `<|call|>`, or the output's
-    end)."""
+    """Content as its messages grow; a call's header (id and name) once its message's header has ended (its
+    `<|message|>`), then its arguments' text as it grows (as vLLM's openai parser streams them: the model's own
+    text, not re-serialised)."""
 
     def __init__(self):
-        self.sent, self.calls = 0, 0  # content characters and calls sent
+        self.sent = 0  # content characters sent
+        self.arguments = []  # each call's arguments sent
 
-    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+    def feed(self, text: str, final: bool = False) -> tuple[str, list]:
         content, calls = harmony.answer_and_calls(text, final)
-        done = [ToolCall(name, arguments) for name, arguments, complete in calls[self.calls:] if complete]
-        delta, self.sent, self.calls = content[self.sent:], max(self.sent, len(content)), self.calls + len(done)
-        return delta, done
+        deltas = []
+        for index, (name, arguments, _) in enumerate(calls):
+            if index == len(self.arguments):
+                self.arguments.append("")
+                deltas.append(ToolCallDelta(index, "", ToolCall(name, "")))
+            if len(arguments) > len(self.arguments[index]):
+                deltas.append(ToolCallDelta(index, arguments[len(self.arguments[index]):]))
+                self.arguments[index] = arguments
+        delta, self.sent = content[self.sent:], max(self.sent, len(content))
+        return delta, deltas
 
 
 class OpenAI:

@@ -132,8 +132,9 @@ def test_openai_gptoss_splits_harmony_messages(tokenizer, text, want):
 def test_openai_gptoss_streamed_split_is_the_whole_split_and_the_tool_parser_finds_the_calls(tokenizer, step):
     """Streamed a few characters at a time (a special token may arrive cut where text is streamed by characters),
     the reasoning and answer deltas join to the whole split; the `openai` tool-call parser then finds the calls in
-    the answer (and in the raw text, where the reasoning stays content), whole and streamed."""
-    from server.tool_parsers import PARSERS, ToolCall
+    the answer (and in the raw text, where the reasoning stays content), whole and streamed (each call's header,
+    then its arguments' text in pieces, which join to the whole)."""
+    from server.tool_parsers import PARSERS
 
     parser, tools = ReasoningParser.of("openai_gptoss", tokenizer), PARSERS["openai"]
     assert tools.special_tokens
@@ -148,13 +149,16 @@ def test_openai_gptoss_streamed_split_is_the_whole_split_and_the_tool_parser_fin
             r, a = stream.feed(text[:end], final=final)
             reasoning, answer = reasoning + r, answer + a
             c, new = tool_stream.feed(stream.answer, final=final)
-            content, found = content + c, found + new
+            content = content + c
+            for delta in new:  # joined by index, as clients join them
+                if delta.call is not None:
+                    found.append([delta.call.name, ""])
+                found[delta.index][1] += delta.arguments
         whole = parser.split(text)
         assert (reasoning, answer) == whole[:2], text
         want_content, want_calls = tools.parse(whole[1])
         assert [(t.name, t.arguments) for t in want_calls] == calls
-        assert content == (want_content or "") and [(t.name, t.arguments) for t in found] == calls
-        assert all(isinstance(t, ToolCall) for t in found)
+        assert content == (want_content or "") and [tuple(t) for t in found] == calls
         raw_content, raw_calls = tools.parse(text)  # no reasoning parser: the analysis stays in the content
         assert [(t.name, t.arguments) for t in raw_calls] == calls
         assert raw_content == "\n".join(filter(None, [whole[0], want_content]))

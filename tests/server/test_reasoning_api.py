@@ -147,7 +147,7 @@ def test_fuzzed_chat_bodies_with_a_reasoning_parser_never_cause_5xx(servers, bod
 def test_gpt_oss_harmony_reasoning_answer_and_calls(servers):
     """--reasoning-parser openai_gptoss: the analysis channel is the reasoning, the final channel the answer; with
     --tool-call-parser openai a message to functions.NAME is a call (finish reason tool_calls), unstreamed and
-    streamed."""
+    streamed (its header first, then its arguments in pieces)."""
     message = chat(servers["gptoss"])["message"]
     assert message["reasoning"] == THOUGHT and message["content"] == "It is 4."
     assert gathered(chat(servers["gptoss"], stream=True)) == (THOUGHT, "It is 4.", [], "length")
@@ -156,6 +156,10 @@ def test_gpt_oss_harmony_reasoning_answer_and_calls(servers):
         assert reasoning == THOUGHT and not content and finish == "tool_calls"
         assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
             ("get_weather", {"city": "Paris", "unit": "C"})]
+    chunks = chat(servers["gptoss-tools"], stream=True, tools=TOOLS, max_tokens=24)
+    pieces = [t for c in chunks for t in c["delta"].get("tool_calls") or []]  # the header, then the arguments
+    assert pieces[0]["function"]["name"] == "get_weather" and pieces[0]["id"] and pieces[0]["index"] == 0
+    assert sum(bool(t["function"].get("arguments")) for t in pieces) > 1
 
 
 def test_gpt_oss_chat_keeps_the_special_tokens_its_parser_reads(async_engine):
