@@ -1453,32 +1453,28 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuRopeWriteKv, RopeWriteKv,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuFusionBarrier, FusionBarrier,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
+// The attention calls' operands up to the sliding window (both targets), to which each adds its own.
+auto attention_operands() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::Buffer<ffi::F32>>()   // q
+      .Arg<ffi::AnyBuffer>()          // kv pages: float32, bfloat16 or float8
+      .Arg<ffi::Buffer<ffi::S32>>()   // layer
+      .Arg<ffi::Buffer<ffi::S32>>()   // kv_lens
+      .Arg<ffi::Buffer<ffi::S32>>()   // block_tables
+      .Arg<ffi::Buffer<ffi::S32>>()   // cu_q_lens
+      .Arg<ffi::Buffer<ffi::S32>>()   // num_seqs
+      .Arg<ffi::Buffer<ffi::S32>>();  // sliding window (<= 0: none)
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuAttention, Attention,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // q
-                                  .Arg<ffi::AnyBuffer>()          // kv pages: float32, bfloat16 or float8
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // layer
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // kv_lens
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // block_tables
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // cu_q_lens
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // num_seqs
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // sliding window (<= 0: none)
+                              attention_operands()
                                   .Attr<float>("sm_scale")
                                   .Attr<float>("soft_cap")        // <= 0: none
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuAttentionSinks, AttentionSinks,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // q
-                                  .Arg<ffi::AnyBuffer>()          // kv pages: float32, bfloat16 or float8
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // layer
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // kv_lens
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // block_tables
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // cu_q_lens
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // num_seqs
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // sliding window (<= 0: none)
+                              attention_operands()
                                   .Arg<ffi::Buffer<ffi::F32>>()   // sinks [Hq]
                                   .Attr<float>("sm_scale")
                                   .Attr<float>("soft_cap")        // <= 0: none
