@@ -431,7 +431,10 @@ def rounded_width(k: int) -> int:
 
 _PROLOGUES = {None: 0, "rms_norm": 1, "rounded": 2}
 _EPILOGUES = {"store": 0, "gated_pairs": 1}
-GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}  # the gated pairs' activation -> its epilogue (cpu_matmul.cc)
+# the gated pairs' activation -> its epilogue (cpu_matmul.cc; cpu_gated.h): swigluoai with GPT-OSS's constants only
+# (alpha 1.702, limit 7; SWIGLU_OAI_CONSTANTS)
+GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2, "swigluoai": 3}
+SWIGLU_OAI_CONSTANTS = (1.702, 7.0)
 
 
 def _epilogue(epilogue: str, activation: str) -> np.int32:

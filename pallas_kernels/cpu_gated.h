@@ -1,6 +1,6 @@
-// The gated MLP's activation on 16 lanes, act(gate) * up, as the native matmuls apply it to a panel's products
-// in registers (cpu_matmul.cc: bfloat16 weights; cpu_int8.cc: W8A8 int8). AVX-512 only: each includes it where
-// its own instructions are available.
+// The gated MLP's activation on 16 lanes, act(gate) * up (GPT-OSS's: its own form), as the native matmuls apply
+// it to a panel's products in registers (cpu_matmul.cc: bfloat16 weights; cpu_int8.cc: W8A8 int8). AVX-512 only:
+// each includes it where its own instructions are available.
 
 #pragma once
 
@@ -21,8 +21,23 @@ inline __m512 sigmoid_gated(__m512 g, __m512 s, __m512 u) {
   return _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), u);
 }
 
-inline __m512 gated_mul(__m512 g, __m512 u, bool gelu_tanh) {
-  if (!gelu_tanh) return sigmoid_gated(g, g, u);
+// The gated activations, by the epilogue codes the kernels take (pallas_kernels/cpu.py GATED_ACTIVATIONS).
+enum GatedActivation : int32_t {
+  kSilu = 1,
+  kGeluTanh = 2,
+  // GPT-OSS's clamped SwiGLU with its constants (alpha 1.702, limit 7): g = min(gate, 7), then
+  // g * sigmoid(1.702 g) * (clamp(up, -7, 7) + 1)
+  kSwigluOai = 3,
+};
+
+inline __m512 gated_mul(__m512 g, __m512 u, int32_t activation) {
+  if (activation == kSwigluOai) {
+    const __m512 limit = _mm512_set1_ps(7.f);
+    g = _mm512_min_ps(g, limit);
+    u = _mm512_add_ps(_mm512_max_ps(_mm512_min_ps(u, limit), _mm512_set1_ps(-7.f)), _mm512_set1_ps(1.f));
+    return sigmoid_gated(g, _mm512_mul_ps(_mm512_set1_ps(1.702f), g), u);
+  }
+  if (activation != kGeluTanh) return sigmoid_gated(g, g, u);
   const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(g, g), g);
   const __m512 z = _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), cube, g);
   return sigmoid_gated(g, _mm512_mul_ps(_mm512_set1_ps(2.f * 0.7978845608028654f), z), u);

@@ -149,7 +149,7 @@ struct Int8Matmul {
       };
       __m512 out_lo = scaled(lo[r], comp_lo, scale_lo), out_hi = scaled(hi[r], comp_hi, scale_hi);
       if (epilogue != kStore) {  // 16 gate columns (lo) and their up columns (hi): 16 columns of [M, N / 2]
-        _mm512_storeu_ps(y + (m0 + r) * (N / 2) + index * 16, gated_mul(out_lo, out_hi, epilogue == kGatedGeluTanh));
+        _mm512_storeu_ps(y + (m0 + r) * (N / 2) + index * 16, gated_mul(out_lo, out_hi, epilogue));
         continue;
       }
       const int64_t at = (m0 + r) * N + index * kPanel;

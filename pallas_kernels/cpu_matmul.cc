@@ -64,7 +64,7 @@ struct Problem {
   int64_t gated_K2p;  // the next matmul's K2p: N / 4 rounded up to 16
   bool stream = false;    // store full panels with non-temporal stores (a large result, no residual)
   bool amx = false;       // the tile path (amx_panel): blocks of kTileRows rows
-  bool gelu_tanh = false;  // gated: the activation is the tanh-approximated GELU, not silu
+  int32_t activation = kSilu;  // gated: the activation (cpu_gated.h GatedActivation)
   const uint32_t* last_block = nullptr;  // amx: the last block's pairs padded to kTileRows rows where it has fewer
   // Weight-only quantized (MatmulDequant): W4A16's int4 panels [P, K2, 32] (byte (k, c): w[2k, c]'s unsigned
   // value in its low nibble, w[2k + 1, c]'s in its high one) or FP8's panels [P, K2, 64] (bytes (k, c) and (k, 32
@@ -116,7 +116,7 @@ inline void store_row(const Problem& p, int64_t m0, int64_t R, int64_t r, int64_
     // block of the same rows: the next matmul has the same live rows, so the same block_rows).
     uint32_t* out = p.gated + m0 * p.gated_K2p + (index / 2) * 16 * R + (index % 2) * 8 + 16 * r;
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
-                        (__m256i)_mm512_cvtneps_pbh(gated_mul(lo, hi, p.gelu_tanh)));
+                        (__m256i)_mm512_cvtneps_pbh(gated_mul(lo, hi, p.activation)));
     return;
   }
   const int64_t at = (m0 + r) * p.N + index * kPanel;
@@ -416,6 +416,7 @@ enum Epilogue : int32_t {
   kGatedPairs = 1,   // panels of 16 gate and 16 up columns (pack_gated): silu(gate) * up [M, N / 2] rounded to
                      // bfloat16 pairs, laid out as the x of a kRounded matmul over the same live rows
   kGatedPairsGeluTanh = 2,  // kGatedPairs with the tanh-approximated GELU (Gemma's) in place of silu
+  kGatedPairsSwigluOai = 3,  // kGatedPairs with GPT-OSS's clamped SwiGLU (cpu_gated.h kSwigluOai)
 };
 
 struct Input {
@@ -574,7 +575,7 @@ void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live
   shared->problem = Problem{a, w, gated ? nullptr : static_cast<float*>(y), residual,
                             gated ? static_cast<uint32_t*>(y) : nullptr, live, N, K2, K2p, rows, gated_K2p};
   shared->problem.amx = amx;
-  shared->problem.gelu_tanh = epilogue == kGatedPairsGeluTanh;
+  shared->problem.activation = epilogue;  // a gated epilogue's code is its activation's
   shared->problem.last_block = last_block;
   shared->problem.quant = quant;
   shared->problem.quant_scale = quant_scale;
@@ -603,7 +604,7 @@ ffi::Error check_shapes(const ffi::AnyBuffer& x, const int64_t* w_dims, ffi::Res
   const auto x_dims = x.dimensions();
   const auto y_dims = y->dimensions();
   if (prologue < kPlain || prologue > kRounded) return ffi::Error::InvalidArgument("cpu matmul: unknown prologue");
-  if (epilogue != kStore && epilogue != kGatedPairs && epilogue != kGatedPairsGeluTanh)
+  if (epilogue < kStore || epilogue > kGatedPairsSwigluOai)
     return ffi::Error::InvalidArgument("cpu matmul: unknown epilogue");
   rounded = prologue == kRounded, gated = epilogue != kStore;
   if (x.element_type() != (rounded ? ffi::U32 : ffi::F32) || y->element_type() != (gated ? ffi::U32 : ffi::F32))

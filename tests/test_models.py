@@ -214,14 +214,17 @@ def test_gemma3_multimodal_checkpoint_serves_its_language_model(tmp_path, tokeni
 
 
 @pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
-@pytest.mark.parametrize("intermediate, activation", [(48, "silu"), (40, "silu"), (45, "swigluoai")])
+@pytest.mark.parametrize("intermediate, activation", [(48, "silu"), (40, "silu"), (45, "swigluoai"),
+                                                      (48, "swigluoai")])
 @pytest.mark.parametrize("stacked", [True, False])
 def test_packed_experts_match_the_grouped_dot_over_the_same_weights(intermediate, activation, stacked):
     """The native grouped matmul over packed experts (gate/up packed together where the width is a multiple of
     16, silu then applied in registers; each projection packed alone otherwise), from a stack of all layers'
     experts (the scanned loop's) or one layer's, against `lax.ragged_dot` over the unpacked bfloat16 weights.
-    GPT-OSS's experts (swigluoai) with biases on the router and on each projection, over an odd width (the packed
-    pairs' extra column). A bucket's padding rows (the last 3) take no expert: they come out zero."""
+    GPT-OSS's experts (swigluoai) with biases on the router and on each projection: over an odd width (packed apart:
+    the pairs' extra column), and packed together (the kernel's clamped SwiGLU, the gate/up biases folded in as one
+    more input row), x large enough that the clamps bind. A bucket's padding rows (the last 3) take no expert: they
+    come out zero."""
     from jaxengine.layers.moe import moe_mlp
     from pallas_kernels import cpu
 
@@ -233,35 +236,44 @@ def test_packed_experts_match_the_grouped_dot_over_the_same_weights(intermediate
 
     router, down = weight(D, E), weight(L, E, intermediate, D)
     gate, up = weight(L, E, D, intermediate), weight(L, E, D, intermediate)
-    x = jnp.asarray(rng.standard_normal((T, D), np.float32))
+    oai = activation == "swigluoai"
+    x = jnp.asarray(rng.standard_normal((T, D), np.float32) * (8.0 if oai else 1.0))
     common = dict(top_k=top_k, renormalize=True, activation=activation)
-    if activation == "swigluoai":
-        common |= dict(swiglu=(1.702, 1.0), router_bias=weight(1, E)[0], gate_bias=weight(E, 2, intermediate)[:, 0],
-                       up_bias=weight(E, 2, intermediate)[:, 0], down_bias=weight(E, 2, D)[:, 0])
+    biases = {}
+    if oai:
+        common |= dict(swiglu=cpu.SWIGLU_OAI_CONSTANTS, router_bias=weight(1, E)[0], down_bias=weight(E, 2, D)[:, 0])
+        biases = dict(gate_bias=weight(L, E, 2, intermediate)[:, :, 0], up_bias=weight(L, E, 2, intermediate)[:, :, 0])
     layer = 1
-    want = moe_mlp(x, router, gate=gate[layer], up=up[layer], down=down[layer], **common)
+    want = moe_mlp(x, router, gate=gate[layer], up=up[layer], down=down[layer], **common,
+                   **{k: b[layer] for k, b in biases.items()})
     pick = (lambda w: w) if stacked else (lambda w: w[layer])
-    if intermediate % cpu.GATED == 0 and activation in cpu.GATED_ACTIVATIONS:
+    if intermediate % cpu.GATED == 0:
+        if oai:  # as the loader packs GPT-OSS's experts: each bias one more input row
+            gate = jnp.concatenate([gate, biases["gate_bias"][..., None, :]], axis=-2)
+            up = jnp.concatenate([up, biases.pop("up_bias")[..., None, :]], axis=-2)
+            common["folded_bias"], biases = True, {}
         packed = dict(gate_up=pick(cpu.pack_gated(gate, up)))
     else:
         packed = dict(gate=pick(cpu.pack_bf16(gate)), up=pick(cpu.pack_bf16(up)))
     got = jax.jit(lambda x, i: moe_mlp(x, router, down=pick(cpu.pack_bf16(down)), layer=i, live_rows=jnp.int32(T - 3),
-                                       **packed, **common))(x, jnp.int32(layer))
+                                       **packed, **common, **{k: b[layer] for k, b in biases.items()}))(
+        x, jnp.int32(layer))
     np.testing.assert_allclose(np.asarray(got[:-3]), np.asarray(want[:-3]), rtol=1e-4, atol=1e-4)
     assert not np.asarray(got[-3:]).any()
 
 
 @pytest.fixture(scope="module")
 def gpt_oss_mxfp4(tmp_path_factory, tokenizer_dir):
-    """The GPT-OSS test model (experts 64 wide: whole 32-value blocks) as the hub ships gpt-oss: its experts'
-    gate_up_proj and down_proj as MXFP4 `_blocks` and `_scales` (random bytes: every float4 value, scales 2^-5 to
-    2^0), `quant_method: mxfp4` and no dtype in config.json."""
+    """The GPT-OSS test model (experts 64 wide: whole 32-value blocks; gpt-oss's own clamp, 7) as the hub ships
+    gpt-oss: its experts' gate_up_proj and down_proj as MXFP4 `_blocks` and `_scales` (random bytes: every float4
+    value, scales 2^-5 to 2^0, large enough that the clamp binds), `quant_method: mxfp4` and no dtype in
+    config.json."""
     import json
 
     from safetensors.numpy import load_file, save_file
 
     source = tiny_models.make_model("gptoss", tmp_path_factory.mktemp("gptoss-64"), tokenizer_dir,
-                                    intermediate_size=64)
+                                    intermediate_size=64, swiglu_limit=7.0)
     out = tmp_path_factory.mktemp("gptoss-mxfp4")
     for f in source.iterdir():
         if f.name != "model.safetensors":
@@ -372,3 +384,27 @@ def test_gpt_oss_mxfp4_checkpoint_converts_to_orbax_with_the_same_logits(gpt_oss
         logits.append(paged.step(prompts, num_tokens=256, all_logits=True))
     for want, got in zip(*logits):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+def test_gpt_oss_native_experts_gate_in_registers_within_bfloat16s_error(gpt_oss_mxfp4):
+    """With gpt-oss's own SwiGLU constants the native path packs each layer's experts' gate/up together, their biases
+    folded in as one more input row, and the kernel applies the clamped SwiGLU in registers: against transformers in
+    float32, within twice transformers' own bfloat16 error (plus a bfloat16 ulp of the logits) on 90% of the
+    tokens at least (bfloat16 rounding may send a token to other experts, in either engine)."""
+    model, cfg = load_model(gpt_oss_mxfp4, "bfloat16", progress=False, native_matmul=True)
+    assert model.native_matmul and hasattr(model.layers, "expert_gate_up")
+    assert not hasattr(model.layers, "expert_gate_bias")  # folded into expert_gate_up
+    model.kv_dtype = jnp.bfloat16
+    hf = {dtype: transformers.AutoModelForCausalLM.from_pretrained(
+        gpt_oss_mxfp4, dtype=dtype, quantization_config=transformers.Mxfp4Config(dequantize=True)).eval()
+        for dtype in (torch.float32, torch.bfloat16)}
+    seqs = sequences(cfg.vocab_size, extra=DECODE_STEPS, seed=5)
+    prefill, decoded = prefill_and_decode(model, seqs)
+    within = total = 0
+    for seq, pre, dec in zip(seqs, prefill, decoded):
+        exact = hf_logits(hf[torch.float32], seq)
+        bound = 2 * np.abs(hf_logits(hf[torch.bfloat16], seq) - exact).max() + np.abs(exact).max() * 2.0 ** -8
+        within += (np.abs(np.concatenate([pre, dec]) - exact).max(-1) <= bound).sum()
+        total += len(seq)
+    assert within >= 0.9 * total

@@ -48,6 +48,7 @@ def moe_mlp(
     up_bias=None,  # [E, I]
     down_bias=None,  # [E, D]: added to each expert's output, before the router's weight
     swiglu=(1.702, 7.0),  # activation "swigluoai": its (alpha, limit)
+    folded_bias: bool = False,  # `gate_up` holds the gate/up biases as its last input row: x gets a 1 there
 ) -> jax.Array:  # [T, D] in x's dtype
     """The tokens' (token, expert) pairs sorted by expert run as one grouped matmul per projection, in the
     weights' dtype with float32 accumulation, then are weighted and summed back per token. Weights packed for
@@ -57,7 +58,8 @@ def moe_mlp(
     densely (every expert over every row). The native form gives a bucket's padding rows (`live_rows`) no
     expert: they are sorted last, outside every group, and never multiplied; `ragged_dot` routes them like the
     others. Their results are never read. `swigluoai` (GPT-OSS) gates as `swiglu_oai`, its biases added to the
-    products first (the native form then multiplies gate and up apart and gates them in XLA)."""
+    products first: packed together (`gate_up`, GPT-OSS's constants) the kernel gates them in registers, the biases
+    folded into the weight (`folded_bias`); packed apart, gate and up are multiplied in turn and gated in XLA."""
     T, E = x.shape[0], router.shape[-1]
     if activation == SWIGLU_OAI:
         def glu(gate, up):
@@ -92,8 +94,11 @@ def moe_mlp(
 
         D = x.shape[1]
         if gate_up is not None:
-            pairs = grouped(xs.astype(jnp.float32), gate_up, 2 * gate_up.shape[-3] * cpu.GATED,
-                            epilogue="gated_pairs", activation=activation)
+            a = xs.astype(jnp.float32)
+            if folded_bias:
+                a = jnp.concatenate([a, jnp.ones((a.shape[0], 1), jnp.float32)], axis=-1)
+            pairs = grouped(a, gate_up, 2 * gate_up.shape[-3] * cpu.GATED, epilogue="gated_pairs",
+                            activation=activation)
             out = grouped(pairs, down, D, prologue="rounded")
         else:
             n = 2 * down.shape[-2]  # the intermediate width (one more, zero, where it is odd: pack_bf16's pairs)

@@ -235,8 +235,13 @@ def _pack_layer(layer) -> None:
             and layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0):
         layer.gate_up_proj = nnx.Param(jax.device_put(cpu.pack_gated(take("gate_proj"), take("up_proj"))),
                                        logical_axes=_packed_axes(lead))
-    if cfg.num_experts and gated and cfg.moe_intermediate_size % cpu.GATED == 0:
-        layer.expert_gate_up = nnx.Param(jax.device_put(cpu.pack_gated(take("expert_gate"), take("expert_up"))),
+    if (cfg.num_experts and gated and cfg.moe_intermediate_size % cpu.GATED == 0
+            and (cfg.hidden_act != "swigluoai" or (cfg.swiglu_alpha, cfg.swiglu_limit) == cpu.SWIGLU_OAI_CONSTANTS)):
+        gate, up = take("expert_gate"), take("expert_up")
+        if cfg.moe_bias:  # GPT-OSS: each bias as one more input row, which x meets with a 1 (moe_mlp's folded_bias)
+            gate = np.concatenate([gate, take("expert_gate_bias")[..., None, :]], axis=-2)
+            up = np.concatenate([up, take("expert_up_bias")[..., None, :]], axis=-2)
+        layer.expert_gate_up = nnx.Param(jax.device_put(cpu.pack_gated(gate, up)),
                                          logical_axes=_packed_axes(lead + ("experts",)))
     for name in _LINEAR:
         if hasattr(layer, name):
@@ -517,6 +522,7 @@ class DecoderLayers(nnx.Module):
             experts = moe_mlp(x, self.router[...], down=self.expert_down[...], top_k=cfg.experts_per_token,
                               renormalize=cfg.norm_topk_prob, activation=cfg.hidden_act, layer=layer, live_rows=live,
                               swiglu=(cfg.swiglu_alpha, cfg.swiglu_limit),
+                              folded_bias=cfg.moe_bias and "expert_gate_up" in projections,
                               **{name.removeprefix("expert_"): w for name, w in projections.items()})
             out = experts if out is None else out + experts
         if cfg.sandwich_norms:
