@@ -212,8 +212,9 @@ def _pack_layer(layer) -> None:
     one `pack_gated` weight (16 columns of each to a panel) for `_gated_mlp`, whose kernel applies the
     activation (silu or tanh-GELU: not the exact GELU; nor for a mixture of experts' shared expert, which is
     scaled before the residual). A mixture of experts' gate/up weights of such activations and widths become
-    one `pack_gated` weight per expert (layers.moe's grouped native matmul); each of its projections is
-    otherwise packed on its own."""
+    one `pack_gated` weight per expert (layers.moe's grouped native matmul; GPT-OSS's clamped SwiGLU where its
+    constants are gpt-oss's, its gate/up biases as one more input row); each of its projections is otherwise
+    packed on its own."""
     from pallas_kernels import cpu
 
     def take(name):  # on the host: packing there compiles nothing (cpu.pack_bf16)
