@@ -76,6 +76,12 @@ def messages(text: str, final: bool = True) -> list[Message]:
     return out
 
 
+def missing_tokens(tokenizer) -> list[str]:
+    """Harmony's tokens that a tokenizer's vocabulary lacks (none in GPT-OSS's)."""
+    vocab = tokenizer.get_vocab()
+    return [tag for tag in TOKENS if tag not in vocab]
+
+
 def call_text(name: str, arguments: str, complete: bool) -> str:
     """A call as harmony writes it: what an answer carries for the `openai` tool-call parser to find."""
     return f"{START}assistant{CHANNEL}commentary to={FUNCTIONS}{name}{MESSAGE}{arguments}" + (CALL if complete else "")
@@ -98,13 +104,13 @@ def split(text: str, final: bool = True) -> tuple[str, str, bool]:
     return "\n".join(reasoning), answer, last is not None
 
 
-def answer_and_calls(text: str, final: bool = True) -> tuple[str, list[tuple[str, str, bool]]]:
-    """(content, [(function name, arguments, complete)]) of a text: every non-call message's content (joined with a
-    newline) and the calls."""
+def answer_and_calls(text: str, final: bool = True) -> tuple[str, list[tuple[str, str]]]:
+    """(content, [(function name, arguments)]) of a text so far: every non-call message's content (joined with a
+    newline) and the calls (an unfinished one's arguments as far as they are written)."""
     content, calls = [], []
     for m in messages(text, final):
         if m.kind == "call":
-            calls.append((m.recipient[len(FUNCTIONS):], m.content, m.complete))
+            calls.append((m.recipient[len(FUNCTIONS):], m.content))
         else:
             content.append(m.content)
     return "\n".join(content), calls

@@ -101,8 +101,7 @@ class HarmonyReasoningParser:
     def of(cls, tokenizer) -> "HarmonyReasoningParser":
         from jaxengine import harmony
 
-        vocab = tokenizer.get_vocab()
-        missing = [tag for tag in harmony.TOKENS if tag not in vocab]
+        missing = harmony.missing_tokens(tokenizer)
         if missing:
             raise ValueError(f"reasoning_parser 'openai_gptoss': the tokenizer has no {', '.join(missing)} token "
                              f"(GPT-OSS's harmony vocabulary has them)")

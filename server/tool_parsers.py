@@ -588,7 +588,7 @@ class Qwen3Xml:
 
 def _parse_harmony(text: str) -> tuple[str | None, list[ToolCall]]:
     content, calls = harmony.answer_and_calls(text)
-    return content or None, [ToolCall(name, arguments) for name, arguments, _ in calls]
+    return content or None, [ToolCall(name, arguments) for name, arguments in calls]
 
 
 class _HarmonyStream:
@@ -603,7 +603,7 @@ class _HarmonyStream:
     def feed(self, text: str, final: bool = False) -> tuple[str, list]:
         content, calls = harmony.answer_and_calls(text, final)
         deltas = []
-        for index, (name, arguments, _) in enumerate(calls):
+        for index, (name, arguments) in enumerate(calls):
             if index == len(self.arguments):
                 self.arguments.append("")
                 deltas.append(ToolCallDelta(index, "", ToolCall(name, "")))

@@ -357,7 +357,7 @@ class LLMEngine:
         named, as vLLM sets it for that model."""
         name = config.reasoning_parser
         if (name is None and self.model_config.architecture == "GptOssForCausalLM" and self.runner_type != "pooling"
-                and all(tag in self.tokenizer.get_vocab() for tag in harmony.TOKENS)):
+                and not harmony.missing_tokens(self.tokenizer)):
             logger.info("reasoning parser: openai_gptoss (GPT-OSS's harmony messages), as vLLM sets it for GPT-OSS")
             name = "openai_gptoss"
         if name is None:

@@ -76,7 +76,8 @@ def moe_mlp(
     rows = order // top_k  # the token of each sorted pair
     sizes = jnp.bincount(flat, length=E + 1)[:E].astype(jnp.int32)  # [E] rows per expert
     xs = x[rows]
-    sorted_experts = jnp.minimum(flat[order], E - 1)  # each sorted pair's expert (padding's: any)
+    pair_experts = flat[order]  # each sorted pair's expert (E: a bucket's padding, native)
+    sorted_experts = jnp.minimum(pair_experts, E - 1)  # a bias's row for each pair (padding's: any)
 
     def biased(y, bias):  # y [T * top_k, n] plus each pair's expert's bias (zeros past its width: packed pairs)
         if bias is None:
@@ -92,9 +93,8 @@ def moe_mlp(
         def grouped(a, w, n, **kwargs):
             return cpu.grouped_matmul_bf16(a, w.reshape(-1, *w.shape[-3:]), sizes, first, n, **kwargs)
 
-        D = x.shape[1]
+        D, a = x.shape[1], xs.astype(jnp.float32)
         if gate_up is not None:
-            a = xs.astype(jnp.float32)
             if folded_bias:
                 a = jnp.concatenate([a, jnp.ones((a.shape[0], 1), jnp.float32)], axis=-1)
             pairs = grouped(a, gate_up, 2 * gate_up.shape[-3] * cpu.GATED, epilogue="gated_pairs",
@@ -102,14 +102,13 @@ def moe_mlp(
             out = grouped(pairs, down, D, prologue="rounded")
         else:
             n = 2 * down.shape[-2]  # the intermediate width (one more, zero, where it is odd: pack_bf16's pairs)
-            hidden = glu(biased(grouped(xs.astype(jnp.float32), gate, n), gate_bias),
-                         biased(grouped(xs.astype(jnp.float32), up, n), up_bias))
+            hidden = glu(biased(grouped(a, gate, n), gate_bias), biased(grouped(a, up, n), up_bias))
             out = grouped(hidden, down, D)
     else:
         def grouped(a, w):
             return jax.lax.ragged_dot(a.astype(w.dtype), w, sizes, preferred_element_type=jnp.float32)
 
         out = grouped(glu(biased(grouped(xs, gate), gate_bias), biased(grouped(xs, up), up_bias)), down)
-    pair_weights = jnp.where(flat[order] < E, weights.reshape(-1)[order], 0.0)  # padding's (native): 0, biases too
+    pair_weights = jnp.where(pair_experts < E, weights.reshape(-1)[order], 0.0)  # padding's (native): 0, biases too
     out = biased(out, down_bias) * pair_weights[:, None]  # [T * top_k, D] f32
     return jnp.zeros((T, x.shape[1]), jnp.float32).at[rows].add(out).astype(x.dtype)

@@ -19,7 +19,7 @@ from flax import nnx
 
 from jaxengine.layers.activations import ACTIVATIONS
 from jaxengine.layers.attention import FP8_DTYPES, attention, kv_writer, select_body, token_slots, write_kv
-from jaxengine.layers.moe import moe_mlp
+from jaxengine.layers.moe import SWIGLU_OAI, moe_mlp
 from jaxengine.layers.norms import gemma_scale, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
 from jaxengine.models.config import ModelConfig, rope_inv_freq
@@ -237,7 +237,7 @@ def _pack_layer(layer) -> None:
         layer.gate_up_proj = nnx.Param(jax.device_put(cpu.pack_gated(take("gate_proj"), take("up_proj"))),
                                        logical_axes=_packed_axes(lead))
     if (cfg.num_experts and gated and cfg.moe_intermediate_size % cpu.GATED == 0
-            and (cfg.hidden_act != "swigluoai" or (cfg.swiglu_alpha, cfg.swiglu_limit) == cpu.SWIGLU_OAI_CONSTANTS)):
+            and (cfg.hidden_act != SWIGLU_OAI or (cfg.swiglu_alpha, cfg.swiglu_limit) == cpu.SWIGLU_OAI_CONSTANTS)):
         gate, up = take("expert_gate"), take("expert_up")
         if cfg.moe_bias:  # GPT-OSS: each bias as one more input row, which x meets with a 1 (moe_mlp's folded_bias)
             gate = np.concatenate([gate, take("expert_gate_bias")[..., None, :]], axis=-2)
