@@ -39,6 +39,7 @@ _TARGET = "jaxengine_cpu_ragged_paged_attention"
 _SINKS_TARGET = "jaxengine_cpu_ragged_paged_attention_sinks"
 _MATMUL_TARGET = "jaxengine_cpu_matmul_bf16"
 _GROUPED_MATMUL_TARGET = "jaxengine_cpu_grouped_matmul_bf16"
+_GROUPED_MXFP4_TARGET = "jaxengine_cpu_grouped_matmul_mxfp4"
 _INT8_MATMUL_TARGET = "jaxengine_cpu_matmul_int8"
 _DEQUANT_MATMUL_TARGET = "jaxengine_cpu_matmul_dequant"
 _WRITE_TARGET = "jaxengine_cpu_write_kv"
@@ -91,6 +92,8 @@ def _library() -> ctypes.CDLL:
     jax.ffi.register_ffi_target(_SINKS_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuAttentionSinks), platform="cpu")
     jax.ffi.register_ffi_target(_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulBf16), platform="cpu")
     jax.ffi.register_ffi_target(_GROUPED_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuGroupedMatmulBf16),
+                                platform="cpu")
+    jax.ffi.register_ffi_target(_GROUPED_MXFP4_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuGroupedMatmulMxfp4),
                                 platform="cpu")
     jax.ffi.register_ffi_target(_DEQUANT_MATMUL_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuMatmulDequant),
                                 platform="cpu")
@@ -211,6 +214,9 @@ def _bitcast(xp, x, dtype):
     return np.ascontiguousarray(x).view(dtype) if xp is np else jax.lax.bitcast_convert_type(x, dtype)
 
 
+_HOST_CHUNK = 1 << 26  # pack_bf16's values at a time on the host
+
+
 def pack_bf16(w):
     """w [..., K, N] -> bfloat16 [..., ceil(N / 32), ceil(K / 2), 64], the native matmul's layout: panels of
     32 output columns, each contiguous, holding (w[2k, n], w[2k + 1, n]) pairs (zero-padded). A numpy `w`
@@ -218,6 +224,13 @@ def pack_bf16(w):
     xp, result = _packing(w)
     *lead, K, N = w.shape
     P, K2 = -(-N // PANEL), -(-K // 2)
+    step = max(1, _HOST_CHUNK // max(w.size // max(N, 1) * PANEL, 1)) * PANEL  # columns of a host chunk
+    if xp is np and N > step:  # on the host, a group of panels at a time: a few times a group's bytes of
+        # temporaries instead of the whole weight's (an output head of 201088 x 2880: ~3.5 GB of them)
+        w, out = np.asarray(w), np.empty((*lead, P, K2, 2 * PANEL), jnp.bfloat16)
+        for n0 in range(0, N, step):
+            out[..., n0 // PANEL:(n0 + step) // PANEL, :, :] = pack_bf16(w[..., n0:n0 + step])
+        return result(out)
     bits = _bitcast(xp, xp.asarray(w, jnp.bfloat16), np.uint16)
     if 2 * K2 != K or P * PANEL != N:
         bits = xp.pad(bits, [(0, 0)] * len(lead) + [(0, 2 * K2 - K), (0, P * PANEL - N)])
@@ -293,6 +306,26 @@ def pack_fp8_panels(w, scale):
     rows = bits.reshape(*lead, K2, 2, P, PANEL)  # [.., K2, (even, odd), P, 32]
     packed = np.ascontiguousarray(np.moveaxis(rows, -2, -4).reshape(*lead, P, K2, 2 * PANEL))
     return packed, _panel_scales(scale * 256, np.zeros_like(scale), P)
+
+
+def pack_mxfp4_panels(blocks, scales):
+    """MXFP4 weights as GPT-OSS checkpoints store them (quantization.dequantize_mxfp4's layout: `blocks` uint8
+    [..., N, K / 32, 16], two float4 e2m1 codes a byte, the first in its low nibble, and `scales` uint8 [..., N,
+    K / 32], each block of 32 inputs' power of two, E8M0), numpy, on the host -> (codes uint8 [..., P, K / 2, 32],
+    exponents uint8 [..., P, K / 32, 32]) for `grouped_matmul_mxfp4`: panels of 32 output columns as
+    `pack_int4_panels`' (a byte, a column's two consecutive inputs: the checkpoint's bytes as they are, moved), each
+    panel's exponents beside it per block. Columns past N (to whole panels) are zero."""
+    blocks, scales = np.asarray(blocks), np.asarray(scales)
+    if blocks.dtype != np.uint8 or scales.dtype != np.uint8 or blocks.ndim < 3 or blocks.shape[-1] != 16 or (
+            blocks.shape[:-1] != scales.shape):
+        raise ValueError(f"pack_mxfp4_panels needs uint8 blocks [..., N, K / 32, 16] and scales [..., N, K / 32], got "
+                         f"{blocks.dtype} {blocks.shape} and {scales.dtype} {scales.shape}")
+    *lead, N, groups, _ = blocks.shape
+    P = -(-N // PANEL)
+    pad = [(0, 0)] * len(lead) + [(0, P * PANEL - N), (0, 0)]
+    codes = np.pad(blocks.reshape(*lead, N, groups * 16), pad).reshape(*lead, P, PANEL, groups * 16)
+    exponents = np.pad(scales, pad, constant_values=127).reshape(*lead, P, PANEL, groups)
+    return np.ascontiguousarray(codes.swapaxes(-1, -2)), np.ascontiguousarray(exponents.swapaxes(-1, -2))
 
 
 def _panel_scales(scale, bias, P: int):
@@ -551,6 +584,39 @@ def grouped_matmul_bf16(x, packed, sizes, first, n: int, *, prologue: str | None
     return call(x, packed, jnp.asarray(first, jnp.int32).reshape(1), sizes.astype(jnp.int32),
                 jnp.zeros((0,), jnp.float32), prologue=np.int32(_PROLOGUES[prologue]),
                 epilogue=_epilogue(epilogue, activation), eps=np.float32(0.0))
+
+
+def grouped_matmul_mxfp4(x, codes, exponents, bias, sizes, first, n: int, *, prologue: str | None = None,
+                         epilogue: str = "store", activation: str = "silu"):
+    """`grouped_matmul_bf16` over MXFP4 weights: (codes [S, P, K2, 32], exponents [S, P, K2 / 16, 32]) =
+    pack_mxfp4_panels of S stacked weights' blocks and scales ([S, n, K / 32, 16] and [S, n, K / 32]; for epilogue
+    "gated_pairs", their columns in `pack_gated`'s order), each panel dequantized exactly to bfloat16 as it is
+    taken; `bias` f32 [S, P * 32] (or None), in the same column order, is added to each expert's products (before
+    the gated epilogue's activation). x, sizes, first, prologue, epilogue and activation as there."""
+    if prologue not in (None, "rounded") or epilogue not in _EPILOGUES or (prologue, epilogue) == (
+            "rounded", "gated_pairs"):
+        raise ValueError(f"grouped_matmul_mxfp4 takes prologue None or 'rounded' and epilogue 'store' or "
+                         f"'gated_pairs' (not both of the latter), got {prologue!r} and {epilogue!r}")
+    rounded, gated = prologue == "rounded", epilogue == "gated_pairs"
+    S, P, K2 = codes.shape[:3] if codes.ndim == 4 else (0, 0, 0)
+    K = 2 * K2 if rounded else x.shape[-1] if x.ndim == 2 else -1
+    if codes.ndim != 4 or codes.dtype != jnp.uint8 or codes.shape[-1] != PANEL or exponents.dtype != jnp.uint8 or (
+            exponents.shape != (S, P, K2 // 16, PANEL)) or K2 % 16 or P != -(-n // PANEL) or K != 2 * K2 or (
+            x.ndim != 2 or x.dtype != (jnp.uint32 if rounded else jnp.float32)) or (
+            rounded and x.shape[1] != rounded_width(K)) or sizes.ndim != 1 or jnp.ndim(first) != 0 or (
+            bias is not None and (bias.shape != (S, P * PANEL) or bias.dtype != jnp.float32)):
+        raise ValueError(f"grouped_matmul_mxfp4 needs x [M, K] (float32; uint32 [M, rounded_width(K)] when rounded), "
+                         f"pack_mxfp4_panels of [S, {n}, K / 32, 16] blocks, a float32 bias [S, P * 32] or None, "
+                         f"sizes i32[G] and a scalar first, got {x.dtype} {x.shape}, {codes.dtype} {codes.shape}, "
+                         f"{exponents.dtype} {exponents.shape}, bias {None if bias is None else bias.shape}, "
+                         f"{sizes.shape} and {jnp.shape(first)}")
+    out = jax.ShapeDtypeStruct((x.shape[0], rounded_width(n // 2) if gated else n),
+                               jnp.uint32 if gated else jnp.float32)
+    _library()
+    return jax.ffi.ffi_call(_GROUPED_MXFP4_TARGET, out)(
+        x, codes, exponents, jnp.zeros((0, 0), jnp.float32) if bias is None else bias,
+        jnp.asarray(first, jnp.int32).reshape(1), sizes.astype(jnp.int32), prologue=np.int32(_PROLOGUES[prologue]),
+        epilogue=_epilogue(epilogue, activation))
 
 
 def _check_logits(x, name: str) -> None:

@@ -75,6 +75,12 @@ struct Problem {
   const float* quant_scale = nullptr;
   int64_t groups = 0, group_pairs = 0;
   bool fp8 = false;
+  // MXFP4 (GroupedMatmulMxfp4): quant holds int4's layout of float4 e2m1 codes ([P, K2, 32]), and in place of
+  // quant_scale each group of 16 pairs has a power of two per column, E8M0 bytes [P, groups, 32] (2^(e - 127)).
+  const uint8_t* exponents = nullptr;
+  // Where given, [P * 32] float32 added to each column's products (the accumulators start from it): a bias the
+  // epilogue then sees as part of the product (a gated matmul's gate/up biases).
+  const float* column_bias = nullptr;
 };
 
 // Fewer live rows than this run on registers even where tiles are available: a step of one request reads
@@ -140,8 +146,10 @@ inline void store_row(const Problem& p, int64_t m0, int64_t R, int64_t r, int64_
 template <int R>
 void block(const Problem& p, int64_t m0, int64_t index, __mmask32 mask, const uint16_t* prefetch) {
   __m512 lo[R], hi[R];
+  const __m512 lo0 = p.column_bias ? _mm512_loadu_ps(p.column_bias + index * kPanel) : _mm512_setzero_ps();
+  const __m512 hi0 = p.column_bias ? _mm512_loadu_ps(p.column_bias + index * kPanel + 16) : _mm512_setzero_ps();
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) lo[r] = lo0, hi[r] = hi0;
   const uint16_t* w = p.w + index * p.K2 * 64;
   const uint32_t* a = p.a + m0 * p.K2p;  // this block's pairs, [K2p / 16][R][16]: one sequential stream
   for (int64_t c = 0; c < p.K2; c += 16, a += 16 * R) {
@@ -194,16 +202,8 @@ inline __m512 fp8_over_256(__m128i bytes) {
   return _mm512_cvtph_ps(half);
 }
 
-// Weight-only quantized: panel `index` dequantized into a bfloat16 panel of this thread's ([K2, 64], pack_bf16's
-// layout: each value times its group's scale plus its group's bias (int4: -zero point x scale), exact in float32,
-// then rounded), then multiplied as a bfloat16 one (all rows: once per call).
-void dequantized_panel(const Problem& p, int64_t index) {
-  thread_local std::vector<uint16_t> buffer;
-  buffer.resize(static_cast<size_t>(p.K2 * 64) + 32);
-  uint16_t* panel_w = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
-  const int64_t width = p.fp8 ? 64 : 32;  // bytes of a panel's pair of rows
-  const uint8_t* q = p.quant + index * p.K2 * width;
-  const float* scales = p.quant_scale + index * p.groups * 64;
+// int4 and fp8 panels (their values times their group's scales plus biases, float32 [groups, 64]) to bfloat16.
+void affine_panel(const Problem& p, const uint8_t* q, const float* scales, uint16_t* panel_w) {
   const __m512i low = _mm512_set1_epi32(0xF);
   for (int64_t g = 0; g < p.groups; ++g) {
     const float* group = scales + g * 64;  // 32 scales, then 32 biases
@@ -228,6 +228,72 @@ void dequantized_panel(const Problem& p, int64_t index) {
         _mm512_store_si512(panel_w + k * 64 + 32 * h, pairs);
       }
     }
+  }
+}
+
+// MXFP4 panels to bfloat16: each byte's two float4 e2m1 codes (low nibble first) are one 32-bit lane, code | code
+// << 12 as vpermw's indices (its low 5 bits index the first code, the upper word the second: the table of 16
+// bfloat16 values is written twice), which looks both values up as one bfloat16 pair at once; the column's power of
+// two 2^(e - 127) is then added to each nonzero value's exponent field, exact where no result leaves the normal
+// range (e in [2, 252]: e2m1's exponents are 2^-1 .. 2^2). A group with a column outside that range (never seen in
+// a checkpoint) is dequantized through float32 instead: vscalefps, exact, then rounded (a float32 subnormal result
+// flushes to zero, as the conversion to bfloat16 treats it).
+void mxfp4_panel(const Problem& p, const uint8_t* q, const uint8_t* exponents, uint16_t* panel_w) {
+  alignas(64) static const uint16_t kTable[32] = {
+      0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
+      0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0,
+      0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
+      0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
+  alignas(64) static const float kValues[16] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
+                                                -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+  const __m512i table = _mm512_load_si512(kTable);
+  const __m512 values = _mm512_load_ps(kValues);
+  const __m512i magnitude = _mm512_set1_epi16(0x7FFF);
+  for (int64_t g = 0; g < p.groups; ++g) {
+    __m512i shift[2];
+    __m512 power[2];
+    bool exact = true;
+    for (int h = 0; h < 2; ++h) {  // columns 16h .. 16h + 15
+      const __m512i e = _mm512_sub_epi32(
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(exponents + g * 32 + 16 * h))),
+          _mm512_set1_epi32(127));
+      exact = exact && _mm512_cmp_epi32_mask(_mm512_abs_epi32(e), _mm512_set1_epi32(125), _MM_CMPINT_LE) == 0xFFFF;
+      const __m512i word = _mm512_and_si512(_mm512_slli_epi32(e, 7), _mm512_set1_epi32(0xFFFF));
+      shift[h] = _mm512_or_si512(word, _mm512_slli_epi32(word, 16));
+      power[h] = _mm512_cvtepi32_ps(e);
+    }
+    for (int64_t k = g * p.group_pairs; k < (g + 1) * p.group_pairs; ++k) {
+      for (int h = 0; h < 2; ++h) {
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * 32 + 16 * h)));
+        __m512i pairs;
+        if (exact) {
+          pairs = _mm512_permutexvar_epi16(_mm512_or_si512(v, _mm512_slli_epi32(v, 12)), table);
+          pairs = _mm512_mask_add_epi16(pairs, _mm512_test_epi16_mask(pairs, magnitude), pairs, shift[h]);
+        } else {
+          const __m512 even = _mm512_scalef_ps(_mm512_permutexvar_ps(v, values), power[h]);
+          const __m512 odd = _mm512_scalef_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), values), power[h]);
+          pairs = _mm512_or_si512(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(even)),
+                                  _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(odd)), 16));
+        }
+        _mm512_store_si512(panel_w + k * 64 + 32 * h, pairs);
+      }
+    }
+  }
+}
+
+// Weight-only quantized: panel `index` dequantized into a bfloat16 panel of this thread's ([K2, 64], pack_bf16's
+// layout: each value times its group's scale plus its group's bias (int4: -zero point x scale), exact in float32,
+// then rounded; MXFP4's: mxfp4_panel), then multiplied as a bfloat16 one (all rows: once per call).
+void dequantized_panel(const Problem& p, int64_t index) {
+  thread_local std::vector<uint16_t> buffer;
+  buffer.resize(static_cast<size_t>(p.K2 * 64) + 32);
+  uint16_t* panel_w = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+  const int64_t width = p.fp8 ? 64 : 32;  // bytes of a panel's pair of rows
+  const uint8_t* q = p.quant + index * p.K2 * width;
+  if (p.exponents) {
+    mxfp4_panel(p, q, p.exponents + index * p.groups * 32, panel_w);
+  } else {
+    affine_panel(p, q, p.quant_scale + index * p.groups * 64, panel_w);
   }
   Problem one = p;
   // block() reads panel `index` at w + index * K2 * 64: point that at this thread's panel
@@ -549,7 +615,8 @@ struct Shared {
 void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live, const uint16_t* w, int64_t P,
                 int64_t K2, int64_t K, int64_t N, void* y, int32_t epilogue, const float* residual,
                 int32_t prologue, const float* norm, float eps, const uint8_t* quant = nullptr,
-                const float* quant_scale = nullptr, int64_t groups = 0, bool fp8 = false) {
+                const float* quant_scale = nullptr, int64_t groups = 0, bool fp8 = false,
+                const uint8_t* exponents = nullptr, const float* column_bias = nullptr) {
   const bool gated = epilogue != kStore;
   const int64_t K2p = (K2 + 15) / 16 * 16, gated_K2p = (N / 4 + 15) / 16 * 16;
   auto shared = std::make_shared<Shared>();
@@ -582,6 +649,8 @@ void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live
   shared->problem.fp8 = fp8;
   shared->problem.groups = groups;
   shared->problem.group_pairs = groups ? K2 / groups : 0;
+  shared->problem.exponents = exponents;
+  shared->problem.column_bias = column_bias;
   // A result too large for the cache (an output head's logits: 12.6 MB for 64 rows of a 49152-token
   // vocabulary) is streamed to memory, not read in first: a head call and the argmax after it 9.22 -> 8.83 ms
   // (eight alternations in one process). At 32 rows (6.3 MB) and fewer, streaming was no faster or slower.
@@ -599,8 +668,8 @@ void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live
 // The checks shared by both handlers: returns (through the references) K2, K, N, and whether x is rounded
 // pairs and y gated pairs, for x [M, K] (or pairs), one packed weight's dims w_dims [P, K2, 64], y [M, width].
 ffi::Error check_shapes(const ffi::AnyBuffer& x, const int64_t* w_dims, ffi::Result<ffi::AnyBuffer>& y,
-                        int32_t prologue, int32_t epilogue, const ffi::Buffer<ffi::F32>& norm, int64_t& K2,
-                        int64_t& K, int64_t& N, bool& rounded, bool& gated) {
+                        int32_t prologue, int32_t epilogue, size_t norm_size, int64_t& K2, int64_t& K, int64_t& N,
+                        bool& rounded, bool& gated) {
   const auto x_dims = x.dimensions();
   const auto y_dims = y->dimensions();
   if (prologue < kPlain || prologue > kRounded) return ffi::Error::InvalidArgument("cpu matmul: unknown prologue");
@@ -618,7 +687,7 @@ ffi::Error check_shapes(const ffi::AnyBuffer& x, const int64_t* w_dims, ffi::Res
     return ffi::Error::InvalidArgument("cpu matmul: the packed weight's shape does not match x's K and y's N");
   if (gated && y_dims[1] != gated_K2p)
     return ffi::Error::InvalidArgument("cpu matmul: gated pairs must be [M, N / 4 rounded up to 16]");
-  if (prologue == kRmsNorm && norm.element_count() != static_cast<size_t>(K))
+  if (prologue == kRmsNorm && norm_size != static_cast<size_t>(K))
     return ffi::Error::InvalidArgument("cpu matmul: the norm weight must have x's K elements");
   return ffi::Error::Success();
 }
@@ -633,7 +702,8 @@ ffi::Error checked_matmul(ffi::ThreadPool& pool, const ffi::AnyBuffer& x, const 
                           const float* quant_scale = nullptr, int64_t groups = 0, bool fp8 = false) {
   int64_t K2, K, N;
   bool rounded, gated;
-  if (auto error = check_shapes(x, w_dims, y, prologue, epilogue, norm, K2, K, N, rounded, gated); error.failure())
+  if (auto error = check_shapes(x, w_dims, y, prologue, epilogue, norm.element_count(), K2, K, N, rounded, gated);
+      error.failure())
     return error;
   const int64_t M = x.dimensions()[0];
   const bool add = residual.element_count() > 0;
@@ -706,6 +776,25 @@ ffi::Error MatmulDequant(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi
                         scale.typed_data() + index * P * groups * 2 * kPanel, groups, width == 2 * kPanel);
 }
 
+// Runs a grouped matmul's groups: x's rows sorted by group (f32 [M, x_width], or u32 pairs), group g's sizes[g]
+// rows (in order) by `one(g, x rows, y rows, rows)`; a group without rows runs nothing; y's rows past the sizes'
+// sum are zeroed.
+template <typename One>
+void run_groups(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>& sizes, ffi::Result<ffi::AnyBuffer>& y,
+                One one) {
+  const int64_t groups = sizes.element_count(), M = x.dimensions()[0];
+  const int64_t x_width = x.dimensions()[1], width = y->dimensions()[1];  // x: floats, or pair words when rounded
+  int64_t row = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t rows = std::clamp<int64_t>(sizes.typed_data()[g], 0, M - row);
+    if (rows == 0) continue;
+    one(g, static_cast<const char*>(x.untyped_data()) + 4 * row * x_width,
+        static_cast<char*>(y->untyped_data()) + 4 * row * width, rows);
+    row += rows;
+  }
+  std::memset(static_cast<char*>(y->untyped_data()) + 4 * row * width, 0, 4 * (M - row) * width);
+}
+
 // A mixture of experts' grouped matmul: x's rows sorted by expert, group g (sizes[g] rows, in order) by the
 // packed weight first + g of the stack [G, P, K2, 64] (a layer's experts: first = layer * experts). Each
 // group runs as one matmul of its rows (their pairs and gated pairs laid out by that group's row blocks, so
@@ -723,25 +812,58 @@ ffi::Error GroupedMatmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi
   const int64_t* w_dims = s_dims.begin() + 1;
   int64_t K2, K, N;
   bool rounded, gated;
-  if (auto error = check_shapes(x, w_dims, y, prologue, epilogue, norm, K2, K, N, rounded, gated); error.failure())
+  if (auto error = check_shapes(x, w_dims, y, prologue, epilogue, norm.element_count(), K2, K, N, rounded, gated);
+      error.failure())
     return error;
-  const int64_t groups = sizes.element_count(), M = x_dims[0], width = y_dims[1];
-  if (first.element_count() != 1 || first.typed_data()[0] < 0 || first.typed_data()[0] + groups > s_dims[0])
+  if (first.element_count() != 1 || first.typed_data()[0] < 0 || first.typed_data()[0] + sizes.element_count() >
+                                                                      s_dims[0])
     return ffi::Error::InvalidArgument("cpu grouped matmul: the groups' weights are outside the stack");
-  const int64_t x_width = x_dims[1];  // floats, or pair words when rounded
   const int64_t weight_size = w_dims[0] * K2 * 2 * kPanel;
   const uint16_t* w = reinterpret_cast<const uint16_t*>(stacked.typed_data()) + first.typed_data()[0] * weight_size;
-  int64_t row = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t rows = std::clamp<int64_t>(sizes.typed_data()[g], 0, M - row);
-    if (rows == 0) continue;
-    const char* x_rows = static_cast<const char*>(x.untyped_data()) + 4 * row * x_width;
-    char* y_rows = static_cast<char*>(y->untyped_data()) + 4 * row * width;
+  run_groups(x, sizes, y, [&](int64_t g, const char* x_rows, char* y_rows, int64_t rows) {
     run_matmul(pool, x_rows, rounded, rows, w + g * weight_size, w_dims[0], K2, K, N, y_rows, epilogue, nullptr,
                prologue, norm.typed_data(), eps);
-    row += rows;
-  }
-  std::memset(static_cast<char*>(y->untyped_data()) + 4 * row * width, 0, 4 * (M - row) * width);
+  });
+  return ffi::Error::Success();
+}
+
+// GroupedMatmul over MXFP4 weights (GPT-OSS's experts as the hub ships them): group g's weight is first + g of
+// a stack of float4 e2m1 codes [G, P, K2, 32] (int4 panels' layout: a byte holds a column's two consecutive
+// values, the first in its low nibble) and their powers of two, E8M0 bytes [G, P, K2 / 16, 32] (one per column
+// and 32 inputs), with a float32 bias [G, P * 32] added to each column's products (or none: empty). Each panel
+// is dequantized to bfloat16 as it is taken (mxfp4_panel, exact), then multiplied as GroupedMatmul multiplies.
+ffi::Error GroupedMatmulMxfp4(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U8> codes,
+                              ffi::Buffer<ffi::U8> exponents, ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::S32> first,
+                              ffi::Buffer<ffi::S32> sizes, ffi::Result<ffi::AnyBuffer> y, int32_t prologue,
+                              int32_t epilogue) {
+  const auto x_dims = x.dimensions();
+  const auto c_dims = codes.dimensions();
+  const auto e_dims = exponents.dimensions();
+  const auto y_dims = y->dimensions();
+  if (x_dims.size() != 2 || c_dims.size() != 4 || c_dims.back() != kPanel || y_dims.size() != 2 ||
+      y_dims[0] != x_dims[0] || e_dims.size() != 4 || e_dims[0] != c_dims[0] || e_dims[1] != c_dims[1] ||
+      e_dims[2] * 16 != c_dims[2] || e_dims[3] != kPanel)
+    return ffi::Error::InvalidArgument("cpu MXFP4 grouped matmul: x must be [M, K], the codes [G, P, K2, 32], their "
+                                       "exponents [G, P, K2 / 16, 32] and y [M, N]");
+  const int64_t S = c_dims[0], P = c_dims[1], groups = e_dims[2];
+  const bool biased = bias.element_count() > 0;
+  if (biased && (bias.dimensions().size() != 2 || bias.dimensions()[0] != S || bias.dimensions()[1] != P * kPanel))
+    return ffi::Error::InvalidArgument("cpu MXFP4 grouped matmul: the bias must be [G, P * 32] (or empty)");
+  if (prologue == kRmsNorm) return ffi::Error::InvalidArgument("cpu MXFP4 grouped matmul: no rms_norm prologue");
+  const int64_t w_dims[3] = {P, c_dims[2], 2 * kPanel};  // the bfloat16 panels it dequantizes to
+  int64_t K2, K, N;
+  bool rounded, gated;
+  if (auto error = check_shapes(x, w_dims, y, prologue, epilogue, 0, K2, K, N, rounded, gated); error.failure())
+    return error;
+  if (first.element_count() != 1 || first.typed_data()[0] < 0 || first.typed_data()[0] + sizes.element_count() > S)
+    return ffi::Error::InvalidArgument("cpu MXFP4 grouped matmul: the groups' weights are outside the stack");
+  const int64_t at = first.typed_data()[0];
+  run_groups(x, sizes, y, [&](int64_t g, const char* x_rows, char* y_rows, int64_t rows) {
+    run_matmul(pool, x_rows, rounded, rows, nullptr, P, K2, K, N, y_rows, epilogue, nullptr, prologue, nullptr, 0.f,
+               codes.typed_data() + (at + g) * P * K2 * kPanel, nullptr, groups, false,
+               exponents.typed_data() + (at + g) * P * groups * kPanel,
+               biased ? bias.typed_data() + (at + g) * P * kPanel : nullptr);
+  });
   return ffi::Error::Success();
 }
 
@@ -762,6 +884,11 @@ ffi::Error Matmul(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::BF16>, ffi::
 ffi::Error GroupedMatmul(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::S32>,
                          ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>, ffi::Result<ffi::AnyBuffer>, int32_t, int32_t,
                          float) {
+  return ffi::Error(ffi::ErrorCode::kUnimplemented, "cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
+}
+ffi::Error GroupedMatmulMxfp4(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::U8>, ffi::Buffer<ffi::U8>,
+                              ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::S32>,
+                              ffi::Result<ffi::AnyBuffer>, int32_t, int32_t) {
   return ffi::Error(ffi::ErrorCode::kUnimplemented, "cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
 }
 }  // namespace
@@ -809,6 +936,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuGroupedMatmulBf16, GroupedMatmul,
                                   .Attr<int32_t>("prologue")
                                   .Attr<int32_t>("epilogue")
                                   .Attr<float>("eps"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuGroupedMatmulMxfp4, GroupedMatmulMxfp4,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()           // x f32 [M, K] sorted by group (u32 pairs: rounded)
+                                  .Arg<ffi::Buffer<ffi::U8>>()     // codes [G, P, K2, 32]: float4 e2m1 pairs
+                                  .Arg<ffi::Buffer<ffi::U8>>()     // exponents [G, P, K2 / 16, 32]: E8M0
+                                  .Arg<ffi::Buffer<ffi::F32>>()    // bias [G, P * 32] (or empty)
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // first i32[1]: the first group's weight
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // sizes i32[groups]: each group's rows, in order
+                                  .Ret<ffi::AnyBuffer>()           // y f32 [M, N] (u32 pairs: gated_pairs)
+                                  .Attr<int32_t>("prologue")
+                                  .Attr<int32_t>("epilogue"));
 
 // Whether matmuls run on the tile path here (cpu.matmul_tiles()).
 extern "C" int JaxengineCpuMatmulTiles() { return amx_enabled() ? 1 : 0; }

@@ -1012,3 +1012,91 @@ def test_native_dequantizing_matmul_is_the_bf16_matmul_of_the_dequantized_weight
         np.testing.assert_allclose(cpu.matmul_dequant(pairs, down, down_s, 32, prologue="rounded", layer=layer),
                                    cpu.matmul_bf16(pairs, down_bf16, 32, prologue="rounded", layer=layer),
                                    rtol=1e-6, atol=1e-5)
+
+
+def _mxfp4(rng, experts: int, n: int, k: int, low: int = 118, high: int = 131):
+    """Random MXFP4 weights as GPT-OSS checkpoints store them (blocks [experts, n, k / 32, 16], every byte; scales
+    [experts, n, k / 32] in [low, high)) -> (blocks, scales, the weights [experts, k, n] dequantized, float32)."""
+    from jaxengine.models.quantization import dequantize_mxfp4
+
+    blocks = rng.integers(0, 256, (experts, n, k // 32, 16), dtype=np.uint8)
+    scales = rng.integers(low, high, (experts, n, k // 32), dtype=np.uint8)
+    return blocks, scales, dequantize_mxfp4(blocks, scales).swapaxes(-1, -2)
+
+
+@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+def test_grouped_mxfp4_matmul_dequantizes_every_code_and_scale_exactly():
+    """One-hot rows read each weight back: every byte's two float4 codes at every exponent from 2 to 252 (the
+    exponent-field path) and at 0, 1, 253 and 254 (the float32 path; codes kept small there so that nothing
+    overflows) come out as dequantize_mxfp4's values, bit for bit (signed zeros aside, which a sum of products
+    does not keep; float32 subnormal results flush to zero, as bfloat16's conversion treats them). The groups'
+    weights start at `first`; a group without rows reads none; rows past the groups come out zero."""
+    rng = np.random.default_rng(21)
+    S, n, k = 3, 80, 96  # 80 columns: a partial last panel
+    blocks, scales, _ = _mxfp4(rng, S, n, k)
+    scales[:] = rng.integers(2, 253, scales.shape, dtype=np.uint8)
+    edge = rng.random(scales.shape) < 0.1
+    scales[edge] = rng.choice(np.array([0, 1, 253, 254], np.uint8), edge.sum())
+    blocks[scales[..., None].repeat(16, -1) >= 253] &= 0x33  # values of at most 1.5
+    from jaxengine.models.quantization import dequantize_mxfp4
+
+    w = dequantize_mxfp4(blocks, scales).swapaxes(-1, -2)
+    codes, exponents = cpu.pack_mxfp4_panels(blocks, scales)
+    assert codes.shape == (S, 3, k // 2, 32) and exponents.shape == (S, 3, k // 32, 32)
+    x = jnp.asarray(np.eye(k, dtype=np.float32).repeat(2, 0))  # each one-hot row twice, 2k rows
+    for first, sizes in ((0, [0, k, k]), (1, [k, 0])):
+        got = np.asarray(cpu.grouped_matmul_mxfp4(x, codes, exponents, None, jnp.asarray(sizes, jnp.int32), first, n))
+        row = 0
+        for g, size in enumerate(sizes):
+            if size:
+                want = w[first + g].astype(jnp.bfloat16).astype(np.float32)
+                want[np.abs(want) < np.finfo(np.float32).tiny] = 0
+                np.testing.assert_array_equal(got[row:row + size], want[row // 2:(row + size) // 2].repeat(2, 0))
+            row += size
+        assert not got[row:].any()
+
+
+@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@pytest.mark.parametrize("activation", ["swigluoai", "silu"])
+def test_grouped_mxfp4_matmul_is_the_bf16_grouped_matmul_of_the_dequantized_weights(activation):
+    """Against grouped_matmul_bf16 over pack_bf16 (pack_gated) of the dequantized weights: the stored products
+    (plus the bias, which the kernel starts its sums from); the gated pairs (no bias: the same sums in the same
+    order) through a down projection reading them rounded, bit for bit; refusals of wrong operands."""
+    rng = np.random.default_rng(22)
+    S, k, inter, d = 4, 64, 64, 80
+    sizes = jnp.asarray([3, 0, 13, 5], jnp.int32)  # 21 of 24 rows: the last 3 a bucket's padding
+    x = jnp.asarray(rng.standard_normal((24, k), np.float32) * 4)
+    g_blocks, g_scales, gate = _mxfp4(rng, S, inter, k)
+    u_blocks, u_scales, up = _mxfp4(rng, S, inter, k)
+    d_blocks, d_scales, down = _mxfp4(rng, S, d, inter)
+    bias = jnp.asarray(rng.standard_normal((S, inter)), jnp.float32)
+
+    def gated(a, b):  # gate's and up's outputs (axis 1) in pack_gated's order: 16 of each in turn
+        return np.concatenate([a, b], 1)[:, cpu.gated_columns(np.arange(inter), inter + np.arange(inter))]
+
+    gu_blocks, gu_scales = gated(g_blocks, u_blocks), gated(g_scales, u_scales)
+    gate_up = cpu.pack_mxfp4_panels(gu_blocks, gu_scales)
+    down_mx = cpu.pack_mxfp4_panels(d_blocks, d_scales)
+    bf16 = {name: jnp.asarray(w).astype(jnp.bfloat16) for name, w in (("gate", gate), ("up", up), ("down", down))}
+    # stored products: gate's weights alone, with a bias
+    gate_mx = cpu.pack_mxfp4_panels(g_blocks, g_scales)
+    got = cpu.grouped_matmul_mxfp4(x, *gate_mx, bias, sizes, 0, inter)
+    plain = cpu.grouped_matmul_bf16(x, cpu.pack_bf16(bf16["gate"]), sizes, 0, inter)
+    rows_bias = np.concatenate([np.repeat(np.asarray(bias)[g:g + 1], s, 0) for g, s in enumerate([3, 0, 13, 5])])
+    np.testing.assert_allclose(np.asarray(got[:21]), np.asarray(plain[:21]) + rows_bias, rtol=0,
+                               atol=1e-6 * np.abs(np.asarray(plain)).max())
+    assert not np.asarray(got[21:]).any()
+    # gated pairs, then the down projection over them
+    pairs = cpu.grouped_matmul_mxfp4(x, *gate_up, None, sizes, 0, 2 * inter, epilogue="gated_pairs",
+                                     activation=activation)
+    want_pairs = cpu.grouped_matmul_bf16(x, cpu.pack_gated(bf16["gate"], bf16["up"]), sizes, 0, 2 * inter,
+                                         epilogue="gated_pairs", activation=activation)
+    out = cpu.grouped_matmul_mxfp4(pairs, *down_mx, None, sizes, 0, d, prologue="rounded")
+    want = cpu.grouped_matmul_bf16(want_pairs, cpu.pack_bf16(bf16["down"]), sizes, 0, d, prologue="rounded")
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+    with pytest.raises(ValueError, match="grouped_matmul_mxfp4 needs"):
+        cpu.grouped_matmul_mxfp4(x, *gate_mx, bias[:, :40], sizes, 0, inter)  # a bias short of the panels
+    with pytest.raises(ValueError, match="grouped_matmul_mxfp4 needs"):
+        cpu.grouped_matmul_mxfp4(x[:, :32], *gate_mx, None, sizes, 0, inter)
+    with pytest.raises(ValueError, match="pack_mxfp4_panels needs"):
+        cpu.pack_mxfp4_panels(g_blocks, g_scales[..., :1])
