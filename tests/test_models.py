@@ -262,18 +262,69 @@ def test_packed_experts_match_the_grouped_dot_over_the_same_weights(intermediate
     assert not np.asarray(got[-3:]).any()
 
 
+@pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@pytest.mark.parametrize("stacked", [True, False])
+def test_mxfp4_experts_match_the_grouped_dot_over_their_dequantized_weights(stacked):
+    """GPT-OSS's experts kept in MXFP4 (`Mxfp4Experts`: gate/up's codes in pack_gated's order with its biases, which
+    the kernel adds; down's codes, its bias added after) from a stack of all layers' experts or one layer's, against
+    `lax.ragged_dot` over the dequantized weights in bfloat16, x large enough that the clamps bind; a bucket's
+    padding rows come out zero. Gate/up given apart from MXFP4 down projections is refused."""
+    from jaxengine.layers.moe import Mxfp4Experts, moe_mlp
+    from jaxengine.models.quantization import dequantize_mxfp4
+    from pallas_kernels import cpu
+
+    rng = np.random.default_rng(7)
+    L, E, T, D, inter, top_k = 3, 5, 11, 64, 64, 2
+
+    def mxfp4(n, k):  # blocks, scales of [L, E, k, n] weights
+        return (rng.integers(0, 256, (L, E, n, k // 32, 16), dtype=np.uint8),
+                rng.integers(119, 128, (L, E, n, k // 32), dtype=np.uint8))
+
+    def bias(*shape):
+        return jnp.asarray(rng.standard_normal(shape, np.float32)).astype(jnp.bfloat16)
+
+    (g_blocks, g_scales), (u_blocks, u_scales), (d_blocks, d_scales) = mxfp4(inter, D), mxfp4(inter, D), mxfp4(D, inter)
+    gate, up, down = (jnp.asarray(dequantize_mxfp4(b, s).swapaxes(-1, -2)).astype(jnp.bfloat16)
+                      for b, s in ((g_blocks, g_scales), (u_blocks, u_scales), (d_blocks, d_scales)))
+    gate_bias, up_bias = bias(L, E, inter), bias(L, E, inter)
+    router = jnp.asarray(rng.standard_normal((D, E), np.float32) / 8).astype(jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((T, D), np.float32) * 8)
+    layer = 1
+    common = dict(top_k=top_k, renormalize=True, activation="swigluoai", swiglu=cpu.SWIGLU_OAI_CONSTANTS,
+                  router_bias=bias(E), down_bias=bias(E, D))
+    want = moe_mlp(x, router, gate=gate[layer], up=up[layer], down=down[layer], gate_bias=gate_bias[layer],
+                   up_bias=up_bias[layer], **common)
+    order = cpu.gated_columns(np.arange(inter), inter + np.arange(inter))  # gate's and up's outputs, 16 in turn
+    gate_up = Mxfp4Experts(*cpu.pack_mxfp4_panels(np.concatenate([g_blocks, u_blocks], 2)[:, :, order],
+                                                  np.concatenate([g_scales, u_scales], 2)[:, :, order]),
+                           jnp.concatenate([gate_bias, up_bias], -1)[..., order].astype(jnp.float32))
+    down_mx = Mxfp4Experts(*cpu.pack_mxfp4_panels(d_blocks, d_scales))
+    pick = (lambda w: w) if stacked else (lambda w: jax.tree.map(lambda a: a[layer], w))
+    got = jax.jit(lambda x, i: moe_mlp(x, router, gate_up=pick(gate_up), down=pick(down_mx), layer=i,
+                                       live_rows=jnp.int32(T - 3), **common))(x, jnp.int32(layer))
+    np.testing.assert_allclose(np.asarray(got[:-3]), np.asarray(want[:-3]), rtol=1e-4, atol=1e-4)
+    assert not np.asarray(got[-3:]).any()
+    with pytest.raises(ValueError, match="gate_up must be Mxfp4Experts too"):
+        moe_mlp(x, router, gate=gate[layer], up=up[layer], down=pick(down_mx), layer=jnp.int32(layer), **common)
+
+
 @pytest.fixture(scope="module")
-def gpt_oss_mxfp4(tmp_path_factory, tokenizer_dir):
-    """The GPT-OSS test model (experts 64 wide: whole 32-value blocks; gpt-oss's own clamp, 7) as the hub ships
-    gpt-oss: its experts' gate_up_proj and down_proj as MXFP4 `_blocks` and `_scales` (random bytes: every float4
-    value, scales 2^-5 to 2^0, large enough that the clamp binds), `quant_method: mxfp4` and no dtype in
-    config.json."""
+def gpt_oss_64(tmp_path_factory, tokenizer_dir):
+    """The GPT-OSS test model with experts 64 wide (whole 32-value blocks, whole panels) and gpt-oss's own clamp, 7."""
+    return tiny_models.make_model("gptoss", tmp_path_factory.mktemp("gptoss-64"), tokenizer_dir, intermediate_size=64,
+                                  swiglu_limit=7.0)
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_mxfp4(tmp_path_factory, gpt_oss_64):
+    """gpt_oss_64 as the hub ships gpt-oss: its experts' gate_up_proj and down_proj as MXFP4 `_blocks` and `_scales`
+    (random bytes: every float4 value, scales 2^-5 to 2^0, large enough that the clamp binds; gate/up's biases on
+    their products' scale), `quant_method: mxfp4` and no dtype in config.json."""
     import json
 
     from safetensors.numpy import load_file, save_file
 
-    source = tiny_models.make_model("gptoss", tmp_path_factory.mktemp("gptoss-64"), tokenizer_dir,
-                                    intermediate_size=64, swiglu_limit=7.0)
+    source = gpt_oss_64
     out = tmp_path_factory.mktemp("gptoss-mxfp4")
     for f in source.iterdir():
         if f.name != "model.safetensors":
@@ -285,6 +336,8 @@ def gpt_oss_mxfp4(tmp_path_factory, tokenizer_dir):
             experts, inputs, outputs = value.shape
             tensors[name + "_blocks"] = rng.integers(0, 256, (experts, outputs, inputs // 32, 16), dtype=np.uint8)
             tensors[name + "_scales"] = rng.integers(122, 128, (experts, outputs, inputs // 32), dtype=np.uint8)
+        elif name.endswith("experts.gate_up_proj_bias"):  # on the scale of these products: a misplaced bias shows
+            tensors[name] = value * 20
         else:
             tensors[name] = value
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
@@ -367,6 +420,34 @@ def test_gpt_oss_mxfp4_engine_checks_the_quantization_setting_and_decodes_as_tra
         assert finals[f"p{i}"].outputs[0].token_ids == hf_greedy(hf, prompt, 8)
 
 
+@pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+def test_gpt_oss_mxfp4_engine_keeps_the_experts_in_mxfp4_and_decodes_as_its_model(gpt_oss_mxfp4):
+    """The engine's default (dtype auto: bfloat16 on the native matmul) keeps an MXFP4 checkpoint's experts in MXFP4;
+    its greedy tokens, batched, chunked and padded to the engine's buckets, are the best tokens of the same model run
+    over each whole sequence at once (whose numbers test_gpt_oss_native_experts_gate_in_registers_within_bfloat16s_error
+    checks against transformers), up to the last bits of XLA's own dots (the router's)."""
+    from jaxengine import SamplingParams
+    from jaxengine.config import EngineConfig
+    from jaxengine.engine.llm_engine import LLMEngine
+    from tests.engine_util import random_prompts, run_to_completion
+
+    engine = LLMEngine(EngineConfig(model=str(gpt_oss_mxfp4), max_model_len=128, max_num_seqs=4,
+                                    max_num_batched_tokens=32, min_token_bucket=32, kv_cache_gib=0.01), progress=False)
+    assert engine.model_config.mxfp4_experts
+    prompts = random_prompts(tiny_models.VOCAB_SIZE, (7, 40, 19, 33), seed=3)
+    finals = run_to_completion(engine, [(f"p{i}", p, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+                                        for i, p in enumerate(prompts)])
+    model, _ = load_model(gpt_oss_mxfp4, progress=False, native_matmul=True)
+    model.kv_dtype = jnp.bfloat16
+    for i, prompt in enumerate(prompts):
+        tokens = finals[f"p{i}"].outputs[0].token_ids
+        paged = PagedModel(model)
+        paged.add_sequences(1)
+        logits = paged.step([list(prompt) + tokens[:-1]], num_tokens=64, all_logits=True)[0][len(prompt) - 1:]
+        chosen = logits[np.arange(len(tokens)), tokens]
+        assert (chosen >= logits.max(-1) - 1e-2).all(), (tokens, logits.argmax(-1))
+
+
 def test_gpt_oss_mxfp4_checkpoint_converts_to_orbax_with_the_same_logits(gpt_oss_mxfp4, tmp_path, capsys):
     """`jaxengine convert` writes the dequantized experts, their biases, the router's bias and the sinks; the Orbax
     checkpoint loads (nothing split or dequantized again) to the same logits."""
@@ -387,18 +468,29 @@ def test_gpt_oss_mxfp4_checkpoint_converts_to_orbax_with_the_same_logits(gpt_oss
 
 
 @pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
-def test_gpt_oss_native_experts_gate_in_registers_within_bfloat16s_error(gpt_oss_mxfp4):
-    """With gpt-oss's own SwiGLU constants the native path packs each layer's experts' gate/up together, their biases
-    folded in as one more input row, and the kernel applies the clamped SwiGLU in registers: against transformers in
-    float32, within twice transformers' own bfloat16 error (plus a bfloat16 ulp of the logits) on 90% of the
-    tokens at least (bfloat16 rounding may send a token to other experts, in either engine)."""
-    model, cfg = load_model(gpt_oss_mxfp4, "bfloat16", progress=False, native_matmul=True)
-    assert model.native_matmul and hasattr(model.layers, "expert_gate_up")
-    assert not hasattr(model.layers, "expert_gate_bias")  # folded into expert_gate_up
+@pytest.mark.parametrize("form", ["bfloat16", "mxfp4"])
+def test_gpt_oss_native_experts_gate_in_registers_within_bfloat16s_error(form, gpt_oss_64, gpt_oss_mxfp4):
+    """With gpt-oss's own SwiGLU constants the native path packs each layer's experts' gate/up together and the
+    kernel applies the clamped SwiGLU in registers: a bfloat16 checkpoint's experts packed with their gate/up biases
+    folded in as one more input row; an MXFP4 checkpoint's kept in MXFP4 (uint8 codes and exponents, about a quarter
+    of bfloat16's bytes), dequantized panel by panel as the kernel takes them, the biases added by the kernel.
+    Against transformers in float32 (dequantizing MXFP4 itself), within twice transformers' own bfloat16 error (plus
+    a bfloat16 ulp of the logits) on 90% of the tokens at least (bfloat16 rounding may send a token to other
+    experts, in either engine; measured: all of them, in both forms)."""
+    path = gpt_oss_mxfp4 if form == "mxfp4" else gpt_oss_64
+    model, cfg = load_model(path, "bfloat16", progress=False, native_matmul=True)
+    assert model.native_matmul and hasattr(model.layers, "expert_gate_up") and cfg.mxfp4_experts == (form == "mxfp4")
+    assert not hasattr(model.layers, "expert_gate_bias")  # folded into expert_gate_up, or beside it (MXFP4)
+    if form == "mxfp4":
+        experts = [getattr(model.layers, name).get_value() for name in ("expert_gate_up", "expert_gate_up_exponents",
+                                                                       "expert_down", "expert_down_exponents")]
+        assert all(a.dtype == np.uint8 for a in experts)
+        values = 3 * cfg.num_layers * cfg.num_experts * cfg.hidden_size * cfg.moe_intermediate_size
+        assert sum(a.nbytes for a in experts) == values // 2 + values // 32  # 4.25 bits a weight
     model.kv_dtype = jnp.bfloat16
-    hf = {dtype: transformers.AutoModelForCausalLM.from_pretrained(
-        gpt_oss_mxfp4, dtype=dtype, quantization_config=transformers.Mxfp4Config(dequantize=True)).eval()
-        for dtype in (torch.float32, torch.bfloat16)}
+    quantization = {"quantization_config": transformers.Mxfp4Config(dequantize=True)} if form == "mxfp4" else {}
+    hf = {dtype: transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **quantization).eval()
+          for dtype in (torch.float32, torch.bfloat16)}
     seqs = sequences(cfg.vocab_size, extra=DECODE_STEPS, seed=5)
     prefill, decoded = prefill_and_decode(model, seqs)
     within = total = 0

@@ -1,5 +1,7 @@
 """Mixture-of-experts MLP: each token through its top-k experts' gated MLPs, weighted by the router."""
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -7,6 +9,15 @@ from jaxengine.layers.activations import ACTIVATIONS
 
 
 SWIGLU_OAI = "swigluoai"  # GPT-OSS's experts' activation (vLLM's name for it)
+
+
+class Mxfp4Experts(NamedTuple):
+    """A projection of every expert in MXFP4, as the native CPU grouped matmul takes it
+    (pallas_kernels.cpu.grouped_matmul_mxfp4): codes [(L,) E, P, K2, 32] and exponents [(L,) E, P, K2 / 16, 32]
+    (pack_mxfp4_panels), and a float32 bias [(L,) E, P * 32] added to the products (or None)."""
+    codes: jax.Array
+    exponents: jax.Array
+    bias: jax.Array | None = None
 
 
 def swiglu_oai(gate, up, alpha: float, limit: float):
@@ -34,13 +45,14 @@ def moe_mlp(
     x: jax.Array,  # [T, D], normed
     router: jax.Array,  # [D, E]
     *,
-    down: jax.Array,  # [E, I, D], or packed
+    down: jax.Array | Mxfp4Experts,  # [E, I, D], or packed
     top_k: int,
     renormalize: bool,
     activation: str,  # a name of jaxengine.layers.activations.ACTIVATIONS
     gate: jax.Array | None = None,  # [E, D, I], or packed
     up: jax.Array | None = None,  # [E, D, I], or packed
-    gate_up: jax.Array | None = None,  # packed by pallas_kernels.cpu.pack_gated, in place of gate and up
+    gate_up: jax.Array | Mxfp4Experts | None = None,  # packed by pallas_kernels.cpu.pack_gated (or MXFP4 in its
+    # column order), in place of gate and up
     layer=None,  # i32[]: the layer whose experts a packed stack of all layers' ([L, E, P, K2, 64]) gives
     live_rows=None,  # i32[]: x's rows from it on are a bucket's padding
     router_bias=None,  # [E]
@@ -59,7 +71,8 @@ def moe_mlp(
     expert: they are sorted last, outside every group, and never multiplied; `ragged_dot` routes them like the
     others. Their results are never read. `swigluoai` (GPT-OSS) gates as `swiglu_oai`, its biases added to the
     products first: packed together (`gate_up`, GPT-OSS's constants) the kernel gates them in registers, the biases
-    folded into the weight (`folded_bias`); packed apart, gate and up are multiplied in turn and gated in XLA."""
+    folded into the weight (`folded_bias`) or, MXFP4's (`Mxfp4Experts`: native only, gate/up together), added by
+    the kernel; packed apart, gate and up are multiplied in turn and gated in XLA."""
     T, E = x.shape[0], router.shape[-1]
     if activation == SWIGLU_OAI:
         def glu(gate, up):
@@ -69,7 +82,10 @@ def moe_mlp(
             return ACTIVATIONS[activation](gate) * up
     weights, experts = route(x, router, top_k, renormalize, router_bias)
     flat = experts.reshape(-1)  # [T * top_k]
-    native = down.ndim >= 4  # packed for the native CPU matmul
+    mxfp4 = isinstance(down, Mxfp4Experts)
+    if mxfp4 and not isinstance(gate_up, Mxfp4Experts):
+        raise ValueError("MXFP4 experts run their gate and up projections together: gate_up must be Mxfp4Experts too")
+    native = mxfp4 or down.ndim >= 4  # packed for the native CPU matmul
     if native and live_rows is not None:
         flat = jnp.where(jnp.arange(T * top_k) // top_k < live_rows, flat, E)  # padding: past the last expert
     order = jnp.argsort(flat, stable=True)
@@ -88,17 +104,24 @@ def moe_mlp(
     if native:
         from pallas_kernels import cpu
 
-        first = 0 if down.ndim == 4 else layer * E
+        first = 0 if (down.codes if mxfp4 else down).ndim == 4 else layer * E
+
+        def stack(w):  # every layer's experts as one stack [L * E, ...]: `first` names the layer's
+            return w.reshape(-1, *w.shape[-3:])
 
         def grouped(a, w, n, **kwargs):
-            return cpu.grouped_matmul_bf16(a, w.reshape(-1, *w.shape[-3:]), sizes, first, n, **kwargs)
+            if isinstance(w, Mxfp4Experts):
+                bias = None if w.bias is None else w.bias.reshape(-1, w.bias.shape[-1])
+                return cpu.grouped_matmul_mxfp4(a, stack(w.codes), stack(w.exponents), bias, sizes, first, n,
+                                                **kwargs)
+            return cpu.grouped_matmul_bf16(a, stack(w), sizes, first, n, **kwargs)
 
         D, a = x.shape[1], xs.astype(jnp.float32)
         if gate_up is not None:
             if folded_bias:
                 a = jnp.concatenate([a, jnp.ones((a.shape[0], 1), jnp.float32)], axis=-1)
-            pairs = grouped(a, gate_up, 2 * gate_up.shape[-3] * cpu.GATED, epilogue="gated_pairs",
-                            activation=activation)
+            panels = (gate_up.codes if mxfp4 else gate_up).shape[-3]
+            pairs = grouped(a, gate_up, 2 * panels * cpu.GATED, epilogue="gated_pairs", activation=activation)
             out = grouped(pairs, down, D, prologue="rounded")
         else:
             n = 2 * down.shape[-2]  # the intermediate width (one more, zero, where it is odd: pack_bf16's pairs)

@@ -75,7 +75,10 @@ class ModelConfig:
     quantization: str | None = None
     quant_group_size: int = 0
     quant_method: str | None = None  # the checkpoint's format: compressed-tensors, gptq, awq, fp8 or mxfp4 (GPT-OSS's
-    # experts, dequantized at load: `quantization` None)
+    # experts: `quantization` None; dequantized at load unless mxfp4_experts)
+    # MXFP4 experts kept as they are (the loader's choice where the native CPU matmul runs them: the model then holds
+    # each layer's experts as pallas_kernels.cpu.pack_mxfp4_panels' codes and exponents, registry._GptOssTensors)
+    mxfp4_experts: bool = False
     quant_zero_point: bool = False
     quant_format: str = ""  # the method's own format (quantization.Quantized.format): GPTQ's gptq or gptq_v2, ...
     quant_act_order: bool = False  # W4A16: each input's group given by a g_idx (activation order)

@@ -19,7 +19,7 @@ from flax import nnx
 
 from jaxengine.layers.activations import ACTIVATIONS
 from jaxengine.layers.attention import FP8_DTYPES, attention, kv_writer, select_body, token_slots, write_kv
-from jaxengine.layers.moe import SWIGLU_OAI, moe_mlp
+from jaxengine.layers.moe import SWIGLU_OAI, Mxfp4Experts, moe_mlp
 from jaxengine.layers.norms import gemma_scale, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
 from jaxengine.models.config import ModelConfig, rope_inv_freq
@@ -214,7 +214,7 @@ def _pack_layer(layer) -> None:
     scaled before the residual). A mixture of experts' gate/up weights of such activations and widths become
     one `pack_gated` weight per expert (layers.moe's grouped native matmul; GPT-OSS's clamped SwiGLU where its
     constants are gpt-oss's, its gate/up biases as one more input row); each of its projections is otherwise
-    packed on its own."""
+    packed on its own. MXFP4 experts (`ModelConfig.mxfp4_experts`) were packed at load."""
     from pallas_kernels import cpu
 
     def take(name):  # on the host: packing there compiles nothing (cpu.pack_bf16)
@@ -236,7 +236,7 @@ def _pack_layer(layer) -> None:
             and layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0):
         layer.gate_up_proj = nnx.Param(jax.device_put(cpu.pack_gated(take("gate_proj"), take("up_proj"))),
                                        logical_axes=_packed_axes(lead))
-    if (cfg.num_experts and gated and cfg.moe_intermediate_size % cpu.GATED == 0
+    if (cfg.num_experts and gated and cfg.moe_intermediate_size % cpu.GATED == 0 and not cfg.mxfp4_experts
             and (cfg.hidden_act != SWIGLU_OAI or (cfg.swiglu_alpha, cfg.swiglu_limit) == cpu.SWIGLU_OAI_CONSTANTS)):
         gate, up = take("expert_gate"), take("expert_up")
         if cfg.moe_bias:  # GPT-OSS: each bias as one more input row, which x meets with a 1 (moe_mlp's folded_bias)
@@ -245,7 +245,7 @@ def _pack_layer(layer) -> None:
         layer.expert_gate_up = nnx.Param(jax.device_put(cpu.pack_gated(gate, up)),
                                          logical_axes=_packed_axes(lead + ("experts",)))
     for name in _LINEAR:
-        if hasattr(layer, name):
+        if hasattr(layer, name) and not (cfg.mxfp4_experts and name.startswith("expert_")):  # MXFP4's: at load
             _pack(getattr(layer, name))
 
 
@@ -343,13 +343,24 @@ class DecoderLayers(nnx.Module):
         if cfg.num_experts:
             E, M = cfg.num_experts, cfg.moe_intermediate_size
             self.router = _param((L, D, E), dtype, ("layers", "embed", "experts"))
-            self.expert_gate = _param((L, E, D, M), dtype, ("layers", "experts", "embed", "mlp"))
-            self.expert_up = _param((L, E, D, M), dtype, ("layers", "experts", "embed", "mlp"))
-            self.expert_down = _param((L, E, M, D), dtype, ("layers", "experts", "mlp", "embed"))
+            if cfg.mxfp4_experts:  # as pallas_kernels.cpu.pack_mxfp4_panels packs them (registry._GptOssTensors)
+                from pallas_kernels.cpu import PANEL
+
+                for name, (n, k) in (("expert_gate_up", (2 * M, D)), ("expert_down", (D, M))):
+                    axes = _packed_axes(("layers", "experts"))
+                    setattr(self, name, _param((L, E, -(-n // PANEL), k // 2, PANEL), jnp.uint8, axes))
+                    setattr(self, name + "_exponents", _param((L, E, -(-n // PANEL), k // 32, PANEL), jnp.uint8, axes))
+            else:
+                self.expert_gate = _param((L, E, D, M), dtype, ("layers", "experts", "embed", "mlp"))
+                self.expert_up = _param((L, E, D, M), dtype, ("layers", "experts", "embed", "mlp"))
+                self.expert_down = _param((L, E, M, D), dtype, ("layers", "experts", "mlp", "embed"))
         if cfg.moe_bias:
             self.router_bias = _param((L, E), dtype, ("layers", "experts"))
-            self.expert_gate_bias = _param((L, E, M), dtype, ("layers", "experts", "mlp"))
-            self.expert_up_bias = _param((L, E, M), dtype, ("layers", "experts", "mlp"))
+            if cfg.mxfp4_experts:  # gate's and up's in pack_gated's column order, in float32 as the kernel adds them
+                self.expert_gate_up_bias = _param((L, E, 2 * M), jnp.float32, ("layers", "experts", "packed"))
+            else:
+                self.expert_gate_bias = _param((L, E, M), dtype, ("layers", "experts", "mlp"))
+                self.expert_up_bias = _param((L, E, M), dtype, ("layers", "experts", "mlp"))
             self.expert_down_bias = _param((L, E, D), dtype, ("layers", "experts", "embed"))
         if cfg.attn_sinks:  # each query head's sink logit, in float32 as the attention takes it
             self.sinks = _param((L, cfg.num_heads), jnp.float32, ("layers", "heads"))
@@ -520,10 +531,16 @@ class DecoderLayers(nnx.Module):
                                                                         "expert_gate_bias", "expert_up_bias",
                                                                         "expert_down_bias", "router_bias")
                            if hasattr(self, name)}
-            experts = moe_mlp(x, self.router[...], down=self.expert_down[...], top_k=cfg.experts_per_token,
+            down = self.expert_down[...]
+            if cfg.mxfp4_experts:  # gate/up's biases go with its weight (the kernel adds them)
+                projections["expert_gate_up"] = Mxfp4Experts(projections["expert_gate_up"],
+                                                             self.expert_gate_up_exponents[...],
+                                                             self.expert_gate_up_bias[...])
+                down = Mxfp4Experts(down, self.expert_down_exponents[...])
+            experts = moe_mlp(x, self.router[...], down=down, top_k=cfg.experts_per_token,
                               renormalize=cfg.norm_topk_prob, activation=cfg.hidden_act, layer=layer, live_rows=live,
                               swiglu=(cfg.swiglu_alpha, cfg.swiglu_limit),
-                              folded_bias=cfg.moe_bias and "expert_gate_up" in projections,
+                              folded_bias=cfg.moe_bias and "expert_gate_up" in projections and not cfg.mxfp4_experts,
                               **{name.removeprefix("expert_"): w for name, w in projections.items()})
             out = experts if out is None else out + experts
         if cfg.sandwich_norms:
@@ -693,8 +710,12 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
     if cfg.architecture == "GptOssForCausalLM":  # each layer's experts stacked in one tensor (registry._GptOssTensors)
         per_layer |= {"mlp.router.weight": ("router", True), "mlp.router.bias": ("router_bias", False),
                       "self_attn.sinks": ("sinks", False)}
-        per_layer |= {f"mlp.experts.{p}_proj{bias}": (f"expert_{p}{bias}", False)
-                      for p in ("gate", "up", "down") for bias in ("", "_bias")}
+        if cfg.mxfp4_experts:  # packed at load as they are
+            per_layer |= {f"mlp.experts.{p}_proj{part}": (f"expert_{p}{part.replace('_codes', '')}", False)
+                          for p in ("gate_up", "down") for part in ("_codes", "_exponents", "_bias")}
+        else:
+            per_layer |= {f"mlp.experts.{p}_proj{bias}": (f"expert_{p}{bias}", False)
+                          for p in ("gate", "up", "down") for bias in ("", "_bias")}
     elif cfg.num_experts:
         mixtral = cfg.architecture == "MixtralForCausalLM"
         moe = "block_sparse_moe" if mixtral else "mlp"

@@ -15,6 +15,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
+from jaxengine.layers.moe import SWIGLU_OAI
 from jaxengine.layers.rope import partial_rotary_layout
 from jaxengine.models.config import ModelConfig, read_hf_config
 from jaxengine.models.llama import hf_weight_map
@@ -126,6 +127,17 @@ def weight_dtypes(model_dir: Path, cfg: ModelConfig, dtype: str, mesh=None, nati
     return jdtype, param_dtype, native and param_dtype == jnp.bfloat16  # not with an explicit float32
 
 
+def mxfp4_experts_apply(cfg: ModelConfig) -> bool:
+    """Whether an MXFP4 checkpoint's experts can stay MXFP4 on the native CPU matmul (where it runs: the caller's
+    to know): its grouped MXFP4 matmul takes gate/up packed together with GPT-OSS's clamped SwiGLU in its epilogue,
+    so gpt-oss's constants and an expert width of whole 16-column halves of panels. Otherwise they are dequantized
+    at load (registry._GptOssTensors)."""
+    from pallas_kernels import cpu
+
+    return (cfg.quant_method == "mxfp4" and cfg.hidden_act == SWIGLU_OAI and cfg.moe_intermediate_size % cpu.GATED == 0
+            and (cfg.swiglu_alpha, cfg.swiglu_limit) == cpu.SWIGLU_OAI_CONSTANTS)
+
+
 def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, mesh=None,
                attention_backend: str = "auto", unstacked: bool = False, native_matmul: bool = False,
                executables=None, hf_overrides: dict | None = None, long_rope: bool = False):
@@ -149,6 +161,8 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
         cfg = dataclasses.replace(cfg, rope=dataclasses.replace(cfg.rope, long=True))
     orbax = orbax_io.is_orbax_checkpoint(model_dir)
     jdtype, param_dtype, native_matmul = weight_dtypes(model_dir, cfg, dtype, mesh, native_matmul)
+    if native_matmul and not orbax and mxfp4_experts_apply(cfg):
+        cfg = dataclasses.replace(cfg, mxfp4_experts=True)
     repeats = kv_head_repeats(cfg, mesh.shape["model"]) if mesh is not None else 1
     checkpoint_cfg = cfg
     cfg = dataclasses.replace(cfg, num_kv_heads=cfg.num_kv_heads * repeats)
@@ -182,9 +196,9 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
         loaded_model.unstack_layers()  # an Orbax checkpoint holds stacked layers; no-op otherwise
     if native_matmul:
         loaded_model.pack_for_native_matmul()
-    logger.info("loaded %s (weights %s, compute %s%s) from %s (%s) in %.2f s", cfg.architecture,
+    logger.info("loaded %s (weights %s, compute %s%s%s) from %s (%s) in %.2f s", cfg.architecture,
                 jnp.dtype(param_dtype).name, jnp.dtype(jdtype).name,
-                ", native bfloat16 matmul" if native_matmul else "",
+                ", native bfloat16 matmul" if native_matmul else "", ", MXFP4 experts" if cfg.mxfp4_experts else "",
                 model_dir, "orbax" if orbax else "safetensors", time.perf_counter() - start)
     return loaded_model, cfg
 

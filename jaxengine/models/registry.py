@@ -3,6 +3,8 @@
 from collections.abc import Callable
 import dataclasses
 
+import numpy as np
+
 from jaxengine.models.config import (GEMMA_ARCHITECTURES, ModelConfig, gemma3_language_config_from_hf,
                                      gemma_config_from_hf, gpt_oss_config_from_hf, model_config_from_hf,
                                      moe_config_from_hf)
@@ -60,7 +62,10 @@ class _GptOssTensors:
     ([E, hidden, 2 x I], as transformers keeps it) and its bias ([E, 2 x I]) hold the gate's and the up
     projection's columns alternately: they become `gate_proj` and `up_proj` (and `_bias`). MXFP4 checkpoints (the
     hub's) store `gate_up_proj` and `down_proj` as `_blocks` and `_scales` ([E, out, ...]): each pair is held until
-    both have arrived, then dequantized (quantization.dequantize_mxfp4) to the [E, in, out] tensor."""
+    both have arrived, then dequantized (quantization.dequantize_mxfp4) to the [E, in, out] tensor; or, where the
+    model keeps its experts in MXFP4 (`ModelConfig.mxfp4_experts`), packed as they are for the native grouped MXFP4
+    matmul (pallas_kernels.cpu.pack_mxfp4_panels: `_codes` and `_exponents`), gate/up's outputs, and its bias,
+    in `pack_gated`'s order (16 gate and the same 16 up columns a panel: `gate_up_proj_bias`, float32)."""
 
     _FUSED = (".mlp.experts.gate_up_proj", ".mlp.experts.gate_up_proj_bias")
 
@@ -75,11 +80,34 @@ class _GptOssTensors:
                 self._held[name] = array
                 return []
             blocks, scales = (array, other) if kind == "blocks" else (other, array)
+            if cfg.mxfp4_experts:
+                return self._packed(stem, blocks, scales)
             name, array = stem, dequantize_mxfp4(blocks, scales).swapaxes(-1, -2)
+        if cfg.mxfp4_experts and name.endswith(self._FUSED[1]):
+            return [(name, np.asarray(array, np.float32)[..., _gated_order(array.shape[-1])])]
         if name.endswith(self._FUSED):
             head, _, tail = name.rpartition(".gate_up_proj")
             return [(f"{head}.gate_proj{tail}", array[..., 0::2]), (f"{head}.up_proj{tail}", array[..., 1::2])]
         return [(name, array)]
+
+
+    @staticmethod
+    def _packed(stem: str, blocks, scales) -> list:
+        from pallas_kernels import cpu
+
+        blocks, scales = np.asarray(blocks), np.asarray(scales)
+        if stem.endswith(".gate_up_proj"):  # [E, 2I, ...]: gate's and up's outputs in turn
+            order = _gated_order(blocks.shape[-3])
+            blocks, scales = blocks[..., order, :, :], scales[..., order, :]
+        codes, exponents = cpu.pack_mxfp4_panels(blocks, scales)
+        return [(f"{stem}_codes", codes), (f"{stem}_exponents", exponents)]
+
+
+def _gated_order(width: int) -> np.ndarray:
+    """The indices of GPT-OSS's interleaved gate/up outputs (gate's even, up's odd) in `pack_gated`'s order."""
+    from pallas_kernels import cpu
+
+    return cpu.gated_columns(np.arange(0, width, 2), np.arange(1, width, 2))
 
 
 def _classifier_tensor(name: str) -> str | None:
