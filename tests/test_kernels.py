@@ -600,6 +600,22 @@ def test_native_matmuls_read_a_layer_of_stacked_weights_in_place():
         jax.block_until_ready(jax.jit(cpu.matmul_bf16, static_argnums=2)(x, stacks[0], n, layer=L))
 
 
+def test_pack_bf16_on_the_host_in_groups_of_panels_is_the_whole_packing(monkeypatch):
+    """Large host weights are packed a group of panels at a time (bounding the temporaries: an output head's were
+    ~3.5 GB): the same bits as packing them whole, a partial last panel and a stack's leading axes included; a jax
+    array stays a jax array."""
+    rng = np.random.default_rng(12)
+    for shape in [(3, 100, 7000), (96, 1000), (64, 33)]:
+        w = rng.standard_normal(shape).astype(jnp.bfloat16)
+        whole = cpu.pack_bf16(w)
+        monkeypatch.setattr(cpu, "_HOST_CHUNK", 5000)
+        np.testing.assert_array_equal(cpu.pack_bf16(w).view(np.uint16), whole.view(np.uint16))
+        packed = cpu.pack_bf16(jnp.asarray(w))
+        assert isinstance(packed, jax.Array)
+        np.testing.assert_array_equal(np.asarray(packed).view(np.uint16), whole.view(np.uint16))
+        monkeypatch.undo()
+
+
 @pytest.mark.skipif(not cpu.matmul_tiles(), reason="where the matmul runs on registers, the tests above test them")
 def test_the_register_path_too_where_tiles_run():
     """On a CPU with AMX-BF16 the native matmul, and the attention's scores and values of many rows over
