@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -53,6 +54,22 @@ def _context(config=None) -> dict:
     if config is not None:
         out["config"] = dataclasses.asdict(config)
     return out
+
+
+def _memory() -> dict:
+    """This process's memory, GiB: its peak resident set (file-backed pages included: a checkpoint's memory map while
+    it loads) and its anonymous resident memory now (weights, KV cache, runtime; Linux only, else None)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** (30 if sys.platform == "darwin" else 20)
+    anon = None
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                anon = int(line.split()[1]) / 2 ** 20
+    except OSError:
+        pass
+    return {"peak_rss_gib": round(peak, 2), "rss_anon_gib": None if anon is None else round(anon, 2)}
 
 
 def _emit(result: dict, path: str | None) -> str:
@@ -146,8 +163,8 @@ def throughput(args) -> None:
            "runs_output_tok_s": [round(g / w, 2) for w, g, _ in runs],
            # Prompt tokens the prefix cache served, of those looked up, over the timed runs (0 with it off).
            "prefix_cache_hit_rate": round(hits / queries, 4) if queries else 0.0,
-           "compiles_during_runs": compile_count() - compiles, "profiled": args.profile} | _context(config),
-          args.output_json)
+           "compiles_during_runs": compile_count() - compiles, "profiled": args.profile} | _memory()
+          | _context(config), args.output_json)
 
 
 def latency(args) -> None:
@@ -193,7 +210,7 @@ def latency(args) -> None:
                   "tpot_ms": round((e2e - ttft) / (args.output_len - 1) * 1e3, 3),
                   "avg_latency": float(latencies.mean()), "latencies": latencies.tolist(),
                   "percentiles": dict(zip(map(str, percents), np.percentile(latencies, percents).tolist()))}
-          | _context(config), args.output_json)
+          | _memory() | _context(config), args.output_json)
 
 
 def _failure(message: str, start: float) -> dict:

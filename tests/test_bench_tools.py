@@ -284,6 +284,8 @@ def test_bench_latency_and_refusals(model_dirs, capsys):
     assert len(result["latencies"]) == 2 and result["avg_latency"] == pytest.approx(sum(result["latencies"]) / 2)
     assert list(result["percentiles"]) == ["10", "25", "50", "75", "90", "99"]
     assert result["e2e_ms"] == pytest.approx(result["percentiles"]["50"] * 1e3, abs=0.01)
+    # the process's memory: its peak resident set, and the anonymous memory it holds (weights, KV cache, runtime)
+    assert result["peak_rss_gib"] >= result["rss_anon_gib"] > 0.05
     with pytest.raises(SystemExit, match="--output-len"):
         main(["bench", "latency", "--model", model, *ENGINE_FLAGS, "--output-len", "1"])
     with pytest.raises(SystemExit, match="top_p"):
