@@ -1045,8 +1045,9 @@ def test_grouped_mxfp4_matmul_dequantizes_every_code_and_scale_exactly():
     """One-hot rows read each weight back: every byte's two float4 codes at every exponent from 2 to 252 (the
     exponent-field path) and at 0, 1, 253 and 254 (the float32 path; codes kept small there so that nothing
     overflows) come out as dequantize_mxfp4's values, bit for bit (signed zeros aside, which a sum of products
-    does not keep; float32 subnormal results flush to zero, as bfloat16's conversion treats them). The groups'
-    weights start at `first`; a group without rows reads none; rows past the groups come out zero."""
+    does not keep; float32 subnormal results flush to zero, as bfloat16's conversion treats them), in calls of many
+    rows (each panel dequantized once into the cache) and of one register block (in registers as it is multiplied).
+    The groups' weights start at `first`; a group without rows reads none; rows past the groups come out zero."""
     rng = np.random.default_rng(21)
     S, n, k = 3, 80, 96  # 80 columns: a partial last panel
     blocks, scales, _ = _mxfp4(rng, S, n, k)
@@ -1070,6 +1071,13 @@ def test_grouped_mxfp4_matmul_dequantizes_every_code_and_scale_exactly():
                 np.testing.assert_array_equal(got[row:row + size], want[row // 2:(row + size) // 2].repeat(2, 0))
             row += size
         assert not got[row:].any()
+    # calls of one register block (12 rows at most) dequantize in registers as they multiply
+    call = jax.jit(lambda x, first: cpu.grouped_matmul_mxfp4(x, codes, exponents, None, jnp.asarray([12]), first, n))
+    for first in range(S):
+        want = w[first].astype(jnp.bfloat16).astype(np.float32)
+        want[np.abs(want) < np.finfo(np.float32).tiny] = 0
+        got = np.concatenate([np.asarray(call(x[start:start + 12], first)) for start in range(0, 2 * k, 12)])
+        np.testing.assert_array_equal(got, want.repeat(2, 0))
 
 
 @pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
