@@ -15,9 +15,11 @@ if [ -n "${PEER_VENV:-}" ]; then
         "$model" --peers "$peers" --runs "$runs" --temperature 0
 fi
 jaxengine bench latency --model "$model" "${engine_settings[@]}" --batch-size 1 --num-iters 5
-# The same checkpoint with MXFP4 experts, as the hub ships gpt-oss (ours dequantizes them at load); vLLM-CPU 0.32 has
-# no MXFP4 mixture-of-experts backend for this CPU and refuses it: its error, if so, as the peer's line.
+# The same checkpoint with MXFP4 experts, as the hub ships gpt-oss (ours keeps them in MXFP4 on the native matmul);
+# vLLM-CPU 0.32 has no MXFP4 mixture-of-experts backend for this CPU and refuses it: its error, if so, as the peer's
+# line.
 jaxengine bench throughput --model "$model-mxfp4" "${engine_settings[@]}" --runs "$runs"
+jaxengine bench latency --model "$model-mxfp4" "${engine_settings[@]}" --batch-size 1 --num-iters 5
 if [ -n "${PEER_VENV:-}" ]; then
     env "${peer_env[@]}" VLLM_ENABLE_V1_MULTIPROCESSING=0 "$PEER_VENV/bin/python" "$here/vllm_offline_sampled.py" \
         "$model-mxfp4" --peers "$peers" --runs "$runs" --temperature 0 2>"${TMPDIR:-/tmp}/vllm-mxfp4.err" ||
