@@ -141,15 +141,35 @@ inline void store_row(const Problem& p, int64_t m0, int64_t R, int64_t r, int64_
   _mm512_mask_storeu_ps(y + 16, mask_hi, hi);
 }
 
+// The sums of R rows x panel `index` as they start: its columns' biases (Problem::column_bias), or zero.
+template <int R>
+__attribute__((always_inline)) inline void start_sums(const Problem& p, int64_t index, __m512 (&lo)[R],
+                                                       __m512 (&hi)[R]) {
+  const __m512 lo0 = p.column_bias ? _mm512_loadu_ps(p.column_bias + index * kPanel) : _mm512_setzero_ps();
+  const __m512 hi0 = p.column_bias ? _mm512_loadu_ps(p.column_bias + index * kPanel + 16) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) lo[r] = lo0, hi[r] = hi0;
+}
+
+// One pair of a panel's rows (columns 0-15 in b_lo, 16-31 in b_hi) into R rows' sums: row r's pair of x is
+// a[16 r + j] (pair j of the rows' chunk).
+template <int R>
+__attribute__((always_inline)) inline void multiply_pair(const uint32_t* a, int64_t j, __m512bh b_lo, __m512bh b_hi,
+                                                          __m512 (&lo)[R], __m512 (&hi)[R]) {
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[16 * r + j]));
+    lo[r] = _mm512_dpbf16_ps(lo[r], x, b_lo);
+    hi[r] = _mm512_dpbf16_ps(hi[r], x, b_hi);
+  }
+}
+
 // Row block [m0, m0 + R) x the 32 columns of panel `index` (masked to the columns below N). `prefetch`, where
 // given, is a panel brought towards L2 on the way, two lines per k (a whole panel over one block's K loop).
 template <int R>
 void block(const Problem& p, int64_t m0, int64_t index, __mmask32 mask, const uint16_t* prefetch) {
   __m512 lo[R], hi[R];
-  const __m512 lo0 = p.column_bias ? _mm512_loadu_ps(p.column_bias + index * kPanel) : _mm512_setzero_ps();
-  const __m512 hi0 = p.column_bias ? _mm512_loadu_ps(p.column_bias + index * kPanel + 16) : _mm512_setzero_ps();
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) lo[r] = lo0, hi[r] = hi0;
+  start_sums<R>(p, index, lo, hi);
   const uint16_t* w = p.w + index * p.K2 * 64;
   const uint32_t* a = p.a + m0 * p.K2p;  // this block's pairs, [K2p / 16][R][16]: one sequential stream
   for (int64_t c = 0; c < p.K2; c += 16, a += 16 * R) {
@@ -162,12 +182,7 @@ void block(const Problem& p, int64_t m0, int64_t index, __mmask32 mask, const ui
         _mm_prefetch(reinterpret_cast<const char*>(prefetch + 64 * k), _MM_HINT_T1);
         _mm_prefetch(reinterpret_cast<const char*>(prefetch + 64 * k + 32), _MM_HINT_T1);
       }
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[16 * r + j]));
-        lo[r] = _mm512_dpbf16_ps(lo[r], x, b_lo);
-        hi[r] = _mm512_dpbf16_ps(hi[r], x, b_hi);
-      }
+      multiply_pair<R>(a, j, b_lo, b_hi, lo, hi);
     }
   }
 #pragma GCC unroll 16
@@ -299,23 +314,14 @@ void mxfp4_panel(const Problem& p, const uint8_t* q, const uint8_t* exponents, u
 template <int R>
 void mxfp4_block(const Problem& p, int64_t index, __mmask32 mask, const uint8_t* q, const uint8_t* exponents) {
   __m512 lo[R], hi[R];
-  const __m512 lo0 = p.column_bias ? _mm512_loadu_ps(p.column_bias + index * kPanel) : _mm512_setzero_ps();
-  const __m512 hi0 = p.column_bias ? _mm512_loadu_ps(p.column_bias + index * kPanel + 16) : _mm512_setzero_ps();
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) lo[r] = lo0, hi[r] = hi0;
+  start_sums<R>(p, index, lo, hi);
   Mxfp4 mx;
   const uint32_t* a = p.a;  // the one block's pairs, [K2 / 16][R][16]: a group of 16 pairs is a chunk
   for (int64_t g = 0; g < p.groups; ++g, a += 16 * R) {
     mx.group(exponents + g * 32);
     for (int j = 0; j < 16; ++j) {
       const uint8_t* codes = q + (16 * g + j) * 32;
-      const __m512bh b_lo = (__m512bh)mx.pairs(codes, 0), b_hi = (__m512bh)mx.pairs(codes + 16, 1);
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[16 * r + j]));
-        lo[r] = _mm512_dpbf16_ps(lo[r], x, b_lo);
-        hi[r] = _mm512_dpbf16_ps(hi[r], x, b_hi);
-      }
+      multiply_pair<R>(a, j, (__m512bh)mx.pairs(codes, 0), (__m512bh)mx.pairs(codes + 16, 1), lo, hi);
     }
   }
 #pragma GCC unroll 16
