@@ -1100,6 +1100,10 @@ def test_grouped_mxfp4_matmul_is_the_bf16_grouped_matmul_of_the_dequantized_weig
 
     gu_blocks, gu_scales = gated(g_blocks, u_blocks), gated(g_scales, u_scales)
     gate_up = cpu.pack_mxfp4_panels(gu_blocks, gu_scales)
+    order = cpu.gated_columns(np.arange(inter), inter + np.arange(inter))  # the same columns, taken in that order
+    for got, want in zip(cpu.pack_mxfp4_panels(np.concatenate([g_blocks, u_blocks], 1),
+                                               np.concatenate([g_scales, u_scales], 1), order), gate_up):
+        np.testing.assert_array_equal(got, want)
     down_mx = cpu.pack_mxfp4_panels(d_blocks, d_scales)
     bf16 = {name: jnp.asarray(w).astype(jnp.bfloat16) for name, w in (("gate", gate), ("up", up), ("down", down))}
     # stored products: gate's weights alone, with a bias
@@ -1124,3 +1128,5 @@ def test_grouped_mxfp4_matmul_is_the_bf16_grouped_matmul_of_the_dequantized_weig
         cpu.grouped_matmul_mxfp4(x[:, :32], *gate_mx, None, sizes, 0, inter)
     with pytest.raises(ValueError, match="pack_mxfp4_panels needs"):
         cpu.pack_mxfp4_panels(g_blocks, g_scales[..., :1])
+    with pytest.raises(ValueError, match="a permutation"):
+        cpu.pack_mxfp4_panels(g_blocks, g_scales, np.zeros(inter, np.int64))

@@ -96,10 +96,8 @@ class _GptOssTensors:
         from pallas_kernels import cpu
 
         blocks, scales = np.asarray(blocks), np.asarray(scales)
-        if stem.endswith(".gate_up_proj"):  # [E, 2I, ...]: gate's and up's outputs in turn
-            order = _gated_order(blocks.shape[-3])
-            blocks, scales = blocks[..., order, :, :], scales[..., order, :]
-        codes, exponents = cpu.pack_mxfp4_panels(blocks, scales)
+        gated = stem.endswith(".gate_up_proj")  # [E, 2I, ...]: gate's and up's outputs in turn
+        codes, exponents = cpu.pack_mxfp4_panels(blocks, scales, _gated_order(blocks.shape[-3]) if gated else None)
         return [(f"{stem}_codes", codes), (f"{stem}_exponents", exponents)]
 
 
