@@ -197,11 +197,16 @@ void rows(const Problem& p, int64_t m0, int64_t index, __mmask32 mask, int64_t c
   }
 }
 
+// The columns of panel `index` below N (all 32 but in a last, partial panel).
+inline __mmask32 panel_mask(const Problem& p, int64_t index) {
+  const int64_t cols = std::min<int64_t>(kPanel, p.N - index * kPanel);
+  return cols == kPanel ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << cols) - 1);
+}
+
 // Panel `index` for all rows; the panel `next` (this worker's likely next one, or -1) is prefetched during the
 // first row block, so the first block of the next panel does not wait on memory for its weights.
 void panel(const Problem& p, int64_t index, int64_t next) {
-  const int64_t cols = std::min<int64_t>(kPanel, p.N - index * kPanel);
-  const __mmask32 mask = cols == kPanel ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << cols) - 1);
+  const __mmask32 mask = panel_mask(p, index);
   const uint16_t* prefetch = next >= 0 ? p.w + next * p.K2 * 64 : nullptr;
   for (int64_t m0 = 0; m0 < p.M; m0 += p.rows)
     rows<kMaxRows>(p, m0, index, mask, std::min<int64_t>(p.rows, p.M - m0), m0 == 0 ? prefetch : nullptr);
@@ -267,8 +272,8 @@ struct Mxfp4 {
   __m512 power[2];   // and as floats (e - 127)
   bool exact = true;
 
-  // Group g's exponents (32 bytes, one per column); whether the exponent-field path is exact for all of them.
-  bool group(const uint8_t* exponents) {
+  // Group g's exponents (32 bytes, one per column); `exact`: whether the exponent-field path is for all of them.
+  void group(const uint8_t* exponents) {
     exact = true;
     for (int h = 0; h < 2; ++h) {
       const __m512i e = _mm512_sub_epi32(
@@ -279,7 +284,6 @@ struct Mxfp4 {
       shift[h] = _mm512_or_si512(word, _mm512_slli_epi32(word, 16));
       power[h] = _mm512_cvtepi32_ps(e);
     }
-    return exact;
   }
 
   // The bfloat16 pairs of 16 columns (16h ..) of one pair of rows: their 16 code bytes at `codes`.
@@ -340,16 +344,13 @@ void mxfp4_rows(const Problem& p, int64_t index, __mmask32 mask, const uint8_t* 
 // layout: each value times its group's scale plus its group's bias (int4: -zero point x scale), exact in float32,
 // then rounded; MXFP4's: mxfp4_panel), then multiplied as a bfloat16 one (all rows: once per call).
 void dequantized_panel(const Problem& p, int64_t index) {
+  const int64_t width = p.fp8 ? 64 : 32;  // bytes of a panel's pair of rows
+  const uint8_t* q = p.quant + index * p.K2 * width;
+  if (p.exponents && p.M <= kMaxRows)  // one row block: the panel dequantized in registers as it is multiplied
+    return mxfp4_rows<kMaxRows>(p, index, panel_mask(p, index), q, p.exponents + index * p.groups * 32);
   thread_local std::vector<uint16_t> buffer;
   buffer.resize(static_cast<size_t>(p.K2 * 64) + 32);
   uint16_t* panel_w = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
-  const int64_t width = p.fp8 ? 64 : 32;  // bytes of a panel's pair of rows
-  const uint8_t* q = p.quant + index * p.K2 * width;
-  if (p.exponents && p.M <= kMaxRows) {  // one row block: the panel dequantized in registers as it is multiplied
-    const int64_t cols = std::min<int64_t>(kPanel, p.N - index * kPanel);
-    const __mmask32 mask = cols == kPanel ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << cols) - 1);
-    return mxfp4_rows<kMaxRows>(p, index, mask, q, p.exponents + index * p.groups * 32);
-  }
   if (p.exponents) {
     mxfp4_panel(p, q, p.exponents + index * p.groups * 32, panel_w);
   } else {
@@ -381,11 +382,6 @@ struct Pending {
   int64_t m0 = -1, index = 0;
   float (*products)[kPanel] = nullptr;
 };
-
-inline __mmask32 panel_mask(const Problem& p, int64_t index) {
-  const int64_t cols = std::min<int64_t>(kPanel, p.N - index * kPanel);
-  return cols == kPanel ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << cols) - 1);
-}
 
 // Block m0's pairs and the stride of its chunks: the padded copy for a short last block (a tile reads 16 rows).
 inline const uint32_t* block_pairs(const Problem& p, int64_t m0, int64_t& stride) {
@@ -891,7 +887,8 @@ ffi::Error GroupedMatmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi
 // a stack of float4 e2m1 codes [G, P, K2, 32] (int4 panels' layout: a byte holds a column's two consecutive
 // values, the first in its low nibble) and their powers of two, E8M0 bytes [G, P, K2 / 16, 32] (one per column
 // and 32 inputs), with a float32 bias [G, P * 32] added to each column's products (or none: empty). Each panel
-// is dequantized to bfloat16 as it is taken (mxfp4_panel, exact), then multiplied as GroupedMatmul multiplies.
+// is dequantized exactly to bfloat16 as it is taken (mxfp4_panel; a group of one row block's rows: in registers,
+// mxfp4_block), then multiplied as GroupedMatmul multiplies.
 ffi::Error GroupedMatmulMxfp4(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U8> codes,
                               ffi::Buffer<ffi::U8> exponents, ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::S32> first,
                               ffi::Buffer<ffi::S32> sizes, ffi::Result<ffi::AnyBuffer> y, int32_t prologue,
