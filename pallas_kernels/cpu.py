@@ -565,6 +565,21 @@ def gated_pairs(x, packed, *, prologue: str | None = None, norm=None, eps: float
                           residual=None, live_rows=live_rows, layer=layer, activation=activation)
 
 
+def _grouped_modes(name: str, prologue: str | None, epilogue: str) -> tuple[bool, bool]:
+    """(rounded, gated) of a grouped matmul's prologue and epilogue, checked."""
+    if prologue not in (None, "rounded") or epilogue not in _EPILOGUES or (prologue, epilogue) == (
+            "rounded", "gated_pairs"):
+        raise ValueError(f"{name} takes prologue None or 'rounded' and epilogue 'store' or 'gated_pairs' (not both "
+                         f"of the latter), got {prologue!r} and {epilogue!r}")
+    return prologue == "rounded", epilogue == "gated_pairs"
+
+
+def _grouped_result(x, n: int, gated: bool) -> jax.ShapeDtypeStruct:
+    """A grouped matmul's result over n columns: f32 [M, n], or the gated pairs of its n / 2."""
+    return jax.ShapeDtypeStruct((x.shape[0], rounded_width(n // 2) if gated else n),
+                                jnp.uint32 if gated else jnp.float32)
+
+
 def grouped_matmul_bf16(x, packed, sizes, first, n: int, *, prologue: str | None = None, epilogue: str = "store",
                         activation: str = "silu"):
     """A mixture of experts' grouped matmul: x's rows sorted by expert, the next sizes[g] rows (i32[G], in order)
@@ -575,20 +590,14 @@ def grouped_matmul_bf16(x, packed, sizes, first, n: int, *, prologue: str | None
     grouped call over the same sizes reads), no residual and no norm. A group without rows reads no weight;
     rows past the sizes' sum come out zero. Only the groups' rows are multiplied, where XLA:CPU's `ragged_dot`
     multiplies every row by every group's weight."""
-    if prologue not in (None, "rounded") or epilogue not in _EPILOGUES or (prologue, epilogue) == (
-            "rounded", "gated_pairs"):
-        raise ValueError(f"grouped_matmul_bf16 takes prologue None or 'rounded' and epilogue 'store' or "
-                         f"'gated_pairs' (not both of the latter), got {prologue!r} and {epilogue!r}")
-    rounded, gated = prologue == "rounded", epilogue == "gated_pairs"
+    rounded, gated = _grouped_modes("grouped_matmul_bf16", prologue, epilogue)
     if packed.ndim != 4 or packed.dtype != jnp.bfloat16 or x.ndim != 2 or x.dtype != (
             jnp.uint32 if rounded else jnp.float32) or sizes.ndim != 1 or jnp.ndim(first) != 0:
         raise ValueError(f"grouped_matmul_bf16 needs x [M, K] (float32; uint32 when rounded), a packed bfloat16 "
                          f"[S, P, K2, 64], sizes i32[G] and a scalar first, got {x.dtype} {x.shape}, {packed.dtype} "
                          f"{packed.shape}, {sizes.shape} and {jnp.shape(first)}")
-    width = rounded_width(n // 2) if gated else n
-    out = jax.ShapeDtypeStruct((x.shape[0], width), jnp.uint32 if gated else jnp.float32)
     _library()
-    call = jax.ffi.ffi_call(_GROUPED_MATMUL_TARGET, out)
+    call = jax.ffi.ffi_call(_GROUPED_MATMUL_TARGET, _grouped_result(x, n, gated))
     return call(x, packed, jnp.asarray(first, jnp.int32).reshape(1), sizes.astype(jnp.int32),
                 jnp.zeros((0,), jnp.float32), prologue=np.int32(_PROLOGUES[prologue]),
                 epilogue=_epilogue(epilogue, activation), eps=np.float32(0.0))
@@ -601,11 +610,7 @@ def grouped_matmul_mxfp4(x, codes, exponents, bias, sizes, first, n: int, *, pro
     "gated_pairs", their columns in `pack_gated`'s order), each panel dequantized exactly to bfloat16 as it is
     taken; `bias` f32 [S, P * 32] (or None), in the same column order, is added to each expert's products (before
     the gated epilogue's activation). x, sizes, first, prologue, epilogue and activation as there."""
-    if prologue not in (None, "rounded") or epilogue not in _EPILOGUES or (prologue, epilogue) == (
-            "rounded", "gated_pairs"):
-        raise ValueError(f"grouped_matmul_mxfp4 takes prologue None or 'rounded' and epilogue 'store' or "
-                         f"'gated_pairs' (not both of the latter), got {prologue!r} and {epilogue!r}")
-    rounded, gated = prologue == "rounded", epilogue == "gated_pairs"
+    rounded, gated = _grouped_modes("grouped_matmul_mxfp4", prologue, epilogue)
     S, P, K2 = codes.shape[:3] if codes.ndim == 4 else (0, 0, 0)
     K = 2 * K2 if rounded else x.shape[-1] if x.ndim == 2 else -1
     if codes.ndim != 4 or codes.dtype != jnp.uint8 or codes.shape[-1] != PANEL or exponents.dtype != jnp.uint8 or (
@@ -618,10 +623,8 @@ def grouped_matmul_mxfp4(x, codes, exponents, bias, sizes, first, n: int, *, pro
                          f"sizes i32[G] and a scalar first, got {x.dtype} {x.shape}, {codes.dtype} {codes.shape}, "
                          f"{exponents.dtype} {exponents.shape}, bias {None if bias is None else bias.shape}, "
                          f"{sizes.shape} and {jnp.shape(first)}")
-    out = jax.ShapeDtypeStruct((x.shape[0], rounded_width(n // 2) if gated else n),
-                               jnp.uint32 if gated else jnp.float32)
     _library()
-    return jax.ffi.ffi_call(_GROUPED_MXFP4_TARGET, out)(
+    return jax.ffi.ffi_call(_GROUPED_MXFP4_TARGET, _grouped_result(x, n, gated))(
         x, codes, exponents, jnp.zeros((0, 0), jnp.float32) if bias is None else bias,
         jnp.asarray(first, jnp.int32).reshape(1), sizes.astype(jnp.int32), prologue=np.int32(_PROLOGUES[prologue]),
         epilogue=_epilogue(epilogue, activation))

@@ -90,12 +90,10 @@ class _GptOssTensors:
             return [(f"{head}.gate_proj{tail}", array[..., 0::2]), (f"{head}.up_proj{tail}", array[..., 1::2])]
         return [(name, array)]
 
-
     @staticmethod
     def _packed(stem: str, blocks, scales) -> list:
         from pallas_kernels import cpu
 
-        blocks, scales = np.asarray(blocks), np.asarray(scales)
         gated = stem.endswith(".gate_up_proj")  # [E, 2I, ...]: gate's and up's outputs in turn
         codes, exponents = cpu.pack_mxfp4_panels(blocks, scales, _gated_order(blocks.shape[-3]) if gated else None)
         return [(f"{stem}_codes", codes), (f"{stem}_exponents", exponents)]
