@@ -140,7 +140,8 @@ def _serve(args) -> None:
                     tool_call_parser=args.tool_call_parser,
                     lora_modules=[LoRARequest(name, i + 1, path)
                                   for i, (name, path) in enumerate(args.lora_modules or [])],
-                    runtime_lora_updating=_bool(os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING") or "false"))
+                    runtime_lora_updating=_bool(os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING") or "false"),
+                    responses_store_size=args.responses_store_size)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                     ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
@@ -228,6 +229,9 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--lora-modules", nargs="+", type=lora_module, default=None,
                        help="LoRA adapters served by name (with --enable-lora): name=path, or a JSON object "
                             "'{\"name\": ..., \"path\": ...}'")
+    serve.add_argument("--responses-store-size", type=int, default=1024,
+                       help="Responses API responses kept in memory for previous_response_id and GET "
+                            "/v1/responses/{id} (the newest; 0 keeps none)")
     serve.add_argument("--uvicorn-log-level", default="info",
                        choices=("critical", "error", "warning", "info", "debug", "trace"))
     serve.add_argument("--allowed-origins", type=json_strings, default=[],

@@ -18,8 +18,8 @@ from jaxengine import profiler
 from server.engine_client import AsyncEngine, EngineDeadError
 from server.errors import APIError, error_body, error_response
 from server.protocol import (ChatCompletionRequest, ClassificationRequest, CompletionRequest, DetokenizeRequest,
-                             EmbeddingRequest, LoadLoRAAdapterRequest, RerankRequest, ScoreRequest,
-                             StartProfileRequest, TokenizeRequest, UnloadLoRAAdapterRequest)
+                             EmbeddingRequest, LoadLoRAAdapterRequest, RerankRequest, ResponsesRequest,
+                             ScoreRequest, StartProfileRequest, TokenizeRequest, UnloadLoRAAdapterRequest)
 from server.serving import Serving
 
 logger = logging.getLogger(__name__)
@@ -114,17 +114,17 @@ def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | l
               request_id_headers: bool = False, cors: dict | None = None, chat_template: str | None = None,
               trust_request_chat_template: bool = False, return_tokens_as_token_ids: bool = False,
               tool_call_parser: str | None = None, lora_modules: list | None = None,
-              runtime_lora_updating: bool = False) -> FastAPI:
+              runtime_lora_updating: bool = False, responses_store_size: int = 1024) -> FastAPI:
     """`model_name`: the served name, or names (vLLM's --served-model-name: requests may name any, responses
     carry the first). `api_key`: the key, or keys, any of which a /v1 request must bear. `cors`: Starlette
     CORSMiddleware's settings, as vLLM's --allowed-origins, --allow-credentials, --allowed-methods and
     --allowed-headers set them (default CORS_DEFAULTS: no cross-origin browser access). `chat_template` (the
     template's text), `trust_request_chat_template`, `return_tokens_as_token_ids`, `tool_call_parser` and
-    `lora_modules`: see Serving. `runtime_lora_updating` (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING): an engine with
+    `lora_modules`, `responses_store_size`: see Serving. `runtime_lora_updating` (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING): an engine with
     enable_lora gets POST /v1/load_lora_adapter and /v1/unload_lora_adapter."""
     app = FastAPI(title="jaxengine", version=jaxengine.__version__)
     serving = Serving(engine, model_name, chat_template, trust_request_chat_template, return_tokens_as_token_ids,
-                      tool_call_parser, lora_modules)
+                      tool_call_parser, lora_modules, responses_store_size)
     app.state.engine, app.state.serving = engine, serving
 
     # Each middleware added wraps those before it. The key is checked innermost: a browser's preflight (which
@@ -181,6 +181,19 @@ def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | l
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
         return respond(await serving.chat(with_header_id(req, raw)))
+
+    @app.post("/v1/responses")
+    async def responses(req: ResponsesRequest, raw: Request):
+        return respond(await serving.responses(with_header_id(req, raw)))
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        return serving.response_store.get(response_id)[0]
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        serving.response_store.delete(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     @app.post("/v1/embeddings")
     async def embeddings(req: EmbeddingRequest, raw: Request):

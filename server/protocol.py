@@ -273,3 +273,70 @@ class ClassificationRequest(BaseModel):
     add_special_tokens: bool = True
     priority: int = 0
     request_id: str | None = None
+
+
+class ResponsesTextFormat(BaseModel):
+    """The Responses API's `text.format`: plain text, any JSON object, or JSON of a schema."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponsesText(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: ResponsesTextFormat | None = None
+
+
+class ResponsesReasoning(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    effort: Literal["low", "medium", "high"] | None = None  # given to the chat template as reasoning_effort
+    summary: str | None = None  # refused where set: no summaries are written
+
+
+class ResponsesRequest(BaseModel):
+    """POST /v1/responses, OpenAI's Responses API as vLLM serves it (server.responses): `input` (a text, or a list
+    of input items: messages, function calls and their outputs, reasoning) and `tools` are read item by item there,
+    each refusal naming its place."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    input: str | list[dict]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    tools: list[dict] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict | None = None
+    parallel_tool_calls: bool | None = None
+    text: ResponsesText | None = None
+    reasoning: ResponsesReasoning | None = None
+    stream: bool = False
+    store: bool | None = None  # None: stored where the server keeps responses
+    previous_response_id: str | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    background: bool | None = None  # refused where true: responses run while their request waits
+    truncation: Literal["auto", "disabled"] | None = None  # "auto" refused: no input item is ever dropped
+    max_tool_calls: int | None = None  # refused where set: the server runs no tools of its own
+    service_tier: Literal["auto", "default"] | None = None
+    # vLLM's extras
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    seed: int | None = Field(None, ge=-(2 ** 63), lt=2 ** 64)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    logit_bias: dict[str, float] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    priority: int = 0
+    cache_salt: str | None = None
+    request_id: str | None = None

@@ -25,6 +25,7 @@ from server.errors import APIError, error_body
 from server.protocol import (ChatCompletionRequest, ChatMessage, ClassificationRequest, CompletionRequest,
                              EmbeddingRequest, RerankRequest, SamplingFields, ScoreRequest, ScoringFields,
                              TokenizeRequest)
+from server.responses import ResponsesAPI, ResponseStore
 from server.tool_parsers import (PARSERS, TOOL_CALL_PARSERS, NamedCall, RequiredCalls, ToolCall,
                                  required_schema)
 
@@ -179,10 +180,11 @@ def load_chat_template(value: str) -> str:
     raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
 
 
-class Serving:
+class Serving(ResponsesAPI):
     def __init__(self, engine: AsyncEngine, model_name: str | list[str], chat_template: str | None = None,
                  trust_request_chat_template: bool = False, return_tokens_as_token_ids: bool = False,
-                 tool_call_parser: str | None = None, lora_modules: list | None = None):
+                 tool_call_parser: str | None = None, lora_modules: list | None = None,
+                 responses_store_size: int = 1024):
         """`model_name`: the served name or names (requests may name any; responses carry the first).
         `chat_template`: the template for chat requests over the tokenizer's (--chat-template);
         `trust_request_chat_template`: a request's own `chat_template` is taken (otherwise refused, as vLLM);
@@ -190,7 +192,10 @@ class Serving:
         `tool_call_parser`: how tool calls are found in outputs, one of TOOL_CALL_PARSERS (vLLM's
         --enable-auto-tool-choice --tool-call-parser); None: requests with tools and tool_choice auto are refused.
         `lora_modules`: LoRA adapters (jaxengine.LoRARequest) served under their names (vLLM's --lora-modules):
-        a request that names one runs with it; each is read here, so one that does not fit stops the start."""
+        a request that names one runs with it; each is read here, so one that does not fit stops the start.
+        `responses_store_size`: how many Responses API responses are kept for previous_response_id and GET (the
+        newest; 0 keeps none)."""
+        self.response_store = ResponseStore(responses_store_size)
         if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"tool call parser {tool_call_parser!r} is not supported; supported: "
                              f"{', '.join(TOOL_CALL_PARSERS)}")
@@ -798,25 +803,36 @@ class Serving:
         finish = c.finish_reason if isinstance(finder, NamedCall) else "tool_calls"
         return message | {"content": content, "tool_calls": [t.as_dict() for t in calls]}, finish
 
+    def _keeping_special_tokens(self, req: ChatCompletionRequest) -> ChatCompletionRequest:
+        """The request with skip_special_tokens off where the reasoning parser, or the tool-call parser its
+        tool_choice uses, reads special tokens in the text."""
+        auto = not req.use_beam_search and self._tool_choice(req) == "auto"  # beam search refuses tools itself
+        if getattr(self.reasoning, "special_tokens", False) or (
+                auto and getattr(PARSERS[self.tool_call_parser], "special_tokens", False)):
+            return req.model_copy(update={"skip_special_tokens": False})
+        return req
+
+    def prepare_chat(self, req: ChatCompletionRequest):
+        """(the request as it runs, its admitted prompt, its SamplingParams) for a chat that is not a beam search:
+        a 400 for anything it asks that cannot be run (also the Responses API's way in)."""
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError("top_logprobs requires logprobs=true", param="top_logprobs")
+        self._check_streaming_fields(req)
+        req = self._keeping_special_tokens(req)
+        ids = self.chat_prompt(req)
+        params = sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
+                                 logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+                                 prompt_logprobs=req.prompt_logprobs, defaults=self.engine.engine.default_sampling)
+        return req, self._admitted([(None, ids)], params, req), params
+
     async def chat(self, req: ChatCompletionRequest):
         self.check_model(req.model)
         self._check_runner("generate", "/v1/chat/completions")
         if req.length_penalty != 1.0 and not req.use_beam_search:
             raise APIError("length_penalty applies to beam search (use_beam_search)", param="length_penalty")
-        if getattr(self.reasoning, "special_tokens", False):
-            req = req.model_copy(update={"skip_special_tokens": False})  # its parser reads special tokens
         if req.use_beam_search:
-            return await self._beam_chat(req)
-        if req.top_logprobs is not None and not req.logprobs:
-            raise APIError("top_logprobs requires logprobs=true", param="top_logprobs")
-        self._check_streaming_fields(req)
-        if self._tool_choice(req) == "auto" and getattr(PARSERS[self.tool_call_parser], "special_tokens", False):
-            req = req.model_copy(update={"skip_special_tokens": False})  # its parser reads a special token
-        ids = self.chat_prompt(req)
-        params = sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
-                                 logprobs=(req.top_logprobs or 0) if req.logprobs else None,
-                                 prompt_logprobs=req.prompt_logprobs, defaults=self.engine.engine.default_sampling)
-        prompts = self._admitted([(None, ids)], params, req)
+            return await self._beam_chat(self._keeping_special_tokens(req))
+        req, prompts, params = self.prepare_chat(req)
         ids = prompts[0][1]
         request_id = req.request_id or f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
@@ -868,23 +884,40 @@ class Serving:
 
     async def _stream_chat(self, request_id, created, prompts, params, req) -> AsyncIterator[dict]:
         base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": self._model_of(req)}
+        seen, final = set(), None
+        async for out, c, delta, finish_reason, logprobs in self.chat_deltas(request_id, prompts, params, req):
+            final = out
+            if c.index not in seen:
+                seen.add(c.index)
+                yield base | {"choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                           "logprobs": None, "finish_reason": None}]} \
+                    | _running_usage(req, len(prompts[0][1]), 0)
+            if not delta and c.finish_reason is None:
+                continue
+            yield base | {"choices": [{"index": c.index, "delta": delta, "logprobs": logprobs,
+                                       "finish_reason": finish_reason, "stop_reason": c.stop_reason}]} \
+                | _running_usage(req, len(prompts[0][1]), len(c.token_ids))
+        for chunk in _usage_chunks(req, base, lambda: _usage([prompts[0][1]], {0: final})):
+            yield chunk
+
+    async def chat_deltas(self, request_id, prompts, params, req) -> AsyncIterator[tuple]:
+        """A streamed chat's updates: (the request's output so far, a choice, its delta (`reasoning`, `content`,
+        `tool_calls` pieces: what it adds, empty where nothing new can be sent yet), its finish reason, its new
+        tokens' logprobs in the chat form or None), on a choice's first output and on every later one with
+        something to send. Also the Responses API's stream."""
         sent: dict[int, tuple[int, int]] = {}  # each choice's answer characters and tokens sent
         finder = self._tool_calls(req)
         streams = {}  # with tool calls: each choice's answer split into content and calls (the finder's Stream)
         reasoning_streams = {}  # with --reasoning-parser: each choice's text split into reasoning and answer
         calls_sent: dict[int, int] = {}
-        final = None
         async for _, out in self._run_all(request_id, prompts, params, req):
-            final = out
             for c in out.outputs:
-                if c.index not in sent:
+                first = c.index not in sent
+                if first:
                     sent[c.index], calls_sent[c.index] = (0, 0), 0
                     streams[c.index] = finder.Stream() if finder is not None else None
                     reasoning_streams[c.index] = (self.reasoning.stream(self._thinks(req))
                                                   if self.reasoning is not None else None)
-                    yield base | {"choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                               "logprobs": None, "finish_reason": None}]} \
-                        | _running_usage(req, len(prompts[0][1]), 0)
                 chars, ntok = sent[c.index]
                 delta, finish_reason = {}, c.finish_reason
                 answer = c.text
@@ -913,17 +946,14 @@ class Serving:
                 if text:
                     delta = {"content": text} | delta
                 if not delta and c.finish_reason is None:
+                    if first:
+                        yield out, c, delta, finish_reason, None
                     continue
                 logprobs = self._chat_logprobs(c.token_ids[ntok:], c.logprobs[ntok:], req.top_logprobs or 0,
                                                self._as_ids(req)) \
                     if c.logprobs is not None else None
                 sent[c.index] = (len(answer), len(c.token_ids))
-                yield base | {"choices": [{"index": c.index, "delta": delta,
-                                           "logprobs": logprobs, "finish_reason": finish_reason,
-                                           "stop_reason": c.stop_reason}]} \
-                    | _running_usage(req, len(prompts[0][1]), len(c.token_ids))
-        for chunk in _usage_chunks(req, base, lambda: _usage([prompts[0][1]], {0: final})):
-            yield chunk
+                yield out, c, delta, finish_reason, logprobs
 
 
 def _named_tool(req: ChatCompletionRequest):
