@@ -151,7 +151,9 @@ def load_adapter(request: LoRARequest, cfg, max_rank: int, head_order=None, kv_r
                 b = heads[:, head_order].reshape(b.shape)
             if repeats > 1:
                 b = np.repeat(b.reshape(-1, cfg.head_dim, rank), repeats, axis=0).reshape(n_out, rank)
-            a_all[layer], b_all[layer] = a.T, b.T * scale
+            # Granite's residual multiplier, folded into o_proj and down_proj at load: their updates too
+            residual = cfg.residual_scale if proj in ("o_proj", "down_proj") else 1.0
+            a_all[layer], b_all[layer] = a.T, b.T * (scale * residual)
         weights[proj] = (a_all, b_all)
     if not weights:
         raise ValueError(f"lora adapter {name!r}: adapter_model.safetensors holds no LoRA weights")

@@ -215,3 +215,19 @@ def test_host_memory_keeps_max_cpu_loras_adapters(engines, adapters):
     assert _run(engine, [(prompt, adapters["all"][0])]) == [want] and engine.list_loras() == {2, 1}
     with pytest.raises(ValueError, match="max_cpu_loras \\(1\\) must be >= max_loras \\(2\\)"):
         EngineConfig(enable_lora=True, max_loras=2, max_cpu_loras=1)
+
+
+@pytest.mark.parametrize("arch, targets", [
+    ("granite", ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")),
+    ("glm4", ("q_proj", "k_proj", "v_proj", "o_proj", "down_proj"))])
+def test_adapters_over_weights_the_loader_rewrites(engines, model_dirs, tmp_path, arch, targets):
+    """Granite's residual multiplier, folded into o_proj and down_proj at load, scales their updates too; GLM's
+    interleaved half-head rotation lays out the q/k updates' rows as the loader lays out the weights'."""
+    from tests.lora_util import make_adapter, merged_hf
+
+    config = json.loads((model_dirs[arch] / "config.json").read_text())
+    tensors = make_adapter(tmp_path / arch, config, 4, targets, seed=9, alpha=8.0)
+    engine = engines(arch, **LORA)
+    prompt = random_prompts(engine.model_config.vocab_size, [20], seed=27)[0]
+    got = _run(engine, [(prompt, LoRARequest(arch, 12, str(tmp_path / arch))), (prompt, None)])
+    assert got[0] == hf_greedy(merged_hf(model_dirs[arch], tensors, 2.0), prompt, 12) != got[1]

@@ -199,6 +199,19 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
         np.testing.assert_allclose(logits, hf_logits(hf, prompt), atol=1e-4, rtol=0)
 
 
+def test_glm4_9b_layer_without_output_norms_matches_transformers(tmp_path, tokenizer_dir):
+    """GlmForCausalLM (GLM-4-9B): GLM-4-0414's layer without the norms on the attention's and MLP's outputs."""
+    out = tiny_models.make_model("glm4", tmp_path / "glm", tokenizer_dir, cls="GlmForCausalLM")
+    model, cfg = load_model(out, "float32", progress=False, unstacked=True)
+    assert not cfg.sandwich_norms and cfg.rope.rotary_dim(cfg.head_dim) == 12 and cfg.rope_interleaved
+    prompts = sequences(cfg.vocab_size)[:2]
+    paged = PagedModel(model)
+    paged.add_sequences(len(prompts))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    for prompt, logits in zip(prompts, paged.step(prompts, num_tokens=64, all_logits=True)):
+        np.testing.assert_allclose(logits, hf_logits(hf, prompt), atol=1e-4, rtol=0)
+
+
 def test_gemma3_multimodal_checkpoint_serves_its_language_model(tmp_path, tokenizer_dir):
     """Gemma3ForConditionalGeneration (Gemma 3 4B-27B): a text config as sparse as the hub's, the language
     model's tensors under their prefix, the vision tower left unloaded; against transformers' multimodal model

@@ -56,6 +56,20 @@ SPECS = {
         rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=512,
                              partial_rotary_factor=0.75, short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                              long_factor=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0])),
+    # Granite: its four multipliers (embeddings, scores, residual branches, logits); SmolLM3: a NoPE layer (the 2nd,
+    # no_rope_layer_interval 2) beside a rotating one; GLM-4-0414: norms after attention and MLP under other names
+    # than Gemma's, q/k/v biases, a fused gate/up, half of each head rotated in interleaved pairs.
+    "granite": dict(
+        cls="GraniteForCausalLM", num_attention_heads=4, num_key_value_heads=2, embedding_multiplier=3.0,
+        attention_multiplier=0.2, residual_multiplier=0.6, logits_scaling=2.5, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    "smollm3": dict(
+        cls="SmolLM3ForCausalLM", num_attention_heads=4, num_key_value_heads=1, no_rope_layer_interval=2,
+        tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=2000.0)),
+    "glm4": dict(
+        cls="Glm4ForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=24, attention_bias=True,
+        tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                       partial_rotary_factor=0.5)),
     # Mixtures of experts: Mixtral (renormalised top 2 of 4), Qwen2 MoE (plain top 2 of 4 and a gated shared
     # expert, qkv bias), Qwen3 MoE (renormalised top 3 of 6, q/k norms).
     "mixtral": dict(

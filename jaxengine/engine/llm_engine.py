@@ -30,7 +30,7 @@ from jaxengine.outputs import (CompletionOutput, Logprob, PoolingOutput, Pooling
                                RequestOutput)
 from jaxengine import lora
 from jaxengine.layers.attention import FP8_DTYPES
-from jaxengine.layers.rope import partial_rotary_layout
+from jaxengine.layers.rope import rotary_layout
 from jaxengine.lora import LoRAAdapter, LoRARequest, LoRASlots
 from jaxengine.pooling_params import PoolerConfig, PoolingParams
 from jaxengine import harmony
@@ -334,8 +334,7 @@ class LLMEngine:
                                  f"{known.request.lora_name!r} ({known.request.lora_path})")
             return known
         cfg = self.model_config
-        rotary = cfg.rope.rotary_dim(cfg.head_dim)
-        order = partial_rotary_layout(cfg.head_dim, rotary) if rotary < cfg.head_dim else None
+        order = rotary_layout(cfg.head_dim, cfg.rope.rotary_dim(cfg.head_dim), cfg.rope_interleaved)
         adapter = lora.load_adapter(request, cfg, self.config.max_lora_rank, order,
                                     cfg.num_kv_heads // self._checkpoint_kv_heads)
         self._evict_loras(keep=request.lora_int_id)

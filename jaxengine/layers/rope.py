@@ -52,3 +52,15 @@ def partial_rotary_layout(head_dim: int, rotary_dim: int) -> np.ndarray:
     r, passed = rotary_dim // 2, (head_dim - rotary_dim) // 2
     return np.concatenate([np.arange(r), rotary_dim + np.arange(passed),
                            r + np.arange(r), rotary_dim + passed + np.arange(passed)])
+
+
+def rotary_layout(head_dim: int, rotary_dim: int, interleaved: bool = False) -> np.ndarray | None:
+    """The order of a head's q/k dimensions (transformers' -> ours) that the loader lays out, or None where it is
+    transformers' own: a partial rotary embedding's (`partial_rotary_layout`), after rotary pairs that are
+    interleaved (GLM's: (2i, 2i + 1)) are made half-split ones ((i, i + rotary_dim / 2))."""
+    order = np.arange(head_dim)
+    if interleaved:
+        order[:rotary_dim] = np.concatenate([np.arange(0, rotary_dim, 2), np.arange(1, rotary_dim, 2)])
+    if rotary_dim < head_dim:
+        order = order[partial_rotary_layout(head_dim, rotary_dim)]
+    return None if (order == np.arange(head_dim)).all() else order

@@ -57,6 +57,12 @@ class ModelConfig:
     attn_logit_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the softmax
     final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
     local_rope: RopeConfig | None = None  # Gemma 3: the sliding-window layers' own rotary settings
+    rope_layers: tuple = ()  # SmolLM3: per layer, whether it rotates q and k (its NoPE layers do not); (): all do
+    rope_interleaved: bool = False  # GLM: rotary pairs (2i, 2i + 1), laid out at load as the half-split ones
+    # Granite: each layer's attention and MLP outputs join the residual times this, and the logits are divided by
+    # logits_scaling; both folded into the weights at load (o_proj and down_proj, the final norm)
+    residual_scale: float = 1.0
+    logits_scaling: float = 1.0
     # Mixture of experts (every layer): a token's MLP is the router's top `experts_per_token` of `num_experts`
     # gated MLPs of `moe_intermediate_size`; `intermediate_size` is then a shared expert's (Qwen2 MoE), 0 if none
     num_experts: int = 0
@@ -284,6 +290,54 @@ def model_config_from_hf(hf: dict, *, qkv_bias=None, o_bias=None, qk_norm=False)
         bos_token_id=hf.get("bos_token_id"),
         hidden_act=ACTIVATIONS[act],
     )
+
+
+def granite_config_from_hf(hf: dict) -> ModelConfig:
+    """Granite (3.x dense): the Llama layer with four multipliers: the embeddings' (`embedding_multiplier`), the
+    scores' scale (`attention_multiplier`, for head_dim ** -0.5), the attention's and MLP's outputs' before they
+    join the residual (`residual_multiplier`) and the logits' divisor (`logits_scaling`)."""
+    multipliers = {name: hf.get(name, 1.0) for name in ("embedding_multiplier", "attention_multiplier",
+                                                         "residual_multiplier", "logits_scaling")}
+    for name, value in multipliers.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if hf.get("quantization_config"):
+        raise ValueError("quantized Granite checkpoints are not supported (its residual_multiplier and logits_scaling "
+                         "are folded into float weights at load)")
+    cfg = model_config_from_hf(hf)
+    return dataclasses.replace(cfg, embed_scale=float(multipliers["embedding_multiplier"]),
+                               attn_scale=float(multipliers["attention_multiplier"]),
+                               residual_scale=float(multipliers["residual_multiplier"]),
+                               logits_scaling=float(multipliers["logits_scaling"]))
+
+
+def smollm3_config_from_hf(hf: dict) -> ModelConfig:
+    """SmolLM3: the Llama layer, some layers without rotary embedding (`no_rope_layers`: 1 where a layer rotates;
+    by default every `no_rope_layer_interval`-th does not), sliding windows only with `use_sliding_window`."""
+    layers = hf["num_hidden_layers"]
+    rope_layers = hf.get("no_rope_layers")
+    if rope_layers is None:
+        interval = hf.get("no_rope_layer_interval", 4)
+        rope_layers = [int((i + 1) % interval != 0) for i in range(layers)]
+    if len(rope_layers) != layers or not all(v in (0, 1) for v in rope_layers):
+        raise ValueError(f"no_rope_layers must hold a 0 or 1 for each of the {layers} layers, got {rope_layers!r}")
+    cfg = model_config_from_hf(hf if hf.get("use_sliding_window") else hf | {"sliding_window": None,
+                                                                               "layer_types": None})
+    return dataclasses.replace(cfg, rope_layers=tuple(bool(v) for v in rope_layers))
+
+
+GLM_ARCHITECTURES = ("GlmForCausalLM", "Glm4ForCausalLM")
+
+
+def glm_config_from_hf(hf: dict) -> ModelConfig:
+    """GLM-4 (`GlmForCausalLM`: GLM-4-9B) and GLM-4-0414 (`Glm4ForCausalLM`, which adds norms on the attention's and
+    the MLP's outputs): the Llama layer with q/k/v biases (`attention_bias`) and none on o_proj, gate/up fused in
+    the checkpoint, and a partial rotary embedding (by default half the head) over interleaved pairs."""
+    hf = hf | {"partial_rotary_factor": hf.get("partial_rotary_factor", 0.5),
+               "attention_bias": hf.get("attention_bias", True)}
+    cfg = model_config_from_hf(hf, o_bias=False)
+    return dataclasses.replace(cfg, rope_interleaved=True,
+                               sandwich_norms=hf["architectures"][0] == "Glm4ForCausalLM")
 
 
 GEMMA_ARCHITECTURES = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")

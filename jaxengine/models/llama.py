@@ -415,6 +415,10 @@ class DecoderLayers(nnx.Module):
         rope, local_rope = ropes
         if local_rope is not None:
             rope = tuple(jnp.where(window > 0, local, full) for local, full in zip(local_rope, rope))
+        if not all(cfg.rope_layers):  # SmolLM3's NoPE layers rotate by angle 0: cosines 1, sines 0
+            rotates = jnp.asarray(cfg.rope_layers)[layer]
+            rope = (jnp.where(rotates, rope[0], jnp.ones_like(rope[0])), jnp.where(rotates, rope[1],
+                                                                                  jnp.zeros_like(rope[1])))
         eps = cfg.rms_norm_eps
         T = h.shape[0]
         live = batch.cu_q_lens[batch.num_seqs]  # tokens from here on are the bucket's padding
@@ -729,7 +733,10 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
         per_layer["self_attn.o_proj.bias"] = ("o_bias", False)
     if cfg.qk_norm:
         per_layer |= {f"self_attn.{p}_norm.weight": (f"{p}_norm", False) for p in "qk"}
-    if cfg.sandwich_norms:  # Gemma 2/3: post_attention_layernorm normalises the attention's output
+    if cfg.sandwich_norms and cfg.architecture == "Glm4ForCausalLM":  # post_attention_layernorm is the MLP's input's
+        per_layer |= {"post_self_attn_layernorm.weight": ("post_attn_norm", False),
+                      "post_mlp_layernorm.weight": ("post_mlp_norm", False)}
+    elif cfg.sandwich_norms:  # Gemma 2/3: post_attention_layernorm normalises the attention's output
         per_layer |= {"post_attention_layernorm.weight": ("post_attn_norm", False),
                       "pre_feedforward_layernorm.weight": ("mlp_norm", False),
                       "post_feedforward_layernorm.weight": ("post_mlp_norm", False)}

@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
 from jaxengine.layers.moe import SWIGLU_OAI
-from jaxengine.layers.rope import partial_rotary_layout
+from jaxengine.layers.rope import rotary_layout
 from jaxengine.models.config import ModelConfig, read_hf_config
 from jaxengine.models.llama import hf_weight_map
 from jaxengine.models.registry import Architecture, get_architecture
@@ -209,13 +209,12 @@ _ROTATED = re.compile(r".*\.self_attn\.(q_proj|k_proj)\.(weight|weight_scale|wei
 
 
 def _with_rotary_layout(split_tensor, cfg: ModelConfig):
-    """`split_tensor`, then a partial rotary embedding's layout of each head's q and k dimensions
-    (layers.rope.partial_rotary_layout) on the projections, their biases and their norms' weights (a Phi-4-mini
+    """`split_tensor`, then the layout of each head's q and k dimensions for a partial or interleaved rotary
+    embedding (layers.rope.rotary_layout) on the projections, their biases and their norms' weights (a Phi-4-mini
     checkpoint's, in transformers' order: the converted Orbax checkpoint keeps ours)."""
-    rotary = cfg.rope.rotary_dim(cfg.head_dim)
-    if rotary == cfg.head_dim:
+    order = rotary_layout(cfg.head_dim, cfg.rope.rotary_dim(cfg.head_dim), cfg.rope_interleaved)
+    if order is None:
         return split_tensor
-    order = partial_rotary_layout(cfg.head_dim, rotary)
 
     def split(name, array, cfg):
         pieces = split_tensor(name, array, cfg)

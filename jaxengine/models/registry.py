@@ -5,9 +5,10 @@ import dataclasses
 
 import numpy as np
 
-from jaxengine.models.config import (GEMMA_ARCHITECTURES, ModelConfig, gemma3_language_config_from_hf,
-                                     gemma_config_from_hf, gpt_oss_config_from_hf, model_config_from_hf,
-                                     moe_config_from_hf)
+from jaxengine.models.config import (GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, ModelConfig,
+                                     gemma3_language_config_from_hf, gemma_config_from_hf, glm_config_from_hf,
+                                     gpt_oss_config_from_hf, granite_config_from_hf, model_config_from_hf,
+                                     moe_config_from_hf, smollm3_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
 from jaxengine.models.quantization import dequantize_mxfp4
 
@@ -54,6 +55,20 @@ def _phi3_split(name: str, array, cfg: ModelConfig) -> list:
         prefix, i = stem[: -len("gate_up_proj")], cfg.intermediate_size
         parts = (array,) * 2 if inputs else (array[:i], array[i:])
         return [(f"{prefix}{p}_proj.{kind}", part) for p, part in zip(("gate", "up"), parts)]
+    return [(name, array)]
+
+
+_RESIDUAL_OUTPUTS = (".self_attn.o_proj.weight", ".self_attn.o_proj.bias", ".mlp.down_proj.weight")
+
+
+def _granite_scaled(name: str, array, cfg: ModelConfig) -> list:
+    """Granite's multipliers folded into its weights: each layer's o_proj and down_proj times residual_multiplier
+    (their products join the residual scaled by it), the final norm's weight over logits_scaling (the norm feeds
+    only the head, so the logits come out divided by it)."""
+    if name.endswith(_RESIDUAL_OUTPUTS):
+        return [(name, np.asarray(array, np.float32) * np.float32(cfg.residual_scale))]
+    if name == "model.norm.weight":
+        return [(name, np.asarray(array, np.float32) / np.float32(cfg.logits_scaling))]
     return [(name, array)]
 
 
@@ -152,7 +167,11 @@ _REGISTRY = {
     "Qwen3ForCausalLM": Architecture(LlamaForCausalLM, lambda hf: model_config_from_hf(hf, qk_norm=True)),
     # Phi-3 / Phi-3.5 (the Llama layer, q/k/v and gate/up fused in the checkpoint; LongRoPE)
     "Phi3ForCausalLM": Architecture(LlamaForCausalLM, model_config_from_hf, split_tensor=_phi3_split),
-} | {name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES} | {
+    "GraniteForCausalLM": Architecture(LlamaForCausalLM, granite_config_from_hf, split_tensor=_granite_scaled),
+    "SmolLM3ForCausalLM": Architecture(LlamaForCausalLM, smollm3_config_from_hf),
+} | {name: Architecture(LlamaForCausalLM, glm_config_from_hf, split_tensor=_phi3_split)  # gate/up fused
+     for name in GLM_ARCHITECTURES} | {
+    name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES} | {
     name: Architecture(LlamaForCausalLM, moe_config_from_hf)
     for name in ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")} | {
     # GPT-OSS: its experts' fused gate/up tensors split, MXFP4 ones dequantized at load
