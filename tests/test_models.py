@@ -199,11 +199,21 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
         np.testing.assert_allclose(logits, hf_logits(hf, prompt), atol=1e-4, rtol=0)
 
 
-def test_glm4_9b_layer_without_output_norms_matches_transformers(tmp_path, tokenizer_dir):
-    """GlmForCausalLM (GLM-4-9B): GLM-4-0414's layer without the norms on the attention's and MLP's outputs."""
-    out = tiny_models.make_model("glm4", tmp_path / "glm", tokenizer_dir, cls="GlmForCausalLM")
+@pytest.mark.parametrize("spec, overrides", [
+    # GLM-4-9B: GLM-4-0414's layer without the norms on the attention's and MLP's outputs
+    ("glm4", dict(cls="GlmForCausalLM")),
+    # Seed-OSS: q/k/v biases and (here) o_proj's
+    ("llama", dict(cls="SeedOssForCausalLM", attention_bias=True, attention_out_bias=True)),
+    # ERNIE 4.5: interleaved pairs rotated over the whole head
+    ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
+                   rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+])
+def test_llama_layer_relatives_match_transformers(tmp_path, tokenizer_dir, spec, overrides):
+    """Architectures that differ from those of SPECS by settings only, each checked on one prefill (unrolled, so
+    that the one-off model compiles quickly)."""
+    out = tiny_models.make_model(spec, tmp_path / "model", tokenizer_dir, **overrides)
     model, cfg = load_model(out, "float32", progress=False, unstacked=True)
-    assert not cfg.sandwich_norms and cfg.rope.rotary_dim(cfg.head_dim) == 12 and cfg.rope_interleaved
+    assert cfg.architecture == overrides["cls"]
     prompts = sequences(cfg.vocab_size)[:2]
     paged = PagedModel(model)
     paged.add_sequences(len(prompts))

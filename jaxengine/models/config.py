@@ -326,6 +326,19 @@ def smollm3_config_from_hf(hf: dict) -> ModelConfig:
     return dataclasses.replace(cfg, rope_layers=tuple(bool(v) for v in rope_layers))
 
 
+def seed_oss_config_from_hf(hf: dict) -> ModelConfig:
+    """Seed-OSS: the Llama layer, q/k/v biases by `attention_bias` (default on), o_proj's by `attention_out_bias`."""
+    hf = hf | {"attention_bias": hf.get("attention_bias", True)}
+    return model_config_from_hf(hf, o_bias=bool(hf.get("attention_out_bias", False)))
+
+
+def ernie4_5_config_from_hf(hf: dict) -> ModelConfig:
+    """ERNIE 4.5 (dense): the Llama layer rotating interleaved pairs over the whole head (GLM's rotation)."""
+    if hf.get("use_bias"):
+        raise ValueError("use_bias=true (biases on every projection, the MLP's included) is not supported")
+    return dataclasses.replace(model_config_from_hf(hf), rope_interleaved=True)
+
+
 GLM_ARCHITECTURES = ("GlmForCausalLM", "Glm4ForCausalLM")
 
 
