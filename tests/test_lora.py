@@ -219,10 +219,12 @@ def test_host_memory_keeps_max_cpu_loras_adapters(engines, adapters):
 
 @pytest.mark.parametrize("arch, targets", [
     ("granite", ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")),
-    ("glm4", ("q_proj", "k_proj", "v_proj", "o_proj", "down_proj"))])
-def test_adapters_over_weights_the_loader_rewrites(engines, model_dirs, tmp_path, arch, targets):
+    ("glm4", ("q_proj", "k_proj", "v_proj", "o_proj", "down_proj")),
+    ("olmo2", ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))])
+def test_adapters_over_rewritten_weights_and_other_layer_forms(engines, model_dirs, tmp_path, arch, targets):
     """Granite's residual multiplier, folded into o_proj and down_proj at load, scales their updates too; GLM's
-    interleaved half-head rotation lays out the q/k updates' rows as the loader lays out the weights'."""
+    interleaved half-head rotation lays out the q/k updates' rows as the loader lays out the weights'; OLMo 2's
+    projections take their inputs without a norm."""
     from tests.lora_util import make_adapter, merged_hf
 
     config = json.loads((model_dirs[arch] / "config.json").read_text())

@@ -204,6 +204,8 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("glm4", dict(cls="GlmForCausalLM")),
     # Seed-OSS: q/k/v biases and (here) o_proj's
     ("llama", dict(cls="SeedOssForCausalLM", attention_bias=True, attention_out_bias=True)),
+    # OLMo 3: OLMo 2's layer, a sliding-window layer beside a full one
+    ("olmo2", dict(cls="Olmo3ForCausalLM", sliding_window=20, layer_types=["sliding_attention", "full_attention"])),
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
@@ -523,3 +525,18 @@ def test_gpt_oss_native_experts_gate_in_registers_within_bfloat16s_error(form, g
         within += (np.abs(np.concatenate([pre, dec]) - exact).max(-1) <= bound).sum()
         total += len(seq)
     assert within >= 0.9 * total
+
+
+def test_olmo3_legacy_rope_scaling_applies_to_its_full_attention_layers():
+    """An OLMo 3 config of the hub's form (`rope_theta` and `rope_scaling` at the top) read as transformers reads
+    it: the scaling for the full-attention layers, the sliding-window ones rotating by the plain theta."""
+    from jaxengine.models.config import olmo2_config_from_hf
+
+    hf = dict(architectures=["Olmo3ForCausalLM"], vocab_size=331, hidden_size=64, intermediate_size=112,
+              num_hidden_layers=2, num_attention_heads=4, sliding_window=20, rope_theta=500000.0,
+              layer_types=["sliding_attention", "full_attention"], max_position_embeddings=512,
+              rope_scaling=dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=64))
+    cfg = olmo2_config_from_hf(hf)
+    assert (cfg.rope.rope_type, cfg.rope.theta, cfg.rope.param("factor")) == ("yarn", 500000.0, 8.0)
+    assert (cfg.local_rope.rope_type, cfg.local_rope.theta) == ("default", 500000.0)
+    assert cfg.sliding_windows == (20, 0) and not cfg.pre_norms and cfg.qk_norm_whole

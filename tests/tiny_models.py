@@ -70,6 +70,15 @@ SPECS = {
         cls="Glm4ForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=24, attention_bias=True,
         tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
                                                        partial_rotary_factor=0.5)),
+    # OLMo 2: norms on the attention's and MLP's outputs only, q/k norms over whole projections; EXAONE 4: the
+    # same with per-head q/k norms, a sliding-window layer, and the full-attention one without rotary embedding.
+    "olmo2": dict(
+        cls="Olmo2ForCausalLM", num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    "exaone4": dict(
+        cls="Exaone4ForCausalLM", num_attention_heads=4, num_key_value_heads=1, head_dim=24, sliding_window=20,
+        sliding_window_pattern=2, tie_word_embeddings=True, rope_parameters=dict(rope_type="default",
+                                                                                 rope_theta=10000.0)),
     # Mixtures of experts: Mixtral (renormalised top 2 of 4), Qwen2 MoE (plain top 2 of 4 and a gated shared
     # expert, qkv bias), Qwen3 MoE (renormalised top 3 of 6, q/k norms).
     "mixtral": dict(

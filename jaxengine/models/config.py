@@ -53,6 +53,9 @@ class ModelConfig:
     embed_scale: float | None = None  # Gemma: embeddings times sqrt(hidden_size), in the weights' dtype
     norm_offset: bool = False  # Gemma: every RMSNorm scales by 1 + weight, in float32
     sandwich_norms: bool = False  # Gemma 2/3: norms on the attention's and the MLP's outputs too
+    # OLMo 2/3, EXAONE 4: no norms on the attention's and MLP's inputs (sandwich_norms' output norms only)
+    pre_norms: bool = True
+    qk_norm_whole: bool = False  # OLMo 2/3: the q and k norms over the whole projection (every head), not per head
     attn_scale: float | None = None  # the scores' scale; None: head_dim ** -0.5
     attn_logit_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the softmax
     final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
@@ -353,6 +356,52 @@ def glm_config_from_hf(hf: dict) -> ModelConfig:
                                sandwich_norms=hf["architectures"][0] == "Glm4ForCausalLM")
 
 
+def _layer_type_ropes(hf: dict) -> tuple[dict, RopeConfig | None]:
+    """A config whose `rope_parameters` hold one rope dict per layer type (transformers 5's Gemma 3, OLMo 3): the
+    config with the full-attention layers' as its own, and the sliding-window layers' (None where the config has
+    one rope dict)."""
+    nested = hf.get("rope_parameters") or {}
+    if "full_attention" not in nested:
+        return hf, None
+    return hf | {"rope_parameters": nested["full_attention"]}, parse_rope(
+        {"rope_parameters": nested.get("sliding_attention") or nested["full_attention"]})
+
+
+def olmo2_config_from_hf(hf: dict) -> ModelConfig:
+    """OLMo 2 and OLMo 3: the Llama layer with norms on the attention's and MLP's outputs instead of their inputs,
+    and q/k norms over the whole projections (OLMo 3: sliding-window layers, `layer_types`, with their own rope:
+    its config read through transformers' Olmo3Config, whose older `rope_scaling` applies to the full-attention
+    layers only)."""
+    if hf["architectures"][0] == "Olmo3ForCausalLM":
+        import transformers
+
+        hf = transformers.Olmo3Config(**hf).to_dict() | {"architectures": hf["architectures"]}
+    hf, local_rope = _layer_type_ropes(hf)
+    cfg = model_config_from_hf(hf, qk_norm=True)
+    return dataclasses.replace(cfg, pre_norms=False, sandwich_norms=True, qk_norm_whole=True, local_rope=local_rope)
+
+
+def exaone4_config_from_hf(hf: dict) -> ModelConfig:
+    """EXAONE 4: the Llama layer with norms on the attention's and MLP's outputs instead of their inputs, per-head
+    q/k norms, and (with a sliding window) sliding-window layers by `layer_types` or `sliding_window_pattern`, the
+    full-attention ones then without rotary embedding."""
+    hf = dict(hf)
+    window = hf.get("sliding_window")
+    if window and hf.get("layer_types") is None:
+        pattern = hf.get("sliding_window_pattern") or 4
+        if isinstance(pattern, str):  # "LLLG": local (sliding) and global layers in turn
+            hf["layer_types"] = ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention"
+                                 for i in range(hf["num_hidden_layers"])]
+        else:  # every pattern-th layer global, as transformers reads it
+            hf["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                 for i in range(hf["num_hidden_layers"])]
+    if not window:
+        hf["layer_types"] = None
+    cfg = model_config_from_hf(hf, qk_norm=True)
+    rope_layers = tuple(w > 0 for w in cfg.sliding_windows) if window else ()
+    return dataclasses.replace(cfg, pre_norms=False, sandwich_norms=True, rope_layers=rope_layers)
+
+
 GEMMA_ARCHITECTURES = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 
@@ -375,11 +424,8 @@ def gemma_config_from_hf(hf: dict) -> ModelConfig:
                              for i in range(hf["num_hidden_layers"])]
     local_rope = None
     if generation == 3:
-        nested = hf.get("rope_parameters") or {}
-        if "full_attention" in nested:  # transformers 5: one rope dict per layer type
-            hf["rope_parameters"] = nested["full_attention"]
-            local_rope = parse_rope({"rope_parameters": nested.get("sliding_attention") or {}})
-        else:
+        hf, local_rope = _layer_type_ropes(hf)
+        if local_rope is None:
             hf.setdefault("rope_theta", 1_000_000.0)
             local_rope = RopeConfig(theta=float(hf.get("rope_local_base_freq", 10_000.0)))
     cfg = model_config_from_hf(hf, qk_norm=generation == 3)

@@ -96,8 +96,16 @@ def _dot(x, w, n: int, residual=None, live_rows=None, layer=None):
     return out if residual is None else residual + out
 
 
+def _pre_norm(h, norm, eps: float):
+    """rms_norm(h, norm, eps), or h where the layer has no norm there (`norm` None: OLMo 2's inputs)."""
+    return h if norm is None else rms_norm(h, norm, eps)
+
+
 def _normed_dot(h, norm, eps: float, w, n: int, live_rows=None, layer=None):
-    """rms_norm(h, norm, eps) @ w; the native CPU matmul normalises the rows on its way in (no separate pass)."""
+    """rms_norm(h, norm, eps) @ w (h @ w where `norm` is None); the native CPU matmul normalises the rows on its way
+    in (no separate pass)."""
+    if norm is None:
+        return _dot(h, w, n, live_rows=live_rows, layer=layer)
     h, w, norm = _in_order(h, w, norm)
     if isinstance(w, (Int8Weight, WeightOnly)) and _native(w) and h.dtype == jnp.float32:
         return _native_quantized(h, w, n, layer, prologue="rms_norm", norm=norm, eps=eps, live_rows=live_rows)
@@ -129,22 +137,22 @@ def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer
     from pallas_kernels import cpu
 
     if h.dtype == jnp.float32:
-        settings = dict(live_rows=live_rows, layer=_stack_index(gate_up, layer))
+        settings = dict(live_rows=live_rows, layer=_stack_index(gate_up, layer),
+                        prologue=None if norm is None else "rms_norm")
         if isinstance(gate_up, Int8Weight):  # W8A8: act(gate) * up in float32, quantized by the down projection
-            gated = cpu.gated_int8(h, gate_up.weight, gate_up.comp, gate_up.scale, prologue="rms_norm", norm=norm,
-                                   eps=eps, activation=activation, **settings)
+            gated = cpu.gated_int8(h, gate_up.weight, gate_up.comp, gate_up.scale, norm=norm, eps=eps,
+                                   activation=activation, **settings)
             down_projection = functools.partial(_dot, gated, down, n, live_rows=live_rows, layer=layer)
         elif isinstance(gate_up, WeightOnly):  # weight-only (int4 or fp8 panels), dequantized panel by panel; in
             # activation order, the down projection's folded into gate/up's columns (_pack_quantized_layer)
             x, gate_up, x_norm = _in_order(h, gate_up, norm)
-            pairs = cpu.gated_pairs_dequant(x, gate_up.weight, gate_up.scale, prologue="rms_norm", norm=x_norm,
-                                            eps=eps, activation=activation, **settings)
+            pairs = cpu.gated_pairs_dequant(x, gate_up.weight, gate_up.scale, norm=x_norm, eps=eps,
+                                            activation=activation, **settings)
             down_projection = functools.partial(cpu.matmul_dequant, pairs, down.weight, down.scale, n,
-                                                prologue="rounded", **settings)
+                                                **settings | {"prologue": "rounded"})
         else:
-            pairs = cpu.gated_pairs(h, gate_up, prologue="rms_norm", norm=norm, eps=eps, activation=activation,
-                                    **settings)
-            down_projection = functools.partial(cpu.matmul_bf16, pairs, down, n, prologue="rounded", **settings)
+            pairs = cpu.gated_pairs(h, gate_up, norm=norm, eps=eps, activation=activation, **settings)
+            down_projection = functools.partial(cpu.matmul_bf16, pairs, down, n, **settings | {"prologue": "rounded"})
         if out_norm is None:
             return down_projection(residual=h)
         return h + rms_norm(down_projection(), out_norm, eps)
@@ -318,7 +326,8 @@ class DecoderLayers(nnx.Module):
         self.cfg = cfg
         # the projections' weights
         linear = {None: dtype, W8A16_FP8: jnp.float8_e4m3fn}.get(cfg.quantization, jnp.int8)
-        self.attn_norm = _param((L, D), dtype, ("layers", "embed"))
+        if cfg.pre_norms:
+            self.attn_norm = _param((L, D), dtype, ("layers", "embed"))
         self.q_proj = _param((L, D, q_width), linear, ("layers", "embed", "heads"))
         self.k_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
         self.v_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
@@ -329,10 +338,14 @@ class DecoderLayers(nnx.Module):
             self.v_bias = _param((L, kv_width), dtype, ("layers", "kv_heads"))
         if cfg.o_bias:
             self.o_bias = _param((L, D), dtype, ("layers", "embed"))
-        if cfg.qk_norm:
+        if cfg.qk_norm and cfg.qk_norm_whole:
+            self.q_norm = _param((L, q_width), dtype, ("layers", "heads"))
+            self.k_norm = _param((L, kv_width), dtype, ("layers", "kv_heads"))
+        elif cfg.qk_norm:
             self.q_norm = _param((L, cfg.head_dim), dtype, ("layers", "head_dim"))
             self.k_norm = _param((L, cfg.head_dim), dtype, ("layers", "head_dim"))
-        self.mlp_norm = _param((L, D), dtype, ("layers", "embed"))
+        if cfg.pre_norms:
+            self.mlp_norm = _param((L, D), dtype, ("layers", "embed"))
         if cfg.sandwich_norms:
             self.post_attn_norm = _param((L, D), dtype, ("layers", "embed"))
             self.post_mlp_norm = _param((L, D), dtype, ("layers", "embed"))
@@ -384,7 +397,10 @@ class DecoderLayers(nnx.Module):
                 if cfg.quant_act_order:  # each input's group
                     setattr(self, name + "_g_idx", _param((L, width), jnp.int32, axes[:2]))
 
-    def norm(self, name: str) -> jax.Array:
+    def norm(self, name: str) -> jax.Array | None:
+        """Norm `name`'s scale; None for the inputs' norms of a layer without them (`pre_norms` false)."""
+        if name in ("attn_norm", "mlp_norm") and not self.cfg.pre_norms:
+            return None
         return _norm_scale(self.cfg, getattr(self, name)[...])
 
     def linear(self, name: str):
@@ -430,7 +446,7 @@ class DecoderLayers(nnx.Module):
                               layer)
             if lora is not None and any(p in lora[0] for p in ("q_proj", "k_proj", "v_proj")):
                 def qkv_update():  # the fused projection's three updates side by side
-                    x = rms_norm(h, self.norm("attn_norm"), eps)
+                    x = _pre_norm(h, self.norm("attn_norm"), eps)
                     return jnp.concatenate([_lora_update(x, lora, p) if p in lora[0] else jnp.zeros((T, w))
                                             for p, w in zip(("q_proj", "k_proj", "v_proj"),
                                                             (q_width, kv_width, kv_width))], -1)
@@ -448,7 +464,7 @@ class DecoderLayers(nnx.Module):
             if qkv is not None:
                 q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], -1)
             else:
-                x = rms_norm(h, self.norm("attn_norm"), eps)
+                x = _pre_norm(h, self.norm("attn_norm"), eps)
                 q, k, v = (_plus(_dot(x, self.linear("q_proj"), q_width, live_rows=live, layer=layer),
                                  _lora_delta(x, lora, "q_proj")),
                            _plus(_dot(x, self.linear("k_proj"), kv_width, live_rows=live, layer=layer),
@@ -457,10 +473,12 @@ class DecoderLayers(nnx.Module):
                                  _lora_delta(x, lora, "v_proj")))
             if cfg.qkv_bias:
                 q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+            if cfg.qk_norm_whole:  # over every head's dimensions together
+                q, k = rms_norm(q, self.norm("q_norm"), eps), rms_norm(k, self.norm("k_norm"), eps)
             q = q.reshape(T, cfg.num_heads, cfg.head_dim)
             k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
             v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
-            if cfg.qk_norm:
+            if cfg.qk_norm and not cfg.qk_norm_whole:
                 q = rms_norm(q, self.norm("q_norm"), eps)
                 k = rms_norm(k, self.norm("k_norm"), eps)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -491,7 +509,7 @@ class DecoderLayers(nnx.Module):
         cfg = self.cfg
         eps, D = cfg.rms_norm_eps, cfg.hidden_size
         norm = self.norm("mlp_norm")
-        x = rms_norm(h, norm, eps)
+        x = _pre_norm(h, norm, eps)
         gate, up = self._gate_up(h, norm, live, layer)
         gate, up = _plus(gate, _lora_delta(x, lora, "gate_proj")), _plus(up, _lora_delta(x, lora, "up_proj"))
         gated = ACTIVATIONS[cfg.hidden_act](gate) * up
@@ -526,7 +544,7 @@ class DecoderLayers(nnx.Module):
                 return _dot(gated, self.linear("down_proj"), D, residual=h, live_rows=live, layer=layer)
             out = _dot(gated, self.linear("down_proj"), D, live_rows=live, layer=layer)
         if cfg.num_experts:
-            x = rms_norm(h, mlp_norm, eps)
+            x = _pre_norm(h, mlp_norm, eps)
             if cfg.shared_expert_gate:
                 shared_gate = self.shared_expert_gate[...]
                 out = out * jax.nn.sigmoid(jnp.dot(x.astype(shared_gate.dtype), shared_gate,
@@ -698,13 +716,14 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
     if not cfg.tie_word_embeddings:
         names["lm_head.weight"] = (("lm_head",), None, True, None)
     per_layer = {
-        "input_layernorm.weight": ("attn_norm", False),
-        "post_attention_layernorm.weight": ("mlp_norm", False),
         "self_attn.q_proj.weight": ("q_proj", True),
         "self_attn.k_proj.weight": ("k_proj", True),
         "self_attn.v_proj.weight": ("v_proj", True),
         "self_attn.o_proj.weight": ("o_proj", True),
     }
+    if cfg.pre_norms:
+        per_layer |= {"input_layernorm.weight": ("attn_norm", False),
+                      "post_attention_layernorm.weight": ("mlp_norm", False)}
     dense = "mlp.shared_expert" if cfg.num_experts else "mlp"  # Qwen2 MoE's shared expert
     if cfg.intermediate_size:
         per_layer |= {f"{dense}.{p}_proj.weight": (f"{p}_proj", True) for p in ("gate", "up", "down")}
@@ -736,10 +755,11 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
     if cfg.sandwich_norms and cfg.architecture == "Glm4ForCausalLM":  # post_attention_layernorm is the MLP's input's
         per_layer |= {"post_self_attn_layernorm.weight": ("post_attn_norm", False),
                       "post_mlp_layernorm.weight": ("post_mlp_norm", False)}
-    elif cfg.sandwich_norms:  # Gemma 2/3: post_attention_layernorm normalises the attention's output
+    elif cfg.sandwich_norms:  # Gemma 2/3, OLMo 2: post_attention_layernorm normalises the attention's output
         per_layer |= {"post_attention_layernorm.weight": ("post_attn_norm", False),
-                      "pre_feedforward_layernorm.weight": ("mlp_norm", False),
                       "post_feedforward_layernorm.weight": ("post_mlp_norm", False)}
+        if cfg.pre_norms:
+            per_layer["pre_feedforward_layernorm.weight"] = ("mlp_norm", False)
     if cfg.quant_kv_scales:  # quantization.kv_scale_tensor's names
         per_layer |= {"self_attn.k_scale": ("k_scale", False), "self_attn.v_scale": ("v_scale", False)}
     if cfg.quantization is not None:  # each projection's scales (quantization.with_quantized: W8A8's [out], W4A16's

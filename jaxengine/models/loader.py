@@ -180,7 +180,7 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     shardings = {path: named_sharding(var.get_metadata()["logical_axes"], var.get_value().shape, mesh)
                  for path, var in flat} if mesh is not None else {}
     if orbax:
-        loaded = orbax_io.restore(model_dir, flat, targets, shardings, _KV_PARAMS, repeats,
+        loaded = orbax_io.restore(model_dir, flat, targets, shardings, _kv_params(cfg), repeats,
                                   checkpoint_cfg.num_kv_heads)
     else:
         # the checkpoint's tensors split by its own shapes (KV heads are repeated after)
@@ -204,6 +204,12 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
 
 
 _KV_PARAMS = {"k_proj", "v_proj", "k_bias", "v_bias", "k_proj_scale", "v_proj_scale", "k_proj_zero", "v_proj_zero"}
+
+
+def _kv_params(cfg: ModelConfig) -> set[str]:
+    """The parameters laid out by KV head, whose heads are repeated where tensor parallelism repeats them (a whole
+    k projection's norm too: OLMo 2's)."""
+    return _KV_PARAMS | ({"k_norm"} if cfg.qk_norm_whole else set())
 _ROTATED = re.compile(r".*\.self_attn\.(q_proj|k_proj)\.(weight|weight_scale|weight_zero_point|bias)$"
                       r"|.*\.self_attn\.(q_norm|k_norm)\.weight$")
 
@@ -323,7 +329,7 @@ def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, *, te
                 num_experts, expected = (expected[0], expected[1:]) if expert is not None else (0, expected)
                 source = array.T if transpose else array
                 kv_heads, repeats = kv_repeat
-                if repeats > 1 and path[-1] in _KV_PARAMS:
+                if repeats > 1 and path[-1] in _kv_params(cfg):
                     expected = expected[:-1] + (expected[-1] // repeats,)
                     if source.shape == expected:
                         source = _repeat_kv_heads(np.asarray(source), kv_heads, repeats)

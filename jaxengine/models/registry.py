@@ -6,10 +6,10 @@ import dataclasses
 import numpy as np
 
 from jaxengine.models.config import (GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, ModelConfig,
-                                     ernie4_5_config_from_hf, gemma3_language_config_from_hf, gemma_config_from_hf,
-                                     glm_config_from_hf, gpt_oss_config_from_hf, granite_config_from_hf,
-                                     model_config_from_hf, moe_config_from_hf, seed_oss_config_from_hf,
-                                     smollm3_config_from_hf)
+                                     ernie4_5_config_from_hf, exaone4_config_from_hf, gemma3_language_config_from_hf,
+                                     gemma_config_from_hf, glm_config_from_hf, gpt_oss_config_from_hf,
+                                     granite_config_from_hf, model_config_from_hf, moe_config_from_hf,
+                                     olmo2_config_from_hf, seed_oss_config_from_hf, smollm3_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
 from jaxengine.models.quantization import dequantize_mxfp4
 
@@ -172,6 +172,9 @@ _REGISTRY = {
     "SmolLM3ForCausalLM": Architecture(LlamaForCausalLM, smollm3_config_from_hf),
     "SeedOssForCausalLM": Architecture(LlamaForCausalLM, seed_oss_config_from_hf),
     "Ernie4_5ForCausalLM": Architecture(LlamaForCausalLM, ernie4_5_config_from_hf),
+    "Olmo2ForCausalLM": Architecture(LlamaForCausalLM, olmo2_config_from_hf),
+    "Olmo3ForCausalLM": Architecture(LlamaForCausalLM, olmo2_config_from_hf),
+    "Exaone4ForCausalLM": Architecture(LlamaForCausalLM, exaone4_config_from_hf),
 } | {name: Architecture(LlamaForCausalLM, glm_config_from_hf, split_tensor=_phi3_split)  # gate/up fused
      for name in GLM_ARCHITECTURES} | {
     name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES} | {
