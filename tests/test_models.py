@@ -206,6 +206,8 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("llama", dict(cls="SeedOssForCausalLM", attention_bias=True, attention_out_bias=True)),
     # OLMo 3: OLMo 2's layer, a sliding-window layer beside a full one
     ("olmo2", dict(cls="Olmo3ForCausalLM", sliding_window=20, layer_types=["sliding_attention", "full_attention"])),
+    # Ministral 3: queries scaled with the position past the rope's original length (32 here, as the prompts pass it)
+    ("mistral", dict(cls="Ministral3ForCausalLM", rope_parameters=tiny_models.MINISTRAL3_ROPE)),
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
@@ -236,6 +238,23 @@ def test_gemma3_multimodal_checkpoint_serves_its_language_model(tmp_path, tokeni
     hf = transformers.AutoModelForImageTextToText.from_pretrained(out, dtype=torch.float32).eval()
     for seq, pre, dec in zip(seqs, prefill, decoded):
         np.testing.assert_allclose(np.concatenate([pre, dec]), hf_logits(hf, seq), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("text_model", ["mistral", "ministral3"])
+def test_mistral3_multimodal_checkpoint_serves_its_language_model(tmp_path, tokenizer_dir, text_model):
+    """Mistral3ForConditionalGeneration (Mistral Small 3.1/3.2, Ministral 3): its text model (Mistral, or Ministral 3
+    with its scaled queries) from the language model's tensors, the vision tower left unloaded; against
+    transformers' multimodal model on text."""
+    out = tiny_models.make_mistral3_multimodal(tmp_path / "mistral3", tokenizer_dir, text_model)
+    model, cfg = load_model(out, "float32", progress=False, unstacked=True)
+    assert cfg.architecture == "Mistral3ForConditionalGeneration" and cfg.sliding_windows == (24, 24)
+    assert cfg.q_position_scale == ((0.5, 32) if text_model == "ministral3" else ())
+    prompts = sequences(cfg.vocab_size - 1)[1:3]
+    paged = PagedModel(model)
+    paged.add_sequences(len(prompts))
+    hf = transformers.AutoModelForImageTextToText.from_pretrained(out, dtype=torch.float32).eval()
+    for prompt, logits in zip(prompts, paged.step(prompts, num_tokens=256, all_logits=True)):
+        np.testing.assert_allclose(logits, hf_logits(hf, prompt), atol=1e-4, rtol=0)
 
 
 @pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")

@@ -93,6 +93,11 @@ SPECS = {
         cls="Qwen3MoeForCausalLM", num_attention_heads=4, num_key_value_heads=1, head_dim=24, num_experts=6,
         num_experts_per_tok=3, moe_intermediate_size=40, norm_topk_prob=True, tie_word_embeddings=True,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # OLMoE: renormalised top 3 of 6 with q/k norms over whole projections
+    "olmoe": dict(
+        cls="OlmoeForCausalLM", num_attention_heads=4, num_key_value_heads=2, intermediate_size=40, num_experts=6,
+        num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     # GPT-OSS: q/k/v/o biases and sinks, alternate sliding-window layers, YaRN without truncation, renormalised top
     # 2 of 4 experts with biases and the clamped SwiGLU (a clamp low enough to bind on these weights).
     "gptoss": dict(
@@ -165,6 +170,33 @@ def make_gemma3_multimodal(out_dir: Path, tokenizer_dir: Path) -> Path:
     defaults = transformers.Gemma3TextConfig().to_dict()
     saved["text_config"] = {k: v for k, v in saved["text_config"].items() if defaults.get(k, object()) != v}
     (out_dir / "config.json").write_text(json.dumps(saved))
+    return out_dir
+
+
+MINISTRAL3_ROPE = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32,
+                      beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.5)
+
+
+def make_mistral3_multimodal(out_dir: Path, tokenizer_dir: Path, text_model: str) -> Path:
+    """Mistral3ForConditionalGeneration with SPECS["mistral"]'s language model (`text_model` "mistral": Mistral Small
+    3.1/3.2's form; "ministral3": Ministral 3's, with Llama 4's query scaling past 32 positions) and a one-layer
+    Pixtral vision tower."""
+    import torch
+    import transformers
+
+    text = {k: v for k, v in (dict(COMMON) | SPECS["mistral"]).items() if k != "cls"}
+    if text_model == "ministral3":
+        text = transformers.Ministral3Config(**(text | {"rope_parameters": MINISTRAL3_ROPE}))
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14, head_dim=16)
+    config = transformers.Mistral3Config(text_config=text, vision_config=vision, image_token_index=VOCAB_SIZE - 1,
+                                         spatial_merge_size=1)
+    config.architectures = ["Mistral3ForConditionalGeneration"]
+    torch.manual_seed(0)
+    model = transformers.Mistral3ForConditionalGeneration(config).eval()
+    _randomise(model)
+    model.save_pretrained(out_dir)
+    _copy_tokenizer(tokenizer_dir, out_dir)
     return out_dir
 
 

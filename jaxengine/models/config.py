@@ -62,6 +62,9 @@ class ModelConfig:
     local_rope: RopeConfig | None = None  # Gemma 3: the sliding-window layers' own rotary settings
     rope_layers: tuple = ()  # SmolLM3: per layer, whether it rotates q and k (its NoPE layers do not); (): all do
     rope_interleaved: bool = False  # GLM: rotary pairs (2i, 2i + 1), laid out at load as the half-split ones
+    # Ministral 3 (Llama 4's attention temperature): (beta, length): each query times 1 + beta * log(1 + floor(position
+    # / length)); (): none
+    q_position_scale: tuple = ()
     # Granite: each layer's attention and MLP outputs join the residual times this, and the logits are divided by
     # logits_scaling; both folded into the weights at load (o_proj and down_proj, the final norm)
     residual_scale: float = 1.0
@@ -329,6 +332,43 @@ def smollm3_config_from_hf(hf: dict) -> ModelConfig:
     return dataclasses.replace(cfg, rope_layers=tuple(bool(v) for v in rope_layers))
 
 
+def ministral3_config_from_hf(hf: dict) -> ModelConfig:
+    """Ministral 3: the Mistral layer whose queries grow with the position past the rope's original length, by its
+    `llama_4_scaling_beta` (Llama 4's attention temperature; none where the rope dict has no beta)."""
+    cfg = model_config_from_hf(hf)
+    beta, length = cfg.rope.param("llama_4_scaling_beta"), cfg.rope.param("original_max_position_embeddings")
+    if beta is None:
+        return cfg
+    if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"llama_4_scaling_beta needs a number and a positive original_max_position_embeddings in the "
+                         f"rope parameters, got {beta!r} and {length!r}")
+    return dataclasses.replace(cfg, q_position_scale=(float(beta), length))
+
+
+def mistral3_language_config_from_hf(hf: dict) -> ModelConfig:
+    """Mistral3ForConditionalGeneration's language model (Mistral Small 3.1/3.2: Mistral; Ministral 3: Ministral 3):
+    its `text_config` completed with its transformers config's defaults, with the top level's dtype and (where
+    given) tie_word_embeddings."""
+    import transformers
+
+    from jaxengine.models.registry import get_architecture
+
+    given = dict(hf.get("text_config") or {})
+    model_type = given.pop("model_type", "mistral")
+    if model_type not in ("mistral", "ministral3"):
+        raise ValueError(f"Mistral3ForConditionalGeneration with a {model_type!r} text model is not supported "
+                         f"(mistral and ministral3 are)")
+    text = transformers.AutoConfig.for_model(model_type, **given).to_dict()
+    text["architectures"] = ["MistralForCausalLM" if model_type == "mistral" else "Ministral3ForCausalLM"]
+    for key in ("dtype", "torch_dtype"):
+        if hf.get(key) is not None:
+            text[key] = hf[key]
+    cfg = get_architecture(text).read_config(text)
+    # the top level's tie_word_embeddings, where it has one, is the one transformers 5 follows
+    tied = bool(hf.get("tie_word_embeddings", cfg.tie_word_embeddings))
+    return dataclasses.replace(cfg, architecture=hf["architectures"][0], tie_word_embeddings=tied)
+
+
 def seed_oss_config_from_hf(hf: dict) -> ModelConfig:
     """Seed-OSS: the Llama layer, q/k/v biases by `attention_bias` (default on), o_proj's by `attention_out_bias`."""
     hf = hf | {"attention_bias": hf.get("attention_bias", True)}
@@ -459,6 +499,18 @@ def moe_config_from_hf(hf: dict) -> ModelConfig:
     return dataclasses.replace(cfg, **experts, moe_intermediate_size=hf["moe_intermediate_size"],
                                intermediate_size=shared, norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
                                shared_expert_gate=shared > 0)
+
+
+def olmoe_config_from_hf(hf: dict) -> ModelConfig:
+    """OLMoE: the Llama layer with q/k norms over the whole projections and a mixture of experts in every layer
+    (softmax over all experts' logits, the top `num_experts_per_tok`, renormalised by `norm_topk_prob`; each expert
+    of `intermediate_size`, no shared one). `clip_qkv` (clamping q, k and v) is refused."""
+    if hf.get("clip_qkv") is not None:
+        raise ValueError(f"clip_qkv={hf['clip_qkv']!r} is not supported (only null: no clamping of q, k and v)")
+    cfg = model_config_from_hf(hf, qk_norm=True)
+    return dataclasses.replace(cfg, qk_norm_whole=True, num_experts=hf["num_experts"],
+                               experts_per_token=hf["num_experts_per_tok"], moe_intermediate_size=cfg.intermediate_size,
+                               intermediate_size=0, norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
 
 
 def gpt_oss_config_from_hf(hf: dict) -> ModelConfig:

@@ -483,6 +483,10 @@ class DecoderLayers(nnx.Module):
                 k = rms_norm(k, self.norm("k_norm"), eps)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=self.attention_backend, scales=scales)
+        if cfg.q_position_scale:  # Ministral 3: queries scaled up with the position (Llama 4's temperature)
+            beta, length = cfg.q_position_scale
+            scale = 1 + beta * jnp.log1p(jnp.floor(batch.positions.astype(jnp.float32) / length))
+            q = q * scale.reshape(-1, *(1,) * (q.ndim - 1)).astype(q.dtype)
         o = attention(q, kv_cache, layer, batch, sm_scale=cfg.sm_scale, sliding_window=window,
                       soft_cap=cfg.attn_logit_softcap, backend=self.attention_backend, scales=scales,
                       sinks=self.sinks[...] if cfg.attn_sinks else None).reshape(T, -1)

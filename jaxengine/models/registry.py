@@ -8,8 +8,10 @@ import numpy as np
 from jaxengine.models.config import (GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, ModelConfig,
                                      ernie4_5_config_from_hf, exaone4_config_from_hf, gemma3_language_config_from_hf,
                                      gemma_config_from_hf, glm_config_from_hf, gpt_oss_config_from_hf,
-                                     granite_config_from_hf, model_config_from_hf, moe_config_from_hf,
-                                     olmo2_config_from_hf, seed_oss_config_from_hf, smollm3_config_from_hf)
+                                     granite_config_from_hf, ministral3_config_from_hf,
+                                     mistral3_language_config_from_hf, model_config_from_hf, moe_config_from_hf,
+                                     olmo2_config_from_hf, olmoe_config_from_hf, seed_oss_config_from_hf,
+                                     smollm3_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
 from jaxengine.models.quantization import dequantize_mxfp4
 
@@ -147,10 +149,10 @@ _GEMMA3_LANGUAGE = (("language_model.model.", "model."), ("model.language_model.
 _GEMMA3_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 
 
-def _gemma3_language_tensor(name: str) -> str | None:
-    """A Gemma 3 multimodal checkpoint's tensor under its Gemma3ForCausalLM name (hub checkpoints name the
-    language model `language_model.model.*`, transformers 5's own layout `model.language_model.*`); the vision
-    tower and its projector are not loaded."""
+def _language_model_tensor(name: str) -> str | None:
+    """A vision-language checkpoint's tensor (Gemma 3's, Mistral 3's) under its causal LM's name (hub checkpoints
+    name the language model `language_model.model.*`, transformers 5's own layout `model.language_model.*`); the
+    vision tower and its projector are not loaded."""
     if name.startswith(_GEMMA3_VISION):
         return None
     for prefix, ours in _GEMMA3_LANGUAGE:
@@ -171,10 +173,12 @@ _REGISTRY = {
     "GraniteForCausalLM": Architecture(LlamaForCausalLM, granite_config_from_hf, split_tensor=_granite_scaled),
     "SmolLM3ForCausalLM": Architecture(LlamaForCausalLM, smollm3_config_from_hf),
     "SeedOssForCausalLM": Architecture(LlamaForCausalLM, seed_oss_config_from_hf),
+    "Ministral3ForCausalLM": Architecture(LlamaForCausalLM, ministral3_config_from_hf),
     "Ernie4_5ForCausalLM": Architecture(LlamaForCausalLM, ernie4_5_config_from_hf),
     "Olmo2ForCausalLM": Architecture(LlamaForCausalLM, olmo2_config_from_hf),
     "Olmo3ForCausalLM": Architecture(LlamaForCausalLM, olmo2_config_from_hf),
     "Exaone4ForCausalLM": Architecture(LlamaForCausalLM, exaone4_config_from_hf),
+    "OlmoeForCausalLM": Architecture(LlamaForCausalLM, olmoe_config_from_hf),
 } | {name: Architecture(LlamaForCausalLM, glm_config_from_hf, split_tensor=_phi3_split)  # gate/up fused
      for name in GLM_ARCHITECTURES} | {
     name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES} | {
@@ -184,7 +188,10 @@ _REGISTRY = {
     "GptOssForCausalLM": Architecture(LlamaForCausalLM, gpt_oss_config_from_hf, split_tensor=_GptOssTensors),
     # Gemma 3 4B-27B, served as text models (a request's content is text only: jaxengine.llm._chat_messages)
     "Gemma3ForConditionalGeneration": Architecture(LlamaForCausalLM, gemma3_language_config_from_hf,
-                                                   _gemma3_language_tensor),
+                                                   _language_model_tensor),
+    # Mistral Small 3.1/3.2 and Ministral 3, served as text models likewise
+    "Mistral3ForConditionalGeneration": Architecture(LlamaForCausalLM, mistral3_language_config_from_hf,
+                                                     _language_model_tensor),
 }
 
 _REGISTRY |= {name.replace("ForCausalLM", "Model"): _base_model(name)
