@@ -270,3 +270,105 @@ def test_mxfp4_is_refused_outside_gpt_oss():
     llama = dict(GEMMA_2B, architectures=["LlamaForCausalLM"], quantization_config={"quant_method": "mxfp4"})
     with pytest.raises(ValueError, match="quant_method 'mxfp4' is supported for GPT-OSS checkpoints only"):
         parse_quantization(llama)
+
+
+GRANITE_33_8B = dict(  # ibm-granite/granite-3.3-8b-instruct's config.json
+    architectures=["GraniteForCausalLM"], model_type="granite", attention_multiplier=0.0078125,
+    embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=32.0, hidden_size=4096, intermediate_size=12800,
+    num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=40, vocab_size=49159, rope_theta=10000000.0,
+    max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=True, hidden_act="silu")
+
+
+def test_granite_hub_config_reads_its_multipliers_and_refuses_quantized_checkpoints():
+    cfg = read(GRANITE_33_8B)
+    assert (cfg.embed_scale, cfg.sm_scale, cfg.residual_scale, cfg.logits_scaling) == (12.0, 0.0078125, 0.22, 32.0)
+    with pytest.raises(ValueError, match="quantized Granite"):
+        read(GRANITE_33_8B | {"quantization_config": {"quant_method": "fp8"}})
+    with pytest.raises(ValueError, match="residual_multiplier must be a positive number"):
+        read(GRANITE_33_8B | {"residual_multiplier": 0})
+
+
+SMOLLM3_3B = dict(  # HuggingFaceTB/SmolLM3-3B's config.json: every 4th layer without rotary embedding
+    architectures=["SmolLM3ForCausalLM"], model_type="smollm3", hidden_size=2048, intermediate_size=11008,
+    num_attention_heads=16, num_key_value_heads=4, num_hidden_layers=36, vocab_size=128256, rope_theta=5000000.0,
+    max_position_embeddings=65536, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+    sliding_window=None, no_rope_layers=[int((i + 1) % 4 != 0) for i in range(36)])
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_smollm3_nope_layers_are_transformers(given):
+    hf = SMOLLM3_3B if given else {k: v for k, v in SMOLLM3_3B.items() if k != "no_rope_layers"}
+    cfg = read(hf)
+    theirs = transformers.SmolLM3Config(**{k: v for k, v in hf.items() if k != "architectures"})
+    assert cfg.rope_layers == tuple(bool(v) for v in theirs.no_rope_layers) and cfg.rope_layers.count(False) == 9
+    assert cfg.sliding_windows == (0,) * 36
+    with pytest.raises(ValueError, match="no_rope_layers must hold a 0 or 1 for each of the 36 layers"):
+        read(SMOLLM3_3B | {"no_rope_layers": [1, 0]})
+
+
+EXAONE4_32B = dict(  # LGAI-EXAONE/EXAONE-4.0-32B's config.json (sliding_window_pattern as a number of layers)
+    architectures=["Exaone4ForCausalLM"], model_type="exaone4", hidden_size=5120, intermediate_size=27392,
+    num_attention_heads=40, num_key_value_heads=8, head_dim=128, num_hidden_layers=64, vocab_size=102400,
+    rope_theta=1000000.0, max_position_embeddings=131072, rms_norm_eps=1e-5, sliding_window=4096,
+    sliding_window_pattern=4, tie_word_embeddings=False)
+
+
+def test_exaone4_sliding_layers_rotate_and_full_ones_do_not():
+    cfg = read(EXAONE4_32B)
+    theirs = transformers.Exaone4Config(**{k: v for k, v in EXAONE4_32B.items() if k != "architectures"})
+    assert [w > 0 for w in cfg.sliding_windows] == [t == "sliding_attention" for t in theirs.layer_types]
+    assert cfg.rope_layers == tuple(w > 0 for w in cfg.sliding_windows) and cfg.sliding_windows[3] == 0
+    assert not cfg.pre_norms and cfg.sandwich_norms and cfg.qk_norm and not cfg.qk_norm_whole
+    no_window = read(EXAONE4_32B | {"sliding_window": None})
+    assert no_window.sliding_windows == (0,) * 64 and no_window.rope_layers == ()
+    lettered = read(EXAONE4_32B | {"sliding_window_pattern": "LLLG"})
+    assert lettered.sliding_windows == cfg.sliding_windows
+
+
+OLMO2_7B = dict(  # allenai/OLMo-2-1124-7B's config.json
+    architectures=["Olmo2ForCausalLM"], model_type="olmo2", hidden_size=4096, intermediate_size=11008,
+    num_attention_heads=32, num_key_value_heads=32, num_hidden_layers=32, vocab_size=100352, rope_theta=500000.0,
+    max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False)
+
+
+def test_olmo2_has_output_norms_only_and_whole_qk_norms():
+    cfg = read(OLMO2_7B)
+    assert not cfg.pre_norms and cfg.sandwich_norms and cfg.qk_norm and cfg.qk_norm_whole
+    assert cfg.rope.theta == 500000.0 and cfg.local_rope is None
+
+
+@pytest.mark.parametrize("arch, head_dim, factor", [("Glm4ForCausalLM", 128, 0.5), ("Ernie4_5ForCausalLM", 128, 1.0),
+                                                    ("Glm4ForCausalLM", 24, 0.5)])
+def test_interleaved_rotary_layout_gives_transformers_rotation(arch, head_dim, factor):
+    """GLM's and ERNIE's rotation of interleaved pairs over (part of) each head, through the loader's layout
+    (layers.rope.rotary_layout) and our half-split rotation, against transformers' own on the same q and k: the
+    rotated vectors agree dimension for dimension once laid out alike, so every score does."""
+    import numpy as np
+    import torch
+
+    from jaxengine.layers.rope import apply_rope, rope_tables, rotary_layout
+    from jaxengine.models.config import rope_inv_freq
+
+    module = {"Glm4ForCausalLM": transformers.models.glm4.modeling_glm4,
+              "Ernie4_5ForCausalLM": transformers.models.ernie4_5.modeling_ernie4_5}[arch]
+    hf = dict(architectures=[arch], hidden_size=256, intermediate_size=64, num_attention_heads=2,
+              num_key_value_heads=2, head_dim=head_dim, num_hidden_layers=1, vocab_size=64, rope_theta=10000.0,
+              partial_rotary_factor=factor)
+    cfg = read(hf)
+    rotary = cfg.rope.rotary_dim(head_dim)
+    assert rotary == int(head_dim * factor) and cfg.rope_interleaved
+    order = rotary_layout(head_dim, rotary, True)
+    rng = np.random.default_rng(0)
+    positions = np.arange(0, 70, 7)
+    q = rng.normal(size=(len(positions), 2, head_dim)).astype(np.float32)
+    inv_freq, scaling = rope_inv_freq(cfg.rope, head_dim, cfg.max_position_embeddings)
+    cos, sin = rope_tables(positions, inv_freq, scaling, np.float32, head_dim)
+    ours = np.asarray(apply_rope(q[..., order], cos, sin))
+    freqs = positions[:, None] * inv_freq[None, :].astype(np.float64)
+    emb = np.concatenate([freqs, freqs], -1)  # transformers' tables over the rotary dimensions
+    theirs_cos, theirs_sin = (torch.tensor(f(emb), dtype=torch.float32)[None] for f in (np.cos, np.sin))
+    t = torch.tensor(q).transpose(0, 1)[None]  # [1, heads, T, head_dim]
+    rotated, passed = t[..., :rotary], t[..., rotary:]
+    theirs, _ = module.apply_rotary_pos_emb(rotated, rotated, theirs_cos, theirs_sin)
+    theirs = torch.cat([theirs, passed], -1)[0].transpose(0, 1).numpy()
+    np.testing.assert_allclose(ours, theirs[..., order], atol=1e-5)
