@@ -307,6 +307,33 @@ class Llama3Json:
         return _CallsOnlyStream(_parse_llama3_json, ("{", _PYTHON_TAG))
 
 
+_GRANITE_TAGS = ("<|tool_call|>", "<tool_call>")  # Granite 3.0's special token, and the text 3.1+ writes
+
+
+def _parse_granite(text: str) -> tuple[str | None, list[ToolCall]]:
+    """(None, calls) where the whole output is a JSON list of {"name", "arguments"} objects, after Granite's tag (or
+    without it: the special token is skipped from the text by default); (text, []) otherwise, as vLLM's parser."""
+    body = text.strip()
+    for tag in _GRANITE_TAGS:
+        body = body[len(tag):].lstrip() if body.startswith(tag) else body
+    if not body.startswith("["):
+        return text, []
+    try:
+        values = json.loads(body)
+    except json.JSONDecodeError:
+        return text, []
+    calls = [_call_of(value) for value in values] if isinstance(values, list) and values else [None]
+    return (text, []) if None in calls else (None, calls)
+
+
+class Granite:
+    parse = staticmethod(_parse_granite)
+
+    @staticmethod
+    def Stream():
+        return _CallsOnlyStream(_parse_granite, ("[",) + _GRANITE_TAGS)
+
+
 _PYTHON_START, _PYTHON_END = "<|python_start|>", "<|python_end|>"
 
 
@@ -623,7 +650,7 @@ class OpenAI:
 
 
 PARSERS = {"hermes": Hermes, "llama3_json": Llama3Json, "mistral": Mistral, "pythonic": Pythonic,
-           "qwen3_coder": Qwen3Xml, "qwen3_xml": Qwen3Xml, "openai": OpenAI}
+           "qwen3_coder": Qwen3Xml, "qwen3_xml": Qwen3Xml, "openai": OpenAI, "granite": Granite}
 TOOL_CALL_PARSERS = tuple(PARSERS)
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from server.app import build_app
-from server.tool_parsers import Hermes, Llama3Json, Mistral, Pythonic, Qwen3Xml, ToolCall, ToolCallDelta
+from server.tool_parsers import Granite, Hermes, Llama3Json, Mistral, Pythonic, Qwen3Xml, ToolCall, ToolCallDelta
 from tests.server.conftest import MODEL, LiveServer
 from tests.server.test_structured_outputs_api import no_whitespace
 
@@ -133,6 +133,33 @@ def test_llama3_json_stream_holds_calls_to_the_end_and_streams_content():
     assert stream.feed("The") == ("The", []) and stream.feed("The weather", final=True) == (" weather", [])
     stream = Llama3Json.Stream()
     assert stream.feed('{"name": "f"', final=True) == ('{"name": "f"', [])
+
+
+GRANITE = ('<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}, '
+           '{"name": "get_time", "arguments": {"zone": "CET"}}]')
+
+
+@pytest.mark.parametrize("tag", ["<|tool_call|>", "<tool_call>", ""])
+def test_granite_output_that_is_calls_only(tag):
+    """Granite 3.0's special token, 3.1+'s text tag, or neither (the special token skipped from the text)."""
+    content, calls = Granite.parse(GRANITE.replace("<|tool_call|>", tag))
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]
+
+
+@pytest.mark.parametrize("text", ["The weather is fine.", "[1, 2]", "[]", '[{"name": "f"}', '{"name": "f"}',
+                                  'Sure: <|tool_call|>[{"name": "f", "arguments": {}}]'])
+def test_granite_output_that_is_not_calls_is_content(text):
+    assert Granite.parse(text) == (text, [])
+
+
+def test_granite_stream_holds_calls_to_the_end_and_streams_content():
+    stream = Granite.Stream()
+    assert stream.feed(" <|tool") == ("", []) and stream.feed(" <|tool_call|>[{") == ("", [])
+    content, calls = stream.feed(" " + GRANITE, final=True)
+    assert content == "" and [c.name for c in calls] == ["get_weather", "get_time"]
+    stream = Granite.Stream()
+    assert stream.feed("The") == ("The", []) and stream.feed("The weather", final=True) == (" weather", [])
 
 
 PYTHONIC = '[get_weather(city="Paris", unit="C"), get_time(zone="CET", hours=[1, 2.5], dst=True, note=None)]'
@@ -278,7 +305,7 @@ def tool_servers(async_engine):
                for name, script, parser in (("calls", SCRIPT, "hermes"), ("plain", "Just text.", "hermes"),
                                             ("no-parser", SCRIPT, None), ("llama3", LLAMA3, "llama3_json"),
                                             ("pythonic", PYTHONIC, "pythonic"), ("mistral", MISTRAL_V11, "mistral"),
-                                            ("qwen3-xml", QWEN3_XML, "qwen3_coder"))}
+                                            ("qwen3-xml", QWEN3_XML, "qwen3_coder"), ("granite", GRANITE, "granite"))}
     yield servers
     for server in servers.values():
         server.stop()
@@ -374,10 +401,11 @@ def test_mistral_calls_come_back_as_tool_calls(tool_servers, stream, monkeypatch
     ("qwen3-xml", XML_TOOLS, "I will check.\n", XML_CALLS),
     ("pythonic", TOOLS, "", PYTHONIC_CALLS),
     ("llama3", TOOLS, "", [("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]),
+    ("granite", TOOLS, "", [("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]),
 ])
 def test_parsed_calls_come_back_as_tool_calls(tool_servers, server, tools, content, want, stream):
-    """qwen3_coder, pythonic and llama3_json: the content before the calls (none for the calls-only formats), the
-    calls, finish reason tool_calls; streamed or not."""
+    """qwen3_coder, pythonic, llama3_json and granite: the content before the calls (none for the calls-only
+    formats), the calls, finish reason tool_calls; streamed or not."""
     response = client_of(tool_servers[server]).chat.completions.create(
         model=MODEL, messages=ASK, tools=tools, max_tokens=24, extra_body={"ignore_eos": True}, stream=stream)
     got_content, calls, finish = _content_calls_finish(response, stream)
