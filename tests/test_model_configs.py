@@ -116,10 +116,27 @@ def test_qwen2_moe_shared_expert_is_the_dense_mlp_and_mixtral_renormalises():
     assert cfg.norm_topk_prob
 
 
-@pytest.mark.parametrize("dense", [dict(mlp_only_layers=[0, 3]), dict(decoder_sparse_step=2)])
-def test_moe_with_dense_layers_among_the_expert_ones_is_refused(dense):
-    with pytest.raises(ValueError, match="dense layers among the expert ones.*only every layer"):
-        read(QWEN3_30B_A3B | dense)
+@pytest.mark.parametrize("dense, layers", [(dict(mlp_only_layers=[0, 3]), (0, 3)),
+                                           (dict(decoder_sparse_step=2), tuple(range(0, 48, 2))),
+                                           (dict(mlp_only_layers=[1], decoder_sparse_step=2),
+                                            (0, 1) + tuple(range(2, 48, 2)))])
+def test_moe_with_dense_layers_among_the_expert_ones_runs_them_in_stacks_of_their_own(dense, layers):
+    """As transformers builds Qwen MoE: a layer in mlp_only_layers, or not a multiple of decoder_sparse_step, has a
+    dense MLP of intermediate_size; each run of alike layers is a stack (llama.layer_groups)."""
+    from jaxengine.models.llama import layer_groups
+
+    cfg = read(QWEN3_30B_A3B | dense)
+    assert cfg.dense_mlp_layers == layers and cfg.dense_intermediate_size == 6144
+    groups = layer_groups(cfg)
+    ends = [first + group.num_layers for _, first, group in groups]
+    assert [first for _, first, _ in groups] == [0] + ends[:-1] and ends[-1] == 48
+    kinds = [group.num_experts == 0 for _, _, group in groups]
+    assert all(a != b for a, b in zip(kinds, kinds[1:]))  # runs of alike layers: dense and expert ones in turn
+    for _, first, group in groups:
+        in_run = set(range(first, first + group.num_layers))
+        dense = in_run <= set(layers)
+        assert dense == (group.num_experts == 0) and (dense or not in_run & set(layers))
+        assert group.intermediate_size == (6144 if first in layers else 0)
 
 
 PHI35_MINI = dict(  # microsoft/Phi-3.5-mini-instruct's config.json (rope_scaling in the older keys)

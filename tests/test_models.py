@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from jaxengine.models import load_model
+from jaxengine.models.llama import layer_groups
 from jaxengine.models.loader import native_matmul_applies
 from tests import tiny_models
 from tests.conftest import ARCHS
@@ -75,7 +76,8 @@ def test_incremental_decode_through_scattered_pages_matches_transformers(arch, a
     model, cfg = load_model(model_dirs[arch], "float32", progress=False, attention_backend=attention)
     if layers == "unstacked":
         model.unstack_layers()
-        assert model.layers_unstacked and len(model.layers) == cfg.num_layers
+        assert model.layers_unstacked and sum(len(getattr(model, name)) for name, _, _ in layer_groups(cfg)) == \
+            cfg.num_layers
     seqs = sequences(cfg.vocab_size, extra=DECODE_STEPS, seed=1)
     prefill, decoded = prefill_and_decode(model, seqs)
     for seq, pre, dec in zip(seqs, prefill, decoded):
@@ -208,6 +210,8 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("olmo2", dict(cls="Olmo3ForCausalLM", sliding_window=20, layer_types=["sliding_attention", "full_attention"])),
     # Ministral 3: queries scaled with the position past the rope's original length (32 here, as the prompts pass it)
     ("mistral", dict(cls="Ministral3ForCausalLM", rope_parameters=tiny_models.MINISTRAL3_ROPE)),
+    # Qwen3 MoE with a dense middle layer (mlp_only_layers): three layer stacks
+    ("qwen3moe", dict(cls="Qwen3MoeForCausalLM", num_hidden_layers=3, mlp_only_layers=[1])),
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
@@ -559,3 +563,36 @@ def test_olmo3_legacy_rope_scaling_applies_to_its_full_attention_layers():
     assert (cfg.rope.rope_type, cfg.rope.theta, cfg.rope.param("factor")) == ("yarn", 500000.0, 8.0)
     assert (cfg.local_rope.rope_type, cfg.local_rope.theta) == ("default", 500000.0)
     assert cfg.sliding_windows == (20, 0) and not cfg.pre_norms and cfg.qk_norm_whole
+
+
+def test_glm4_moe_skips_its_mtp_layer_and_converts_to_orbax_with_the_same_logits(model_dirs, tmp_path, capsys):
+    """GLM-4.5's checkpoints carry a multi-token-prediction layer numbered after the decoder's (transformers does not
+    build it): its tensors are not loaded. The model's two layer stacks (the dense first layer, the expert ones)
+    convert to Orbax and load back to the same logits."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from jaxengine.cli import main
+
+    src = tmp_path / "with-mtp"
+    shutil.copytree(model_dirs["glm4moe"], src)
+    tensors = load_file(src / "model.safetensors")
+    layers = tiny_models.SPECS["glm4moe"]["num_hidden_layers"]
+    extra = {f"model.layers.{layers}.eh_proj.weight": np.ones((64, 128), np.float32),
+             f"model.layers.{layers}.mlp.experts.0.up_proj.weight": np.ones((32, 64), np.float32)}
+    save_file(tensors | extra, src / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "orbax"
+    main(["convert", "--model", str(src), "--output", str(out), "--dtype", "float32"])
+    assert "wrote an Orbax checkpoint" in capsys.readouterr().out
+    prompts = sequences(tiny_models.VOCAB_SIZE)[:2]
+    logits = []
+    for path in (model_dirs["glm4moe"], src, out):
+        model, cfg = load_model(path, "float32", progress=False)
+        assert [name for name, _, _ in layer_groups(cfg)] == ["layers", "layers1"]
+        paged = PagedModel(model)
+        paged.add_sequences(len(prompts))
+        logits.append(paged.step(prompts, num_tokens=256, all_logits=True))
+    for want, mtp, orbax in zip(*logits):
+        np.testing.assert_array_equal(mtp, want)
+        np.testing.assert_array_equal(orbax, want)

@@ -98,6 +98,15 @@ SPECS = {
         cls="OlmoeForCausalLM", num_attention_heads=4, num_key_value_heads=2, intermediate_size=40, num_experts=6,
         num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # GLM-4.5: a dense first layer before two expert ones (two layer stacks), top 3 of 8 experts by sigmoid scores
+    # plus a correction bias within the best 2 of 4 groups, times 2.5, a shared expert, q/k norms, half of each head
+    # rotated (half-split)
+    "glm4moe": dict(
+        cls="Glm4MoeForCausalLM", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, n_group=4,
+        topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5, attention_bias=True, use_qk_norm=True,
+        tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                       partial_rotary_factor=0.5)),
     # GPT-OSS: q/k/v/o biases and sinks, alternate sliding-window layers, YaRN without truncation, renormalised top
     # 2 of 4 experts with biases and the clamped SwiGLU (a clamp low enough to bind on these weights).
     "gptoss": dict(
@@ -222,6 +231,9 @@ def _randomise(model) -> None:
                 p.normal_(0.0, 0.5)
             else:
                 p.normal_(0.0, 1.0 / p.shape[-1] ** 0.5)  # fan-in: [out, in], or [experts, out, in]
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # a sigmoid router's: large enough to change choices
+                b.normal_(0.0, 0.3)
 
 
 def read_config(model_dir: Path) -> dict:

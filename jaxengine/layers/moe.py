@@ -1,5 +1,6 @@
 """Mixture-of-experts MLP: each token through its top-k experts' gated MLPs, weighted by the router."""
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -28,17 +29,45 @@ def swiglu_oai(gate, up, alpha: float, limit: float):
     return (up + 1) * (gate * jax.nn.sigmoid(alpha * gate))
 
 
-def route(x, router, top_k: int, renormalize: bool, bias=None):
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    """How a router chooses: `softmax` over the logits (Mixtral, Qwen MoE, GPT-OSS), or DeepSeek V3's `sigmoid`
+    scores (GLM-4.5's): the experts chosen by score plus a correction bias, among the `groups` = (n_group,
+    topk_group) groups with the best sums of their top two (every group where none), weighted by their scores
+    (renormalised where asked), times `scale` (routed_scaling_factor)."""
+
+    scoring: str = "softmax"
+    groups: tuple = ()
+    scale: float = 1.0
+
+
+def route(x, router, top_k: int, renormalize: bool, bias=None, routing: Routing = Routing(), correction=None):
     """(weights f32[T, top_k], experts i32[T, top_k]) for x [T, D] and router [D, E] (and its `bias` [E]): the
     softmax of the router logits (in float32) at its top_k experts, renormalised to sum to 1 where `renormalize`
-    (Mixtral, Qwen MoE's `norm_topk_prob`, and GPT-OSS's softmax over the top logits, which is the same)."""
+    (Mixtral, Qwen MoE's `norm_topk_prob`, and GPT-OSS's softmax over the top logits, which is the same); or as
+    `routing` says (its sigmoid scoring with the `correction` bias [E])."""
     logits = jnp.dot(x.astype(router.dtype), router, preferred_element_type=jnp.float32)
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
-    weights, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
+    if routing.scoring == "softmax":
+        weights, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
+        if renormalize:
+            weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+        return weights * routing.scale if routing.scale != 1 else weights, experts
+    scores = jax.nn.sigmoid(logits)
+    choice = scores if correction is None else scores + correction.astype(jnp.float32)
+    if routing.groups:
+        n_group, topk_group = routing.groups
+        T, E = choice.shape
+        grouped = choice.reshape(T, n_group, E // n_group)
+        _, kept = jax.lax.top_k(jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1), topk_group)  # [T, topk_group]
+        in_kept = jnp.any(jnp.arange(n_group)[None, :, None] == kept[:, None, :], axis=-1)  # [T, n_group]
+        choice = jnp.where(jnp.repeat(in_kept, E // n_group, axis=1), choice, -jnp.inf)
+    _, experts = jax.lax.top_k(choice, top_k)
+    weights = jnp.take_along_axis(scores, experts, axis=-1)
     if renormalize:
-        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-    return weights, experts
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return weights * routing.scale, experts
 
 
 def moe_mlp(
@@ -61,6 +90,8 @@ def moe_mlp(
     down_bias=None,  # [E, D]: added to each expert's output, before the router's weight
     swiglu=(1.702, 7.0),  # activation "swigluoai": its (alpha, limit)
     folded_bias: bool = False,  # `gate_up` holds the gate/up biases as its last input row: x gets a 1 there
+    routing: Routing = Routing(),  # how the router chooses (route)
+    router_correction=None,  # [E]: the sigmoid router's correction bias (route)
 ) -> jax.Array:  # [T, D] in x's dtype
     """The tokens' (token, expert) pairs sorted by expert run as one grouped matmul per projection, in the
     weights' dtype with float32 accumulation, then are weighted and summed back per token. Weights packed for
@@ -80,7 +111,7 @@ def moe_mlp(
     else:
         def glu(gate, up):
             return ACTIVATIONS[activation](gate) * up
-    weights, experts = route(x, router, top_k, renormalize, router_bias)
+    weights, experts = route(x, router, top_k, renormalize, router_bias, routing, router_correction)
     flat = experts.reshape(-1)  # [T * top_k]
     mxfp4 = isinstance(down, Mxfp4Experts)
     if mxfp4 and not isinstance(gate_up, Mxfp4Experts):

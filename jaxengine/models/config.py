@@ -77,6 +77,15 @@ class ModelConfig:
     norm_topk_prob: bool = False  # renormalise the top experts' router probabilities to sum to 1
     shared_expert_gate: bool = False  # Qwen2 MoE: the shared expert's output times sigmoid(x @ gate)
     moe_bias: bool = False  # GPT-OSS: biases on the router's logits and on each expert's gate, up and down products
+    # DeepSeek V3's router (GLM-4.5's): sigmoid scores, a correction bias for the choice, groups (n_group,
+    # topk_group), the weights times routed_scaling_factor (layers.moe.Routing); softmax: the others'
+    router_scoring: str = "softmax"
+    router_groups: tuple = ()
+    routed_scaling: float = 1.0
+    # A mixture of experts with dense layers among its expert ones (GLM-4.5's first_k_dense_replace): those layers'
+    # dense MLP, of dense_intermediate_size (each run of alike layers is its own stack: llama.layer_groups)
+    dense_mlp_layers: tuple = ()
+    dense_intermediate_size: int = 0
     swiglu_alpha: float = 1.702  # hidden_act "swigluoai" (GPT-OSS's experts): layers.moe.swiglu_oai's alpha
     swiglu_limit: float = 7.0  # and its clamp
     attn_sinks: bool = False  # GPT-OSS: a learned logit per query head in the attention's softmax (layers.attention)
@@ -479,9 +488,9 @@ def gemma_config_from_hf(hf: dict) -> ModelConfig:
 
 
 def moe_config_from_hf(hf: dict) -> ModelConfig:
-    """Mixtral, Qwen2 MoE and Qwen3 MoE: the Llama/Qwen layer with a mixture-of-experts MLP in every layer
-    (Qwen2 MoE with its gated shared expert). Qwen MoE configs whose `mlp_only_layers` or
-    `decoder_sparse_step` leave some layers dense are refused (the layers share one stacked layout)."""
+    """Mixtral, Qwen2 MoE and Qwen3 MoE: the Llama/Qwen layer with a mixture-of-experts MLP (Qwen2 MoE with its
+    gated shared expert); in Qwen MoE, the layers that `mlp_only_layers` or `decoder_sparse_step` leave dense have a
+    dense MLP of `intermediate_size` (as transformers builds them)."""
     arch = hf["architectures"][0]
     experts = dict(num_experts=hf.get("num_local_experts") or hf.get("num_experts"),  # transformers 5 / the hub's
                    experts_per_token=hf["num_experts_per_tok"])
@@ -489,16 +498,17 @@ def moe_config_from_hf(hf: dict) -> ModelConfig:
         cfg = model_config_from_hf(hf)
         return dataclasses.replace(cfg, **experts, moe_intermediate_size=cfg.intermediate_size, intermediate_size=0,
                                    norm_topk_prob=True)
-    if hf.get("mlp_only_layers") or hf.get("decoder_sparse_step", 1) != 1:
-        raise ValueError(f"{arch} with dense layers among the expert ones (mlp_only_layers="
-                         f"{hf.get('mlp_only_layers')}, decoder_sparse_step={hf.get('decoder_sparse_step', 1)}) is not "
-                         f"supported; only every layer a mixture of experts")
+    step, only = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or ())
+    if not isinstance(step, int) or step < 1:
+        raise ValueError(f"decoder_sparse_step must be a positive integer, got {step!r}")
+    dense = tuple(i for i in range(hf["num_hidden_layers"]) if i in only or (i + 1) % step)
     qwen2 = arch == "Qwen2MoeForCausalLM"
     shared = hf.get("shared_expert_intermediate_size", 0) if qwen2 else 0
     cfg = model_config_from_hf(hf, qkv_bias=True, o_bias=False) if qwen2 else model_config_from_hf(hf, qk_norm=True)
     return dataclasses.replace(cfg, **experts, moe_intermediate_size=hf["moe_intermediate_size"],
                                intermediate_size=shared, norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
-                               shared_expert_gate=shared > 0)
+                               shared_expert_gate=shared > 0, dense_mlp_layers=dense,
+                               dense_intermediate_size=cfg.intermediate_size if dense else 0)
 
 
 def olmoe_config_from_hf(hf: dict) -> ModelConfig:
@@ -511,6 +521,34 @@ def olmoe_config_from_hf(hf: dict) -> ModelConfig:
     return dataclasses.replace(cfg, qk_norm_whole=True, num_experts=hf["num_experts"],
                                experts_per_token=hf["num_experts_per_tok"], moe_intermediate_size=cfg.intermediate_size,
                                intermediate_size=0, norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
+
+
+def glm4_moe_config_from_hf(hf: dict) -> ModelConfig:
+    """GLM-4.5 / 4.6 (Glm4MoeForCausalLM): GLM's attention (q/k/v biases, half of each head rotated; here in
+    half-split pairs, and q/k norms where `use_qk_norm`), dense MLPs in the first `first_k_dense_replace` layers and
+    in the others a mixture of `n_routed_experts` with `n_shared_experts` shared ones (one dense MLP of their
+    combined width), routed as DeepSeek V3 routes (sigmoid scores, a correction bias, `n_group` / `topk_group`,
+    `routed_scaling_factor`). The checkpoint's multi-token-prediction layers (past num_hidden_layers) are not
+    loaded."""
+    if hf.get("topk_method", "noaux_tc") != "noaux_tc" or hf.get("scoring_func", "sigmoid") != "sigmoid":
+        raise ValueError("only the noaux_tc sigmoid router (GLM-4.5's, DeepSeek V3's) is supported, got "
+                         f"topk_method={hf.get('topk_method')!r}, scoring_func={hf.get('scoring_func')!r}")
+    hf = hf | {"partial_rotary_factor": hf.get("partial_rotary_factor", 0.5)}
+    cfg = model_config_from_hf(hf, qk_norm=bool(hf.get("use_qk_norm", False)), o_bias=False)
+    experts, dense = hf["n_routed_experts"], hf.get("first_k_dense_replace", 1)
+    n_group, topk_group = hf.get("n_group", 1), hf.get("topk_group", 1)
+    if not (n_group >= 1 and experts % n_group == 0 and 1 <= topk_group <= n_group):
+        raise ValueError(f"n_group={n_group} must divide n_routed_experts={experts}, topk_group={topk_group} within it")
+    if not 0 <= dense <= cfg.num_layers:
+        raise ValueError(f"first_k_dense_replace={dense} must be within the {cfg.num_layers} layers")
+    shared = hf.get("n_shared_experts", 1) or 0
+    return dataclasses.replace(
+        cfg, num_experts=experts, experts_per_token=hf["num_experts_per_tok"],
+        moe_intermediate_size=hf["moe_intermediate_size"], intermediate_size=shared * hf["moe_intermediate_size"],
+        dense_intermediate_size=cfg.intermediate_size, dense_mlp_layers=tuple(range(dense)),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", True)), router_scoring="sigmoid",
+        router_groups=(n_group, topk_group) if n_group > 1 else (),
+        routed_scaling=float(hf.get("routed_scaling_factor", 1.0)))
 
 
 def gpt_oss_config_from_hf(hf: dict) -> ModelConfig:

@@ -10,6 +10,7 @@ unrolled loop (the CPU default where XLA's dots take the weights: its steps run 
 Linear weights are stored `[in, out]` (transposed from Hugging Face's `[out, in]`).
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -19,7 +20,7 @@ from flax import nnx
 
 from jaxengine.layers.activations import ACTIVATIONS
 from jaxengine.layers.attention import FP8_DTYPES, attention, kv_writer, select_body, token_slots, write_kv
-from jaxengine.layers.moe import SWIGLU_OAI, Mxfp4Experts, moe_mlp
+from jaxengine.layers.moe import SWIGLU_OAI, Mxfp4Experts, Routing, moe_mlp
 from jaxengine.layers.norms import gemma_scale, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
 from jaxengine.models.config import ModelConfig, rope_inv_freq
@@ -319,9 +320,11 @@ def _pack_quantized_layer(layer, lead) -> None:
 class DecoderLayers(nnx.Module):
     """All decoder layers; every parameter has a leading `num_layers` axis. Calling it runs one layer's slice."""
 
-    def __init__(self, cfg: ModelConfig, dtype, attention_backend: str = "auto"):
+    def __init__(self, cfg: ModelConfig, dtype, attention_backend: str = "auto", first_layer: int = 0):
+        """`cfg`: the layers' (layer_groups': `num_layers` of them, the model's from `first_layer` on)."""
         L, D, I = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size
         self.attention_backend = attention_backend
+        self.first_layer = first_layer  # the KV cache's layer of this stack's first
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.cfg = cfg
         # the projections' weights
@@ -355,7 +358,11 @@ class DecoderLayers(nnx.Module):
             self.down_proj = _param((L, I, D), linear, ("layers", "mlp", "embed"))
         if cfg.num_experts:
             E, M = cfg.num_experts, cfg.moe_intermediate_size
-            self.router = _param((L, D, E), dtype, ("layers", "embed", "experts"))
+            # a sigmoid router's logits in float32 (transformers' DeepSeek V3 and GLM-4.5 routers compute them so)
+            router_dtype = jnp.float32 if cfg.router_scoring == "sigmoid" else dtype
+            self.router = _param((L, D, E), router_dtype, ("layers", "embed", "experts"))
+            if cfg.router_scoring == "sigmoid":
+                self.router_correction = _param((L, E), jnp.float32, ("layers", "experts"))
             if cfg.mxfp4_experts:  # as pallas_kernels.cpu.pack_mxfp4_panels packs them (registry._GptOssTensors)
                 from pallas_kernels.cpu import PANEL
 
@@ -428,6 +435,7 @@ class DecoderLayers(nnx.Module):
         (None: the same). `lora`: the LoRA adapters' weights of this layer, the tokens' slots and whether any token
         has one (`_lora_delta`)."""
         cfg = self.cfg
+        weights_layer, layer = layer, layer + self.first_layer  # this stack's layer, and the model's (the KV cache's)
         rope, local_rope = ropes
         if local_rope is not None:
             rope = tuple(jnp.where(window > 0, local, full) for local, full in zip(local_rope, rope))
@@ -443,7 +451,7 @@ class DecoderLayers(nnx.Module):
         qkv = None
         if hasattr(self, "qkv_proj"):  # fused at packing (pack_for_native_matmul)
             qkv = _normed_dot(h, self.norm("attn_norm"), eps, self.linear("qkv_proj"), q_width + 2 * kv_width, live,
-                              layer)
+                              weights_layer)
             if lora is not None and any(p in lora[0] for p in ("q_proj", "k_proj", "v_proj")):
                 def qkv_update():  # the fused projection's three updates side by side
                     x = _pre_norm(h, self.norm("attn_norm"), eps)
@@ -465,11 +473,11 @@ class DecoderLayers(nnx.Module):
                 q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], -1)
             else:
                 x = _pre_norm(h, self.norm("attn_norm"), eps)
-                q, k, v = (_plus(_dot(x, self.linear("q_proj"), q_width, live_rows=live, layer=layer),
+                q, k, v = (_plus(_dot(x, self.linear("q_proj"), q_width, live_rows=live, layer=weights_layer),
                                  _lora_delta(x, lora, "q_proj")),
-                           _plus(_dot(x, self.linear("k_proj"), kv_width, live_rows=live, layer=layer),
+                           _plus(_dot(x, self.linear("k_proj"), kv_width, live_rows=live, layer=weights_layer),
                                  _lora_delta(x, lora, "k_proj")),
-                           _plus(_dot(x, self.linear("v_proj"), kv_width, live_rows=live, layer=layer),
+                           _plus(_dot(x, self.linear("v_proj"), kv_width, live_rows=live, layer=weights_layer),
                                  _lora_delta(x, lora, "v_proj")))
             if cfg.qkv_bias:
                 q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
@@ -493,19 +501,19 @@ class DecoderLayers(nnx.Module):
         D = cfg.hidden_size
         o_delta = _lora_delta(o, lora, "o_proj")
         if cfg.sandwich_norms:
-            out = _plus(_dot(o, self.linear("o_proj"), D, live_rows=live, layer=layer), o_delta)
+            out = _plus(_dot(o, self.linear("o_proj"), D, live_rows=live, layer=weights_layer), o_delta)
             if cfg.o_bias:
                 out = out + self.o_bias[...]
             h = h + rms_norm(out, self.norm("post_attn_norm"), eps)
         else:
             if cfg.o_bias:
                 h = h + self.o_bias[...]
-            h = _plus(_dot(o, self.linear("o_proj"), D, residual=h, live_rows=live, layer=layer), o_delta)
+            h = _plus(_dot(o, self.linear("o_proj"), D, residual=h, live_rows=live, layer=weights_layer), o_delta)
         if lora is not None and any(p in lora[0] for p in ("gate_proj", "up_proj", "down_proj")):
             # the unfused MLP only in steps where a token has an adapter: the others keep the fused kernels
-            return jax.lax.cond(lora[2], lambda h: self._adapted_mlp(h, live, layer, lora),
-                                lambda h: self.mlp(h, live, layer), h), kv_cache
-        return self.mlp(h, live, layer), kv_cache
+            return jax.lax.cond(lora[2], lambda h: self._adapted_mlp(h, live, weights_layer, lora),
+                                lambda h: self.mlp(h, live, weights_layer), h), kv_cache
+        return self.mlp(h, live, weights_layer), kv_cache
 
     def _adapted_mlp(self, h, live, layer, lora):
         """The dense MLP with LoRA updates to its gate, up and down projections (the native kernel's fused
@@ -563,7 +571,10 @@ class DecoderLayers(nnx.Module):
                                                              self.expert_gate_up_exponents[...],
                                                              self.expert_gate_up_bias[...])
                 down = Mxfp4Experts(down, self.expert_down_exponents[...])
+            correction = self.router_correction[...] if hasattr(self, "router_correction") else None
             experts = moe_mlp(x, self.router[...], down=down, top_k=cfg.experts_per_token,
+                              routing=Routing(cfg.router_scoring, cfg.router_groups, cfg.routed_scaling),
+                              router_correction=correction,
                               renormalize=cfg.norm_topk_prob, activation=cfg.hidden_act, layer=layer, live_rows=live,
                               swiglu=(cfg.swiglu_alpha, cfg.swiglu_limit),
                               folded_bias=cfg.moe_bias and "expert_gate_up" in projections and not cfg.mxfp4_experts,
@@ -572,6 +583,31 @@ class DecoderLayers(nnx.Module):
         if cfg.sandwich_norms:
             out = rms_norm(out, self.norm("post_mlp_norm"), eps)
         return h + out
+
+
+@functools.cache
+def layer_groups(cfg: ModelConfig) -> tuple[tuple[str, int, ModelConfig], ...]:
+    """(attribute, first layer, the layers' config) of each run of alike layers, which the model holds as one stack
+    (DecoderLayers) and runs as one loop: all layers (`layers`), or, in a mixture of experts with dense layers among
+    its expert ones (`dense_mlp_layers`), each run of dense or of expert layers (`layers`, `layers1`, ...)."""
+    if not cfg.dense_mlp_layers:
+        return (("layers", 0, cfg),)
+    runs = []  # [first, count, dense]
+    for i in range(cfg.num_layers):
+        dense = i in cfg.dense_mlp_layers
+        if runs and runs[-1][2] == dense:
+            runs[-1][1] += 1
+        else:
+            runs.append([i, 1, dense])
+    groups = []
+    for n, (first, count, dense) in enumerate(runs):
+        group = dataclasses.replace(cfg, num_layers=count, dense_mlp_layers=())
+        if dense:
+            group = dataclasses.replace(group, num_experts=0, experts_per_token=0, moe_intermediate_size=0,
+                                        intermediate_size=cfg.dense_intermediate_size, shared_expert_gate=False,
+                                        moe_bias=False, router_scoring="softmax", router_groups=(), routed_scaling=1.0)
+        groups.append(("layers" if n == 0 else f"layers{n}", first, group))
+    return tuple(groups)
 
 
 class LlamaForCausalLM(nnx.Module):
@@ -584,7 +620,8 @@ class LlamaForCausalLM(nnx.Module):
         self.param_dtype = param_dtype = param_dtype or dtype
         self.attention_backend = attention_backend
         self.embed = _param((cfg.vocab_size, cfg.hidden_size), param_dtype, ("vocab", "embed"))
-        self.layers = DecoderLayers(cfg, param_dtype, attention_backend)
+        for name, first, group in layer_groups(cfg):
+            setattr(self, name, DecoderLayers(group, param_dtype, attention_backend, first))
         self.final_norm = _param((cfg.hidden_size,), param_dtype, ("embed",))
         if not cfg.tie_word_embeddings:
             self.lm_head = _param((cfg.hidden_size, cfg.vocab_size), param_dtype, ("embed", "vocab"))
@@ -626,28 +663,37 @@ class LlamaForCausalLM(nnx.Module):
         if cfg.embed_scale is not None:  # in the embedding's dtype, as transformers scales it
             h = h * jnp.asarray(cfg.embed_scale, h.dtype)
         h = h.astype(self.dtype)
-        windows = jnp.asarray(cfg.sliding_windows, jnp.int32)
+        for name, first, group in layer_groups(cfg):  # each stack's layers in turn
+            h, kv_cache = self._run_layers(getattr(self, name), first, group.num_layers, h, kv_cache, batch, slots,
+                                           ropes, weights, onehot, active if onehot is not None else None)
+        return rms_norm(h, _norm_scale(cfg, self.final_norm[...]), cfg.rms_norm_eps), kv_cache
+
+    def _run_layers(self, layers, first: int, count: int, h, kv_cache, batch, slots, ropes, weights, onehot, active):
+        """One stack's layers (the model's `first` to `first + count`) over h: unrolled where unstacked, else a
+        scan. `weights`: every layer's LoRA weights ({} for none), sliced to this stack's here."""
+        windows = jnp.asarray(self.cfg.sliding_windows[first:first + count], jnp.int32)
+        weights = {p: (a[first:first + count], b[first:first + count]) for p, (a, b) in weights.items()}
         if self.layers_unstacked:
-            for i, layer_module in enumerate(self.layers):
+            for i, layer_module in enumerate(layers):
                 layer_lora = None if onehot is None else (
                     {p: (a[i], b[i]) for p, (a, b) in weights.items()}, onehot, active)
                 h, kv_cache = layer_module(h, kv_cache, jnp.int32(i), windows[i], batch, slots, ropes, layer_lora)
-        else:
-            # Packed weights (the native CPU matmul's) stay whole: the kernel reads the step's layer in place,
-            # as the attention reads the KV cache's. Sliced per step instead, XLA:CPU converted every stacked
-            # bfloat16 weight to float32 and back at each model step (steps ~2.7x slower than unrolled).
-            graphdef, in_place, stacked = nnx.split(self.layers, _packed, ...)
+            return h, kv_cache
+        # Packed weights (the native CPU matmul's) stay whole: the kernel reads the step's layer in place, as the
+        # attention reads the KV cache's. Sliced per step instead, XLA:CPU converted every stacked bfloat16 weight to
+        # float32 and back at each model step (steps ~2.7x slower than unrolled).
+        graphdef, in_place, stacked = nnx.split(layers, _packed, ...)
 
-            def one_layer(carry, xs):
-                h, kv_cache = carry
-                state, layer, window, layer_weights = xs
-                layer_module = nnx.merge(graphdef, in_place, state)
-                layer_lora = None if onehot is None else (layer_weights, onehot, active)
-                return layer_module(h, kv_cache, layer, window, batch, slots, ropes, layer_lora), None
+        def one_layer(carry, xs):
+            h, kv_cache = carry
+            state, layer, window, layer_weights = xs
+            layer_module = nnx.merge(graphdef, in_place, state)
+            layer_lora = None if onehot is None else (layer_weights, onehot, active)
+            return layer_module(h, kv_cache, layer, window, batch, slots, ropes, layer_lora), None
 
-            layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
-            (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows, weights))
-        return rms_norm(h, _norm_scale(cfg, self.final_norm[...]), cfg.rms_norm_eps), kv_cache
+        layer_ids = jnp.arange(count, dtype=jnp.int32)
+        (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows, weights))
+        return h, kv_cache
 
     def logits(self, hidden: jax.Array, live_rows=None) -> jax.Array:  # hidden [N, hidden] -> logits f32[N, vocab]
         """`live_rows` (i32[]): rows from it on are padding; the native CPU matmul leaves their logits zero."""
@@ -672,8 +718,10 @@ class LlamaForCausalLM(nnx.Module):
             return
         if self.param_dtype != jnp.bfloat16:
             raise ValueError(f"the native CPU matmul takes bfloat16 weights, not {jnp.dtype(self.param_dtype).name}")
-        for layer in (self.layers if self.layers_unstacked else [self.layers]):
-            _pack_layer(layer)
+        for name, _, _ in layer_groups(self.cfg):
+            layers = getattr(self, name)
+            for layer in (layers if self.layers_unstacked else [layers]):
+                _pack_layer(layer)
         if not hasattr(self, "lm_head"):
             self.lm_head = nnx.Param(np.asarray(self.embed[...]).T, logical_axes=("embed", "vocab"))
         _pack(self.lm_head)
@@ -693,15 +741,16 @@ class LlamaForCausalLM(nnx.Module):
         Checkpoints are written from the stacked layout."""
         if self.layers_unstacked:
             return
-        graphdef, stacked = nnx.split(self.layers)
 
         def layer_slice(var: nnx.Variable, i: int) -> nnx.Variable:
             return var.replace(var.get_value()[i], logical_axes=var.get_metadata()["logical_axes"][1:])
 
-        self.layers = nnx.List([
-            nnx.merge(graphdef, jax.tree.map(lambda v, i=i: layer_slice(v, i), stacked,
-                                             is_leaf=lambda x: isinstance(x, nnx.Variable)))
-            for i in range(self.cfg.num_layers)])
+        for name, _, group in layer_groups(self.cfg):
+            graphdef, stacked = nnx.split(getattr(self, name))
+            setattr(self, name, nnx.List([
+                nnx.merge(graphdef, jax.tree.map(lambda v, i=i: layer_slice(v, i), stacked,
+                                                 is_leaf=lambda x: isinstance(x, nnx.Variable)))
+                for i in range(group.num_layers)]))
 
     KV_CACHE_AXES = ("layers", "pages", "page", "kv_heads", "head_dim")  # K/V interleaved on kv_heads
 
@@ -719,6 +768,20 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
     }
     if not cfg.tie_word_embeddings:
         names["lm_head.weight"] = (("lm_head",), None, True, None)
+    for stack, first, group in layer_groups(cfg):
+        per_layer, experts = _layer_weight_map(group)
+        for i in range(first, first + group.num_layers):
+            for hf_name, (ours, transpose) in per_layer.items():
+                names[f"model.layers.{i}.{hf_name}"] = ((stack, ours), i - first, transpose, None)
+            for hf_name, ours in experts.items():
+                for j in range(group.num_experts):
+                    names[f"model.layers.{i}.{hf_name.format(j)}"] = ((stack, ours), i - first, True, j)
+    return names
+
+
+def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
+    """A stack's layer's tensors: ({HF name within the layer: (our parameter, transpose)}, {an expert's HF name
+    pattern: our stacked parameter})."""
     per_layer = {
         "self_attn.q_proj.weight": ("q_proj", True),
         "self_attn.k_proj.weight": ("k_proj", True),
@@ -728,7 +791,9 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
     if cfg.pre_norms:
         per_layer |= {"input_layernorm.weight": ("attn_norm", False),
                       "post_attention_layernorm.weight": ("mlp_norm", False)}
-    dense = "mlp.shared_expert" if cfg.num_experts else "mlp"  # Qwen2 MoE's shared expert
+    # a mixture of experts' dense MLP: Qwen2 MoE's shared expert, GLM-4.5's shared experts
+    dense = ("mlp.shared_experts" if cfg.architecture == "Glm4MoeForCausalLM" else "mlp.shared_expert") \
+        if cfg.num_experts else "mlp"
     if cfg.intermediate_size:
         per_layer |= {f"{dense}.{p}_proj.weight": (f"{p}_proj", True) for p in ("gate", "up", "down")}
     if cfg.shared_expert_gate:
@@ -747,6 +812,8 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
         mixtral = cfg.architecture == "MixtralForCausalLM"
         moe = "block_sparse_moe" if mixtral else "mlp"
         per_layer[f"{moe}.gate.weight"] = ("router", True)
+        if cfg.router_scoring == "sigmoid":
+            per_layer[f"{moe}.gate.e_score_correction_bias"] = ("router_correction", False)
         projections = (("w1", "gate"), ("w3", "up"), ("w2", "down")) if mixtral else (
             (f"{p}_proj", p) for p in ("gate", "up", "down"))
         experts = {f"{moe}.experts.{{}}.{hf}.weight": f"expert_{ours}" for hf, ours in projections}
@@ -775,10 +842,4 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
             per_layer |= {hf_name + "_zero_point": (ours + "_zero", True) for hf_name, ours in projections}
         if cfg.quant_act_order:
             per_layer |= {hf_name + "_g_idx": (ours + "_g_idx", False) for hf_name, ours in projections}
-    for i in range(cfg.num_layers):
-        for hf_name, (ours, transpose) in per_layer.items():
-            names[f"model.layers.{i}.{hf_name}"] = (("layers", ours), i, transpose, None)
-        for hf_name, ours in experts.items():
-            for j in range(cfg.num_experts):
-                names[f"model.layers.{i}.{hf_name.format(j)}"] = (("layers", ours), i, True, j)
-    return names
+    return per_layer, experts

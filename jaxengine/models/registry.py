@@ -7,7 +7,8 @@ import numpy as np
 
 from jaxengine.models.config import (GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, ModelConfig,
                                      ernie4_5_config_from_hf, exaone4_config_from_hf, gemma3_language_config_from_hf,
-                                     gemma_config_from_hf, glm_config_from_hf, gpt_oss_config_from_hf,
+                                     gemma_config_from_hf, glm4_moe_config_from_hf, glm_config_from_hf,
+                                     gpt_oss_config_from_hf,
                                      granite_config_from_hf, ministral3_config_from_hf,
                                      mistral3_language_config_from_hf, model_config_from_hf, moe_config_from_hf,
                                      olmo2_config_from_hf, olmoe_config_from_hf, seed_oss_config_from_hf,
@@ -72,6 +73,14 @@ def _granite_scaled(name: str, array, cfg: ModelConfig) -> list:
         return [(name, np.asarray(array, np.float32) * np.float32(cfg.residual_scale))]
     if name == "model.norm.weight":
         return [(name, np.asarray(array, np.float32) / np.float32(cfg.logits_scaling))]
+    return [(name, array)]
+
+
+def _without_mtp_layers(name: str, array, cfg: ModelConfig) -> list:
+    """The tensors of the decoder's layers only: a checkpoint's multi-token-prediction layers (GLM-4.5's, numbered
+    after them) are for speculative decoding, which does not use them here."""
+    if name.startswith("model.layers.") and int(name.split(".")[2]) >= cfg.num_layers:
+        return []
     return [(name, array)]
 
 
@@ -179,6 +188,7 @@ _REGISTRY = {
     "Olmo3ForCausalLM": Architecture(LlamaForCausalLM, olmo2_config_from_hf),
     "Exaone4ForCausalLM": Architecture(LlamaForCausalLM, exaone4_config_from_hf),
     "OlmoeForCausalLM": Architecture(LlamaForCausalLM, olmoe_config_from_hf),
+    "Glm4MoeForCausalLM": Architecture(LlamaForCausalLM, glm4_moe_config_from_hf, split_tensor=_without_mtp_layers),
 } | {name: Architecture(LlamaForCausalLM, glm_config_from_hf, split_tensor=_phi3_split)  # gate/up fused
      for name in GLM_ARCHITECTURES} | {
     name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES} | {
