@@ -6,6 +6,8 @@
 - `qwen3` (Qwen3, thinking on by default): as deepseek_r1, and a `<tool_call>` also ends the reasoning (it belongs
   to the answer, where the tool-call parser finds it). With `chat_template_kwargs: {"enable_thinking": false}` the
   output is all answer.
+- `glm45` (GLM-4.5/4.6): reasoning between `<think>` and `</think>` where the output opens with `<think>`; an
+  output that does not (thinking off: the template closed an empty reasoning in the prompt) is all answer.
 
 - `openai_gptoss` (GPT-OSS): its harmony messages (jaxengine.harmony) read from the text with special tokens kept
   (`special_tokens`: chat requests keep them, as vLLM's parser needs them too): the `analysis` channel's is the
@@ -23,7 +25,7 @@ cannot take text back, splits an output as the whole output splits.
 
 import dataclasses
 
-REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")
+REASONING_PARSERS = ("deepseek_r1", "qwen3", "glm45", "openai_gptoss")
 _START, _END, _TOOL_CALL = "<think>", "</think>", "<tool_call>"
 
 
@@ -33,6 +35,7 @@ class ReasoningParser:
     start_token_id: int
     end_token_id: int
     ends_at: tuple[str, ...]  # the tags that end the reasoning; the first is its own end tag (dropped)
+    opened: bool = False  # glm45: an output is reasoning only where it opens with the start tag (all answer else)
 
     special_tokens = False  # whether the parser reads special tokens (requests then keep them in their text)
 
@@ -48,7 +51,7 @@ class ReasoningParser:
             raise ValueError(f"reasoning_parser {name!r}: the tokenizer has no {' or '.join(missing)} token (a "
                              f"reasoning model's vocabulary has both {_START} and {_END})")
         ends_at = (_END, _TOOL_CALL) if name == "qwen3" else (_END,)
-        return cls(name, vocab[_START], vocab[_END], ends_at)
+        return cls(name, vocab[_START], vocab[_END], ends_at, opened=name == "glm45")
 
     def ended_in_prompt(self, prompt_ids) -> bool:
         """Whether the prompt closed the reasoning: its last start or end token is an end token (vLLM's rule)."""
@@ -77,6 +80,8 @@ class ReasoningParser:
             body = body[len(_START):]
         elif not final and _START.startswith(body):  # maybe the start tag, still arriving
             return "", "", False
+        elif self.opened:  # GLM-4.5 without thinking (its template closed an empty reasoning in the prompt)
+            return "", text, True
         ends = [(i, tag) for tag in self.ends_at if (i := body.find(tag)) >= 0]
         if ends:
             i, tag = min(ends)

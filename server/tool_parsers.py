@@ -563,12 +563,15 @@ def _parse_qwen3_xml(text: str, tools: list[dict]) -> tuple[str | None, list[Too
 
 
 class _XmlStream:
-    """Content streams up to a possible start of <tool_call> or <function=; each call goes out, arguments whole,
-    once its </function> closes (the text between calls is framing), an open one when the output ends. A closed
-    block that does not parse, or an output with no block after the tag, goes out as content."""
+    """Content streams up to a possible start of <tool_call> or <function= (`starts`); each call goes out, arguments
+    whole, once its </function> closes (`pattern`'s blocks: name, body, closing tag; `build` reads one), the text
+    between calls being framing, an open one when the output ends. A closed block that does not parse, or an output
+    with no block after the tag, goes out as content."""
 
-    def __init__(self, tools: list[dict]):
+    def __init__(self, tools: list[dict], pattern=None, build=None, starts=None):
         self.tools = tools
+        self.pattern, self.build = pattern or _XML_FUNCTION, build or _xml_call
+        self.starts = starts or _XML_STARTS
         self.sent = 0  # characters handled (sent as content, or read as calls)
         self.in_calls = False
         self.any_call = False
@@ -576,13 +579,13 @@ class _XmlStream:
     def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
         content, calls = "", []
         if not self.in_calls:
-            content, self.sent, self.in_calls = _content_before(text, self.sent, _XML_STARTS, final)
+            content, self.sent, self.in_calls = _content_before(text, self.sent, self.starts, final)
             if not self.in_calls:
                 return content, []
-        for match in _XML_FUNCTION.finditer(text, self.sent):
+        for match in self.pattern.finditer(text, self.sent):
             if not match.group(3) and not final:  # still open
                 break
-            call = _xml_call(match.group(1), match.group(2), self.tools)
+            call = self.build(match.group(1), match.group(2), self.tools)
             if call is None:
                 content += text[self.sent:match.end()]
             else:
@@ -611,6 +614,48 @@ class Qwen3Xml:
 
     def Stream(self):
         return _XmlStream(self.tools)
+
+
+_GLM_CALL = re.compile(r"<tool_call>([^\n<]*)\n?(.*?)(</tool_call>|$)", re.DOTALL)
+_GLM_ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+_GLM_STARTS = ("<tool_call>",)
+
+
+def _glm_call(name: str, body: str, tools: list[dict]) -> ToolCall | None:
+    """A GLM-4.5 `<tool_call>name` block's call: its `<arg_key>`/`<arg_value>` pairs, each value typed by the tool's
+    parameter schema where the request gives one (`_typed`, as for Qwen3-Coder's), a string otherwise."""
+    name = name.strip()
+    if not name:
+        return None
+    tool = next((t["function"] for t in tools if t["function"]["name"] == name), None)
+    properties = ((tool or {}).get("parameters") or {}).get("properties") or {}
+    arguments = {key.strip(): _typed(value, properties.get(key.strip())) for key, value in _GLM_ARGUMENT.findall(body)}
+    return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
+
+
+def _parse_glm45(text: str, tools: list[dict]) -> tuple[str | None, list[ToolCall]]:
+    """(content before the first <tool_call>, calls); (text, []) where there are none or one does not parse."""
+    content, at, tagged = _content_before(text, 0, _GLM_STARTS, final=True)
+    if not tagged:
+        return text, []
+    calls = [_glm_call(name, body, tools) for name, body, _ in _GLM_CALL.findall(text, at)]
+    if not calls or None in calls:
+        return text, []
+    return content or None, calls
+
+
+class Glm45(Qwen3Xml):
+    """`glm45` (GLM-4.5/4.6): each call `<tool_call>name` then `<arg_key>key</arg_key><arg_value>value</arg_value>`
+    pairs, `</tool_call>`; the text before the first is the content. Its tags are special tokens, kept in such
+    requests' text, as vLLM's parser keeps them."""
+
+    special_tokens = True
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        return _parse_glm45(text, self.tools)
+
+    def Stream(self):
+        return _XmlStream(self.tools, _GLM_CALL, _glm_call, _GLM_STARTS)
 
 
 def _parse_harmony(text: str) -> tuple[str | None, list[ToolCall]]:
@@ -650,7 +695,7 @@ class OpenAI:
 
 
 PARSERS = {"hermes": Hermes, "llama3_json": Llama3Json, "mistral": Mistral, "pythonic": Pythonic,
-           "qwen3_coder": Qwen3Xml, "qwen3_xml": Qwen3Xml, "openai": OpenAI, "granite": Granite}
+           "qwen3_coder": Qwen3Xml, "qwen3_xml": Qwen3Xml, "openai": OpenAI, "granite": Granite, "glm45": Glm45}
 TOOL_CALL_PARSERS = tuple(PARSERS)
 
 

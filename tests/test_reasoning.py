@@ -35,7 +35,17 @@ def test_qwen3_ends_reasoning_at_a_tool_call_and_may_not_think(tokenizer):
     assert ReasoningParser.of("deepseek_r1", tokenizer).split("x<tool_call>y") == ("x<tool_call>y", "", False)
 
 
-@pytest.mark.parametrize("name", ["deepseek_r1", "qwen3"])
+@pytest.mark.parametrize("text, want", [
+    ("<think>Let me see.</think>It is 4.", ("Let me see.", "It is 4.", True)),
+    (" <think>\nhmm", ("\nhmm", "", False)),  # opened, never closed: all reasoning
+    ("It is 4.", ("", "It is 4.", True)),  # not opened (thinking off): all answer
+    ("Let me see.</think>It is 4.", ("", "Let me see.</think>It is 4.", True)),
+])
+def test_glm45_reasons_only_where_the_output_opens_the_tag(tokenizer, text, want):
+    assert ReasoningParser.of("glm45", tokenizer).split(text) == want
+
+
+@pytest.mark.parametrize("name", ["deepseek_r1", "qwen3", "glm45"])
 @pytest.mark.parametrize("step", [1, 2, 3, 7])
 def test_streamed_split_is_the_whole_split_whatever_the_chunks(tokenizer, name, step):
     parser = ReasoningParser.of(name, tokenizer)
@@ -59,7 +69,7 @@ def test_prompt_that_closed_the_reasoning(tokenizer):
 
 
 def test_unknown_parser_and_a_vocabulary_without_the_tags_are_refused():
-    with pytest.raises(ValueError, match="must be one of deepseek_r1, qwen3, openai_gptoss, got 'granite'"):
+    with pytest.raises(ValueError, match="must be one of deepseek_r1, qwen3, glm45, openai_gptoss, got 'granite'"):
         EngineConfig(reasoning_parser="granite")
     class Vocab:  # a tokenizer's vocabulary without </think>
         def get_vocab(self):

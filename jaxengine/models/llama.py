@@ -435,7 +435,9 @@ class DecoderLayers(nnx.Module):
         (None: the same). `lora`: the LoRA adapters' weights of this layer, the tokens' slots and whether any token
         has one (`_lora_delta`)."""
         cfg = self.cfg
-        weights_layer, layer = layer, layer + self.first_layer  # this stack's layer, and the model's (the KV cache's)
+        # this stack's layer, and the model's (the KV cache's); the same in a model of one stack, whose programs are
+        # then what they were before stacks (persistent compilation caches stay valid)
+        weights_layer, layer = layer, layer + self.first_layer if self.first_layer else layer
         rope, local_rope = ropes
         if local_rope is not None:
             rope = tuple(jnp.where(window > 0, local, full) for local, full in zip(local_rope, rope))

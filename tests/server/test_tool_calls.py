@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from server.app import build_app
-from server.tool_parsers import Granite, Hermes, Llama3Json, Mistral, Pythonic, Qwen3Xml, ToolCall, ToolCallDelta
+from server.tool_parsers import (Glm45, Granite, Hermes, Llama3Json, Mistral, Pythonic, Qwen3Xml, ToolCall,
+                                 ToolCallDelta)
 from tests.server.conftest import MODEL, LiveServer
 from tests.server.test_structured_outputs_api import no_whitespace
 
@@ -244,6 +245,37 @@ XML_CALLS = [("get_weather", {"city": "Paris", "days": 3, "hourly": True, "unit"
              ("get_time", {"zone": "CET", "at": {"h": 9}})]
 
 
+GLM45 = ("I will check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+         "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>hourly</arg_key>\n<arg_value>true</arg_value>\n"
+         "<arg_key>unit</arg_key>\n<arg_value>C</arg_value>\n</tool_call>\n<tool_call>get_time\n<arg_key>zone</arg_key>"
+         '\n<arg_value>CET</arg_value>\n<arg_key>at</arg_key>\n<arg_value>{"h": 9}</arg_value>\n</tool_call>')
+
+
+def test_glm45_calls_typed_by_the_tools_schemas():
+    """GLM-4.5's calls: `<tool_call>name` and its <arg_key>/<arg_value> pairs, typed by the request's tool schemas
+    as Qwen3-Coder's are; the text before the first call the content; a call without a name is all content."""
+    parser = Glm45.with_tools(XML_TOOLS)
+    content, calls = parser.parse(GLM45)
+    assert content == "I will check.\n" and [(c.name, json.loads(c.arguments)) for c in calls] == XML_CALLS
+    content, calls = parser.parse("<tool_call>get_time</tool_call>")
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_time", {})]
+    assert parser.parse("No call.") == ("No call.", [])
+    assert parser.parse("x <tool_call>\n<arg_key>a</arg_key></tool_call>") == (
+        "x <tool_call>\n<arg_key>a</arg_key></tool_call>", [])
+
+
+@pytest.mark.parametrize("step", [1, 5, 40])
+def test_glm45_stream_sends_the_content_then_each_call_as_it_closes(step):
+    stream, content, calls = Glm45.with_tools(XML_TOOLS).Stream(), "", []
+    ends = list(range(step, len(GLM45), step)) + [len(GLM45)]
+    for end in ends:
+        text, new = stream.feed(GLM45[:end], final=end == len(GLM45))
+        content, calls = content + text, calls + new
+        if end < GLM45.index("</tool_call>"):
+            assert not calls
+    assert content == "I will check.\n" and [(c.name, json.loads(c.arguments)) for c in calls] == XML_CALLS
+
+
 def test_qwen3_xml_calls_typed_by_the_tools_schemas():
     """Qwen3-Coder's XML calls: parameters typed by the request's tool schemas (strings without one), the text
     before the first call the content; an output without a well-formed call is all content."""
@@ -305,7 +337,8 @@ def tool_servers(async_engine):
                for name, script, parser in (("calls", SCRIPT, "hermes"), ("plain", "Just text.", "hermes"),
                                             ("no-parser", SCRIPT, None), ("llama3", LLAMA3, "llama3_json"),
                                             ("pythonic", PYTHONIC, "pythonic"), ("mistral", MISTRAL_V11, "mistral"),
-                                            ("qwen3-xml", QWEN3_XML, "qwen3_coder"), ("granite", GRANITE, "granite"))}
+                                            ("qwen3-xml", QWEN3_XML, "qwen3_coder"), ("granite", GRANITE, "granite"),
+                                            ("glm45", GLM45, "glm45"))}
     yield servers
     for server in servers.values():
         server.stop()
@@ -399,12 +432,13 @@ def test_mistral_calls_come_back_as_tool_calls(tool_servers, stream, monkeypatch
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("server, tools, content, want", [
     ("qwen3-xml", XML_TOOLS, "I will check.\n", XML_CALLS),
+    ("glm45", XML_TOOLS, "I will check.\n", XML_CALLS),
     ("pythonic", TOOLS, "", PYTHONIC_CALLS),
     ("llama3", TOOLS, "", [("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]),
     ("granite", TOOLS, "", [("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]),
 ])
 def test_parsed_calls_come_back_as_tool_calls(tool_servers, server, tools, content, want, stream):
-    """qwen3_coder, pythonic, llama3_json and granite: the content before the calls (none for the calls-only
+    """qwen3_coder, glm45, pythonic, llama3_json and granite: the content before the calls (none for the calls-only
     formats), the calls, finish reason tool_calls; streamed or not."""
     response = client_of(tool_servers[server]).chat.completions.create(
         model=MODEL, messages=ASK, tools=tools, max_tokens=24, extra_body={"ignore_eos": True}, stream=stream)
