@@ -212,13 +212,18 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("mistral", dict(cls="Ministral3ForCausalLM", rope_parameters=tiny_models.MINISTRAL3_ROPE)),
     # Qwen3 MoE with a dense middle layer (mlp_only_layers): three layer stacks
     ("qwen3moe", dict(cls="Qwen3MoeForCausalLM", num_hidden_layers=3, mlp_only_layers=[1])),
+    # SmolLM3, EXAONE 4, OLMoE (tiny_models.LIGHT_SPECS)
+    ("smollm3", dict(cls="SmolLM3ForCausalLM")),
+    ("exaone4", dict(cls="Exaone4ForCausalLM")),
+    ("olmoe", dict(cls="OlmoeForCausalLM")),
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
 ])
 def test_llama_layer_relatives_match_transformers(tmp_path, tokenizer_dir, spec, overrides):
-    """Architectures that differ from those of SPECS by settings only, each checked on one prefill (unrolled, so
-    that the one-off model compiles quickly)."""
+    """Architectures made of parts that SPECS' models check in depth, each checked on one prefill (unrolled, so
+    that the one-off model compiles quickly): their settings, and prompts long enough for their sliding windows and
+    rotations."""
     out = tiny_models.make_model(spec, tmp_path / "model", tokenizer_dir, **overrides)
     model, cfg = load_model(out, "float32", progress=False, unstacked=True)
     assert cfg.architecture == overrides["cls"]

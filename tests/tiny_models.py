@@ -56,29 +56,21 @@ SPECS = {
         rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=512,
                              partial_rotary_factor=0.75, short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                              long_factor=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0])),
-    # Granite: its four multipliers (embeddings, scores, residual branches, logits); SmolLM3: a NoPE layer (the 2nd,
-    # no_rope_layer_interval 2) beside a rotating one; GLM-4-0414: norms after attention and MLP under other names
-    # than Gemma's, q/k/v biases, a fused gate/up, half of each head rotated in interleaved pairs.
+    # Granite: its four multipliers (embeddings, scores, residual branches, logits); GLM-4-0414: norms after attention
+    # and MLP under other names than Gemma's, q/k/v biases, a fused gate/up, half of each head rotated in interleaved
+    # pairs.
     "granite": dict(
         cls="GraniteForCausalLM", num_attention_heads=4, num_key_value_heads=2, embedding_multiplier=3.0,
         attention_multiplier=0.2, residual_multiplier=0.6, logits_scaling=2.5, tie_word_embeddings=True,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
-    "smollm3": dict(
-        cls="SmolLM3ForCausalLM", num_attention_heads=4, num_key_value_heads=1, no_rope_layer_interval=2,
-        tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=2000.0)),
     "glm4": dict(
         cls="Glm4ForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=24, attention_bias=True,
         tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
                                                        partial_rotary_factor=0.5)),
-    # OLMo 2: norms on the attention's and MLP's outputs only, q/k norms over whole projections; EXAONE 4: the
-    # same with per-head q/k norms, a sliding-window layer, and the full-attention one without rotary embedding.
+    # OLMo 2: norms on the attention's and MLP's outputs only, q/k norms over whole projections.
     "olmo2": dict(
         cls="Olmo2ForCausalLM", num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
-    "exaone4": dict(
-        cls="Exaone4ForCausalLM", num_attention_heads=4, num_key_value_heads=1, head_dim=24, sliding_window=20,
-        sliding_window_pattern=2, tie_word_embeddings=True, rope_parameters=dict(rope_type="default",
-                                                                                 rope_theta=10000.0)),
     # Mixtures of experts: Mixtral (renormalised top 2 of 4), Qwen2 MoE (plain top 2 of 4 and a gated shared
     # expert, qkv bias), Qwen3 MoE (renormalised top 3 of 6, q/k norms).
     "mixtral": dict(
@@ -92,11 +84,6 @@ SPECS = {
     "qwen3moe": dict(
         cls="Qwen3MoeForCausalLM", num_attention_heads=4, num_key_value_heads=1, head_dim=24, num_experts=6,
         num_experts_per_tok=3, moe_intermediate_size=40, norm_topk_prob=True, tie_word_embeddings=True,
-        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
-    # OLMoE: renormalised top 3 of 6 with q/k norms over whole projections
-    "olmoe": dict(
-        cls="OlmoeForCausalLM", num_attention_heads=4, num_key_value_heads=2, intermediate_size=40, num_experts=6,
-        num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     # GLM-4.5: a dense first layer before two expert ones (two layer stacks), top 3 of 8 experts by sigmoid scores
     # plus a correction bias within the best 2 of 4 groups, times 2.5, a shared expert, q/k norms, half of each head
@@ -115,6 +102,25 @@ SPECS = {
         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, beta_fast=32.0, beta_slow=1.0,
                              truncate=False, original_max_position_embeddings=64)),
 }
+
+# Checked on one prefill each (tests/test_models.py: test_llama_layer_relatives_match_transformers), their parts
+# being those of SPECS' models: SmolLM3's NoPE layer (the 2nd, no_rope_layer_interval 2) beside a rotating one;
+# EXAONE 4's output-only norms with per-head q/k norms, a sliding-window layer and the full-attention one without
+# rotary embedding; OLMoE's whole-projection q/k norms over renormalised top 3 of 6 experts.
+LIGHT_SPECS = {
+    "smollm3": dict(
+        cls="SmolLM3ForCausalLM", num_attention_heads=4, num_key_value_heads=1, no_rope_layer_interval=2,
+        tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=2000.0)),
+    "exaone4": dict(
+        cls="Exaone4ForCausalLM", num_attention_heads=4, num_key_value_heads=1, head_dim=24, sliding_window=20,
+        sliding_window_pattern=2, tie_word_embeddings=True, rope_parameters=dict(rope_type="default",
+                                                                                 rope_theta=10000.0)),
+    "olmoe": dict(
+        cls="OlmoeForCausalLM", num_attention_heads=4, num_key_value_heads=2, intermediate_size=40, num_experts=6,
+        num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+}
+
 
 def make_tokenizer(out_dir: Path) -> None:
     """The demo's tokenizer, with a reasoning model's <think> and </think> (added tokens that are not special,
@@ -138,7 +144,7 @@ def make_model(name: str, out_dir: Path, tokenizer_dir: Path | None = None, seed
     import torch
     import transformers
 
-    spec = dict(COMMON) | dict(SPECS[name]) | overrides
+    spec = dict(COMMON) | dict((SPECS | LIGHT_SPECS)[name]) | overrides
     cls_name, shard = spec.pop("cls"), spec.pop("shard", False)
     config_cls = getattr(transformers, spec.pop("config_cls", cls_name.replace("ForCausalLM", "Config")))
     drop_config_keys = spec.pop("drop_config_keys", ())
