@@ -25,8 +25,9 @@ def tokenizer_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory, tokenizer_dir):
-    root = tmp_path_factory.mktemp("models")
-    return {name: tiny_models.make_model(name, root / name, tokenizer_dir) for name in ARCHS}
+    root = tmp_path_factory.mktemp("models")  # SPECS' (ARCHS: every model test) and LIGHT_SPECS' (a few tests)
+    return {name: tiny_models.make_model(name, root / name, tokenizer_dir)
+            for name in ARCHS + tuple(tiny_models.LIGHT_SPECS)}
 
 
 @pytest.fixture(scope="session")

@@ -187,18 +187,24 @@ def test_gated_mlp_over_a_pack_gated_weight(dtype, activation, post_norm):
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected), rtol=tol, atol=tol)
 
 
+def prefill_matches_transformers(out, prompts=slice(0, 2), num_tokens=64, hf_class=transformers.AutoModelForCausalLM):
+    """One ragged prefill of a one-off checkpoint (unrolled, so that it compiles quickly) against transformers' logits
+    on `sequences()[prompts]`; returns the model's config."""
+    model, cfg = load_model(out, "float32", progress=False, unstacked=True)
+    chosen = sequences(cfg.vocab_size)[prompts]
+    paged = PagedModel(model)
+    paged.add_sequences(len(chosen))
+    hf = hf_class.from_pretrained(out, dtype=torch.float32).eval()
+    for prompt, logits in zip(chosen, paged.step(chosen, num_tokens=num_tokens, all_logits=True)):
+        np.testing.assert_allclose(logits, hf_logits(hf, prompt), atol=1e-4, rtol=0)
+    return cfg
+
+
 def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     """`hidden_act: gelu` (the exact GELU; Gemma configs read it as the tanh approximation, as transformers
-    does) on a Llama layer, unrolled so that the one-off model compiles quickly."""
+    does) on a Llama layer."""
     out = tiny_models.make_model("mistral", tmp_path / "gelu", tokenizer_dir, hidden_act="gelu")
-    model, cfg = load_model(out, "float32", progress=False, unstacked=True)
-    assert cfg.hidden_act == "gelu"
-    prompts = sequences(cfg.vocab_size)[:2]
-    paged = PagedModel(model)
-    paged.add_sequences(len(prompts))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    for prompt, logits in zip(prompts, paged.step(prompts, num_tokens=64, all_logits=True)):
-        np.testing.assert_allclose(logits, hf_logits(hf, prompt), atol=1e-4, rtol=0)
+    assert prefill_matches_transformers(out).hidden_act == "gelu"
 
 
 @pytest.mark.parametrize("spec, overrides", [
@@ -212,7 +218,9 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("mistral", dict(cls="Ministral3ForCausalLM", rope_parameters=tiny_models.MINISTRAL3_ROPE)),
     # Qwen3 MoE with a dense middle layer (mlp_only_layers): three layer stacks
     ("qwen3moe", dict(cls="Qwen3MoeForCausalLM", num_hidden_layers=3, mlp_only_layers=[1])),
-    # SmolLM3, EXAONE 4, OLMoE (tiny_models.LIGHT_SPECS)
+    # Granite, GLM-4-0414, SmolLM3, EXAONE 4, OLMoE (tiny_models.LIGHT_SPECS)
+    ("granite", dict(cls="GraniteForCausalLM")),
+    ("glm4", dict(cls="Glm4ForCausalLM")),
     ("smollm3", dict(cls="SmolLM3ForCausalLM")),
     ("exaone4", dict(cls="Exaone4ForCausalLM")),
     ("olmoe", dict(cls="OlmoeForCausalLM")),
@@ -225,14 +233,7 @@ def test_llama_layer_relatives_match_transformers(tmp_path, tokenizer_dir, spec,
     that the one-off model compiles quickly): their settings, and prompts long enough for their sliding windows and
     rotations."""
     out = tiny_models.make_model(spec, tmp_path / "model", tokenizer_dir, **overrides)
-    model, cfg = load_model(out, "float32", progress=False, unstacked=True)
-    assert cfg.architecture == overrides["cls"]
-    prompts = sequences(cfg.vocab_size)[:2]
-    paged = PagedModel(model)
-    paged.add_sequences(len(prompts))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    for prompt, logits in zip(prompts, paged.step(prompts, num_tokens=64, all_logits=True)):
-        np.testing.assert_allclose(logits, hf_logits(hf, prompt), atol=1e-4, rtol=0)
+    assert prefill_matches_transformers(out).architecture == overrides["cls"]
 
 
 def test_gemma3_multimodal_checkpoint_serves_its_language_model(tmp_path, tokenizer_dir):
@@ -255,15 +256,9 @@ def test_mistral3_multimodal_checkpoint_serves_its_language_model(tmp_path, toke
     with its scaled queries) from the language model's tensors, the vision tower left unloaded; against
     transformers' multimodal model on text."""
     out = tiny_models.make_mistral3_multimodal(tmp_path / "mistral3", tokenizer_dir, text_model)
-    model, cfg = load_model(out, "float32", progress=False, unstacked=True)
+    cfg = prefill_matches_transformers(out, slice(1, 3), 256, transformers.AutoModelForImageTextToText)
     assert cfg.architecture == "Mistral3ForConditionalGeneration" and cfg.sliding_windows == (24, 24)
     assert cfg.q_position_scale == ((0.5, 32) if text_model == "ministral3" else ())
-    prompts = sequences(cfg.vocab_size - 1)[1:3]
-    paged = PagedModel(model)
-    paged.add_sequences(len(prompts))
-    hf = transformers.AutoModelForImageTextToText.from_pretrained(out, dtype=torch.float32).eval()
-    for prompt, logits in zip(prompts, paged.step(prompts, num_tokens=256, all_logits=True)):
-        np.testing.assert_allclose(logits, hf_logits(hf, prompt), atol=1e-4, rtol=0)
 
 
 @pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")

@@ -56,17 +56,6 @@ SPECS = {
         rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=512,
                              partial_rotary_factor=0.75, short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                              long_factor=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0])),
-    # Granite: its four multipliers (embeddings, scores, residual branches, logits); GLM-4-0414: norms after attention
-    # and MLP under other names than Gemma's, q/k/v biases, a fused gate/up, half of each head rotated in interleaved
-    # pairs.
-    "granite": dict(
-        cls="GraniteForCausalLM", num_attention_heads=4, num_key_value_heads=2, embedding_multiplier=3.0,
-        attention_multiplier=0.2, residual_multiplier=0.6, logits_scaling=2.5, tie_word_embeddings=True,
-        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
-    "glm4": dict(
-        cls="Glm4ForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=24, attention_bias=True,
-        tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
-                                                       partial_rotary_factor=0.5)),
     # OLMo 2: norms on the attention's and MLP's outputs only, q/k norms over whole projections.
     "olmo2": dict(
         cls="Olmo2ForCausalLM", num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
@@ -103,11 +92,22 @@ SPECS = {
                              truncate=False, original_max_position_embeddings=64)),
 }
 
-# Checked on one prefill each (tests/test_models.py: test_llama_layer_relatives_match_transformers), their parts
-# being those of SPECS' models: SmolLM3's NoPE layer (the 2nd, no_rope_layer_interval 2) beside a rotating one;
-# EXAONE 4's output-only norms with per-head q/k norms, a sliding-window layer and the full-attention one without
-# rotary embedding; OLMoE's whole-projection q/k norms over renormalised top 3 of 6 experts.
+# Checked on one prefill each (tests/test_models.py: test_llama_layer_relatives_match_transformers; Granite's and
+# GLM-4's also with LoRA adapters), their parts being those of SPECS' models: Granite's four multipliers (embeddings,
+# scores, residual branches, logits); GLM-4-0414's norms after attention and MLP under other names than Gemma's,
+# q/k/v biases, a fused gate/up, half of each head rotated in interleaved pairs; SmolLM3's NoPE layer (the 2nd,
+# no_rope_layer_interval 2) beside a rotating one; EXAONE 4's output-only norms with per-head q/k norms, a
+# sliding-window layer and the full-attention one without rotary embedding; OLMoE's whole-projection q/k norms over
+# renormalised top 3 of 6 experts.
 LIGHT_SPECS = {
+    "granite": dict(
+        cls="GraniteForCausalLM", num_attention_heads=4, num_key_value_heads=2, embedding_multiplier=3.0,
+        attention_multiplier=0.2, residual_multiplier=0.6, logits_scaling=2.5, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    "glm4": dict(
+        cls="Glm4ForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=24, attention_bias=True,
+        tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                       partial_rotary_factor=0.5)),
     "smollm3": dict(
         cls="SmolLM3ForCausalLM", num_attention_heads=4, num_key_value_heads=1, no_rope_layer_interval=2,
         tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=2000.0)),
@@ -166,7 +166,6 @@ def make_model(name: str, out_dir: Path, tokenizer_dir: Path | None = None, seed
 def make_gemma3_multimodal(out_dir: Path, tokenizer_dir: Path) -> Path:
     """Gemma3ForConditionalGeneration with SPECS["gemma3"]'s language model and a one-layer vision tower, its
     config.json's text_config cut, as the hub's are, to what differs from Gemma3TextConfig's defaults."""
-    import torch
     import transformers
 
     text = {k: v for k, v in (dict(COMMON) | SPECS["gemma3"]).items() if k not in ("cls", "config_cls")}
@@ -175,12 +174,7 @@ def make_gemma3_multimodal(out_dir: Path, tokenizer_dir: Path) -> Path:
     config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
                                        image_token_index=VOCAB_SIZE - 1, boi_token_index=VOCAB_SIZE - 3,
                                        eoi_token_index=VOCAB_SIZE - 2)
-    config.architectures = ["Gemma3ForConditionalGeneration"]
-    torch.manual_seed(0)
-    model = transformers.Gemma3ForConditionalGeneration(config).eval()
-    _randomise(model)
-    model.save_pretrained(out_dir)
-    _copy_tokenizer(tokenizer_dir, out_dir)
+    _save_random(transformers.Gemma3ForConditionalGeneration, config, out_dir, tokenizer_dir)
     saved = read_config(out_dir)
     defaults = transformers.Gemma3TextConfig().to_dict()
     saved["text_config"] = {k: v for k, v in saved["text_config"].items() if defaults.get(k, object()) != v}
@@ -196,7 +190,6 @@ def make_mistral3_multimodal(out_dir: Path, tokenizer_dir: Path, text_model: str
     """Mistral3ForConditionalGeneration with SPECS["mistral"]'s language model (`text_model` "mistral": Mistral Small
     3.1/3.2's form; "ministral3": Ministral 3's, with Llama 4's query scaling past 32 positions) and a one-layer
     Pixtral vision tower."""
-    import torch
     import transformers
 
     text = {k: v for k, v in (dict(COMMON) | SPECS["mistral"]).items() if k != "cls"}
@@ -206,9 +199,16 @@ def make_mistral3_multimodal(out_dir: Path, tokenizer_dir: Path, text_model: str
                   patch_size=14, head_dim=16)
     config = transformers.Mistral3Config(text_config=text, vision_config=vision, image_token_index=VOCAB_SIZE - 1,
                                          spatial_merge_size=1)
-    config.architectures = ["Mistral3ForConditionalGeneration"]
+    return _save_random(transformers.Mistral3ForConditionalGeneration, config, out_dir, tokenizer_dir)
+
+
+def _save_random(model_class, config, out_dir: Path, tokenizer_dir: Path) -> Path:
+    """`model_class(config)` with random weights (`_randomise`, seed 0), saved with the tokenizer."""
+    import torch
+
+    config.architectures = [model_class.__name__]
     torch.manual_seed(0)
-    model = transformers.Mistral3ForConditionalGeneration(config).eval()
+    model = model_class(config).eval()
     _randomise(model)
     model.save_pretrained(out_dir)
     _copy_tokenizer(tokenizer_dir, out_dir)

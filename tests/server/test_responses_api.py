@@ -276,6 +276,7 @@ def test_harmony_calls_and_the_reasoning_before_them(scripted):
     ({"background": True}, "background", "background mode"),
     ({"truncation": "auto"}, "truncation", "no input item is ever dropped"),
     ({"max_tool_calls": 2}, "max_tool_calls", "no tools of its own"),
+    ({"max_tool_calls": 0}, "max_tool_calls", "no tools of its own"),
     ({"reasoning": {"effort": "low", "summary": "auto"}}, "reasoning", "no reasoning summaries"),
     ({"include": ["reasoning.encrypted_content"]}, "include", "not available"),
     ({"top_logprobs": 2}, "top_logprobs", "needs include"),
