@@ -304,7 +304,7 @@ class ResponsesAPI:
         refused = {"background": "background mode is not supported: a response runs while its request waits",
                    "max_tool_calls": "this server runs no tools of its own, so it has no tool calls to limit"}
         for name, why in refused.items():
-            if getattr(req, name) not in (None, False):  # max_tool_calls 0 too: no limit is kept here
+            if getattr(req, name) is not None and getattr(req, name) is not False:  # max_tool_calls 0 too
                 raise APIError(f"{name}: {why}", param=name)
         if req.truncation == "auto":
             raise APIError("truncation 'auto' is not supported: no input item is ever dropped (use 'disabled', and "
