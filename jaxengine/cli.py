@@ -109,6 +109,8 @@ def _serve(args) -> None:
     from server.serving import load_chat_template
 
     AsyncEngine.check_max_log_len(args.max_log_len)
+    if args.responses_store_size < 0:  # before the model loads
+        raise ValueError(f"--responses-store-size: responses_store_size must be >= 0, got {args.responses_store_size}")
     if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
         raise ValueError("--ssl-keyfile and --ssl-certfile go together")
     for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):

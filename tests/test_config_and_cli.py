@@ -133,8 +133,8 @@ def test_serve_cors_flags_take_json_lists_of_strings(capsys):
 def test_serve_flags_reach_the_app_and_uvicorn(engines, monkeypatch, tmp_path):
     """`jaxengine serve`'s own flags, wired through (uvicorn and the engine faked: no server runs, no request is
     generated): the served names, the API key, CORS, request id headers, the stats log, request logging, TLS, the
-    log level, a profile left running (written at shutdown), the chat template flags, token ids in logprobs
-    and the tool call parser."""
+    log level, a profile left running (written at shutdown), the chat template flags, token ids in logprobs,
+    the tool call parser and the Responses API's store size."""
     import uvicorn
     from fastapi.testclient import TestClient
 
@@ -171,19 +171,22 @@ def test_serve_flags_reach_the_app_and_uvicorn(engines, monkeypatch, tmp_path):
           str(cert), "--uvicorn-log-level", "warning", "--port", "8123", "--enable-log-requests", "--max-log-len", "9",
           "--profiler-dir", str(tmp_path / "traces"), "--chat-template", "{{ messages[0]['content'] }}",
           "--trust-request-chat-template", "--return-tokens-as-token-ids", "--enable-auto-tool-choice",
-          "--tool-call-parser", "hermes"])
+          "--tool-call-parser", "hermes", "--responses-store-size", "7"])
     assert ran["ssl_keyfile"] == str(key) and ran["ssl_certfile"] == str(cert) and ran["log_level"] == "warning"
     assert ran["port"] == 8123 and ran["models"] == ["mine", "alias"] and ran["stats"] is None
     assert ran["log_requests"] == (True, 9)
     serving = ran["app"].state.serving
     assert serving.chat_template == "{{ messages[0]['content'] }}" and serving.trust_request_chat_template
     assert serving.return_tokens_as_token_ids and serving.model_name == "mine" and serving.tool_call_parser == "hermes"
+    assert serving.response_store.capacity == 7
     assert ran["keyless"].status_code == 401 and "x-request-id" in ran["keyless"].headers
     assert ran["preflight"].headers["access-control-allow-origin"] == "http://ui.example"
     # The profile left running was written when the server stopped.
     assert ran["profiling"] == 200 and list((tmp_path / "traces").rglob("*.xplane.pb"))
     with pytest.raises(SystemExit, match="--max-log-len must be >= 0"):
         main(["serve", "--max-log-len", "-1"])
+    with pytest.raises(SystemExit, match="responses_store_size must be >= 0"):
+        main(["serve", "--responses-store-size", "-1"])
     with pytest.raises(SystemExit, match="--ssl-keyfile and --ssl-certfile go together"):
         main(["serve", "--ssl-keyfile", str(key)])
     with pytest.raises(SystemExit, match="--ssl-certfile: no such file"):
