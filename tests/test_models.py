@@ -218,6 +218,10 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("mistral", dict(cls="Ministral3ForCausalLM", rope_parameters=tiny_models.MINISTRAL3_ROPE)),
     # Qwen3 MoE with a dense middle layer (mlp_only_layers): three layer stacks
     ("qwen3moe", dict(cls="Qwen3MoeForCausalLM", num_hidden_layers=3, mlp_only_layers=[1])),
+    # dots.llm1: GLM-4.5's experts under Qwen3's attention, with q/k/v/o biases and a sliding-window layer
+    ("glm4moe", dict(cls="Dots1ForCausalLM", norm_topk_prob=False, sliding_window=20, use_sliding_window=True,
+                     layer_types=["full_attention", "sliding_attention", "full_attention"],
+                     rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
     # Granite, GLM-4-0414, SmolLM3, EXAONE 4, OLMoE (tiny_models.LIGHT_SPECS)
     ("granite", dict(cls="GraniteForCausalLM")),
     ("glm4", dict(cls="Glm4ForCausalLM")),

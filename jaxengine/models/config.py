@@ -530,13 +530,26 @@ def glm4_moe_config_from_hf(hf: dict) -> ModelConfig:
     combined width), routed as DeepSeek V3 routes (sigmoid scores, a correction bias, `n_group` / `topk_group`,
     `routed_scaling_factor`). The checkpoint's multi-token-prediction layers (past num_hidden_layers) are not
     loaded."""
+    hf = hf | {"partial_rotary_factor": hf.get("partial_rotary_factor", 0.5)}
+    cfg = model_config_from_hf(hf, qk_norm=bool(hf.get("use_qk_norm", False)), o_bias=False)
+    return _deepseek_experts(hf, cfg, first_dense=1, renormalize=True)
+
+
+def dots1_config_from_hf(hf: dict) -> ModelConfig:
+    """dots.llm1 (Dots1ForCausalLM): Qwen3's attention (per-head q/k norms; biases by `attention_bias`; sliding-window
+    layers by `layer_types`) over GLM-4.5's mixture of experts (DeepSeek V3's router, shared experts, dense first
+    layers), with its own defaults (no dense layers, no renormalisation)."""
+    return _deepseek_experts(hf, model_config_from_hf(hf, qk_norm=True), first_dense=0, renormalize=False)
+
+
+def _deepseek_experts(hf: dict, cfg: ModelConfig, first_dense: int, renormalize: bool) -> ModelConfig:
+    """`cfg` with DeepSeek V3's mixture of experts as its config gives it (`first_dense` and `renormalize`: the
+    defaults of first_k_dense_replace and norm_topk_prob)."""
     if hf.get("topk_method", "noaux_tc") != "noaux_tc" or hf.get("scoring_func", "sigmoid") != "sigmoid":
         raise ValueError("only the noaux_tc sigmoid router (GLM-4.5's, DeepSeek V3's) is supported, got "
                          f"topk_method={hf.get('topk_method')!r}, scoring_func={hf.get('scoring_func')!r}")
-    hf = hf | {"partial_rotary_factor": hf.get("partial_rotary_factor", 0.5)}
-    cfg = model_config_from_hf(hf, qk_norm=bool(hf.get("use_qk_norm", False)), o_bias=False)
-    experts, dense = hf["n_routed_experts"], hf.get("first_k_dense_replace", 1)
-    n_group, topk_group = hf.get("n_group", 1), hf.get("topk_group", 1)
+    experts, dense = hf["n_routed_experts"], hf.get("first_k_dense_replace", first_dense) or 0
+    n_group, topk_group = hf.get("n_group", 1) or 1, hf.get("topk_group", 1) or 1
     if not (n_group >= 1 and experts % n_group == 0 and 1 <= topk_group <= n_group):
         raise ValueError(f"n_group={n_group} must divide n_routed_experts={experts}, topk_group={topk_group} within it")
     if not 0 <= dense <= cfg.num_layers:
@@ -546,7 +559,7 @@ def glm4_moe_config_from_hf(hf: dict) -> ModelConfig:
         cfg, num_experts=experts, experts_per_token=hf["num_experts_per_tok"],
         moe_intermediate_size=hf["moe_intermediate_size"], intermediate_size=shared * hf["moe_intermediate_size"],
         dense_intermediate_size=cfg.intermediate_size, dense_mlp_layers=tuple(range(dense)),
-        norm_topk_prob=bool(hf.get("norm_topk_prob", True)), router_scoring="sigmoid",
+        norm_topk_prob=bool(hf.get("norm_topk_prob", renormalize)), router_scoring="sigmoid",
         router_groups=(n_group, topk_group) if n_group > 1 else (),
         routed_scaling=float(hf.get("routed_scaling_factor", 1.0)))
 

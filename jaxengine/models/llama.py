@@ -793,8 +793,8 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
     if cfg.pre_norms:
         per_layer |= {"input_layernorm.weight": ("attn_norm", False),
                       "post_attention_layernorm.weight": ("mlp_norm", False)}
-    # a mixture of experts' dense MLP: Qwen2 MoE's shared expert, GLM-4.5's shared experts
-    dense = ("mlp.shared_experts" if cfg.architecture == "Glm4MoeForCausalLM" else "mlp.shared_expert") \
+    # a mixture of experts' dense MLP: Qwen2 MoE's shared expert, DeepSeek V3's shared experts (GLM-4.5's, dots')
+    dense = ("mlp.shared_experts" if cfg.router_scoring == "sigmoid" else "mlp.shared_expert") \
         if cfg.num_experts else "mlp"
     if cfg.intermediate_size:
         per_layer |= {f"{dense}.{p}_proj.weight": (f"{p}_proj", True) for p in ("gate", "up", "down")}
