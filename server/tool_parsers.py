@@ -29,6 +29,7 @@ import json
 import math
 import re
 import uuid
+from collections.abc import Callable
 
 from jaxengine import harmony
 from jaxengine.reasoning import partial_tag
@@ -533,45 +534,65 @@ def _typed(value: str, schema):
     return parsed if _finite(parsed) else value
 
 
-def _xml_call(name: str, body: str, tools: list[dict]) -> ToolCall | None:
-    """A `<function=name>` block's call: its `<parameter=key>value</parameter>`s (one newline each side of a value
-    dropped), typed by the tool's parameter schema where the request gives one (strings otherwise)."""
-    name = name.strip()
-    if not name:
-        return None
-    tool = next((t["function"] for t in tools if t["function"]["name"] == name), None)
-    properties = ((tool or {}).get("parameters") or {}).get("properties") or {}
-    arguments = {}
+def _qwen3_pairs(body: str) -> list[tuple[str, str]]:
+    """A `<function=name>` block's `<parameter=key>value</parameter>`s, one newline each side of a value dropped."""
+    pairs = []
     for key, value in _XML_PARAMETER.findall(body):
         value = value[1:] if value.startswith("\n") else value
-        value = value[:-1] if value.endswith("\n") else value
-        key = key.strip()
-        arguments[key] = _typed(value, properties[key]) if key in properties else value
-    return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
+        pairs.append((key, value[:-1] if value.endswith("\n") else value))
+    return pairs
 
 
-def _parse_qwen3_xml(text: str, tools: list[dict]) -> tuple[str | None, list[ToolCall]]:
-    """(content before the first <tool_call> or <function=, calls); (text, []) where there are none or one does
-    not parse. A function block the output leaves open (cut by the token limit) is read as far as it goes."""
-    content, at, tagged = _content_before(text, 0, _XML_STARTS, final=True)
-    if not tagged:
-        return text, []
-    calls = [_xml_call(name, body, tools) for name, body, _ in _XML_FUNCTION.findall(text, at)]
-    if not calls or None in calls:
-        return text, []
-    return content or None, calls
+_GLM_CALL = re.compile(r"<tool_call>([^\n<]*)\n?(.*?)(</tool_call>|$)", re.DOTALL)
+_GLM_ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+
+@dataclasses.dataclass(frozen=True)
+class _XmlFormat:
+    """A format of tagged calls whose arguments are written as key/value pairs: `starts`, the tags the calls may
+    begin with; `blocks`, a call's name, body and closing tag (empty where the output leaves it open); `pairs`, a
+    body's (key, value) texts."""
+
+    starts: tuple[str, ...]
+    blocks: re.Pattern
+    pairs: Callable[[str], list[tuple[str, str]]]
+
+    def call(self, name: str, body: str, tools: list[dict]) -> ToolCall | None:
+        """A block's call, each value typed by the tool's parameter schema where the request gives one (`_typed`),
+        a string otherwise; None for a block without a name."""
+        name = name.strip()
+        if not name:
+            return None
+        tool = next((t["function"] for t in tools if t["function"]["name"] == name), None)
+        properties = ((tool or {}).get("parameters") or {}).get("properties") or {}
+        arguments = {key.strip(): _typed(value, properties.get(key.strip())) for key, value in self.pairs(body)}
+        return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
+
+    def parse(self, text: str, tools: list[dict]) -> tuple[str | None, list[ToolCall]]:
+        """(content before the first call's tag, calls); (text, []) where there are none or one does not parse. A
+        block the output leaves open (cut by the token limit) is read as far as it goes."""
+        content, at, tagged = _content_before(text, 0, self.starts, final=True)
+        if not tagged:
+            return text, []
+        calls = [self.call(name, body, tools) for name, body, _ in self.blocks.findall(text, at)]
+        if not calls or None in calls:
+            return text, []
+        return content or None, calls
+
+
+# Qwen3-Coder's `<function=name>` blocks (inside <tool_call> tags) of <parameter=key>s; GLM-4.5's `<tool_call>name`
+# blocks of <arg_key>/<arg_value> pairs
+_QWEN3_XML = _XmlFormat(_XML_STARTS, _XML_FUNCTION, _qwen3_pairs)
+_GLM45 = _XmlFormat(("<tool_call>",), _GLM_CALL, _GLM_ARGUMENT.findall)
 
 
 class _XmlStream:
-    """Content streams up to a possible start of <tool_call> or <function= (`starts`); each call goes out, arguments
-    whole, once its </function> closes (`pattern`'s blocks: name, body, closing tag; `build` reads one), the text
-    between calls being framing, an open one when the output ends. A closed block that does not parse, or an output
-    with no block after the tag, goes out as content."""
+    """Content streams up to a possible start of a call's tag (the format's `starts`); each call goes out, arguments
+    whole, once its block closes (the text between calls being framing), an open one when the output ends. A closed
+    block that does not parse, or an output with no block after the tag, goes out as content."""
 
-    def __init__(self, tools: list[dict], pattern=None, build=None, starts=None):
-        self.tools = tools
-        self.pattern, self.build = pattern or _XML_FUNCTION, build or _xml_call
-        self.starts = starts or _XML_STARTS
+    def __init__(self, tools: list[dict], fmt: _XmlFormat):
+        self.tools, self.fmt = tools, fmt
         self.sent = 0  # characters handled (sent as content, or read as calls)
         self.in_calls = False
         self.any_call = False
@@ -579,13 +600,13 @@ class _XmlStream:
     def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
         content, calls = "", []
         if not self.in_calls:
-            content, self.sent, self.in_calls = _content_before(text, self.sent, self.starts, final)
+            content, self.sent, self.in_calls = _content_before(text, self.sent, self.fmt.starts, final)
             if not self.in_calls:
                 return content, []
-        for match in self.pattern.finditer(text, self.sent):
+        for match in self.fmt.blocks.finditer(text, self.sent):
             if not match.group(3) and not final:  # still open
                 break
-            call = self.build(match.group(1), match.group(2), self.tools)
+            call = self.fmt.call(match.group(1), match.group(2), self.tools)
             if call is None:
                 content += text[self.sent:match.end()]
             else:
@@ -602,6 +623,8 @@ class Qwen3Xml:
     `<parameter=key>value</parameter>`s, inside <tool_call> tags; the text before the first is the content. The
     parameters are typed by the request's tool schemas, so a parser is made for a request's tools."""
 
+    FORMAT = _QWEN3_XML
+
     def __init__(self, tools: list[dict]):
         self.tools = tools
 
@@ -610,52 +633,19 @@ class Qwen3Xml:
         return cls(tools)
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        return _parse_qwen3_xml(text, self.tools)
+        return self.FORMAT.parse(text, self.tools)
 
     def Stream(self):
-        return _XmlStream(self.tools)
-
-
-_GLM_CALL = re.compile(r"<tool_call>([^\n<]*)\n?(.*?)(</tool_call>|$)", re.DOTALL)
-_GLM_ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
-_GLM_STARTS = ("<tool_call>",)
-
-
-def _glm_call(name: str, body: str, tools: list[dict]) -> ToolCall | None:
-    """A GLM-4.5 `<tool_call>name` block's call: its `<arg_key>`/`<arg_value>` pairs, each value typed by the tool's
-    parameter schema where the request gives one (`_typed`, as for Qwen3-Coder's), a string otherwise."""
-    name = name.strip()
-    if not name:
-        return None
-    tool = next((t["function"] for t in tools if t["function"]["name"] == name), None)
-    properties = ((tool or {}).get("parameters") or {}).get("properties") or {}
-    arguments = {key.strip(): _typed(value, properties.get(key.strip())) for key, value in _GLM_ARGUMENT.findall(body)}
-    return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
-
-
-def _parse_glm45(text: str, tools: list[dict]) -> tuple[str | None, list[ToolCall]]:
-    """(content before the first <tool_call>, calls); (text, []) where there are none or one does not parse."""
-    content, at, tagged = _content_before(text, 0, _GLM_STARTS, final=True)
-    if not tagged:
-        return text, []
-    calls = [_glm_call(name, body, tools) for name, body, _ in _GLM_CALL.findall(text, at)]
-    if not calls or None in calls:
-        return text, []
-    return content or None, calls
+        return _XmlStream(self.tools, self.FORMAT)
 
 
 class Glm45(Qwen3Xml):
     """`glm45` (GLM-4.5/4.6): each call `<tool_call>name` then `<arg_key>key</arg_key><arg_value>value</arg_value>`
-    pairs, `</tool_call>`; the text before the first is the content. Its tags are special tokens, kept in such
-    requests' text, as vLLM's parser keeps them."""
+    pairs, `</tool_call>`; the text before the first is the content; typed as Qwen3-Coder's. Its tags are special
+    tokens, kept in such requests' text, as vLLM's parser keeps them."""
 
+    FORMAT = _GLM45
     special_tokens = True
-
-    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        return _parse_glm45(text, self.tools)
-
-    def Stream(self):
-        return _XmlStream(self.tools, _GLM_CALL, _glm_call, _GLM_STARTS)
 
 
 def _parse_harmony(text: str) -> tuple[str | None, list[ToolCall]]:
