@@ -307,23 +307,40 @@ def model_config_from_hf(hf: dict, *, qkv_bias=None, o_bias=None, qk_norm=False)
     )
 
 
+def _positive(hf: dict, name: str, default: float) -> float:
+    """Config key `name` (`default` where absent) as a float; a ValueError unless it is a positive number."""
+    value = hf.get(name, default)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _every_nth_full(num_layers: int, n: int) -> list[str]:
+    """layer_types with every n-th layer full attention, the others sliding-window ones (as transformers derives
+    them from Gemma's and EXAONE 4's patterns)."""
+    return ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(num_layers)]
+
+
+def _language_model_config(hf: dict, text: dict, architecture: str, top_level: tuple[str, ...]) -> dict:
+    """A vision-language config's text model config `text` (transformers' defaults filled in) as `architecture`'s,
+    with the top level's `top_level` keys where it gives them."""
+    return text | {"architectures": [architecture]} | {key: hf[key] for key in top_level if hf.get(key) is not None}
+
+
 def granite_config_from_hf(hf: dict) -> ModelConfig:
     """Granite (3.x dense): the Llama layer with four multipliers: the embeddings' (`embedding_multiplier`), the
     scores' scale (`attention_multiplier`, for head_dim ** -0.5), the attention's and MLP's outputs' before they
     join the residual (`residual_multiplier`) and the logits' divisor (`logits_scaling`)."""
-    multipliers = {name: hf.get(name, 1.0) for name in ("embedding_multiplier", "attention_multiplier",
-                                                         "residual_multiplier", "logits_scaling")}
-    for name, value in multipliers.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive number, got {value!r}")
+    multipliers = {name: _positive(hf, name, 1.0) for name in ("embedding_multiplier", "attention_multiplier",
+                                                                "residual_multiplier", "logits_scaling")}
     if hf.get("quantization_config"):
         raise ValueError("quantized Granite checkpoints are not supported (its residual_multiplier and logits_scaling "
                          "are folded into float weights at load)")
     cfg = model_config_from_hf(hf)
-    return dataclasses.replace(cfg, embed_scale=float(multipliers["embedding_multiplier"]),
-                               attn_scale=float(multipliers["attention_multiplier"]),
-                               residual_scale=float(multipliers["residual_multiplier"]),
-                               logits_scaling=float(multipliers["logits_scaling"]))
+    return dataclasses.replace(cfg, embed_scale=multipliers["embedding_multiplier"],
+                               attn_scale=multipliers["attention_multiplier"],
+                               residual_scale=multipliers["residual_multiplier"],
+                               logits_scaling=multipliers["logits_scaling"])
 
 
 def smollm3_config_from_hf(hf: dict) -> ModelConfig:
@@ -367,11 +384,9 @@ def mistral3_language_config_from_hf(hf: dict) -> ModelConfig:
     if model_type not in ("mistral", "ministral3"):
         raise ValueError(f"Mistral3ForConditionalGeneration with a {model_type!r} text model is not supported "
                          f"(mistral and ministral3 are)")
-    text = transformers.AutoConfig.for_model(model_type, **given).to_dict()
-    text["architectures"] = ["MistralForCausalLM" if model_type == "mistral" else "Ministral3ForCausalLM"]
-    for key in ("dtype", "torch_dtype"):
-        if hf.get(key) is not None:
-            text[key] = hf[key]
+    text = _language_model_config(hf, transformers.AutoConfig.for_model(model_type, **given).to_dict(),
+                                  "MistralForCausalLM" if model_type == "mistral" else "Ministral3ForCausalLM",
+                                  ("dtype", "torch_dtype"))
     cfg = get_architecture(text).read_config(text)
     # the top level's tie_word_embeddings, where it has one, is the one transformers 5 follows
     tied = bool(hf.get("tie_word_embeddings", cfg.tie_word_embeddings))
@@ -442,8 +457,7 @@ def exaone4_config_from_hf(hf: dict) -> ModelConfig:
             hf["layer_types"] = ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention"
                                  for i in range(hf["num_hidden_layers"])]
         else:  # every pattern-th layer global, as transformers reads it
-            hf["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention"
-                                 for i in range(hf["num_hidden_layers"])]
+            hf["layer_types"] = _every_nth_full(hf["num_hidden_layers"], pattern)
     if not window:
         hf["layer_types"] = None
     cfg = model_config_from_hf(hf, qk_norm=True)
@@ -469,8 +483,7 @@ def gemma_config_from_hf(hf: dict) -> ModelConfig:
     hf["hidden_act"] = "gelu_pytorch_tanh" if act == "gelu" else act
     if generation > 1 and hf.get("layer_types") is None:
         pattern = 2 if generation == 2 else hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", 6))
-        hf["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention"
-                             for i in range(hf["num_hidden_layers"])]
+        hf["layer_types"] = _every_nth_full(hf["num_hidden_layers"], pattern)
     local_rope = None
     if generation == 3:
         hf, local_rope = _layer_type_ropes(hf)
@@ -573,15 +586,12 @@ def gpt_oss_config_from_hf(hf: dict) -> ModelConfig:
     if (hf.get("quantization_config") or {}).get("quant_method") == "mxfp4":  # experts dequantized at load
         cfg = dataclasses.replace(cfg, quant_method="mxfp4",  # the hub's other tensors are bfloat16
                                   torch_dtype=cfg.torch_dtype or "bfloat16")
-    limit, alpha = hf.get("swiglu_limit", 7.0), hf.get("swiglu_alpha", 1.702)
-    for name, value in (("swiglu_limit", limit), ("swiglu_alpha", alpha)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive number, got {value!r}")
+    limit, alpha = _positive(hf, "swiglu_limit", 7.0), _positive(hf, "swiglu_alpha", 1.702)
     return dataclasses.replace(
         cfg, num_experts=hf["num_local_experts"], experts_per_token=hf.get("num_experts_per_tok") or
         hf["experts_per_token"], moe_intermediate_size=cfg.intermediate_size, intermediate_size=0,
-        norm_topk_prob=True, moe_bias=True, hidden_act="swigluoai", swiglu_alpha=float(alpha),
-        swiglu_limit=float(limit), attn_sinks=True)
+        norm_topk_prob=True, moe_bias=True, hidden_act="swigluoai", swiglu_alpha=alpha, swiglu_limit=limit,
+        attn_sinks=True)
 
 
 def gemma3_language_config_from_hf(hf: dict) -> ModelConfig:
@@ -590,9 +600,6 @@ def gemma3_language_config_from_hf(hf: dict) -> ModelConfig:
     token ids and dtype."""
     import transformers
 
-    text = transformers.Gemma3TextConfig(**(hf.get("text_config") or {})).to_dict()
-    text["architectures"] = ["Gemma3ForCausalLM"]
-    for key in ("eos_token_id", "bos_token_id", "dtype", "torch_dtype"):
-        if hf.get(key) is not None:
-            text[key] = hf[key]
+    text = _language_model_config(hf, transformers.Gemma3TextConfig(**(hf.get("text_config") or {})).to_dict(),
+                                  "Gemma3ForCausalLM", ("eos_token_id", "bos_token_id", "dtype", "torch_dtype"))
     return dataclasses.replace(gemma_config_from_hf(text), architecture=hf["architectures"][0])
