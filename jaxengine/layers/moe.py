@@ -34,11 +34,15 @@ class Routing:
     """How a router chooses: `softmax` over the logits (Mixtral, Qwen MoE, GPT-OSS), or DeepSeek V3's `sigmoid`
     scores (GLM-4.5's): the experts chosen by score plus a correction bias, among the `groups` = (n_group,
     topk_group) groups with the best sums of their top two (every group where none), weighted by their scores
-    (renormalised where asked), times `scale` (routed_scaling_factor)."""
+    (renormalised where asked), times `scale` (routed_scaling_factor; a sigmoid router's only)."""
 
     scoring: str = "softmax"
     groups: tuple = ()
     scale: float = 1.0
+
+    def __post_init__(self):
+        if self.scoring == "softmax" and (self.groups or self.scale != 1):
+            raise ValueError("a softmax router takes no groups and no scaling (DeepSeek V3's sigmoid router does)")
 
 
 def route(x, router, top_k: int, renormalize: bool, bias=None, routing: Routing = Routing(), correction=None):
@@ -53,7 +57,7 @@ def route(x, router, top_k: int, renormalize: bool, bias=None, routing: Routing 
         weights, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
         if renormalize:
             weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-        return weights * routing.scale if routing.scale != 1 else weights, experts
+        return weights, experts
     scores = jax.nn.sigmoid(logits)
     choice = scores if correction is None else scores + correction.astype(jnp.float32)
     if routing.groups:

@@ -305,6 +305,7 @@ def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, *, te
     `tensor_name`: a checkpoint tensor's name in `weight_map` (None: a tensor the model does not use);
     `split_tensor`: the (name, array) pieces of a renamed tensor that `weight_map` knows (a fused projection's)."""
     done, seen, stacker = {}, set(), _Stacker(executables)
+    kv_params = _kv_params(cfg)
     expert_slices = {}  # (path, layer) -> {expert: array} until the layer's every expert has arrived
     headers = [read_safetensors(f) for f in files]
     bar = tqdm(total=sum(len(h) for h in headers), desc="Loading weights", unit="tensor", disable=not progress)
@@ -329,7 +330,7 @@ def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, *, te
                 num_experts, expected = (expected[0], expected[1:]) if expert is not None else (0, expected)
                 source = array.T if transpose else array
                 kv_heads, repeats = kv_repeat
-                if repeats > 1 and path[-1] in _kv_params(cfg):
+                if repeats > 1 and path[-1] in kv_params:
                     expected = expected[:-1] + (expected[-1] // repeats,)
                     if source.shape == expected:
                         source = _repeat_kv_heads(np.asarray(source), kv_heads, repeats)
