@@ -106,11 +106,11 @@ def _serve(args) -> None:
     from server.app import build_app
     from server.engine_client import AsyncEngine
     from server.metrics import EngineMetrics
+    from server.responses import ResponseStore
     from server.serving import load_chat_template
 
     AsyncEngine.check_max_log_len(args.max_log_len)
-    if args.responses_store_size < 0:  # before the model loads
-        raise ValueError(f"--responses-store-size: responses_store_size must be >= 0, got {args.responses_store_size}")
+    ResponseStore.check_capacity(args.responses_store_size)  # before the model loads
     if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
         raise ValueError("--ssl-keyfile and --ssl-certfile go together")
     for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):

@@ -119,9 +119,10 @@ def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | l
     carry the first). `api_key`: the key, or keys, any of which a /v1 request must bear. `cors`: Starlette
     CORSMiddleware's settings, as vLLM's --allowed-origins, --allow-credentials, --allowed-methods and
     --allowed-headers set them (default CORS_DEFAULTS: no cross-origin browser access). `chat_template` (the
-    template's text), `trust_request_chat_template`, `return_tokens_as_token_ids`, `tool_call_parser` and
-    `lora_modules`, `responses_store_size`: see Serving. `runtime_lora_updating` (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING): an engine with
-    enable_lora gets POST /v1/load_lora_adapter and /v1/unload_lora_adapter."""
+    template's text), `trust_request_chat_template`, `return_tokens_as_token_ids`, `tool_call_parser`,
+    `lora_modules` and `responses_store_size`: see Serving. `runtime_lora_updating` (vLLM's
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING): an engine with enable_lora gets POST /v1/load_lora_adapter and
+    /v1/unload_lora_adapter."""
     app = FastAPI(title="jaxengine", version=jaxengine.__version__)
     serving = Serving(engine, model_name, chat_template, trust_request_chat_template, return_tokens_as_token_ids,
                       tool_call_parser, lora_modules, responses_store_size)

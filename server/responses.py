@@ -6,10 +6,11 @@ function calls and their outputs, reasoning), function `tools`, `tool_choice`, `
 `reasoning.effort` (the chat template's reasoning_effort); it runs through the chat route's machinery (chat template,
 reasoning parser, tool-call parser) and its output comes back as output items: `reasoning` (with a reasoning
 parser), an assistant `message` of `output_text`, and a `function_call` per call. Responses are kept (the newest
-`store_size`, in memory) for `previous_response_id`, which continues a stored conversation, and for GET.
+--responses-store-size, in memory) for `previous_response_id`, which continues a stored conversation, and for GET.
 """
 
 import collections
+import copy
 import itertools
 import json
 import time
@@ -26,7 +27,7 @@ from server.protocol import (ChatCompletionRequest, ChatMessage, FunctionCall, F
 LOGPROBS = "message.output_text.logprobs"  # the one `include` value this server has something for
 # The chat request's fields that a refusal from the chat machinery may name, as the Responses API names them.
 _PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
-           "response_format": "text", "logprobs": "include", "tools": "tools", "tool_choice": "tool_choice"}
+           "response_format": "text", "logprobs": "include"}
 _ITEM_FIELDS = {"message": {"type", "role", "content", "id", "status"},
                 "function_call": {"type", "call_id", "name", "arguments", "id", "status"},
                 "function_call_output": {"type", "call_id", "output", "id", "status"},
@@ -38,10 +39,15 @@ class ResponseStore:
     `capacity`, the oldest dropped first."""
 
     def __init__(self, capacity: int):
-        if capacity < 0:
-            raise ValueError(f"responses_store_size must be >= 0, got {capacity}")
+        self.check_capacity(capacity)
         self.capacity = capacity
         self._items: collections.OrderedDict[str, tuple[dict, list[ChatMessage]]] = collections.OrderedDict()
+
+    @staticmethod
+    def check_capacity(capacity: int) -> None:
+        """--responses-store-size's check (the CLI makes it before the model loads)."""
+        if capacity < 0:
+            raise ValueError(f"responses_store_size must be >= 0, got {capacity}")
 
     def put(self, response: dict, conversation: list[ChatMessage]) -> None:
         self._items[response["id"]] = (response, conversation)
@@ -207,7 +213,8 @@ class _Events:
         self.calls: dict[int, dict] = {}  # the function_call items by their call's index in the output
 
     def event(self, kind: str, **fields) -> dict:
-        return {"type": kind, "sequence_number": next(self.numbers)} | fields
+        """An event as things stand now: a copy of the items and parts it carries, which later deltas extend."""
+        return {"type": kind, "sequence_number": next(self.numbers)} | copy.deepcopy(fields)
 
     def close(self, status: str = "completed") -> list[dict]:
         """The events that end the open item (none where none is open)."""
@@ -229,23 +236,21 @@ class _Events:
         return done + [self.event("response.output_item.done", output_index=at["output_index"], item=item)]
 
     def begin(self, item: dict) -> list[dict]:
-        """The events that end the open item and open `item` (with its one empty content part, where it has one)."""
+        """The events that end the open item and open `item` (and its one content part, where it has one)."""
         events = self.close()
         self.output.append(item)
         self.open = item
         at = {"output_index": len(self.output) - 1}
         events.append(self.event("response.output_item.added", **at, item=item))
-        if item["type"] != "function_call":
-            part = {"type": "reasoning_text", "text": ""} if item["type"] == "reasoning" else \
-                {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            item["content"] = [part]
+        if "content" in item:
             events.append(self.event("response.content_part.added", **at, item_id=item["id"], content_index=0,
-                                     part=part))
+                                     part=item["content"][0]))
         return events
 
     def text(self, kind: str, delta: str, logprobs: list | None = None) -> list[dict]:
         """Reasoning or answer text (kind `reasoning` or `message`): the events that add it to an item of its kind."""
-        events = [] if self.open is not None and self.open["type"] == kind else self.begin(_item(kind, "in_progress"))
+        events = [] if self.open is not None and self.open["type"] == kind else \
+            self.begin(_item(kind, "in_progress", ""))
         part = self.open["content"][0]
         part["text"] += delta
         at = {"item_id": self.open["id"], "output_index": len(self.output) - 1, "content_index": 0}
@@ -269,14 +274,13 @@ class _Events:
         return events
 
 
-def _item(kind: str, status: str, text: str | None = None, logprobs: list | None = None) -> dict:
-    """A reasoning item, or an assistant message of output_text (its content given by `text`)."""
+def _item(kind: str, status: str, text: str, logprobs: list | None = None) -> dict:
+    """A reasoning item of reasoning_text, or an assistant message of output_text (its one content part)."""
     if kind == "reasoning":
-        item = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [], "status": status}
-        return item | ({"content": [{"type": "reasoning_text", "text": text}]} if text is not None else {})
-    item = {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "role": "assistant", "status": status}
-    return item | ({"content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]}
-                   if text is not None else {"content": []})
+        return {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [], "status": status,
+                "content": [{"type": "reasoning_text", "text": text}]}
+    return {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "role": "assistant", "status": status,
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]}
 
 
 def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict:
@@ -286,7 +290,7 @@ def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict:
 
 def _turn(output: list[dict]) -> ChatMessage:
     """A response's output items as the assistant message a continued conversation carries."""
-    reasoning = [p["text"] for i in output if i["type"] == "reasoning" for p in i.get("content", [])]
+    reasoning = [p["text"] for i in output if i["type"] == "reasoning" for p in i["content"]]
     text = [p["text"] for i in output if i["type"] == "message" for p in i["content"]]
     calls = [ToolCallMessage(id=i["call_id"], function=FunctionCall(name=i["name"], arguments=i["arguments"]))
              for i in output if i["type"] == "function_call"]
@@ -304,7 +308,8 @@ class ResponsesAPI:
         refused = {"background": "background mode is not supported: a response runs while its request waits",
                    "max_tool_calls": "this server runs no tools of its own, so it has no tool calls to limit"}
         for name, why in refused.items():
-            if getattr(req, name) is not None and getattr(req, name) is not False:  # max_tool_calls 0 too
+            value = getattr(req, name)
+            if value is not None and value is not False:  # max_tool_calls 0 too
                 raise APIError(f"{name}: {why}", param=name)
         if req.truncation == "auto":
             raise APIError("truncation 'auto' is not supported: no input item is ever dropped (use 'disabled', and "
@@ -330,8 +335,8 @@ class ResponsesAPI:
                       top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, repetition_penalty=req.repetition_penalty,
                       presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty, seed=req.seed,
                       stop=req.stop, stop_token_ids=req.stop_token_ids, logit_bias=req.logit_bias,
-                      ignore_eos=req.ignore_eos,
-                      min_tokens=req.min_tokens, priority=req.priority, cache_salt=req.cache_salt, user=req.user,
+                      ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, priority=req.priority,
+                      cache_salt=req.cache_salt, user=req.user,
                       tools=_chat_tools(req.tools), tool_choice=_chat_tool_choice(req.tool_choice),
                       parallel_tool_calls=req.parallel_tool_calls, response_format=_response_format(req),
                       reasoning_effort=req.reasoning.effort if req.reasoning is not None else None,
@@ -457,7 +462,7 @@ class ResponsesAPI:
             return
         incomplete = final.outputs[0].finish_reason == "length"
         if not any(item["type"] != "reasoning" for item in events.output):  # no answer: an empty one, as unstreamed
-            for event in events.begin(_item("message", "in_progress")):
+            for event in events.begin(_item("message", "in_progress", "")):
                 yield _sse_event(event)
         cut = incomplete and events.open is not None and events.open["type"] == "message"
         for event in events.close("incomplete" if cut else "completed"):

@@ -132,6 +132,7 @@ def test_streamed_events_build_the_unstreamed_response(live):
     assert texts(final) == texts(whole) and final["usage"] == whole["usage"] and final["status"] == "incomplete"
     kinds = [e["type"] for e in events]
     assert kinds[2:4] == ["response.output_item.added", "response.content_part.added"]
+    assert events[3]["part"]["text"] == "" and events[2]["item"]["status"] == "in_progress"  # as they were then
     assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
                           "response.incomplete"]
     client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
