@@ -77,8 +77,12 @@ def streamed_response(events: list[dict]) -> dict:
     """The last event's response, after checking that the items it holds are the ones the events built."""
     items = {}
     for e in events:
-        if e["type"] == "response.output_item.added":
+        if e["type"] == "response.output_item.added":  # as the item stood then: empty, in progress
+            assert e["item"]["status"] == "in_progress" and e["item"].get("arguments", "") == ""
+            assert all(part["text"] == "" for part in e["item"].get("content", []))
             items[e["output_index"]] = {"item": e["item"], "text": "", "arguments": ""}
+        elif e["type"] == "response.content_part.added":
+            assert e["part"]["text"] == ""
         elif e["type"] in ("response.output_text.delta", "response.reasoning_text.delta"):
             items[e["output_index"]]["text"] += e["delta"]
         elif e["type"] == "response.function_call_arguments.delta":
@@ -132,7 +136,6 @@ def test_streamed_events_build_the_unstreamed_response(live):
     assert texts(final) == texts(whole) and final["usage"] == whole["usage"] and final["status"] == "incomplete"
     kinds = [e["type"] for e in events]
     assert kinds[2:4] == ["response.output_item.added", "response.content_part.added"]
-    assert events[3]["part"]["text"] == "" and events[2]["item"]["status"] == "in_progress"  # as they were then
     assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
                           "response.incomplete"]
     client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
