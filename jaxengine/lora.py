@@ -65,6 +65,9 @@ def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
 
 def check_supported(cfg) -> None:
     """LoRA on this model, or a ValueError saying why not."""
+    if cfg.latent_attention:
+        raise ValueError("enable_lora: LoRA adapters on multi-head latent attention (DeepSeek V2/V3) are not supported "
+                         "yet")
     if cfg.num_experts:
         raise ValueError("enable_lora: LoRA adapters on a mixture of experts are not supported yet")
     if cfg.quant_act_order:

@@ -37,12 +37,18 @@ def ragged_paged_attention(
     sliding_window: jax.Array | int | None = None,  # i32[] or int; None or <= 0: full attention
     soft_cap: float | None = None,
     sinks: jax.Array | None = None,  # f32[num_q_heads]: each head's sink logit (GPT-OSS); None: none
-) -> jax.Array:  # [T, num_q_heads, head_dim]; padded tokens get zeros
+    shared_values: int | None = None,  # K and V share each row: V is its first `shared_values` dimensions
+) -> jax.Array:  # [T, num_q_heads, head_dim (or shared_values)]; padded tokens get zeros
     """A head's sink is a logit beside its scores in the softmax's denominator that weights no value: the walk
-    starts from it (its running maximum the sink, its sum 1) instead of from nothing."""
+    starts from it (its running maximum the sink, its sum 1) instead of from nothing. With `shared_values` the pool
+    holds one row per KV head, [L, P, S, num_kv_heads, head_dim], that is both the key and (its first
+    `shared_values` dimensions) the value: multi-head latent attention's latent cache (jaxengine/layers/attention.py,
+    latent_attention)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, num_pages, page_size, kv_width, _ = kv_pages.shape
-    num_kv_heads = kv_width // 2
+    num_kv_heads = kv_width if shared_values else kv_width // 2
+    value_dim = shared_values or head_dim
+    split = functools.partial(_keys_values, shared_values=shared_values)
     group = num_q_heads // num_kv_heads
     num_reqs = kv_lens.shape[0]
     window = jnp.asarray(0 if sliding_window is None else sliding_window, jnp.int32)
@@ -69,8 +75,7 @@ def ragged_paged_attention(
 
     def single_body(c, carry):
         pages = jax.lax.dynamic_slice_in_dim(padded, c * chunk_pages, chunk_pages, axis=1)  # [R, chunk_pages]
-        kv = jnp.take(rows, pages, axis=0).reshape(num_reqs, chunk, kv_width, head_dim)
-        k, v = kv[:, :, 0::2].astype(jnp.float32), kv[:, :, 1::2].astype(jnp.float32)  # [R, C, Hkv, D]
+        k, v = split(jnp.take(rows, pages, axis=0).reshape(num_reqs, chunk, kv_width, head_dim))  # [R, C, Hkv, D]
         s = jnp.einsum("rhgd,rchd->rhgc", q_single, k)
         k_pos = c * chunk + jnp.arange(chunk, dtype=jnp.int32)
         mask = (k_pos[None] < kv_len[:, None]) & (k_pos[None] >= first_key[:, None])  # [R, C]
@@ -79,9 +84,9 @@ def ragged_paged_attention(
     lo = jnp.min(jnp.where(single, first_key, jnp.iinfo(jnp.int32).max)) // chunk
     hi = (jnp.max(kv_len) + chunk - 1) // chunk
     state = (num_reqs, num_kv_heads, group)
-    _, l, acc = jax.lax.fori_loop(jnp.minimum(lo, hi), hi, single_body, _init(state, head_dim, head_sinks))
+    _, l, acc = jax.lax.fori_loop(jnp.minimum(lo, hi), hi, single_body, _init(state, value_dim, head_sinks))
     out_single = _normalise(l, acc)  # [R, Hkv, G, D]
-    out = jnp.zeros((num_tokens + 1, num_kv_heads, group, head_dim), jnp.float32)
+    out = jnp.zeros((num_tokens + 1, num_kv_heads, group, value_dim), jnp.float32)
     out = out.at[jnp.where(single, first_token, num_tokens)].set(out_single)[:num_tokens]
 
     # Multi-token requests: blocks of query rows, each walking its request's pages.
@@ -105,8 +110,7 @@ def ragged_paged_attention(
 
         def key_body(c, carry):
             pages = jax.lax.dynamic_slice_in_dim(tables[r], c * key_pages, key_pages)
-            kv = jnp.take(rows, pages, axis=0).reshape(keys, kv_width, head_dim)
-            k, v = kv[:, 0::2].astype(jnp.float32), kv[:, 1::2].astype(jnp.float32)  # [K, Hkv, D]
+            k, v = split(jnp.take(rows, pages, axis=0).reshape(keys, kv_width, head_dim))  # [K, Hkv, D]
             s = jnp.einsum("bhgd,khd->hgbk", q_block, k)
             k_pos = c * keys + jnp.arange(keys, dtype=jnp.int32)
             mask = (k_pos[None] <= pos[:, None]) & (k_pos[None] >= first_key[:, None]) & valid[:, None]
@@ -116,14 +120,23 @@ def ragged_paged_attention(
         hi = jnp.max(jnp.where(valid, pos, -1)) // keys + 1
         block_sinks = None if head_sinks is None else head_sinks[..., None]
         _, l, acc = jax.lax.fori_loop(jnp.minimum(lo, hi), hi, key_body,
-                                      _init((num_kv_heads, group, block), head_dim, block_sinks))
+                                      _init((num_kv_heads, group, block), value_dim, block_sinks))
         result = _normalise(l, acc).transpose(2, 0, 1, 3)  # [B, Hkv, G, D]
         current = jax.lax.dynamic_slice_in_dim(out, start, block)
         return jax.lax.dynamic_update_slice_in_dim(out, jnp.where(valid[:, None, None, None], result, current),
                                                    start, axis=0)
 
     out = jax.lax.fori_loop(0, blocks_end[-1], block_body, out)
-    return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
+    return out.reshape(num_tokens, num_q_heads, value_dim).astype(q.dtype)
+
+
+def _keys_values(kv, shared_values=None):
+    """K and V (float32) of gathered pool rows [..., kv_width, D]: the interleaved even and odd rows, or (with
+    `shared_values`) each row as the key and its first `shared_values` dimensions as the value."""
+    kv = kv.astype(jnp.float32)
+    if shared_values:
+        return kv, kv[..., :shared_values]
+    return kv[..., 0::2, :], kv[..., 1::2, :]
 
 
 def _init(shape, head_dim, sinks=None):

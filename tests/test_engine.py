@@ -221,6 +221,31 @@ def test_kv_cache_dtype_follows_the_weights_on_cpu_and_refuses_what_cannot_run(e
         EngineConfig(kv_cache_dtype="int8")
 
 
+def test_latent_attention_caches_one_row_per_token_and_refuses_what_it_does_not_run(engines, model_dirs):
+    """DeepSeek's multi-head latent attention keeps one row per token and layer in the KV cache (the latent and the
+    rotary key: 32 + 8 values here, where its 4 heads' keys and values would take 4 x (24 + 12)), so the same cache
+    memory holds more blocks; attention bodies that read K/V pairs, and LoRA, are refused before anything starts."""
+    from jaxengine import LLMEngine
+    from jaxengine.config import EngineConfig
+
+    engine = engines("deepseekv3")
+    cfg = engine.model_config
+    assert engine.runner.kv_cache.shape == (cfg.num_layers, engine.block_manager.num_blocks, 16, 1, 40)
+    assert engine.runner.kv_cache.dtype == jnp.float32
+    assert engine.block_manager.num_blocks == int(0.01 * 2 ** 30) // (3 * 16 * 40 * 4)  # layers, tokens, row, float32
+    prompts = random_prompts(cfg.vocab_size, (3, 70), seed=12)
+    with assert_no_compiles("greedy decoding over the latent cache"):
+        run_to_completion(engine, [(f"mla{i}", p, GREEDY) for i, p in enumerate(prompts)])
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    explicit = dict(model=str(model_dirs["deepseekv3"]), dtype="float32", max_model_len=512, kv_cache_gib=0.01,
+                    warmup=False)
+    for backend in ("native", "pallas"):
+        with pytest.raises(ValueError, match=f"attention_backend '{backend}' does not run multi-head latent attention"):
+            LLMEngine(EngineConfig(**explicit, attention_backend=backend), progress=False)
+    with pytest.raises(ValueError, match="LoRA adapters on multi-head latent attention"):
+        LLMEngine(EngineConfig(**explicit, enable_lora=True), progress=False)
+
+
 def test_scanned_layers_decode_as_the_unrolled_ones_on_cpu(engines):
     """`layer_loop: scan` on CPU over bfloat16 weights: where the native matmul runs it reads each layer of the
     stacked packed weights in place (no slice, no conversion); either way the tokens are the unrolled loop's,

@@ -389,3 +389,99 @@ def test_interleaved_rotary_layout_gives_transformers_rotation(arch, head_dim, f
     theirs, _ = module.apply_rotary_pos_emb(rotated, rotated, theirs_cos, theirs_sin)
     theirs = torch.cat([theirs, passed], -1)[0].transpose(0, 1).numpy()
     np.testing.assert_allclose(ours, theirs[..., order], atol=1e-5)
+
+
+DEEPSEEK_V3 = dict(  # deepseek-ai/DeepSeek-V3's config.json (its quantization_config apart)
+    architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", hidden_size=7168, intermediate_size=18432,
+    moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
+    n_shared_experts=1, n_routed_experts=256, routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=1536,
+    qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, topk_method="noaux_tc", n_group=8, topk_group=4,
+    num_experts_per_tok=8, first_k_dense_replace=3, norm_topk_prob=True, scoring_func="sigmoid", hidden_act="silu",
+    max_position_embeddings=163840, rms_norm_eps=1e-6, rope_theta=10000, vocab_size=129280, bos_token_id=0,
+    eos_token_id=1, tie_word_embeddings=False, num_nextn_predict_layers=1, attention_bias=False,
+    rope_scaling=dict(beta_fast=32, beta_slow=1, factor=40, mscale=1.0, mscale_all_dim=1.0,
+                      original_max_position_embeddings=4096, type="yarn"))
+
+DEEPSEEK_V2_LITE = dict(  # deepseek-ai/DeepSeek-V2-Lite-Chat's config.json
+    architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", hidden_size=2048, intermediate_size=10944,
+    moe_intermediate_size=1408, num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
+    n_shared_experts=2, n_routed_experts=64, routed_scaling_factor=1.0, kv_lora_rank=512, q_lora_rank=None,
+    qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, topk_method="greedy", n_group=1, topk_group=1,
+    num_experts_per_tok=6, first_k_dense_replace=1, norm_topk_prob=False, scoring_func="softmax", hidden_act="silu",
+    max_position_embeddings=163840, rms_norm_eps=1e-6, rope_theta=10000, vocab_size=102400, bos_token_id=100000,
+    eos_token_id=100001, tie_word_embeddings=False, attention_bias=False,
+    rope_scaling=dict(beta_fast=32, beta_slow=1, factor=40, mscale=0.707, mscale_all_dim=0.707,
+                      original_max_position_embeddings=4096, type="yarn"))
+
+
+@pytest.mark.parametrize("hf, config_class", [(DEEPSEEK_V3, "DeepseekV3Config"), (DEEPSEEK_V2_LITE, "DeepseekV2Config")])
+def test_deepseek_hub_configs_read_their_latent_attention_and_routers_as_transformers(hf, config_class):
+    """DeepSeek V3 (sigmoid router in 4 of 8 groups, times 2.5; queries through a latent) and V2-Lite (plain softmax
+    top 6; queries from the hidden state): the KV cache's one row per token of the latent and the rotary key, the
+    scores' scale with YaRN's mscale_all_dim squared and the rotary frequencies over the rotated dimensions as
+    transformers computes them, the dense first layers."""
+    import numpy as np
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, yarn_apply_mscale
+
+    from jaxengine.models.config import rope_inv_freq
+
+    cfg = read(hf)
+    v3 = config_class == "DeepseekV3Config"
+    assert cfg.latent_attention and (cfg.num_kv_heads, cfg.head_dim, cfg.rope_head_dim) == (1, 576, 64)
+    assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim) == (1536 if v3 else 0, 512, 128,
+                                                                                        128)
+    assert cfg.rope_interleaved and cfg.router_float32
+    theirs = getattr(transformers, config_class)(**{k: v for k, v in hf.items() if k != "architectures"})
+    assert math.isclose(cfg.sm_scale, yarn_apply_mscale(theirs.rope_parameters, 192 ** -0.5), rel_tol=1e-12)
+    assert cfg.sm_scale > 192 ** -0.5
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS["yarn"](theirs, torch.device("cpu"))
+    ours, our_scaling = rope_inv_freq(cfg.rope, cfg.rope_head_dim, cfg.max_position_embeddings)
+    np.testing.assert_allclose(ours, inv_freq.numpy(), rtol=1e-6)
+    assert math.isclose(our_scaling, scaling, rel_tol=1e-9)
+    experts = (cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size, cfg.intermediate_size)
+    if v3:
+        assert experts == (256, 8, 2048, 2048) and cfg.dense_mlp_layers == (0, 1, 2)
+        assert (cfg.router_scoring, cfg.router_groups, cfg.routed_scaling, cfg.norm_topk_prob) == (
+            "sigmoid", (8, 4), 2.5, True)
+    else:
+        assert experts == (64, 6, 1408, 2 * 1408) and cfg.dense_mlp_layers == (0,)
+        assert (cfg.router_scoring, cfg.router_groups, cfg.routed_scaling, cfg.norm_topk_prob) == (
+            "softmax", (), 1.0, False)
+    assert cfg.dense_intermediate_size == hf["intermediate_size"]
+
+
+@pytest.mark.parametrize("hf, change, match", [
+    (DEEPSEEK_V3, dict(topk_method="greedy"), "only the sigmoid router"),
+    (DEEPSEEK_V2_LITE, dict(scoring_func="sigmoid"), "only the softmax router"),
+    (DEEPSEEK_V2_LITE, dict(topk_method="group_limited_greedy", n_group=5), "n_group=5 must divide"),
+    (DEEPSEEK_V3, dict(attention_bias=True), "attention_bias=true is not supported"),
+    (DEEPSEEK_V3, dict(kv_lora_rank=None), "kv_lora_rank must be a positive integer"),
+    (DEEPSEEK_V2_LITE, dict(qk_rope_head_dim=63), "qk_rope_head_dim must be even"),
+])
+def test_deepseek_settings_we_do_not_run_are_refused(hf, change, match):
+    with pytest.raises(ValueError, match=match):
+        read(hf | change)
+
+
+def test_deepseek_v2_group_limited_router_and_kimi_k2_s_single_group():
+    """DeepSeek V2's group_limited_greedy (V2 and V2.5: the 3 of 8 groups of the best single scores, times 16) and
+    Kimi K2 (DeepSeek V3's layout in one group)."""
+    v2 = read(DEEPSEEK_V2_LITE | dict(topk_method="group_limited_greedy", n_group=8, topk_group=3,
+                                      routed_scaling_factor=16.0, q_lora_rank=1536))
+    assert (v2.router_scoring, v2.router_groups, v2.routed_scaling, v2.q_lora_rank) == ("softmax", (8, 3), 16.0, 1536)
+    kimi = read(DEEPSEEK_V3 | dict(n_routed_experts=384, n_group=1, topk_group=1, first_k_dense_replace=1,
+                                   num_attention_heads=64, routed_scaling_factor=2.827))
+    assert (kimi.router_groups, kimi.routed_scaling, kimi.num_heads, kimi.dense_mlp_layers) == ((), 2.827, 64, (0,))
+
+
+def test_deepseek_quantized_checkpoint_is_refused(tmp_path):
+    """DeepSeek V3's hub checkpoint is block-wise FP8, over experts: refused with the reason."""
+    import json
+
+    from jaxengine.models.loader import load_config
+
+    (tmp_path / "config.json").write_text(json.dumps(DEEPSEEK_V3 | {"quantization_config": dict(
+        activation_scheme="dynamic", fmt="e4m3", quant_method="fp8", weight_block_size=[128, 128])}))
+    with pytest.raises(ValueError, match="quantized mixture of experts is not supported"):
+        load_config(tmp_path)

@@ -222,12 +222,13 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("glm4moe", dict(cls="Dots1ForCausalLM", norm_topk_prob=False, sliding_window=20, use_sliding_window=True,
                      layer_types=["full_attention", "sliding_attention", "full_attention"],
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
-    # Granite, GLM-4-0414, SmolLM3, EXAONE 4, OLMoE (tiny_models.LIGHT_SPECS)
+    # Granite, GLM-4-0414, SmolLM3, EXAONE 4, OLMoE, DeepSeek V2 (tiny_models.LIGHT_SPECS)
     ("granite", dict(cls="GraniteForCausalLM")),
     ("glm4", dict(cls="Glm4ForCausalLM")),
     ("smollm3", dict(cls="SmolLM3ForCausalLM")),
     ("exaone4", dict(cls="Exaone4ForCausalLM")),
     ("olmoe", dict(cls="OlmoeForCausalLM")),
+    ("deepseekv2", dict(cls="DeepseekV2ForCausalLM")),
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
@@ -569,10 +570,13 @@ def test_olmo3_legacy_rope_scaling_applies_to_its_full_attention_layers():
     assert cfg.sliding_windows == (20, 0) and not cfg.pre_norms and cfg.qk_norm_whole
 
 
-def test_glm4_moe_skips_its_mtp_layer_and_converts_to_orbax_with_the_same_logits(model_dirs, tmp_path, capsys):
-    """GLM-4.5's checkpoints carry a multi-token-prediction layer numbered after the decoder's (transformers does not
-    build it): its tensors are not loaded. The model's two layer stacks (the dense first layer, the expert ones)
-    convert to Orbax and load back to the same logits."""
+@pytest.mark.parametrize("arch", ["glm4moe", "deepseekv3"])
+def test_mtp_layers_are_skipped_and_expert_stacks_convert_to_orbax_with_the_same_logits(arch, model_dirs, tmp_path,
+                                                                                         capsys):
+    """GLM-4.5's and DeepSeek V3's checkpoints carry a multi-token-prediction layer numbered after the decoder's
+    (transformers does not build it): its tensors are not loaded. The model's two layer stacks (the dense first layer,
+    the expert ones; DeepSeek's latent attention's projections) convert to Orbax and load back to the same
+    logits."""
     import shutil
 
     from safetensors.numpy import load_file, save_file
@@ -580,9 +584,9 @@ def test_glm4_moe_skips_its_mtp_layer_and_converts_to_orbax_with_the_same_logits
     from jaxengine.cli import main
 
     src = tmp_path / "with-mtp"
-    shutil.copytree(model_dirs["glm4moe"], src)
+    shutil.copytree(model_dirs[arch], src)
     tensors = load_file(src / "model.safetensors")
-    layers = tiny_models.SPECS["glm4moe"]["num_hidden_layers"]
+    layers = tiny_models.SPECS[arch]["num_hidden_layers"]
     extra = {f"model.layers.{layers}.eh_proj.weight": np.ones((64, 128), np.float32),
              f"model.layers.{layers}.mlp.experts.0.up_proj.weight": np.ones((32, 64), np.float32)}
     save_file(tensors | extra, src / "model.safetensors", metadata={"format": "pt"})
@@ -591,7 +595,7 @@ def test_glm4_moe_skips_its_mtp_layer_and_converts_to_orbax_with_the_same_logits
     assert "wrote an Orbax checkpoint" in capsys.readouterr().out
     prompts = sequences(tiny_models.VOCAB_SIZE)[:2]
     logits = []
-    for path in (model_dirs["glm4moe"], src, out):
+    for path in (model_dirs[arch], src, out):
         model, cfg = load_model(path, "float32", progress=False)
         assert [name for name, _, _ in layer_groups(cfg)] == ["layers", "layers1"]
         paged = PagedModel(model)

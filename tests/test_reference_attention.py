@@ -116,3 +116,23 @@ def test_traced_window_and_layer_inside_jit(name):
     eager = attend(q, kv_pages, 1, *args, sm_scale=1.0, sliding_window=4)
     np.testing.assert_allclose(np.asarray(f(jnp.int32(4), jnp.int32(1))), np.asarray(eager), atol=1e-6)
     assert not np.allclose(np.asarray(f(jnp.int32(0), jnp.int32(1))), np.asarray(eager))
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill", "mixed"])
+def test_shared_values_attend_over_one_row_per_token_as_dense_attention(mode):
+    """Multi-head latent attention's pool (one row per token and KV head: the key, whose first `shared_values`
+    dimensions are the value): every query head of the group over the same rows, against the dense attention with
+    V the rows' leading dimensions."""
+    case = ragged_case(7, mode, 16, 4, HEAD_DIM, num_kv_heads=NUM_KV_HEADS, num_layers=NUM_LAYERS)
+    values, sm_scale = 24, HEAD_DIM ** -0.5
+    rows = case.kv[:, :, :, 0::2]  # [L, P, S, Hkv, D]: one row per KV head
+    q, _, layer, *rest = case.args
+    attend = jax.jit(functools.partial(ragged_paged_attention, sm_scale=sm_scale, shared_values=values))
+    got = np.asarray(attend(q, jnp.asarray(rows), layer, *rest))
+    assert got.shape == (q.shape[0], q.shape[1], values)
+    keys = [case.contiguous_kv(i)[0] for i in range(len(case.kv_lens))]
+    want = naive_attention(np.asarray(q), keys, [k[..., :values] for k in keys], case.q_lens, case.kv_lens, sm_scale,
+                           None, None)
+    real = int(case.q_lens.sum())
+    np.testing.assert_allclose(got[:real], want, atol=1e-5, rtol=0)
+    assert np.all(got[real:] == 0)

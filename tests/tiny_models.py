@@ -83,6 +83,17 @@ SPECS = {
         topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5, attention_bias=True, use_qk_norm=True,
         tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
                                                        partial_rotary_factor=0.5)),
+    # DeepSeek V3: multi-head latent attention (queries through a latent, interleaved rotary pairs, YaRN whose
+    # mscale_all_dim scales the scores), a dense first layer before two expert ones, GLM-4.5's router (top 3 of 8
+    # by sigmoid scores plus a correction bias within the best 2 of 4 groups, times 2.5) and a shared expert
+    "deepseekv3": dict(
+        cls="DeepseekV3ForCausalLM", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+        q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+        moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, n_group=4,
+        topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5, tie_word_embeddings=False,
+        rope_parameters=dict(
+            rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=128, mscale=1.0,
+            mscale_all_dim=0.8, beta_fast=32.0, beta_slow=1.0)),
     # GPT-OSS: q/k/v/o biases and sinks, alternate sliding-window layers, YaRN without truncation, renormalised top
     # 2 of 4 experts with biases and the clamped SwiGLU (a clamp low enough to bind on these weights).
     "gptoss": dict(
@@ -98,7 +109,8 @@ SPECS = {
 # q/k/v biases, a fused gate/up, half of each head rotated in interleaved pairs; SmolLM3's NoPE layer (the 2nd,
 # no_rope_layer_interval 2) beside a rotating one; EXAONE 4's output-only norms with per-head q/k norms, a
 # sliding-window layer and the full-attention one without rotary embedding; OLMoE's whole-projection q/k norms over
-# renormalised top 3 of 6 experts.
+# renormalised top 3 of 6 experts; DeepSeek V2's latent attention with queries straight from the hidden state and its
+# softmax router (top 3 within the 2 of 4 groups of the best single scores, times 2.0; two shared experts).
 LIGHT_SPECS = {
     "granite": dict(
         cls="GraniteForCausalLM", num_attention_heads=4, num_key_value_heads=2, embedding_multiplier=3.0,
@@ -115,6 +127,12 @@ LIGHT_SPECS = {
         cls="Exaone4ForCausalLM", num_attention_heads=4, num_key_value_heads=1, head_dim=24, sliding_window=20,
         sliding_window_pattern=2, tie_word_embeddings=True, rope_parameters=dict(rope_type="default",
                                                                                  rope_theta=10000.0)),
+    "deepseekv2": dict(
+        cls="DeepseekV2ForCausalLM", num_hidden_layers=3, num_attention_heads=4, q_lora_rank=None, kv_lora_rank=32,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, moe_intermediate_size=32, n_routed_experts=8,
+        num_experts_per_tok=3, n_shared_experts=2, n_group=4, topk_group=2, topk_method="group_limited_greedy",
+        first_k_dense_replace=1, routed_scaling_factor=2.0, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     "olmoe": dict(
         cls="OlmoeForCausalLM", num_attention_heads=4, num_key_value_heads=2, intermediate_size=40, num_experts=6,
         num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=False,

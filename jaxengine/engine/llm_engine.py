@@ -463,9 +463,12 @@ class LLMEngine:
 
     def _num_kv_blocks(self, model) -> int:
         cfg = self.config
-        # The pool is sharded by KV head over the 'model' axis: size it per device.
-        per_block = int(np.prod(model.kv_cache_shape(1, cfg.block_size))) * np.dtype(model.kv_dtype).itemsize
-        per_block //= cfg.tensor_parallel_size
+        # The pool is sharded by KV head over the 'model' axis: size it per device (multi-head latent attention's one
+        # row per token is replicated: whole on each).
+        shape = model.kv_cache_shape(1, cfg.block_size)
+        per_block = int(np.prod(shape)) * np.dtype(model.kv_dtype).itemsize
+        if shape[3] % cfg.tensor_parallel_size == 0:
+            per_block //= cfg.tensor_parallel_size
         if cfg.num_kv_blocks is not None:
             return cfg.num_kv_blocks
         device = jax.devices()[0]

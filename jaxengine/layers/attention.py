@@ -73,6 +73,45 @@ def write_kv(
     return kv_cache.at[layer, page, offset].set(interleaved, mode="drop")
 
 
+def write_latent(
+    kv_cache: jax.Array,  # [num_layers, num_pages, page_size, 1, head_dim]: multi-head latent attention's
+    layer: jax.Array,  # i32[]
+    rows: jax.Array,  # [T, 1, head_dim]: each token's latent and rotary key
+    slots: tuple[jax.Array, jax.Array],
+) -> jax.Array:
+    """Writes this step's latent KV rows into their pages (an XLA scatter, in place: the cache is donated; on CPU
+    the cache is float32, as the reference attention reads it: LLMEngine._kv_cache_dtype)."""
+    page, offset = slots
+    return kv_cache.at[layer, page, offset].set(to_cache(rows, kv_cache.dtype), mode="drop")
+
+
+def latent_attention(
+    q: jax.Array,  # [T, num_q_heads, head_dim]: each head's query in the latent's space and its rotary part
+    kv_cache: jax.Array,  # [num_layers, num_pages, page_size, 1, head_dim]
+    layer: jax.Array,
+    batch: RaggedBatch,
+    *,
+    sm_scale: float,
+    value_dim: int,
+) -> jax.Array:  # [T, num_q_heads, value_dim]: the attention-weighted latents
+    """Multi-head latent attention (DeepSeek V2/V3) in its absorbed form: every query head attends to the one
+    cached row per token, which is the key, and whose first `value_dim` dimensions (the latent) are the value.
+    The reference body runs it (the native, TPU and GPU bodies read K/V pairs; `latent_body` refuses them)."""
+    return ragged_paged_attention(q, kv_cache, layer, batch.kv_lens, batch.block_tables, batch.cu_q_lens,
+                                  batch.num_seqs, sm_scale=sm_scale, shared_values=value_dim)
+
+
+def latent_body(setting: str) -> str:
+    """The attention body multi-head latent attention runs under an attention_backend setting: the reference (an
+    explicit `native` or `pallas`, whose kernels read K/V pairs, is refused)."""
+    if setting not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {setting!r}")
+    if setting in ("native", "pallas"):
+        raise ValueError(f"attention_backend {setting!r} does not run multi-head latent attention (DeepSeek V2/V3); "
+                         f"use auto or reference")
+    return "reference"
+
+
 def _tpu_interpret():
     from jax.experimental.pallas import tpu as pltpu
 

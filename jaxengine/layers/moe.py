@@ -31,40 +31,39 @@ def swiglu_oai(gate, up, alpha: float, limit: float):
 
 @dataclasses.dataclass(frozen=True)
 class Routing:
-    """How a router chooses: `softmax` over the logits (Mixtral, Qwen MoE, GPT-OSS), or DeepSeek V3's `sigmoid`
-    scores (GLM-4.5's): the experts chosen by score plus a correction bias, among the `groups` = (n_group,
-    topk_group) groups with the best sums of their top two (every group where none), weighted by their scores
-    (renormalised where asked), times `scale` (routed_scaling_factor; a sigmoid router's only)."""
+    """How a router chooses: by the `softmax` of its logits (Mixtral, Qwen MoE, GPT-OSS, DeepSeek V2) or by DeepSeek
+    V3's `sigmoid` scores (GLM-4.5's) plus a correction bias; among the `groups` = (n_group, topk_group) groups with
+    the best group scores (every group where none): a softmax group's best score (DeepSeek V2's
+    group_limited_greedy), a sigmoid group's top two summed; weighted by their scores (renormalised where asked),
+    times `scale` (routed_scaling_factor)."""
 
     scoring: str = "softmax"
     groups: tuple = ()
     scale: float = 1.0
-
-    def __post_init__(self):
-        if self.scoring == "softmax" and (self.groups or self.scale != 1):
-            raise ValueError("a softmax router takes no groups and no scaling (DeepSeek V3's sigmoid router does)")
 
 
 def route(x, router, top_k: int, renormalize: bool, bias=None, routing: Routing = Routing(), correction=None):
     """(weights f32[T, top_k], experts i32[T, top_k]) for x [T, D] and router [D, E] (and its `bias` [E]): the
     softmax of the router logits (in float32) at its top_k experts, renormalised to sum to 1 where `renormalize`
     (Mixtral, Qwen MoE's `norm_topk_prob`, and GPT-OSS's softmax over the top logits, which is the same); or as
-    `routing` says (its sigmoid scoring with the `correction` bias [E])."""
+    `routing` says (its sigmoid scoring with the `correction` bias [E], its groups, its scale)."""
     logits = jnp.dot(x.astype(router.dtype), router, preferred_element_type=jnp.float32)
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
-    if routing.scoring == "softmax":
+    if routing.scoring == "softmax" and not routing.groups:
         weights, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
         if renormalize:
             weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-        return weights, experts
-    scores = jax.nn.sigmoid(logits)
+        return weights * routing.scale if routing.scale != 1 else weights, experts
+    sigmoid = routing.scoring == "sigmoid"
+    scores = jax.nn.sigmoid(logits) if sigmoid else jax.nn.softmax(logits, axis=-1)
     choice = scores if correction is None else scores + correction.astype(jnp.float32)
     if routing.groups:
         n_group, topk_group = routing.groups
         T, E = choice.shape
         grouped = choice.reshape(T, n_group, E // n_group)
-        _, kept = jax.lax.top_k(jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1), topk_group)  # [T, topk_group]
+        group_scores = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1) if sigmoid else jnp.max(grouped, axis=-1)
+        _, kept = jax.lax.top_k(group_scores, topk_group)  # [T, topk_group]
         in_kept = jnp.any(jnp.arange(n_group)[None, :, None] == kept[:, None, :], axis=-1)  # [T, n_group]
         choice = jnp.where(jnp.repeat(in_kept, E // n_group, axis=1), choice, -jnp.inf)
     _, experts = jax.lax.top_k(choice, top_k)

@@ -82,6 +82,7 @@ class ModelConfig:
     router_scoring: str = "softmax"
     router_groups: tuple = ()
     routed_scaling: float = 1.0
+    router_float32: bool = False  # DeepSeek's routers (GLM-4.5's, dots'): the logits from float32 weights
     # A mixture of experts with dense layers among its expert ones (GLM-4.5's first_k_dense_replace): those layers'
     # dense MLP, of dense_intermediate_size (each run of alike layers is its own stack: llama.layer_groups)
     dense_mlp_layers: tuple = ()
@@ -106,6 +107,16 @@ class ModelConfig:
     quant_block_out: int = 1  # FP8: the weights' scale blocks along the output (1: per channel, 0: one per tensor)
     # Each layer's K and V cache scales stored (kv_cache_scheme): applied where the KV cache is fp8
     quant_kv_scales: bool = False
+    # Multi-head latent attention (DeepSeek V2/V3) where kv_lora_rank > 0: each token's keys and values come from one
+    # latent of kv_lora_rank (normed) and a shared rotary key of qk_rope_head_dim, which the KV cache holds as its one
+    # KV head (head_dim = kv_lora_rank + qk_rope_head_dim); each query head's qk_nope_head_dim unrotated and
+    # qk_rope_head_dim rotated dimensions come from the hidden state (q_lora_rank 0) or through a q_lora_rank latent;
+    # its values have v_head_dim
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     @property
     def q_per_kv(self) -> int:
@@ -114,6 +125,16 @@ class ModelConfig:
     @property
     def sm_scale(self) -> float:
         return self.head_dim ** -0.5 if self.attn_scale is None else self.attn_scale
+
+    @property
+    def latent_attention(self) -> bool:
+        """Multi-head latent attention (`kv_lora_rank`)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def rope_head_dim(self) -> int:
+        """The width the rotary embedding's tables span: a head's (latent attention's: its rotated part's)."""
+        return self.qk_rope_head_dim if self.latent_attention else self.head_dim
 
 
 def read_hf_config(model_dir: Path, overrides: dict | None = None) -> dict:
@@ -555,14 +576,22 @@ def dots1_config_from_hf(hf: dict) -> ModelConfig:
     return _deepseek_experts(hf, model_config_from_hf(hf, qk_norm=True), first_dense=0, renormalize=False)
 
 
-def _deepseek_experts(hf: dict, cfg: ModelConfig, first_dense: int, renormalize: bool) -> ModelConfig:
-    """`cfg` with DeepSeek V3's mixture of experts as its config gives it (`first_dense` and `renormalize`: the
-    defaults of first_k_dense_replace and norm_topk_prob)."""
-    if hf.get("topk_method", "noaux_tc") != "noaux_tc" or hf.get("scoring_func", "sigmoid") != "sigmoid":
-        raise ValueError("only the noaux_tc sigmoid router (GLM-4.5's, DeepSeek V3's) is supported, got "
-                         f"topk_method={hf.get('topk_method')!r}, scoring_func={hf.get('scoring_func')!r}")
+def _deepseek_experts(hf: dict, cfg: ModelConfig, first_dense: int, renormalize: bool, scoring: str = "sigmoid",
+                      scaling: float = 1.0) -> ModelConfig:
+    """`cfg` with DeepSeek's mixture of experts as its config gives it (`first_dense`, `renormalize` and `scaling`:
+    the defaults of first_k_dense_replace, norm_topk_prob and routed_scaling_factor). `scoring` sigmoid: DeepSeek
+    V3's router (GLM-4.5's: `noaux_tc`, a correction bias, groups); softmax: DeepSeek V2's (`greedy`, or
+    `group_limited_greedy`: within the `topk_group` groups of the best single scores)."""
+    methods = {"sigmoid": ("noaux_tc",), "softmax": ("greedy", "group_limited_greedy")}[scoring]
+    method = hf.get("topk_method") or methods[0]
+    if method not in methods or (hf.get("scoring_func") or scoring) != scoring:
+        raise ValueError(f"only the {scoring} router ({' or '.join(methods)}) is supported for "
+                         f"{hf['architectures'][0]}, got topk_method={hf.get('topk_method')!r}, "
+                         f"scoring_func={hf.get('scoring_func')!r}")
     experts, dense = hf["n_routed_experts"], hf.get("first_k_dense_replace", first_dense) or 0
     n_group, topk_group = hf.get("n_group", 1) or 1, hf.get("topk_group", 1) or 1
+    if method == "greedy":
+        n_group = 1
     if not (n_group >= 1 and experts % n_group == 0 and 1 <= topk_group <= n_group):
         raise ValueError(f"n_group={n_group} must divide n_routed_experts={experts}, topk_group={topk_group} within it")
     if not 0 <= dense <= cfg.num_layers:
@@ -572,9 +601,43 @@ def _deepseek_experts(hf: dict, cfg: ModelConfig, first_dense: int, renormalize:
         cfg, num_experts=experts, experts_per_token=hf["num_experts_per_tok"],
         moe_intermediate_size=hf["moe_intermediate_size"], intermediate_size=shared * hf["moe_intermediate_size"],
         dense_intermediate_size=cfg.intermediate_size, dense_mlp_layers=tuple(range(dense)),
-        norm_topk_prob=bool(hf.get("norm_topk_prob", renormalize)), router_scoring="sigmoid",
+        norm_topk_prob=bool(hf.get("norm_topk_prob", renormalize)), router_scoring=scoring, router_float32=True,
         router_groups=(n_group, topk_group) if n_group > 1 else (),
-        routed_scaling=float(hf.get("routed_scaling_factor", 1.0)))
+        routed_scaling=float(hf.get("routed_scaling_factor", scaling)))
+
+
+def deepseek_config_from_hf(hf: dict) -> ModelConfig:
+    """DeepSeek V2 (`DeepseekV2ForCausalLM`: V2, V2-Lite, V2.5) and V3 (`DeepseekV3ForCausalLM`: V3, R1, Kimi K2,
+    Moonlight): multi-head latent attention (ModelConfig.kv_lora_rank), its rotary dimensions in interleaved pairs
+    (V2's always, V3's where `rope_interleave`, the default; laid out at load as half-split ones) and its scores
+    scaled by YaRN's mscale_all_dim twice over (as transformers' yarn_apply_mscale); dense MLPs in the first
+    `first_k_dense_replace` layers and a mixture of experts with shared experts in the others: V2's softmax router,
+    V3's sigmoid one (`_deepseek_experts`). The checkpoint's multi-token-prediction layers are not loaded."""
+    v3 = hf["architectures"][0] == "DeepseekV3ForCausalLM"
+    if hf.get("attention_bias"):
+        raise ValueError("attention_bias=true is not supported for multi-head latent attention")
+    dims = {name: hf.get(name) for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+    for name, value in dims.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    q_lora_rank = hf.get("q_lora_rank") or 0
+    if not isinstance(q_lora_rank, int) or q_lora_rank < 0:
+        raise ValueError(f"q_lora_rank must be a positive integer or null, got {q_lora_rank!r}")
+    if dims["qk_rope_head_dim"] % 2:
+        raise ValueError(f"qk_rope_head_dim must be even, got {dims['qk_rope_head_dim']}")
+    # the KV cache's one head: the latent and the rotary key
+    cfg = model_config_from_hf(hf | {"head_dim": dims["kv_lora_rank"] + dims["qk_rope_head_dim"],
+                                     "num_key_value_heads": 1, "partial_rotary_factor": None})
+    rope = cfg.rope
+    scale = (dims["qk_nope_head_dim"] + dims["qk_rope_head_dim"]) ** -0.5
+    mscale_all_dim, factor = rope.param("mscale_all_dim"), rope.param("factor")
+    if rope.rope_type != "default" and mscale_all_dim and factor and factor > 1:
+        scale *= (0.1 * mscale_all_dim * math.log(factor) + 1.0) ** 2
+    cfg = dataclasses.replace(cfg, q_lora_rank=q_lora_rank, **dims, attn_scale=scale,
+                              rope_interleaved=bool(hf.get("rope_interleave", True)) if v3 else True)
+    if v3:
+        return _deepseek_experts(hf, cfg, first_dense=3, renormalize=True, scaling=2.5)
+    return _deepseek_experts(hf, cfg, first_dense=0, renormalize=False, scoring="softmax")
 
 
 def gpt_oss_config_from_hf(hf: dict) -> ModelConfig:

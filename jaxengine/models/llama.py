@@ -19,7 +19,8 @@ import numpy as np
 from flax import nnx
 
 from jaxengine.layers.activations import ACTIVATIONS
-from jaxengine.layers.attention import FP8_DTYPES, attention, kv_writer, select_body, token_slots, write_kv
+from jaxengine.layers.attention import (FP8_DTYPES, attention, kv_writer, latent_attention, latent_body, select_body,
+                                        token_slots, write_kv, write_latent)
 from jaxengine.layers.moe import SWIGLU_OAI, Mxfp4Experts, Routing, moe_mlp
 from jaxengine.layers.norms import gemma_scale, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
@@ -188,7 +189,7 @@ def _plus(y, delta):
 
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "expert_gate", "expert_up",
-           "expert_down")
+           "expert_down", "q_a_proj", "q_b_proj", "kv_a_proj")
 
 
 def _norm_scale(cfg: ModelConfig, weight: jax.Array) -> jax.Array:
@@ -231,12 +232,13 @@ def _pack_layer(layer) -> None:
         delattr(layer, name)
         return value
 
-    lead = layer.q_proj.get_metadata()["logical_axes"][:-2]  # ("layers",) when stacked
+    lead = layer.o_proj.get_metadata()["logical_axes"][:-2]  # ("layers",) when stacked
     parts = ("q_proj", "k_proj", "v_proj")
     if layer.cfg.quantization is not None:
         _pack_quantized_layer(layer, lead)
         return
-    if all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
+    if not layer.cfg.latent_attention and all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0
+                                              for part in parts):
         value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
         layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
     cfg = layer.cfg
@@ -317,6 +319,11 @@ def _pack_quantized_layer(layer, lead) -> None:
                                                       logical_axes=lead + (axis,)))
 
 
+# The epsilon of multi-head latent attention's norms over its latents: DeepSeek's own (its reference code's and
+# transformers'), whatever rms_norm_eps says (the hub's configs give 1e-6 too)
+LATENT_NORM_EPS = 1e-6
+
+
 class DecoderLayers(nnx.Module):
     """All decoder layers; every parameter has a leading `num_layers` axis. Calling it runs one layer's slice."""
 
@@ -331,10 +338,13 @@ class DecoderLayers(nnx.Module):
         linear = {None: dtype, W8A16_FP8: jnp.float8_e4m3fn}.get(cfg.quantization, jnp.int8)
         if cfg.pre_norms:
             self.attn_norm = _param((L, D), dtype, ("layers", "embed"))
-        self.q_proj = _param((L, D, q_width), linear, ("layers", "embed", "heads"))
-        self.k_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
-        self.v_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
-        self.o_proj = _param((L, q_width, D), linear, ("layers", "heads", "embed"))
+        if cfg.latent_attention:
+            self._latent_attention_params(dtype)
+        else:
+            self.q_proj = _param((L, D, q_width), linear, ("layers", "embed", "heads"))
+            self.k_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
+            self.v_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
+            self.o_proj = _param((L, q_width, D), linear, ("layers", "heads", "embed"))
         if cfg.qkv_bias:
             self.q_bias = _param((L, q_width), dtype, ("layers", "heads"))
             self.k_bias = _param((L, kv_width), dtype, ("layers", "kv_heads"))
@@ -358,8 +368,8 @@ class DecoderLayers(nnx.Module):
             self.down_proj = _param((L, I, D), linear, ("layers", "mlp", "embed"))
         if cfg.num_experts:
             E, M = cfg.num_experts, cfg.moe_intermediate_size
-            # a sigmoid router's logits in float32 (transformers' DeepSeek V3 and GLM-4.5 routers compute them so)
-            router_dtype = jnp.float32 if cfg.router_scoring == "sigmoid" else dtype
+            # DeepSeek's routers' logits in float32 (transformers' DeepSeek V2/V3 and GLM-4.5 routers compute them so)
+            router_dtype = jnp.float32 if cfg.router_float32 else dtype
             self.router = _param((L, D, E), router_dtype, ("layers", "embed", "experts"))
             if cfg.router_scoring == "sigmoid":
                 self.router_correction = _param((L, E), jnp.float32, ("layers", "experts"))
@@ -404,6 +414,27 @@ class DecoderLayers(nnx.Module):
                 if cfg.quant_act_order:  # each input's group
                     setattr(self, name + "_g_idx", _param((L, width), jnp.int32, axes[:2]))
 
+    def _latent_attention_params(self, dtype) -> None:
+        """Multi-head latent attention's projections (DeepSeek V2/V3; ModelConfig.kv_lora_rank): the queries from the
+        hidden state (`q_proj`) or through a normed latent (`q_a_proj`, `q_a_norm`, `q_b_proj`), each head's
+        unrotated then rotated dimensions; the KV latent and the rotary key (`kv_a_proj`), the latent's norm; the
+        latent's up-projection to each head's unrotated key and its value (`kv_b_proj`, [latent, heads x (nope +
+        v)]: absorbed into the queries and the attention's output, `_latent_attention`); `o_proj`."""
+        cfg = self.cfg
+        L, D, H, R = cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.kv_lora_rank
+        qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        if cfg.q_lora_rank:
+            self.q_a_proj = _param((L, D, cfg.q_lora_rank), dtype, ("layers", "embed", "latent"))
+            self.q_a_norm = _param((L, cfg.q_lora_rank), dtype, ("layers", "latent"))
+            self.q_b_proj = _param((L, cfg.q_lora_rank, H * qk), dtype, ("layers", "latent", "heads"))
+        else:
+            self.q_proj = _param((L, D, H * qk), dtype, ("layers", "embed", "heads"))
+        self.kv_a_proj = _param((L, D, R + cfg.qk_rope_head_dim), dtype, ("layers", "embed", "latent"))
+        self.kv_a_norm = _param((L, R), dtype, ("layers", "latent"))
+        self.kv_b_proj = _param((L, R, H * (cfg.qk_nope_head_dim + cfg.v_head_dim)), dtype,
+                                ("layers", "latent", "heads"))
+        self.o_proj = _param((L, H * cfg.v_head_dim, D), dtype, ("layers", "heads", "embed"))
+
     def norm(self, name: str) -> jax.Array | None:
         """Norm `name`'s scale; None for the inputs' norms of a layer without them (`pre_norms` false)."""
         if name in ("attn_norm", "mlp_norm") and not self.cfg.pre_norms:
@@ -446,8 +477,33 @@ class DecoderLayers(nnx.Module):
             rope = (jnp.where(rotates, rope[0], jnp.ones_like(rope[0])), jnp.where(rotates, rope[1],
                                                                                   jnp.zeros_like(rope[1])))
         eps = cfg.rms_norm_eps
-        T = h.shape[0]
         live = batch.cu_q_lens[batch.num_seqs]  # tokens from here on are the bucket's padding
+        if cfg.latent_attention:
+            o, kv_cache = self._latent_attention(h, kv_cache, layer, weights_layer, batch, slots, rope, live)
+        else:
+            o, kv_cache = self._attention(h, kv_cache, layer, weights_layer, window, batch, slots, rope, live, lora)
+        D = cfg.hidden_size
+        o_delta = _lora_delta(o, lora, "o_proj")
+        if cfg.sandwich_norms:
+            out = _plus(_dot(o, self.linear("o_proj"), D, live_rows=live, layer=weights_layer), o_delta)
+            if cfg.o_bias:
+                out = out + self.o_bias[...]
+            h = h + rms_norm(out, self.norm("post_attn_norm"), eps)
+        else:
+            if cfg.o_bias:
+                h = h + self.o_bias[...]
+            h = _plus(_dot(o, self.linear("o_proj"), D, residual=h, live_rows=live, layer=weights_layer), o_delta)
+        if lora is not None and any(p in lora[0] for p in ("gate_proj", "up_proj", "down_proj")):
+            # the unfused MLP only in steps where a token has an adapter: the others keep the fused kernels
+            return jax.lax.cond(lora[2], lambda h: self._adapted_mlp(h, live, weights_layer, lora),
+                                lambda h: self.mlp(h, live, weights_layer), h), kv_cache
+        return self.mlp(h, live, weights_layer), kv_cache
+
+    def _attention(self, h, kv_cache, layer, weights_layer, window, batch, slots, rope, live, lora):
+        """(the attention's output [T, heads x head_dim] before o_proj, the KV cache with this step's K/V written) over
+        the normed h."""
+        cfg = self.cfg
+        eps, T = cfg.rms_norm_eps, h.shape[0]
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         scales = self.kv_scales(kv_cache.dtype)
         qkv = None
@@ -500,22 +556,37 @@ class DecoderLayers(nnx.Module):
         o = attention(q, kv_cache, layer, batch, sm_scale=cfg.sm_scale, sliding_window=window,
                       soft_cap=cfg.attn_logit_softcap, backend=self.attention_backend, scales=scales,
                       sinks=self.sinks[...] if cfg.attn_sinks else None).reshape(T, -1)
-        D = cfg.hidden_size
-        o_delta = _lora_delta(o, lora, "o_proj")
-        if cfg.sandwich_norms:
-            out = _plus(_dot(o, self.linear("o_proj"), D, live_rows=live, layer=weights_layer), o_delta)
-            if cfg.o_bias:
-                out = out + self.o_bias[...]
-            h = h + rms_norm(out, self.norm("post_attn_norm"), eps)
+        return o, kv_cache
+
+    def _latent_attention(self, h, kv_cache, layer, weights_layer, batch, slots, rope, live):
+        """Multi-head latent attention (`_latent_attention_params`) absorbed, as vLLM's MLA decodes: each head's
+        unrotated query is taken into the latent's space through kv_b_proj's key part (q_nope . (W_k c) = (q_nope W_k)
+        . c), the cache keeps each token's normed latent and rotated key only (one row: the key, its latent the
+        value), and each head's attention-weighted latent comes out through kv_b_proj's value part. Returns (the
+        heads' values [T, heads x v_head_dim] before o_proj, the KV cache)."""
+        cfg = self.cfg
+        eps, T = cfg.rms_norm_eps, h.shape[0]
+        H, R, nope, rope_dim = cfg.num_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
+        norm = self.norm("attn_norm")
+        if cfg.q_lora_rank:
+            q = _normed_dot(h, norm, eps, self.linear("q_a_proj"), cfg.q_lora_rank, live, weights_layer)
+            q = _normed_dot(q, self.norm("q_a_norm"), LATENT_NORM_EPS, self.linear("q_b_proj"), H * (nope + rope_dim),
+                            live, weights_layer)
         else:
-            if cfg.o_bias:
-                h = h + self.o_bias[...]
-            h = _plus(_dot(o, self.linear("o_proj"), D, residual=h, live_rows=live, layer=weights_layer), o_delta)
-        if lora is not None and any(p in lora[0] for p in ("gate_proj", "up_proj", "down_proj")):
-            # the unfused MLP only in steps where a token has an adapter: the others keep the fused kernels
-            return jax.lax.cond(lora[2], lambda h: self._adapted_mlp(h, live, weights_layer, lora),
-                                lambda h: self.mlp(h, live, weights_layer), h), kv_cache
-        return self.mlp(h, live, weights_layer), kv_cache
+            q = _normed_dot(h, norm, eps, self.linear("q_proj"), H * (nope + rope_dim), live, weights_layer)
+        q_nope, q_rope = jnp.split(q.reshape(T, H, nope + rope_dim), [nope], -1)
+        latent, k_rope = jnp.split(_normed_dot(h, norm, eps, self.linear("kv_a_proj"), R + rope_dim, live,
+                                               weights_layer), [R], -1)
+        latent = rms_norm(latent, self.norm("kv_a_norm"), LATENT_NORM_EPS)
+        q_rope, k_rope = apply_rope(q_rope, *rope), apply_rope(k_rope[:, None, :], *rope)
+        kv_b = self.kv_b_proj[...].reshape(R, H, nope + cfg.v_head_dim)
+        q_latent = jnp.einsum("thn,rhn->thr", q_nope.astype(kv_b.dtype), kv_b[..., :nope],
+                              preferred_element_type=jnp.float32).astype(q.dtype)
+        kv_cache = write_latent(kv_cache, layer, jnp.concatenate([latent[:, None, :], k_rope], -1), slots)
+        values = latent_attention(jnp.concatenate([q_latent, q_rope], -1), kv_cache, layer, batch,
+                                  sm_scale=cfg.sm_scale, value_dim=R)
+        o = jnp.einsum("thr,rhv->thv", values.astype(kv_b.dtype), kv_b[..., nope:], preferred_element_type=jnp.float32)
+        return o.reshape(T, H * cfg.v_head_dim).astype(h.dtype), kv_cache
 
     def _adapted_mlp(self, h, live, layer, lora):
         """The dense MLP with LoRA updates to its gate, up and down projections (the native kernel's fused
@@ -657,8 +728,8 @@ class LlamaForCausalLM(nnx.Module):
         slots = token_slots(batch, kv_cache.shape[2], kv_cache.shape[1])
 
         def tables(rope_cfg):
-            inv_freq, scaling = rope_inv_freq(rope_cfg, cfg.head_dim, cfg.max_position_embeddings)
-            return rope_tables(batch.positions, jnp.asarray(inv_freq), scaling, self.dtype, cfg.head_dim)
+            inv_freq, scaling = rope_inv_freq(rope_cfg, cfg.rope_head_dim, cfg.max_position_embeddings)
+            return rope_tables(batch.positions, jnp.asarray(inv_freq), scaling, self.dtype, cfg.rope_head_dim)
 
         ropes = (tables(cfg.rope), None if cfg.local_rope is None else tables(cfg.local_rope))
         h = self.embed[...][batch.input_ids]  # [T, hidden]
@@ -730,6 +801,8 @@ class LlamaForCausalLM(nnx.Module):
 
     def attention_body(self, page_size: int) -> str:
         """The attention body the layers run (building and registering the native CPU kernel if it is that)."""
+        if self.cfg.latent_attention:
+            return latent_body(self.attention_backend)
         name, _ = select_body(self.attention_backend, self.cfg.head_dim, page_size, (self.dtype, self.kv_dtype))
         return name
 
@@ -757,8 +830,11 @@ class LlamaForCausalLM(nnx.Module):
     KV_CACHE_AXES = ("layers", "pages", "page", "kv_heads", "head_dim")  # K/V interleaved on kv_heads
 
     def kv_cache_shape(self, num_pages: int, page_size: int) -> tuple[int, ...]:
+        """K/V interleaved on the fourth axis; multi-head latent attention's one row per token there (its latent and
+        rotary key: layers.attention.write_latent)."""
         cfg = self.cfg
-        return (cfg.num_layers, num_pages, page_size, 2 * cfg.num_kv_heads, cfg.head_dim)
+        rows = 1 if cfg.latent_attention else 2 * cfg.num_kv_heads
+        return (cfg.num_layers, num_pages, page_size, rows, cfg.head_dim)
 
 
 def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | None, bool, int | None]]:
@@ -790,12 +866,17 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         "self_attn.v_proj.weight": ("v_proj", True),
         "self_attn.o_proj.weight": ("o_proj", True),
     }
+    if cfg.latent_attention:  # DeepSeek V2/V3 (DecoderLayers._latent_attention_params)
+        query = ({"q_a_proj.weight": ("q_a_proj", True), "q_a_layernorm.weight": ("q_a_norm", False),
+                  "q_b_proj.weight": ("q_b_proj", True)} if cfg.q_lora_rank else {"q_proj.weight": ("q_proj", True)})
+        per_layer = {f"self_attn.{name}": ours for name, ours in (query | {
+            "kv_a_proj_with_mqa.weight": ("kv_a_proj", True), "kv_a_layernorm.weight": ("kv_a_norm", False),
+            "kv_b_proj.weight": ("kv_b_proj", True), "o_proj.weight": ("o_proj", True)}).items()}
     if cfg.pre_norms:
         per_layer |= {"input_layernorm.weight": ("attn_norm", False),
                       "post_attention_layernorm.weight": ("mlp_norm", False)}
     # a mixture of experts' dense MLP: Qwen2 MoE's shared expert, DeepSeek V3's shared experts (GLM-4.5's, dots')
-    dense = ("mlp.shared_experts" if cfg.router_scoring == "sigmoid" else "mlp.shared_expert") \
-        if cfg.num_experts else "mlp"
+    dense = ("mlp.shared_expert" if cfg.shared_expert_gate else "mlp.shared_experts") if cfg.num_experts else "mlp"
     if cfg.intermediate_size:
         per_layer |= {f"{dense}.{p}_proj.weight": (f"{p}_proj", True) for p in ("gate", "up", "down")}
     if cfg.shared_expert_gate:

@@ -85,6 +85,8 @@ def load_config(model_dir: Path, hf_overrides: dict | None = None) -> tuple[Arch
         return arch, cfg
     if cfg.num_experts:
         raise ValueError("quantization_config: a quantized mixture of experts is not supported")
+    if cfg.latent_attention:
+        raise ValueError("quantization_config: quantized multi-head latent attention is not supported")
     # ModelConfig's quantization (the scheme) and quant_* fields (the others)
     cfg = dataclasses.replace(cfg, quantization=quantization.scheme, **{
         f"quant_{field}": value for field, value in quantization._asdict().items() if field != "scheme"})
@@ -218,6 +220,8 @@ def _with_rotary_layout(split_tensor, cfg: ModelConfig):
     """`split_tensor`, then the layout of each head's q and k dimensions for a partial or interleaved rotary
     embedding (layers.rope.rotary_layout) on the projections, their biases and their norms' weights (a Phi-4-mini
     checkpoint's, in transformers' order: the converted Orbax checkpoint keeps ours)."""
+    if cfg.latent_attention:
+        return _with_latent_rotary_layout(split_tensor, cfg)
     order = rotary_layout(cfg.head_dim, cfg.rope.rotary_dim(cfg.head_dim), cfg.rope_interleaved)
     if order is None:
         return split_tensor
@@ -225,6 +229,30 @@ def _with_rotary_layout(split_tensor, cfg: ModelConfig):
     def split(name, array, cfg):
         pieces = split_tensor(name, array, cfg)
         return [(n, _reorder_heads(a, order) if _ROTATED.match(n) else a) for n, a in pieces]
+
+    return split
+
+
+_LATENT_ROTATED = {"q_proj", "q_b_proj", "kv_a_proj_with_mqa"}
+
+
+def _with_latent_rotary_layout(split_tensor, cfg: ModelConfig):
+    """`split_tensor`, then multi-head latent attention's interleaved rotary pairs laid out as half-split ones: the
+    rotated dimensions after each head's unrotated ones in the query projection (q_proj or q_b_proj) and after the
+    latent in kv_a_proj_with_mqa."""
+    rotated = rotary_layout(cfg.qk_rope_head_dim, cfg.qk_rope_head_dim, cfg.rope_interleaved)
+    if rotated is None:
+        return split_tensor
+    orders = {"kv_a_proj_with_mqa": np.concatenate([np.arange(cfg.kv_lora_rank), cfg.kv_lora_rank + rotated])}
+    orders["q_proj"] = orders["q_b_proj"] = np.concatenate([np.arange(cfg.qk_nope_head_dim),
+                                                            cfg.qk_nope_head_dim + rotated])
+
+    def split(name, array, cfg):
+        pieces = []
+        for n, a in split_tensor(name, array, cfg):
+            projection = n.split(".")[-2] if ".self_attn." in n and n.endswith(".weight") else None
+            pieces.append((n, _reorder_heads(a, orders[projection]) if projection in _LATENT_ROTATED else a))
+        return pieces
 
     return split
 

@@ -5,13 +5,13 @@ import dataclasses
 
 import numpy as np
 
-from jaxengine.models.config import (GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, ModelConfig, dots1_config_from_hf,
-                                     ernie4_5_config_from_hf, exaone4_config_from_hf, gemma3_language_config_from_hf,
-                                     gemma_config_from_hf, glm4_moe_config_from_hf, glm_config_from_hf,
-                                     gpt_oss_config_from_hf, granite_config_from_hf, ministral3_config_from_hf,
-                                     mistral3_language_config_from_hf, model_config_from_hf, moe_config_from_hf,
-                                     olmo2_config_from_hf, olmoe_config_from_hf, seed_oss_config_from_hf,
-                                     smollm3_config_from_hf)
+from jaxengine.models.config import (GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, ModelConfig, deepseek_config_from_hf,
+                                     dots1_config_from_hf, ernie4_5_config_from_hf, exaone4_config_from_hf,
+                                     gemma3_language_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
+                                     glm_config_from_hf, gpt_oss_config_from_hf, granite_config_from_hf,
+                                     ministral3_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
+                                     moe_config_from_hf, olmo2_config_from_hf, olmoe_config_from_hf,
+                                     seed_oss_config_from_hf, smollm3_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
 from jaxengine.models.quantization import dequantize_mxfp4
 
@@ -189,6 +189,9 @@ _REGISTRY = {
     "OlmoeForCausalLM": Architecture(LlamaForCausalLM, olmoe_config_from_hf),
     "Glm4MoeForCausalLM": Architecture(LlamaForCausalLM, glm4_moe_config_from_hf, split_tensor=_without_mtp_layers),
     "Dots1ForCausalLM": Architecture(LlamaForCausalLM, dots1_config_from_hf),
+    # DeepSeek V2/V3 (Kimi K2, Moonlight): multi-head latent attention; V3's MTP layers skipped
+    "DeepseekV2ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf),
+    "DeepseekV3ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_without_mtp_layers),
 } | {name: Architecture(LlamaForCausalLM, glm_config_from_hf, split_tensor=_phi3_split)  # gate/up fused
      for name in GLM_ARCHITECTURES} | {
     name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES} | {

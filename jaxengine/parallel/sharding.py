@@ -27,6 +27,7 @@ LOGICAL_TO_MESH = {
     "pages": None,
     "page": None,
     "packed": None,  # the native CPU matmul's packed weight layout (single device only)
+    "latent": None,  # multi-head latent attention's latents (replicated, as its KV cache's one row per token)
 }
 
 
@@ -58,8 +59,11 @@ def _fits(cfg: ModelConfig, tp: int) -> bool:
 
 
 def kv_head_repeats(cfg: ModelConfig, tensor_parallel_size: int) -> int:
-    """How many copies of each KV head the sharded model holds (1 unless kv_heads < tp)."""
+    """How many copies of each KV head the sharded model holds (1 unless kv_heads < tp; multi-head latent attention's
+    cache row is replicated instead, its query heads split)."""
     kv = cfg.num_kv_heads
+    if cfg.latent_attention:
+        return 1
     return tensor_parallel_size // kv if kv < tensor_parallel_size else 1
 
 
