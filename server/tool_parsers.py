@@ -18,6 +18,10 @@
   arguments (streamed as they are written); the other messages' contents are the content (with
   `--reasoning-parser openai_gptoss`, the reasoning is already apart). Its headers are special tokens: requests
   keep them (`special_tokens`).
+- `granite` (Granite 3.x: a calls-only JSON list after its tag) and `glm45` (GLM-4.5/4.6: `<tool_call>name` blocks of
+  <arg_key>/<arg_value> pairs, typed as Qwen3-Coder's).
+- `deepseek_v3` (DeepSeek V3, R1-0528), `deepseek_v31` (V3.1 on) and `kimi_k2` (Kimi K2): calls between special
+  tokens after the content, each with its arguments' JSON object (DeepSeekV3, DeepSeekV31, KimiK2).
 
 Each parser is `parse(text) -> (content, calls)` for a whole output and `Stream()` for a growing one, whose
 `feed(text, final) -> (content delta, new calls)`.
@@ -548,25 +552,15 @@ _GLM_ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_va
 
 
 @dataclasses.dataclass(frozen=True)
-class _XmlFormat:
-    """A format of tagged calls whose arguments are written as key/value pairs: `starts`, the tags the calls may
-    begin with; `blocks`, a call's name, body and closing tag (empty where the output leaves it open); `pairs`, a
-    body's (key, value) texts."""
+class _BlockFormat:
+    """A format of tagged call blocks: `starts`, the tags the calls may begin with; `blocks`, a call's header, body
+    and closing tag (empty where the output leaves it open); `call` reads a block."""
 
     starts: tuple[str, ...]
     blocks: re.Pattern
-    pairs: Callable[[str], list[tuple[str, str]]]
 
-    def call(self, name: str, body: str, tools: list[dict]) -> ToolCall | None:
-        """A block's call, each value typed by the tool's parameter schema where the request gives one (`_typed`),
-        a string otherwise; None for a block without a name."""
-        name = name.strip()
-        if not name:
-            return None
-        tool = next((t["function"] for t in tools if t["function"]["name"] == name), None)
-        properties = ((tool or {}).get("parameters") or {}).get("properties") or {}
-        arguments = {key.strip(): _typed(value, properties.get(key.strip())) for key, value in self.pairs(body)}
-        return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
+    def call(self, header: str, body: str, tools: list[dict]) -> ToolCall | None:
+        raise NotImplementedError
 
     def parse(self, text: str, tools: list[dict]) -> tuple[str | None, list[ToolCall]]:
         """(content before the first call's tag, calls); (text, []) where there are none or one does not parse. A
@@ -580,18 +574,89 @@ class _XmlFormat:
         return content or None, calls
 
 
+@dataclasses.dataclass(frozen=True)
+class _XmlFormat(_BlockFormat):
+    """Blocks whose header is the function's name and whose arguments are written as key/value pairs (`pairs`: a
+    body's (key, value) texts)."""
+
+    pairs: Callable[[str], list[tuple[str, str]]] = None
+
+    def call(self, name: str, body: str, tools: list[dict]) -> ToolCall | None:
+        """A block's call, each value typed by the tool's parameter schema where the request gives one (`_typed`),
+        a string otherwise; None for a block without a name."""
+        name = name.strip()
+        if not name:
+            return None
+        tool = next((t["function"] for t in tools if t["function"]["name"] == name), None)
+        properties = ((tool or {}).get("parameters") or {}).get("properties") or {}
+        arguments = {key.strip(): _typed(value, properties.get(key.strip())) for key, value in self.pairs(body)}
+        return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
+
+
+@dataclasses.dataclass(frozen=True)
+class _JsonFormat(_BlockFormat):
+    """Blocks whose body is the arguments' JSON object (`fence`: inside a ```json fence); `named`: the function's
+    name and the call's id (None: one of ours) in a block's header."""
+
+    named: Callable[[str], tuple[str, str | None]] = lambda header: (header.strip(), None)
+    fence: bool = False
+
+    def call(self, header: str, body: str, tools: list[dict]) -> ToolCall | None:
+        """A block's call, its arguments in json.dumps' form; None for a block without a name or whose body is not
+        a JSON object."""
+        name, call_id = self.named(header)
+        body = body.strip()
+        if self.fence:
+            if not (body.startswith("```json") and body.endswith("```")):
+                return None
+            body = body[len("```json"):-len("```")]
+        try:
+            arguments = json.loads(body)
+        except json.JSONDecodeError:
+            return None
+        if not name or not isinstance(arguments, dict):
+            return None
+        arguments = json.dumps(arguments, ensure_ascii=False)
+        return ToolCall(name, arguments) if call_id is None else ToolCall(name, arguments, call_id)
+
+
 # Qwen3-Coder's `<function=name>` blocks (inside <tool_call> tags) of <parameter=key>s; GLM-4.5's `<tool_call>name`
 # blocks of <arg_key>/<arg_value> pairs
 _QWEN3_XML = _XmlFormat(_XML_STARTS, _XML_FUNCTION, _qwen3_pairs)
 _GLM45 = _XmlFormat(("<tool_call>",), _GLM_CALL, _GLM_ARGUMENT.findall)
 
+# DeepSeek's special tokens (fullwidth bars, U+2581 for spaces)
+_DS_CALLS, _DS_CALL = "<\uff5ctool\u2581calls\u2581begin\uff5c>", "<\uff5ctool\u2581call\u2581begin\uff5c>"
+_DS_SEP, _DS_END = "<\uff5ctool\u2581sep\uff5c>", "<\uff5ctool\u2581call\u2581end\uff5c>"
+# DeepSeek V3 / R1: `<call begin>function<sep>NAME` then the arguments in a ```json fence, `<call end>`; V3.1 on:
+# `<call begin>NAME<sep>ARGUMENTS<call end>`
+_DEEPSEEK_V3 = _JsonFormat((_DS_CALLS, _DS_CALL), re.compile(
+    re.escape(_DS_CALL) + r"[^\n]*?" + re.escape(_DS_SEP) + r"([^\n]*)\n(.*?)(" + re.escape(_DS_END) + "|$)",
+    re.DOTALL), fence=True)
+_DEEPSEEK_V31 = _JsonFormat((_DS_CALLS, _DS_CALL), re.compile(
+    re.escape(_DS_CALL) + r"(.*?)" + re.escape(_DS_SEP) + r"(.*?)(" + re.escape(_DS_END) + "|$)", re.DOTALL))
 
-class _XmlStream:
+
+def _kimi_name(header: str) -> tuple[str, str]:
+    """Kimi K2's call header `functions.NAME:INDEX`: the name, and the header itself as the call's id (its template
+    writes the ids back so)."""
+    call_id = header.strip()
+    return call_id.split(":")[0].split(".")[-1], call_id
+
+
+_KIMI_SECTION, _KIMI_CALL, _KIMI_ARGUMENTS, _KIMI_END = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>",
+                                                         "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+_KIMI_K2 = _JsonFormat((_KIMI_SECTION, "<|tool_call_section_begin|>", _KIMI_CALL), re.compile(
+    re.escape(_KIMI_CALL) + r"(.*?)" + re.escape(_KIMI_ARGUMENTS) + r"(.*?)(" + re.escape(_KIMI_END) + "|$)",
+    re.DOTALL), named=_kimi_name)
+
+
+class _BlockStream:
     """Content streams up to a possible start of a call's tag (the format's `starts`); each call goes out, arguments
     whole, once its block closes (the text between calls being framing), an open one when the output ends. A closed
     block that does not parse, or an output with no block after the tag, goes out as content."""
 
-    def __init__(self, tools: list[dict], fmt: _XmlFormat):
+    def __init__(self, tools: list[dict], fmt: _BlockFormat):
         self.tools, self.fmt = tools, fmt
         self.sent = 0  # characters handled (sent as content, or read as calls)
         self.in_calls = False
@@ -618,34 +683,66 @@ class _XmlStream:
         return content, calls
 
 
-class Qwen3Xml:
-    """`qwen3_coder` / `qwen3_xml` (Qwen3-Coder and later Qwen templates): each call a `<function=name>` block of
-    `<parameter=key>value</parameter>`s, inside <tool_call> tags; the text before the first is the content. The
-    parameters are typed by the request's tool schemas, so a parser is made for a request's tools."""
+class _Blocks:
+    """A parser of a `_BlockFormat`'s calls, made for a request's tools (`with_tools`)."""
 
-    FORMAT = _QWEN3_XML
+    FORMAT: _BlockFormat
 
     def __init__(self, tools: list[dict]):
         self.tools = tools
 
     @classmethod
-    def with_tools(cls, tools: list[dict]) -> "Qwen3Xml":
+    def with_tools(cls, tools: list[dict]) -> "_Blocks":
         return cls(tools)
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         return self.FORMAT.parse(text, self.tools)
 
     def Stream(self):
-        return _XmlStream(self.tools, self.FORMAT)
+        return _BlockStream(self.tools, self.FORMAT)
 
 
-class Glm45(Qwen3Xml):
+class Qwen3Xml(_Blocks):
+    """`qwen3_coder` / `qwen3_xml` (Qwen3-Coder and later Qwen templates): each call a `<function=name>` block of
+    `<parameter=key>value</parameter>`s, inside <tool_call> tags; the text before the first is the content. The
+    parameters are typed by the request's tool schemas, so a parser is made for a request's tools."""
+
+    FORMAT = _QWEN3_XML
+
+
+class Glm45(_Blocks):
     """`glm45` (GLM-4.5/4.6): each call `<tool_call>name` then `<arg_key>key</arg_key><arg_value>value</arg_value>`
     pairs, `</tool_call>`; the text before the first is the content; typed as Qwen3-Coder's. Its tags are special
     tokens, kept in such requests' text, as vLLM's parser keeps them."""
 
     FORMAT = _GLM45
     special_tokens = True
+
+
+class DeepSeekV3(_Blocks):
+    """`deepseek_v3` (DeepSeek V3 and R1-0528): the content, then `<｜tool▁calls▁begin｜>` and each call as
+    `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`, a newline, its arguments' JSON object in a ```json fence,
+    `<｜tool▁call▁end｜>`. Each call goes out as it closes; a block that does not parse makes the output content. Its
+    tags are special tokens: requests keep them in their text."""
+
+    FORMAT = _DEEPSEEK_V3
+    special_tokens = True
+
+
+class DeepSeekV31(DeepSeekV3):
+    """`deepseek_v31` (DeepSeek V3.1 on): as `deepseek_v3`, each call `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>` and its
+    arguments' JSON object, `<｜tool▁call▁end｜>`."""
+
+    FORMAT = _DEEPSEEK_V31
+
+
+class KimiK2(DeepSeekV3):
+    """`kimi_k2` (Kimi K2): the content, then `<|tool_calls_section_begin|>` and each call as
+    `<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>` and its arguments' JSON object,
+    `<|tool_call_end|>`; the call's id is its header (`functions.NAME:INDEX`), as vLLM gives it and Kimi's template
+    writes it back."""
+
+    FORMAT = _KIMI_K2
 
 
 def _parse_harmony(text: str) -> tuple[str | None, list[ToolCall]]:
@@ -685,7 +782,8 @@ class OpenAI:
 
 
 PARSERS = {"hermes": Hermes, "llama3_json": Llama3Json, "mistral": Mistral, "pythonic": Pythonic,
-           "qwen3_coder": Qwen3Xml, "qwen3_xml": Qwen3Xml, "openai": OpenAI, "granite": Granite, "glm45": Glm45}
+           "qwen3_coder": Qwen3Xml, "qwen3_xml": Qwen3Xml, "openai": OpenAI, "granite": Granite, "glm45": Glm45,
+           "deepseek_v3": DeepSeekV3, "deepseek_v31": DeepSeekV31, "kimi_k2": KimiK2}
 TOOL_CALL_PARSERS = tuple(PARSERS)
 
 

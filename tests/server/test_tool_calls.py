@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from server.app import build_app
-from server.tool_parsers import (Glm45, Granite, Hermes, Llama3Json, Mistral, Pythonic, Qwen3Xml, ToolCall,
+from server.tool_parsers import (PARSERS, Glm45, Granite, Hermes, Llama3Json, Mistral, Pythonic, Qwen3Xml, ToolCall,
                                  ToolCallDelta)
 from tests.server.conftest import MODEL, LiveServer
 from tests.server.test_structured_outputs_api import no_whitespace
@@ -312,6 +312,47 @@ def test_qwen3_xml_stream_sends_each_call_when_its_function_closes():
     assert stream.feed("x <tool_call>{}</tool_call>", final=True) == ("x <tool_call>{}</tool_call>", [])
 
 
+DEEPSEEK_V3 = ("Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+               '{"city": "Paris", "unit": "C"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>'
+               'get_time\n```json\n{"zone": "CET"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
+DEEPSEEK_V31 = ('Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris", '
+                '"unit": "C"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"zone": "CET"}'
+                '<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
+KIMI_K2 = ('Let me check.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0'
+           '<|tool_call_argument_begin|>{"city": "Paris", "unit": "C"}<|tool_call_end|><|tool_call_begin|>'
+           'functions.get_time:1<|tool_call_argument_begin|> {"zone": "CET"} <|tool_call_end|><|tool_calls_section_end|>')
+JSON_CALLS = [("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]
+
+
+@pytest.mark.parametrize("name, text", [("deepseek_v3", DEEPSEEK_V3), ("deepseek_v31", DEEPSEEK_V31),
+                                        ("kimi_k2", KIMI_K2)])
+def test_special_token_calls_with_json_arguments(name, text):
+    """DeepSeek V3's (a ```json fence after the name), V3.1's and Kimi K2's calls: the text before the calls the
+    content, each call's arguments in json.dumps' form; streamed in any chunks, each call goes out as it closes and
+    the calls' framing never as content; a block that does not parse makes the output content (streamed: the block,
+    after the calls gone out), as does an output without calls. Kimi K2's ids are its headers (functions.NAME:INDEX), as its template writes them back."""
+    parser = PARSERS[name].with_tools(TOOLS)
+    assert PARSERS[name].special_tokens
+    content, calls = parser.parse(text)
+    assert content == "Let me check." and [(c.name, json.loads(c.arguments)) for c in calls] == JSON_CALLS
+    assert calls[1].arguments == '{"zone": "CET"}'
+    if name == "kimi_k2":
+        assert [c.id for c in calls] == ["functions.get_weather:0", "functions.get_time:1"]
+    closes = [i + 1 for i in range(len(text)) if text.endswith(("<｜tool▁call▁end｜>", "<|tool_call_end|>"), 0, i + 1)]
+    for step in (1, 7, len(text)):
+        stream, streamed, got = parser.Stream(), "", []
+        for end in list(range(step, len(text), step)) + [len(text)]:
+            delta, new = stream.feed(text[:end], final=end == len(text))
+            streamed, got = streamed + delta, got + new
+            assert len(got) == sum(c <= end for c in closes) or end == len(text)
+        assert streamed == "Let me check." and [(c.name, c.arguments) for c in got] == [
+            (c.name, c.arguments) for c in calls]
+    broken = text.replace('"CET"}', '"CET"')
+    assert parser.parse(broken) == (broken, []) and parser.parse("No call.") == ("No call.", [])
+    delta, got = parser.Stream().feed(broken, final=True)  # the first call went out; the broken block is content
+    assert [c.name for c in got] == ["get_weather"] and delta.startswith("Let me check.") and '"CET"' in delta
+
+
 class ScriptedText:
     """The shared engine, its completions' text replaced by SCRIPT: a prefix in proportion to the tokens
     generated so far, all of it once a completion finishes."""
@@ -338,7 +379,10 @@ def tool_servers(async_engine):
                                             ("no-parser", SCRIPT, None), ("llama3", LLAMA3, "llama3_json"),
                                             ("pythonic", PYTHONIC, "pythonic"), ("mistral", MISTRAL_V11, "mistral"),
                                             ("qwen3-xml", QWEN3_XML, "qwen3_coder"), ("granite", GRANITE, "granite"),
-                                            ("glm45", GLM45, "glm45"))}
+                                            ("glm45", GLM45, "glm45"),
+                                            ("deepseek_v3", DEEPSEEK_V3, "deepseek_v3"),
+                                            ("deepseek_v31", DEEPSEEK_V31, "deepseek_v31"),
+                                            ("kimi_k2", KIMI_K2, "kimi_k2"))}
     yield servers
     for server in servers.values():
         server.stop()
@@ -436,10 +480,13 @@ def test_mistral_calls_come_back_as_tool_calls(tool_servers, stream, monkeypatch
     ("pythonic", TOOLS, "", PYTHONIC_CALLS),
     ("llama3", TOOLS, "", [("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]),
     ("granite", TOOLS, "", [("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]),
+    ("deepseek_v3", TOOLS, "Let me check.", JSON_CALLS),
+    ("deepseek_v31", TOOLS, "Let me check.", JSON_CALLS),
+    ("kimi_k2", TOOLS, "Let me check.", JSON_CALLS),
 ])
 def test_parsed_calls_come_back_as_tool_calls(tool_servers, server, tools, content, want, stream):
-    """qwen3_coder, glm45, pythonic, llama3_json and granite: the content before the calls (none for the calls-only
-    formats), the calls, finish reason tool_calls; streamed or not."""
+    """qwen3_coder, glm45, pythonic, llama3_json, granite, deepseek_v3, deepseek_v31 and kimi_k2: the content before
+    the calls (none for the calls-only formats), the calls, finish reason tool_calls; streamed or not."""
     response = client_of(tool_servers[server]).chat.completions.create(
         model=MODEL, messages=ASK, tools=tools, max_tokens=24, extra_body={"ignore_eos": True}, stream=stream)
     got_content, calls, finish = _content_calls_finish(response, stream)
