@@ -6,6 +6,8 @@
 - `qwen3` (Qwen3, thinking on by default): as deepseek_r1, and a `<tool_call>` also ends the reasoning (it belongs
   to the answer, where the tool-call parser finds it). With `chat_template_kwargs: {"enable_thinking": false}` the
   output is all answer.
+- `deepseek_v3` (DeepSeek V3.1 on, whose template thinks only where asked): as deepseek_r1 with
+  `chat_template_kwargs: {"thinking": true}`; otherwise the output is all answer.
 - `glm45` (GLM-4.5/4.6): reasoning between `<think>` and `</think>` where the output opens with `<think>`; an
   output that does not (thinking off: the template closed an empty reasoning in the prompt) is all answer.
 
@@ -25,7 +27,7 @@ cannot take text back, splits an output as the whole output splits.
 
 import dataclasses
 
-REASONING_PARSERS = ("deepseek_r1", "qwen3", "glm45", "openai_gptoss")
+REASONING_PARSERS = ("deepseek_r1", "deepseek_v3", "qwen3", "glm45", "openai_gptoss")
 _START, _END, _TOOL_CALL = "<think>", "</think>", "<tool_call>"
 
 
@@ -67,8 +69,12 @@ class ReasoningParser:
         return bool(output_ids) and output_ids[-1] == self.end_token_id
 
     def thinks(self, chat_template_kwargs: dict | None) -> bool:
-        """Whether a request's output begins with reasoning (Qwen3: unless enable_thinking is false)."""
-        return self.name != "qwen3" or (chat_template_kwargs or {}).get("enable_thinking", True) is not False
+        """Whether a request's output begins with reasoning (Qwen3: unless enable_thinking is false; DeepSeek V3.1:
+        where `thinking` is true)."""
+        kwargs = chat_template_kwargs or {}
+        if self.name == "deepseek_v3":
+            return kwargs.get("thinking") is True
+        return self.name != "qwen3" or kwargs.get("enable_thinking", True) is not False
 
     def split(self, text: str, thinks: bool = True, final: bool = True) -> tuple[str, str, bool]:
         """(reasoning, answer, done) of an output, or of its first part (`final` false: text that may still become a

@@ -35,6 +35,20 @@ def test_qwen3_ends_reasoning_at_a_tool_call_and_may_not_think(tokenizer):
     assert ReasoningParser.of("deepseek_r1", tokenizer).split("x<tool_call>y") == ("x<tool_call>y", "", False)
 
 
+def test_deepseek_v3_thinks_only_where_the_request_asks(tokenizer):
+    """DeepSeek V3.1's template thinks where `chat_template_kwargs` has `thinking: true` (its prompt then ends in
+    <think>): the output is reasoning up to </think> as deepseek_r1 splits it; otherwise all answer."""
+    parser = ReasoningParser.of("deepseek_v3", tokenizer)
+    assert parser.thinks({"thinking": True})
+    assert not any(parser.thinks(kwargs) for kwargs in (None, {}, {"thinking": False}, {"enable_thinking": True}))
+    assert parser.split("Let me see.</think>It is 4.", thinks=True) == ("Let me see.", "It is 4.", True)
+    assert parser.split("It is 4.</think>", thinks=False) == ("", "It is 4.</think>", True)
+    stream, answer = parser.stream(thinks=False), ""
+    for end in range(1, 10):
+        answer += stream.feed("It is 4."[:end], final=end == 9)[1]
+    assert answer == "It is 4."
+
+
 @pytest.mark.parametrize("text, want", [
     ("<think>Let me see.</think>It is 4.", ("Let me see.", "It is 4.", True)),
     (" <think>\nhmm", ("\nhmm", "", False)),  # opened, never closed: all reasoning
@@ -69,7 +83,7 @@ def test_prompt_that_closed_the_reasoning(tokenizer):
 
 
 def test_unknown_parser_and_a_vocabulary_without_the_tags_are_refused():
-    with pytest.raises(ValueError, match="must be one of deepseek_r1, qwen3, glm45, openai_gptoss, got 'granite'"):
+    with pytest.raises(ValueError, match="must be one of deepseek_r1, deepseek_v3, qwen3, glm45, openai_gptoss, got 'granite'"):
         EngineConfig(reasoning_parser="granite")
     class Vocab:  # a tokenizer's vocabulary without </think>
         def get_vocab(self):

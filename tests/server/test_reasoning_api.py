@@ -49,6 +49,7 @@ def servers(async_engine):
                                                 ("qwen3", "<think>Weather first.</think>\n" + CALLS, "qwen3", "hermes"),
                                                 ("unclosed", "<think>Still going", "qwen3", None),
                                                 ("no-thinking", "It is 4.", "qwen3", None),
+                                                ("deepseek-v3", "Let me see.</think>It is 4.", "deepseek_v3", None),
                                                 ("gptoss", HARMONY, "openai_gptoss", None),
                                                 ("gptoss-tools", HARMONY_CALL, "openai_gptoss", "openai"))}
     yield made
@@ -118,6 +119,17 @@ def test_unclosed_reasoning_and_thinking_turned_off(servers):
     message = chat(servers["no-thinking"], **off)["message"]
     assert "reasoning" not in message and message["content"] == "It is 4."
     assert gathered(chat(servers["no-thinking"], stream=True, **off))[:2] == ("", "It is 4.")
+
+
+def test_deepseek_v3_reasons_only_where_thinking_is_asked(servers):
+    """`deepseek_v3` (DeepSeek V3.1): with `chat_template_kwargs: {"thinking": true}` the output is reasoning up to
+    </think>; without, all answer (its template thinks only where asked)."""
+    on = {"chat_template_kwargs": {"thinking": True}}
+    message = chat(servers["deepseek-v3"], **on)["message"]
+    assert (message["reasoning"], message["content"]) == ("Let me see.", "It is 4.")
+    assert gathered(chat(servers["deepseek-v3"], stream=True, **on))[:2] == ("Let me see.", "It is 4.")
+    message = chat(servers["deepseek-v3"])["message"]
+    assert "reasoning" not in message and message["content"] == "Let me see.</think>It is 4."
 
 
 def test_an_assistant_turn_with_reasoning_reaches_the_template(servers):
