@@ -476,12 +476,13 @@ def test_deepseek_v2_group_limited_router_and_kimi_k2_s_single_group():
 
 
 def test_deepseek_quantized_checkpoint_is_refused(tmp_path):
-    """DeepSeek V3's hub checkpoint is block-wise FP8, over experts: refused with the reason."""
+    """DeepSeek V3's hub checkpoint is block-wise FP8, its latent attention's projections too: refused with the
+    reason."""
     import json
 
     from jaxengine.models.loader import load_config
 
     (tmp_path / "config.json").write_text(json.dumps(DEEPSEEK_V3 | {"quantization_config": dict(
         activation_scheme="dynamic", fmt="e4m3", quant_method="fp8", weight_block_size=[128, 128])}))
-    with pytest.raises(ValueError, match="quantized mixture of experts is not supported"):
+    with pytest.raises(ValueError, match="quantized multi-head latent attention is not supported"):
         load_config(tmp_path)

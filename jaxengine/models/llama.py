@@ -234,19 +234,19 @@ def _pack_layer(layer) -> None:
 
     lead = layer.o_proj.get_metadata()["logical_axes"][:-2]  # ("layers",) when stacked
     parts = ("q_proj", "k_proj", "v_proj")
-    if layer.cfg.quantization is not None:
-        _pack_quantized_layer(layer, lead)
-        return
-    if not layer.cfg.latent_attention and all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0
-                                              for part in parts):
-        value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
-        layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
     cfg = layer.cfg
     gated = cfg.hidden_act in cpu.GATED_ACTIVATIONS
-    if (gated and not cfg.num_experts and cfg.intermediate_size
-            and layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0):
-        layer.gate_up_proj = nnx.Param(jax.device_put(cpu.pack_gated(take("gate_proj"), take("up_proj"))),
-                                       logical_axes=_packed_axes(lead))
+    if cfg.quantization is not None:  # its projections; a mixture of experts' experts are float (dequantized at load)
+        _pack_quantized_layer(layer, lead)
+    else:
+        if not cfg.latent_attention and all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0
+                                            for part in parts):
+            value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
+            layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
+        if (gated and not cfg.num_experts and cfg.intermediate_size
+                and layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0):
+            layer.gate_up_proj = nnx.Param(jax.device_put(cpu.pack_gated(take("gate_proj"), take("up_proj"))),
+                                           logical_axes=_packed_axes(lead))
     if (cfg.num_experts and gated and cfg.moe_intermediate_size % cpu.GATED == 0 and not cfg.mxfp4_experts
             and (cfg.hidden_act != SWIGLU_OAI or (cfg.swiglu_alpha, cfg.swiglu_limit) == cpu.SWIGLU_OAI_CONSTANTS)):
         gate, up = take("expert_gate"), take("expert_up")
@@ -255,7 +255,7 @@ def _pack_layer(layer) -> None:
             up = np.concatenate([up, take("expert_up_bias")[..., None, :]], axis=-2)
         layer.expert_gate_up = nnx.Param(jax.device_put(cpu.pack_gated(gate, up)),
                                          logical_axes=_packed_axes(lead + ("experts",)))
-    for name in _LINEAR:
+    for name in _LINEAR if cfg.quantization is None else ("expert_gate", "expert_up", "expert_down"):
         if hasattr(layer, name) and not (cfg.mxfp4_experts and name.startswith("expert_")):  # MXFP4's: at load
             _pack(getattr(layer, name))
 
@@ -279,7 +279,9 @@ def _pack_quantized_layer(layer, lead) -> None:
         return
     plan = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",)}
     if cfg.intermediate_size:
-        together = cfg.hidden_act in cpu.GATED_ACTIVATIONS and cfg.intermediate_size % cpu.GATED == 0
+        # a mixture of experts' shared expert stays two projections (mlp() adds the experts' output to it)
+        together = (cfg.hidden_act in cpu.GATED_ACTIVATIONS and cfg.intermediate_size % cpu.GATED == 0
+                    and not cfg.num_experts)
         plan |= ({"gate_up_proj": ("gate_proj", "up_proj")} if together else
                  {"gate_proj": ("gate_proj",), "up_proj": ("up_proj",)}) | {"down_proj": ("down_proj",)}
     names = [name for names in plan.values() for name in names]

@@ -21,7 +21,7 @@ from jaxengine.models.config import ModelConfig, read_hf_config
 from jaxengine.models.llama import hf_weight_map
 from jaxengine.models.registry import Architecture, get_architecture
 from jaxengine.models import orbax_io
-from jaxengine.models.quantization import check_group_size, parse_quantization, with_quantized
+from jaxengine.models.quantization import WEIGHT_ONLY, check_group_size, parse_quantization, with_quantized
 from jaxengine.models.safetensors_io import read_safetensors
 from jaxengine.parallel.sharding import kv_head_repeats, named_sharding
 from jaxengine.runner.executables import signature
@@ -83,8 +83,10 @@ def load_config(model_dir: Path, hf_overrides: dict | None = None) -> tuple[Arch
     quantization = parse_quantization(hf)
     if quantization is None:
         return arch, cfg
-    if cfg.num_experts:
-        raise ValueError("quantization_config: a quantized mixture of experts is not supported")
+    if cfg.num_experts and quantization.scheme not in WEIGHT_ONLY:
+        raise ValueError(f"quantization_config: a mixture of experts quantized in {quantization.scheme} is not "
+                         f"supported (weight-only schemes are: W4A16, GPTQ, AWQ, FP8; their experts are dequantized "
+                         f"at load)")
     if cfg.latent_attention:
         raise ValueError("quantization_config: quantized multi-head latent attention is not supported")
     # ModelConfig's quantization (the scheme) and quant_* fields (the others)

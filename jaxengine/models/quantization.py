@@ -31,6 +31,7 @@ float8 (`kv_cache_dtype fp8`, `LLMEngine._kv_cache_dtype`), as vLLM applies them
 benchmarks and users without llm-compressor (`jaxengine quantize`).
 """
 
+import dataclasses
 import json
 import math
 import shutil
@@ -336,10 +337,33 @@ def _check_args(args: dict | None, where: str, scheme: str, *, bits: int, strate
 
 
 def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
-    """Each quantized projection's (output, input) widths in the checkpoint (Phi-3's fused ones included)."""
+    """Each quantized projection's (output, input) widths in the checkpoint (Phi-3's fused ones included; the dense
+    MLP's where the layers have one: a mixture of experts' shared expert)."""
     q, kv, I, D = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size, cfg.hidden_size
-    return {"q_proj": (q, D), "k_proj": (kv, D), "v_proj": (kv, D), "o_proj": (D, q), "gate_proj": (I, D),
-            "up_proj": (I, D), "down_proj": (D, I), "qkv_proj": (q + 2 * kv, D), "gate_up_proj": (2 * I, D)}
+    shapes = {"q_proj": (q, D), "k_proj": (kv, D), "v_proj": (kv, D), "o_proj": (D, q), "qkv_proj": (q + 2 * kv, D)}
+    if I:
+        shapes |= {"gate_proj": (I, D), "up_proj": (I, D), "down_proj": (D, I), "gate_up_proj": (2 * I, D)}
+    return shapes
+
+
+def expert_shapes(cfg) -> dict[str, tuple[int, int]]:
+    """A mixture of experts' experts' projections' (output, input) widths, by their checkpoint names (Mixtral's w1,
+    w3, w2 too)."""
+    M, D = cfg.moe_intermediate_size, cfg.hidden_size
+    if not cfg.num_experts:
+        return {}
+    return {"gate_proj": (M, D), "up_proj": (M, D), "down_proj": (D, M), "w1": (M, D), "w3": (M, D), "w2": (D, M)}
+
+
+def _layer_shapes(cfg, name: str) -> dict[str, tuple[int, int]]:
+    """The quantized projections' (output, input) widths in tensor `name`'s place: an expert's, a dense layer's among
+    expert ones (`dense_mlp_layers`, of `dense_intermediate_size`), or the layers' own."""
+    if ".experts." in name:
+        return expert_shapes(cfg)
+    if cfg.dense_mlp_layers and name.startswith("model.layers."):
+        if int(name.split(".")[2]) in cfg.dense_mlp_layers:
+            return projection_shapes(dataclasses.replace(cfg, intermediate_size=cfg.dense_intermediate_size))
+    return projection_shapes(cfg)
 
 
 def scale_groups(cfg, width: int) -> int:
@@ -355,7 +379,8 @@ def scale_groups(cfg, width: int) -> int:
 def check_group_size(cfg) -> None:
     """A W4A16 checkpoint's group size must divide every quantized projection's input width."""
     size = cfg.quant_group_size
-    for name, (_, width) in projection_shapes(cfg).items():
+    dense = dataclasses.replace(cfg, intermediate_size=cfg.dense_intermediate_size) if cfg.dense_mlp_layers else cfg
+    for name, (_, width) in (projection_shapes(cfg) | projection_shapes(dense) | expert_shapes(cfg)).items():
         if cfg.quantization == W4A16 and size and width % size:
             raise ValueError(f"quantization_config group_size={size} does not divide {name}'s input width {width}")
 
@@ -394,16 +419,18 @@ def with_quantized(split_tensor, cfg):
     compressed-tensors' packed ones unpacked, GPTQ's and AWQ's `qzeros`), in activation order its int32
     `weight_g_idx` [in] (GPTQ's `g_idx`), each checked; compressed-tensors' `weight_shape`, GPTQ's `g_idx` where
     inputs are grouped in turn (and a symmetric GPTQ's `qzeros`) dropped once checked. FP8's float8 `weight` as it
-    is, its scales as W4A16's (`fp8_tensor`)."""
+    is, its scales as W4A16's (`fp8_tensor`). A mixture of experts' experts, weight-only quantized, are dequantized
+    as they load (`_ExpertDequantizer`): the model holds them in its float dtype."""
     if cfg.quantization is None:
         return split_tensor
-    shapes = projection_shapes(cfg)
+    experts = _ExpertDequantizer(cfg) if cfg.num_experts else None
 
     def projection(name):
         part = name.rsplit(".", 2)[-2]
+        shapes = _layer_shapes(cfg, name)
         if part not in shapes:
             raise ValueError(f"tensor {name}: a quantized {part} is not supported (only the decoder layers' "
-                             f"{', '.join(QUANTIZED_LINEARS)})")
+                             f"{', '.join(QUANTIZED_LINEARS)} and experts' projections)")
         return shapes[part]
 
     def split(name, array, cfg):
@@ -437,6 +464,9 @@ def with_quantized(split_tensor, cfg):
                                  f"{(out, scale_groups(cfg, width))}")
         elif name.endswith(".weight_g_idx"):
             array = checked_g_idx(name, array)
+        if ".experts." in name and ".layers." in name:
+            return [piece for expert_name, weight in experts.add(name, array, projection(name)[1])
+                    for piece in split_tensor(expert_name, weight, cfg)]
         return split_tensor(name, array, cfg)
 
     def fp8_tensor(name, array):
@@ -451,7 +481,8 @@ def with_quantized(split_tensor, cfg):
                 raise ValueError(f"tensor {name}: an input scale must be one positive value, got shape {scale.shape}")
             return None, None
         fp8 = np.asarray(array).dtype == ml_dtypes.float8_e4m3fn
-        projection_weight = kind == "weight" and ".layers." in name and stem.rsplit(".", 1)[-1] in shapes
+        projection_weight = kind == "weight" and ".layers." in name and stem.rsplit(".", 1)[-1] in _layer_shapes(
+            cfg, name)
         if projection_weight != fp8:
             raise ValueError(f"tensor {name} is {np.asarray(array).dtype}: an FP8 checkpoint's decoder projections "
                              f"(and only they) are float8_e4m3fn")
@@ -555,6 +586,39 @@ def with_quantized(split_tensor, cfg):
         return stem + (".weight" if kind == "qweight" else ".weight_zero_point"), values
 
     return split
+
+
+class _ExpertDequantizer:
+    """A mixture of experts' weight-only quantized expert projections (W4A16, GPTQ, AWQ, FP8), dequantized as they
+    load: each projection's tensors (in compressed-tensors' layout: `weight` [out, in], `weight_scale` [out, groups],
+    W4A16's `weight_zero_point` [out, groups] and, in activation order, `weight_g_idx` [in]) are held until all have
+    arrived, then become its float32 `weight`, (value - zero point) x its group's scale, as WeightOnly.dequantized
+    computes a dense projection's. One instance per load."""
+
+    def __init__(self, cfg):
+        if cfg.quantization not in WEIGHT_ONLY:
+            raise ValueError(f"a mixture of experts quantized in {cfg.quantization} is not supported (weight-only "
+                             f"schemes are: W4A16, GPTQ, AWQ, FP8)")
+        self.parts = {"weight", "weight_scale"} | ({"weight_zero_point"} if cfg.quant_zero_point else set()) | (
+            {"weight_g_idx"} if cfg.quant_act_order else set())
+        self.held = {}  # stem -> {part: array}
+
+    def add(self, name: str, array, width: int) -> list[tuple[str, np.ndarray]]:
+        stem, _, part = name.rpartition(".")
+        if part not in self.parts:
+            raise ValueError(f"tensor {name}: an expert's {part} is not supported")
+        held = self.held.setdefault(stem, {})
+        held[part] = np.asarray(array)
+        if len(held) < len(self.parts):
+            return []
+        del self.held[stem]
+        scale = held["weight_scale"].astype(np.float32)
+        groups = scale.shape[1]
+        group = held["weight_g_idx"] if "weight_g_idx" in held else np.arange(width) // (width // groups)
+        values = held["weight"].astype(np.float32)
+        if "weight_zero_point" in held:
+            values = values - held["weight_zero_point"].astype(np.float32)[:, group]
+        return [(stem + ".weight", values * scale[:, group])]
 
 
 # A layer's KV cache scale tensors after `self_attn.`, as each producer names them -> which of K and V they scale:
@@ -872,9 +936,8 @@ def _write_quantized(source, output, convert, quantization_config: dict, keep_fl
         out = {}
         for name, tensor in tensors.items():
             projection = name.rsplit(".", 2)[-2] if name.endswith(".weight") else None
-            if ".layers." in name and projection in QUANTIZED_LINEARS + ("qkv_proj", "gate_up_proj"):
-                if ".experts." in name:
-                    raise ValueError("a mixture of experts' quantization is not supported")
+            experts = ".experts." in name and projection in ("w1", "w2", "w3")  # Mixtral's experts' names
+            if ".layers." in name and (projection in QUANTIZED_LINEARS + ("qkv_proj", "gate_up_proj") or experts):
                 for key, value in convert(name, tensor.float().numpy()).items():
                     value = np.ascontiguousarray(value)
                     if value.dtype == ml_dtypes.float8_e4m3fn:
