@@ -34,7 +34,7 @@ def ragged_paged_attention(
     num_seqs: jax.Array | int,  # i32[]: real requests; rows beyond are padding
     *,
     sm_scale: float,
-    sliding_window: jax.Array | int | None = None,  # i32[] or int; None or <= 0: full attention
+    sliding_window: jax.Array | int | None = None,  # i32[] or int; None or 0: full; -n: chunks of n (Llama 4)
     soft_cap: float | None = None,
     sinks: jax.Array | None = None,  # f32[num_q_heads]: each head's sink logit (GPT-OSS); None: none
     shared_values: int | None = None,  # K and V share each row: V is its first `shared_values` dimensions
@@ -67,7 +67,7 @@ def ragged_paged_attention(
     first_token = jnp.minimum(cu_q_lens[:-1], num_tokens - 1)
     kv_len = jnp.where(single, kv_lens, 0)
     q_pos = kv_len - 1
-    first_key = jnp.where(window > 0, jnp.maximum(q_pos - window + 1, 0), 0)
+    first_key = _first_key(q_pos, window)
     chunk_pages = _chunk_pages(num_reqs, page_size, kv_width, head_dim, kv_pages.dtype.itemsize)
     chunk = chunk_pages * page_size
     padded = jnp.pad(tables, ((0, 0), (0, -tables.shape[1] % chunk_pages)))
@@ -105,7 +105,7 @@ def ragged_paged_attention(
         token = start + jnp.arange(block, dtype=jnp.int32)
         valid = (token >= first) & (token < end)
         pos = kv_lens[r] - q_lens[r] + (token - cu_q_lens[r])  # [B]
-        first_key = jnp.where(window > 0, jnp.maximum(pos - window + 1, 0), 0)
+        first_key = _first_key(pos, window)
         q_block = jax.lax.dynamic_slice_in_dim(qg, start, block)  # [B, Hkv, G, D]
 
         def key_body(c, carry):
@@ -128,6 +128,13 @@ def ragged_paged_attention(
 
     out = jax.lax.fori_loop(0, blocks_end[-1], block_body, out)
     return out.reshape(num_tokens, num_q_heads, value_dim).astype(q.dtype)
+
+
+def _first_key(pos, window):
+    """The first key a query at `pos` attends to: its sliding window's (window > 0), its chunk's (window < 0: the
+    positions in chunks of -window, Llama 4's chunked attention), else the first."""
+    chunk = jnp.maximum(-window, 1)
+    return jnp.where(window > 0, jnp.maximum(pos - window + 1, 0), jnp.where(window < 0, pos // chunk * chunk, 0))
 
 
 def _keys_values(kv, shared_values=None):

@@ -246,6 +246,21 @@ def test_latent_attention_caches_one_row_per_token_and_refuses_what_it_does_not_
         LLMEngine(EngineConfig(**explicit, enable_lora=True), progress=False)
 
 
+def test_chunked_attention_is_refused_to_the_bodies_that_do_not_run_it(model_dirs):
+    """Llama 4's chunked attention (each query over its chunk's keys) runs the reference body under `auto` (its KV
+    cache then float32 on CPU); an explicit native or pallas body is refused before anything starts."""
+    from jaxengine import LLMEngine
+    from jaxengine.config import EngineConfig
+
+    explicit = dict(model=str(model_dirs["llama4"]), dtype="bfloat16", max_model_len=512, kv_cache_gib=0.01,
+                    warmup=False)
+    engine = LLMEngine(EngineConfig(**explicit), progress=False)
+    assert engine.runner.kv_cache.dtype == jnp.float32 and min(engine.model_config.sliding_windows) == -24
+    for backend in ("native", "pallas"):
+        with pytest.raises(ValueError, match=f"attention_backend '{backend}' does not run chunked attention"):
+            LLMEngine(EngineConfig(**explicit, attention_backend=backend), progress=False)
+
+
 def test_scanned_layers_decode_as_the_unrolled_ones_on_cpu(engines):
     """`layer_loop: scan` on CPU over bfloat16 weights: where the native matmul runs it reads each layer of the
     stacked packed weights in place (no slice, no conversion); either way the tokens are the unrolled loop's,

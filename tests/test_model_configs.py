@@ -486,3 +486,40 @@ def test_deepseek_quantized_checkpoint_is_refused(tmp_path):
         activation_scheme="dynamic", fmt="e4m3", quant_method="fp8", weight_block_size=[128, 128])}))
     with pytest.raises(ValueError, match="quantized multi-head latent attention is not supported"):
         load_config(tmp_path)
+
+
+LLAMA4_SCOUT = dict(  # meta-llama/Llama-4-Scout-17B-16E-Instruct's config.json (its vision_config apart)
+    architectures=["Llama4ForConditionalGeneration"], model_type="llama4", boi_token_index=200080,
+    eoi_token_index=200081, image_token_index=200092, tie_word_embeddings=False, torch_dtype="bfloat16",
+    text_config=dict(
+        attention_bias=False, attention_chunk_size=8192, attention_dropout=0.0, attn_scale=0.1,
+        attn_temperature_tuning=True, bos_token_id=200000, eos_token_id=[200001, 200007, 200008], floor_scale=8192,
+        for_llm_compressor=False, head_dim=128, hidden_act="silu", hidden_size=5120, interleave_moe_layer_step=1,
+        intermediate_size=8192, intermediate_size_mlp=16384, max_position_embeddings=10485760, model_type="llama4_text",
+        no_rope_layers=[], num_attention_heads=40, num_experts_per_tok=1, num_hidden_layers=48, num_key_value_heads=8,
+        num_local_experts=16, rms_norm_eps=1e-05, rope_theta=500000.0, use_qk_norm=True, vocab_size=202048,
+        rope_scaling=dict(factor=16.0, high_freq_factor=1.0, low_freq_factor=1.0, original_max_position_embeddings=8192,
+                          rope_type="llama3")))
+
+
+@pytest.mark.parametrize("maverick", [False, True])
+def test_llama4_hub_config_reads_its_layers_as_transformers_derives_them(maverick):
+    """Llama 4 Scout (every layer experts, q/k norms) and Maverick (experts every other layer, dense ones between, no
+    q/k norms): every 4th layer NoPE with full attention and the attention temperature, the others rotating
+    (interleaved pairs, llama3 scaling) in chunks of 8192; the top expert by sigmoid with its input weighted, a
+    shared expert."""
+    hf = LLAMA4_SCOUT
+    if maverick:
+        hf = hf | {"text_config": hf["text_config"] | dict(interleave_moe_layer_step=2, num_local_experts=128,
+                                                            use_qk_norm=False)}
+    cfg = read(hf)
+    nope = tuple((i + 1) % 4 == 0 for i in range(48))
+    assert cfg.rope_layers == tuple(not n for n in nope) and cfg.rope_interleaved
+    assert cfg.sliding_windows == tuple(0 if n else -8192 for n in nope)
+    assert cfg.q_position_scale == (0.1, 8192, 1, True) and cfg.qk_l2_norm == (not maverick)
+    assert cfg.rope.rope_type == "llama3" and cfg.rope.theta == 500000.0 and cfg.eos_token_ids == (200001, 200007, 200008)
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size, cfg.intermediate_size) == (
+        128 if maverick else 16, 1, 8192, 8192)
+    assert cfg.router_scoring == "sigmoid" and cfg.moe_input_scaled and not cfg.router_correction
+    assert cfg.dense_mlp_layers == (tuple(range(0, 48, 2)) if maverick else ())
+    assert cfg.dense_intermediate_size == 16384 and cfg.torch_dtype == "bfloat16"

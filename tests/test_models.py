@@ -263,7 +263,17 @@ def test_mistral3_multimodal_checkpoint_serves_its_language_model(tmp_path, toke
     out = tiny_models.make_mistral3_multimodal(tmp_path / "mistral3", tokenizer_dir, text_model)
     cfg = prefill_matches_transformers(out, slice(1, 3), 256, transformers.AutoModelForImageTextToText)
     assert cfg.architecture == "Mistral3ForConditionalGeneration" and cfg.sliding_windows == (24, 24)
-    assert cfg.q_position_scale == ((0.5, 32) if text_model == "ministral3" else ())
+    assert cfg.q_position_scale == ((0.5, 32, 0, False) if text_model == "ministral3" else ())
+
+
+def test_llama4_multimodal_checkpoint_serves_its_language_model(tmp_path, tokenizer_dir):
+    """Llama4ForConditionalGeneration (Llama 4 Scout and Maverick as the hub ships them): its text config and the
+    language model's tensors (`language_model.*`), the vision model and projector left unloaded; against
+    transformers' multimodal model on text."""
+    out = tiny_models.make_llama4_multimodal(tmp_path / "llama4-mm", tokenizer_dir)
+    cfg = prefill_matches_transformers(out, slice(1, 3), 256, transformers.AutoModelForImageTextToText)
+    assert cfg.architecture == "Llama4ForConditionalGeneration" and cfg.sliding_windows == (-24, 0)
+    assert cfg.num_experts == 4 and cfg.dense_mlp_layers == (0,) and cfg.rope_layers == (True, False)
 
 
 @pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")

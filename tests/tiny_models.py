@@ -94,6 +94,16 @@ SPECS = {
         rope_parameters=dict(
             rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=128, mscale=1.0,
             mscale_all_dim=0.8, beta_fast=32.0, beta_slow=1.0)),
+    # Llama 4: a dense first layer that rotates (interleaved pairs, llama3 scaling), q/k-normed without weights and
+    # attends in chunks of 24, then a NoPE expert layer (full attention, its queries' temperature growing every 8
+    # positions): the top 1 of 4 experts by sigmoid, its input weighted, beside a shared expert
+    "llama4": dict(
+        cls="Llama4ForCausalLM", config_cls="Llama4TextConfig", num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=32, intermediate_size_mlp=48, num_local_experts=4, num_experts_per_tok=1,
+        interleave_moe_layer_step=2, no_rope_layer_interval=2, attention_chunk_size=24, floor_scale=8, attn_scale=0.5,
+        tie_word_embeddings=False, rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=4.0,
+                                                       low_freq_factor=1.0, high_freq_factor=4.0,
+                                                       original_max_position_embeddings=32)),
     # GPT-OSS: q/k/v/o biases and sinks, alternate sliding-window layers, YaRN without truncation, renormalised top
     # 2 of 4 experts with biases and the clamped SwiGLU (a clamp low enough to bind on these weights).
     "gptoss": dict(
@@ -218,6 +228,18 @@ def make_mistral3_multimodal(out_dir: Path, tokenizer_dir: Path, text_model: str
     config = transformers.Mistral3Config(text_config=text, vision_config=vision, image_token_index=VOCAB_SIZE - 1,
                                          spatial_merge_size=1)
     return _save_random(transformers.Mistral3ForConditionalGeneration, config, out_dir, tokenizer_dir)
+
+
+def make_llama4_multimodal(out_dir: Path, tokenizer_dir: Path) -> Path:
+    """Llama4ForConditionalGeneration with SPECS["llama4"]'s language model and a one-layer vision model."""
+    import transformers
+
+    text = {k: v for k, v in (dict(COMMON) | SPECS["llama4"]).items() if k not in ("cls", "config_cls")}
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14, vision_output_dim=32, projector_input_dim=32, projector_output_dim=64)
+    config = transformers.Llama4Config(text_config=text, vision_config=vision, image_token_index=VOCAB_SIZE - 1,
+                                       boi_token_index=VOCAB_SIZE - 3, eoi_token_index=VOCAB_SIZE - 2)
+    return _save_random(transformers.Llama4ForConditionalGeneration, config, out_dir, tokenizer_dir)
 
 
 def _save_random(model_class, config, out_dir: Path, tokenizer_dir: Path) -> Path:

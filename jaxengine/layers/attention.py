@@ -96,19 +96,18 @@ def latent_attention(
 ) -> jax.Array:  # [T, num_q_heads, value_dim]: the attention-weighted latents
     """Multi-head latent attention (DeepSeek V2/V3) in its absorbed form: every query head attends to the one
     cached row per token, which is the key, and whose first `value_dim` dimensions (the latent) are the value.
-    The reference body runs it (the native, TPU and GPU bodies read K/V pairs; `latent_body` refuses them)."""
+    The reference body runs it (the native, TPU and GPU bodies read K/V pairs; `reference_body` refuses them)."""
     return ragged_paged_attention(q, kv_cache, layer, batch.kv_lens, batch.block_tables, batch.cu_q_lens,
                                   batch.num_seqs, sm_scale=sm_scale, shared_values=value_dim)
 
 
-def latent_body(setting: str) -> str:
-    """The attention body multi-head latent attention runs under an attention_backend setting: the reference (an
-    explicit `native` or `pallas`, whose kernels read K/V pairs, is refused)."""
+def reference_body(setting: str, what: str) -> str:
+    """The attention body of `what` (multi-head latent attention, chunked attention), which only the reference body
+    runs, under an attention_backend setting: the reference (an explicit `native` or `pallas` is refused)."""
     if setting not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {setting!r}")
     if setting in ("native", "pallas"):
-        raise ValueError(f"attention_backend {setting!r} does not run multi-head latent attention (DeepSeek V2/V3); "
-                         f"use auto or reference")
+        raise ValueError(f"attention_backend {setting!r} does not run {what}; use auto or reference")
     return "reference"
 
 

@@ -95,6 +95,7 @@ def moe_mlp(
     folded_bias: bool = False,  # `gate_up` holds the gate/up biases as its last input row: x gets a 1 there
     routing: Routing = Routing(),  # how the router chooses (route)
     router_correction=None,  # [E]: the sigmoid router's correction bias (route)
+    scale_inputs: bool = False,  # Llama 4: each pair's input times its router weight (its output unweighted)
 ) -> jax.Array:  # [T, D] in x's dtype
     """The tokens' (token, expert) pairs sorted by expert run as one grouped matmul per projection, in the
     weights' dtype with float32 accumulation, then are weighted and summed back per token. Weights packed for
@@ -125,8 +126,9 @@ def moe_mlp(
     order = jnp.argsort(flat, stable=True)
     rows = order // top_k  # the token of each sorted pair
     sizes = jnp.bincount(flat, length=E + 1)[:E].astype(jnp.int32)  # [E] rows per expert
-    xs = x[rows]
     pair_experts = flat[order]  # each sorted pair's expert (E: a bucket's padding, native)
+    pair_weights = jnp.where(pair_experts < E, weights.reshape(-1)[order], 0.0)  # padding's (native): 0, biases too
+    xs = (x[rows] * pair_weights[:, None].astype(x.dtype)) if scale_inputs else x[rows]
     sorted_experts = jnp.minimum(pair_experts, E - 1)  # a bias's row for each pair (padding's: any)
 
     def biased(y, bias):  # y [T * top_k, n] plus each pair's expert's bias (zeros past its width: packed pairs)
@@ -166,6 +168,7 @@ def moe_mlp(
             return jax.lax.ragged_dot(a.astype(w.dtype), w, sizes, preferred_element_type=jnp.float32)
 
         out = grouped(glu(biased(grouped(xs, gate), gate_bias), biased(grouped(xs, up), up_bias)), down)
-    pair_weights = jnp.where(pair_experts < E, weights.reshape(-1)[order], 0.0)  # padding's (native): 0, biases too
+    if scale_inputs:  # weighted on the way in (padding's weight 0 too)
+        pair_weights = jnp.where(pair_experts < E, 1.0, 0.0)
     out = biased(out, down_bias) * pair_weights[:, None]  # [T * top_k, D] f32
     return jnp.zeros((T, x.shape[1]), jnp.float32).at[rows].add(out).astype(x.dtype)

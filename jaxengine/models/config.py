@@ -45,7 +45,7 @@ class ModelConfig:
     qkv_bias: bool
     o_bias: bool
     qk_norm: bool
-    sliding_windows: tuple  # per layer; 0 = full attention
+    sliding_windows: tuple  # per layer; 0 = full attention; -n: chunked attention in chunks of n (Llama 4)
     torch_dtype: str | None = None
     eos_token_ids: tuple = ()
     bos_token_id: int | None = None
@@ -62,9 +62,11 @@ class ModelConfig:
     local_rope: RopeConfig | None = None  # Gemma 3: the sliding-window layers' own rotary settings
     rope_layers: tuple = ()  # SmolLM3: per layer, whether it rotates q and k (its NoPE layers do not); (): all do
     rope_interleaved: bool = False  # GLM: rotary pairs (2i, 2i + 1), laid out at load as the half-split ones
-    # Ministral 3 (Llama 4's attention temperature): (beta, length): each query times 1 + beta * log(1 + floor(position
-    # / length)); (): none
+    # Ministral 3, Llama 4 (its attention temperature): (beta, length, offset, nope_only): each query times 1 + beta *
+    # log(1 + floor((position + offset) / length)), in every layer or (nope_only) in those without rotary embedding;
+    # (): none
     q_position_scale: tuple = ()
+    qk_l2_norm: bool = False  # Llama 4: q and k RMS-normalised without a weight after the rotation, in rotating layers
     # Granite: each layer's attention and MLP outputs join the residual times this, and the logits are divided by
     # logits_scaling; both folded into the weights at load (o_proj and down_proj, the final norm)
     residual_scale: float = 1.0
@@ -83,6 +85,8 @@ class ModelConfig:
     router_groups: tuple = ()
     routed_scaling: float = 1.0
     router_float32: bool = False  # DeepSeek's routers (GLM-4.5's, dots'): the logits from float32 weights
+    router_correction: bool = False  # DeepSeek V3's sigmoid router: a correction bias on the scores for the choice
+    moe_input_scaled: bool = False  # Llama 4: each routed token's input times its router weight, not the output
     # A mixture of experts with dense layers among its expert ones (GLM-4.5's first_k_dense_replace): those layers'
     # dense MLP, of dense_intermediate_size (each run of alike layers is its own stack: llama.layer_groups)
     dense_mlp_layers: tuple = ()
@@ -389,7 +393,7 @@ def ministral3_config_from_hf(hf: dict) -> ModelConfig:
     if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not isinstance(length, int) or length < 1:
         raise ValueError(f"llama_4_scaling_beta needs a number and a positive original_max_position_embeddings in the "
                          f"rope parameters, got {beta!r} and {length!r}")
-    return dataclasses.replace(cfg, q_position_scale=(float(beta), length))
+    return dataclasses.replace(cfg, q_position_scale=(float(beta), length, 0, False))
 
 
 def mistral3_language_config_from_hf(hf: dict) -> ModelConfig:
@@ -602,6 +606,7 @@ def _deepseek_experts(hf: dict, cfg: ModelConfig, first_dense: int, renormalize:
         moe_intermediate_size=hf["moe_intermediate_size"], intermediate_size=shared * hf["moe_intermediate_size"],
         dense_intermediate_size=cfg.intermediate_size, dense_mlp_layers=tuple(range(dense)),
         norm_topk_prob=bool(hf.get("norm_topk_prob", renormalize)), router_scoring=scoring, router_float32=True,
+        router_correction=scoring == "sigmoid",
         router_groups=(n_group, topk_group) if n_group > 1 else (),
         routed_scaling=float(hf.get("routed_scaling_factor", scaling)))
 
@@ -638,6 +643,55 @@ def deepseek_config_from_hf(hf: dict) -> ModelConfig:
     if v3:
         return _deepseek_experts(hf, cfg, first_dense=3, renormalize=True, scaling=2.5)
     return _deepseek_experts(hf, cfg, first_dense=0, renormalize=False, scoring="softmax")
+
+
+LLAMA4_ARCHITECTURES = ("Llama4ForCausalLM", "Llama4ForConditionalGeneration")
+
+
+def llama4_config_from_hf(hf: dict) -> ModelConfig:
+    """Llama 4 (Scout, Maverick; `Llama4ForConditionalGeneration` served as its text model, as Gemma 3): its text config
+    read through transformers' Llama4TextConfig (which derives no_rope_layers, moe_layers and layer_types); rotary
+    embedding in interleaved pairs (laid out at load as half-split ones) on all layers but every
+    `no_rope_layer_interval`-th, whose queries take the attention temperature (`attn_temperature_tuning`:
+    q_position_scale) and whose attention is full; the rotating layers' q and k RMS-normalised without weights after
+    the rotation (`use_qk_norm`) and their attention chunked (`attention_chunk_size`: each query attends to the keys of
+    its chunk only); in `moe_layers` a mixture of `num_local_experts` (the top `num_experts_per_tok` by sigmoid of the
+    router's logits, each token's input times its weight) beside a shared expert, both of `intermediate_size`, the
+    other layers dense of `intermediate_size_mlp`."""
+    import transformers
+
+    arch = hf["architectures"][0]
+    if arch == "Llama4ForConditionalGeneration":
+        text = hf.get("text_config") or {}
+        hf = _language_model_config(hf, text, arch, ("eos_token_id", "bos_token_id", "dtype", "torch_dtype"))
+    fields = {k: v for k, v in hf.items() if k not in ("architectures", "model_type", "transformers_version")}
+    hf = transformers.Llama4TextConfig(**fields).to_dict() | {"architectures": [arch]}
+    layers = hf["num_hidden_layers"]
+    types = hf["layer_types"]
+    unknown = sorted(set(types) - {"full_attention", "chunked_attention"})
+    if unknown or len(types) != layers:
+        raise ValueError(f"layer_types must give each of the {layers} layers full_attention or chunked_attention, "
+                         f"got {types!r}")
+    chunk = hf.get("attention_chunk_size")
+    if "chunked_attention" in types and not (isinstance(chunk, int) and chunk > 0):
+        raise ValueError(f"attention_chunk_size must be a positive integer for chunked_attention layers, got {chunk!r}")
+    rope_layers = tuple(bool(v) for v in hf["no_rope_layers"])
+    moe_layers = set(hf["moe_layers"])
+    if len(rope_layers) != layers or not moe_layers <= set(range(layers)):
+        raise ValueError(f"no_rope_layers must give each of the {layers} layers 0 or 1 and moe_layers be among them")
+    cfg = model_config_from_hf(hf | {"layer_types": None, "sliding_window": None, "intermediate_size":
+                                     hf["intermediate_size_mlp"]})
+    temperature = ()
+    if hf.get("attn_temperature_tuning"):
+        temperature = (_positive(hf, "attn_scale", 0.1), int(_positive(hf, "floor_scale", 8192)), 1, True)
+    return dataclasses.replace(
+        cfg, rope_interleaved=True, rope_layers=rope_layers if not all(rope_layers) else (),
+        sliding_windows=tuple(-chunk if t == "chunked_attention" else 0 for t in types),
+        qk_l2_norm=bool(hf.get("use_qk_norm")), q_position_scale=temperature,
+        num_experts=hf["num_local_experts"], experts_per_token=hf["num_experts_per_tok"],
+        moe_intermediate_size=hf["intermediate_size"], intermediate_size=hf["intermediate_size"],
+        router_scoring="sigmoid", moe_input_scaled=True, dense_intermediate_size=hf["intermediate_size_mlp"],
+        dense_mlp_layers=tuple(i for i in range(layers) if i not in moe_layers))
 
 
 def gpt_oss_config_from_hf(hf: dict) -> ModelConfig:

@@ -19,12 +19,12 @@ import numpy as np
 from flax import nnx
 
 from jaxengine.layers.activations import ACTIVATIONS
-from jaxengine.layers.attention import (FP8_DTYPES, attention, kv_writer, latent_attention, latent_body, select_body,
-                                        token_slots, write_kv, write_latent)
+from jaxengine.layers.attention import (FP8_DTYPES, attention, kv_writer, latent_attention, reference_body,
+                                        select_body, token_slots, write_kv, write_latent)
 from jaxengine.layers.moe import SWIGLU_OAI, Mxfp4Experts, Routing, moe_mlp
 from jaxengine.layers.norms import gemma_scale, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
-from jaxengine.models.config import ModelConfig, rope_inv_freq
+from jaxengine.models.config import LLAMA4_ARCHITECTURES, ModelConfig, rope_inv_freq
 from jaxengine.models.quantization import (QUANTIZED_LINEARS, W4A16, W8A8_INT8, W8A16_FP8, WEIGHT_ONLY, Int8Weight,
                                            WeightOnly, int8_matmul, projection_shapes, scale_groups)
 from jaxengine.runner.batch import RaggedBatch
@@ -163,6 +163,18 @@ def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer
     if out_norm is None:
         return _dot(gated, down, n, h, live_rows, layer)
     return h + rms_norm(_dot(gated, down, n, live_rows=live_rows, layer=layer), out_norm, eps)
+
+
+def _weightless_norm(x, eps: float):
+    """x RMS-normalised over its last axis without a weight (in float32, cast back: Llama 4's q/k norm)."""
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def _where_rotating(cfg: ModelConfig, layer, rotating, other):
+    """`rotating` in a layer with rotary embedding, `other` in one without (every layer rotates where rope_layers is
+    empty)."""
+    return jnp.where(jnp.asarray(cfg.rope_layers)[layer], rotating, other) if cfg.rope_layers else rotating
 
 
 def _lora_delta(x, lora, name: str):
@@ -373,7 +385,7 @@ class DecoderLayers(nnx.Module):
             # DeepSeek's routers' logits in float32 (transformers' DeepSeek V2/V3 and GLM-4.5 routers compute them so)
             router_dtype = jnp.float32 if cfg.router_float32 else dtype
             self.router = _param((L, D, E), router_dtype, ("layers", "embed", "experts"))
-            if cfg.router_scoring == "sigmoid":
+            if cfg.router_correction:
                 self.router_correction = _param((L, E), jnp.float32, ("layers", "experts"))
             if cfg.mxfp4_experts:  # as pallas_kernels.cpu.pack_mxfp4_panels packs them (registry._GptOssTensors)
                 from pallas_kernels.cpu import PANEL
@@ -521,8 +533,9 @@ class DecoderLayers(nnx.Module):
 
                 qkv = qkv + jax.lax.cond(lora[2], qkv_update, lambda: jnp.zeros((T, q_width + 2 * kv_width))
                                          ).astype(qkv.dtype)
-        if (qkv is not None and not (cfg.qkv_bias or cfg.qk_norm)
-                and kv_writer(kv_cache, qkv.dtype, self.attention_backend) == "cpu"):
+        backend = self.attention_backend if min(cfg.sliding_windows) >= 0 else "reference"  # chunked: its only body
+        if (qkv is not None and not (cfg.qkv_bias or cfg.qk_norm or cfg.qk_l2_norm)
+                and kv_writer(kv_cache, qkv.dtype, backend) == "cpu"):
             # The native writer rotates q and k on the way: one pass from the fused projection instead of
             # XLA's split, rotations and K/V interleave.
             from pallas_kernels import cpu
@@ -550,13 +563,16 @@ class DecoderLayers(nnx.Module):
                 q = rms_norm(q, self.norm("q_norm"), eps)
                 k = rms_norm(k, self.norm("k_norm"), eps)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-            kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=self.attention_backend, scales=scales)
-        if cfg.q_position_scale:  # Ministral 3: queries scaled up with the position (Llama 4's temperature)
-            beta, length = cfg.q_position_scale
-            scale = 1 + beta * jnp.log1p(jnp.floor(batch.positions.astype(jnp.float32) / length))
-            q = q * scale.reshape(-1, *(1,) * (q.ndim - 1)).astype(q.dtype)
+            if cfg.qk_l2_norm:  # Llama 4: after the rotation, in the rotating layers
+                q, k = (_where_rotating(cfg, layer, _weightless_norm(x, eps), x) for x in (q, k))
+            kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=backend, scales=scales)
+        if cfg.q_position_scale:  # Ministral 3, Llama 4: queries scaled up with the position (attention temperature)
+            beta, length, offset, nope_only = cfg.q_position_scale
+            scale = 1 + beta * jnp.log1p(jnp.floor((batch.positions.astype(jnp.float32) + offset) / length))
+            scaled = q * scale.reshape(-1, *(1,) * (q.ndim - 1)).astype(q.dtype)
+            q = _where_rotating(cfg, layer, q, scaled) if nope_only else scaled
         o = attention(q, kv_cache, layer, batch, sm_scale=cfg.sm_scale, sliding_window=window,
-                      soft_cap=cfg.attn_logit_softcap, backend=self.attention_backend, scales=scales,
+                      soft_cap=cfg.attn_logit_softcap, backend=backend, scales=scales,
                       sinks=self.sinks[...] if cfg.attn_sinks else None).reshape(T, -1)
         return o, kv_cache
 
@@ -653,6 +669,7 @@ class DecoderLayers(nnx.Module):
                               renormalize=cfg.norm_topk_prob, activation=cfg.hidden_act, layer=layer, live_rows=live,
                               swiglu=(cfg.swiglu_alpha, cfg.swiglu_limit),
                               folded_bias=cfg.moe_bias and "expert_gate_up" in projections and not cfg.mxfp4_experts,
+                              scale_inputs=cfg.moe_input_scaled,
                               **{name.removeprefix("expert_"): w for name, w in projections.items()})
             out = experts if out is None else out + experts
         if cfg.sandwich_norms:
@@ -680,7 +697,8 @@ def layer_groups(cfg: ModelConfig) -> tuple[tuple[str, int, ModelConfig], ...]:
         if dense:
             group = dataclasses.replace(group, num_experts=0, experts_per_token=0, moe_intermediate_size=0,
                                         intermediate_size=cfg.dense_intermediate_size, shared_expert_gate=False,
-                                        moe_bias=False, router_scoring="softmax", router_groups=(), routed_scaling=1.0)
+                                        moe_bias=False, router_scoring="softmax", router_groups=(), routed_scaling=1.0,
+                                        router_float32=False, router_correction=False, moe_input_scaled=False)
         groups.append(("layers" if n == 0 else f"layers{n}", first, group))
     return tuple(groups)
 
@@ -804,7 +822,9 @@ class LlamaForCausalLM(nnx.Module):
     def attention_body(self, page_size: int) -> str:
         """The attention body the layers run (building and registering the native CPU kernel if it is that)."""
         if self.cfg.latent_attention:
-            return latent_body(self.attention_backend)
+            return reference_body(self.attention_backend, "multi-head latent attention (DeepSeek V2/V3)")
+        if min(self.cfg.sliding_windows) < 0:
+            return reference_body(self.attention_backend, "chunked attention (Llama 4)")
         name, _ = select_body(self.attention_backend, self.cfg.head_dim, page_size, (self.dtype, self.kv_dtype))
         return name
 
@@ -877,8 +897,11 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
     if cfg.pre_norms:
         per_layer |= {"input_layernorm.weight": ("attn_norm", False),
                       "post_attention_layernorm.weight": ("mlp_norm", False)}
-    # a mixture of experts' dense MLP: Qwen2 MoE's shared expert, DeepSeek V3's shared experts (GLM-4.5's, dots')
-    dense = ("mlp.shared_expert" if cfg.shared_expert_gate else "mlp.shared_experts") if cfg.num_experts else "mlp"
+    # a mixture of experts' dense MLP: Qwen2 MoE's shared expert, DeepSeek V3's shared experts (GLM-4.5's, dots'), Llama
+    # 4's shared expert (its MLPs are `feed_forward`s)
+    mlp = "feed_forward" if cfg.architecture in LLAMA4_ARCHITECTURES else "mlp"
+    dense = (f"{mlp}.shared_expert" if cfg.shared_expert_gate or mlp == "feed_forward" else "mlp.shared_experts") \
+        if cfg.num_experts else mlp
     if cfg.intermediate_size:
         per_layer |= {f"{dense}.{p}_proj.weight": (f"{p}_proj", True) for p in ("gate", "up", "down")}
     if cfg.shared_expert_gate:
@@ -893,11 +916,15 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         else:
             per_layer |= {f"mlp.experts.{p}_proj{bias}": (f"expert_{p}{bias}", False)
                           for p in ("gate", "up", "down") for bias in ("", "_bias")}
+    elif cfg.num_experts and mlp == "feed_forward":  # Llama 4: each layer's experts stacked ([E, in, out]), gate/up
+        # split apart at load (registry._llama4_experts)
+        per_layer |= {"feed_forward.router.weight": ("router", True)} | {
+            f"feed_forward.experts.{p}_proj": (f"expert_{p}", False) for p in ("gate", "up", "down")}
     elif cfg.num_experts:
         mixtral = cfg.architecture == "MixtralForCausalLM"
         moe = "block_sparse_moe" if mixtral else "mlp"
         per_layer[f"{moe}.gate.weight"] = ("router", True)
-        if cfg.router_scoring == "sigmoid":
+        if cfg.router_correction:
             per_layer[f"{moe}.gate.e_score_correction_bias"] = ("router_correction", False)
         projections = (("w1", "gate"), ("w3", "up"), ("w2", "down")) if mixtral else (
             (f"{p}_proj", p) for p in ("gate", "up", "down"))

@@ -9,6 +9,7 @@ from jaxengine.models.config import (GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, Mod
                                      dots1_config_from_hf, ernie4_5_config_from_hf, exaone4_config_from_hf,
                                      gemma3_language_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
                                      glm_config_from_hf, gpt_oss_config_from_hf, granite_config_from_hf,
+                                     llama4_config_from_hf,
                                      ministral3_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
                                      moe_config_from_hf, olmo2_config_from_hf, olmoe_config_from_hf,
                                      seed_oss_config_from_hf, smollm3_config_from_hf)
@@ -83,6 +84,15 @@ def _without_mtp_layers(name: str, array, cfg: ModelConfig) -> list:
     return [(name, array)]
 
 
+def _llama4_experts(name: str, array, cfg: ModelConfig) -> list:
+    """Llama 4's experts' `gate_up_proj` ([E, hidden, 2 x I]: the gate's columns, then the up projection's) as the
+    weight map's `gate_proj` and `up_proj`."""
+    if name.endswith(".feed_forward.experts.gate_up_proj"):
+        head, width = name[: -len("gate_up_proj")], array.shape[-1] // 2
+        return [(head + "gate_proj", array[..., :width]), (head + "up_proj", array[..., width:])]
+    return [(name, array)]
+
+
 class _GptOssTensors:
     """GPT-OSS's tensors as the weight map knows them (an instance for each load). A layer's experts' `gate_up_proj`
     ([E, hidden, 2 x I], as transformers keeps it) and its bias ([E, 2 x I]) hold the gate's and the up
@@ -154,7 +164,8 @@ def _base_model(causal_name: str, classifier: bool = False) -> "Architecture":
 
 _GEMMA3_LANGUAGE = (("language_model.model.", "model."), ("model.language_model.", "model."),
                     ("language_model.lm_head.", "lm_head."))
-_GEMMA3_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+_GEMMA3_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
+                  "vision_model.", "model.vision_model.")  # Llama 4's tower: vision_model
 
 
 def _language_model_tensor(name: str) -> str | None:
@@ -205,6 +216,10 @@ _REGISTRY = {
     # Mistral Small 3.1/3.2 and Ministral 3, served as text models likewise
     "Mistral3ForConditionalGeneration": Architecture(LlamaForCausalLM, mistral3_language_config_from_hf,
                                                      _language_model_tensor),
+    # Llama 4 (Scout, Maverick; the multimodal checkpoints served as text models likewise)
+    "Llama4ForCausalLM": Architecture(LlamaForCausalLM, llama4_config_from_hf, split_tensor=_llama4_experts),
+    "Llama4ForConditionalGeneration": Architecture(LlamaForCausalLM, llama4_config_from_hf, _language_model_tensor,
+                                                   split_tensor=_llama4_experts),
 }
 
 _REGISTRY |= {name.replace("ForCausalLM", "Model"): _base_model(name)
