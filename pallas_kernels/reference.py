@@ -75,17 +75,24 @@ def ragged_paged_attention(
 
     def single_body(c, carry):
         pages = jax.lax.dynamic_slice_in_dim(padded, c * chunk_pages, chunk_pages, axis=1)  # [R, chunk_pages]
-        k, v = split(jnp.take(rows, pages, axis=0).reshape(num_reqs, chunk, kv_width, head_dim))  # [R, C, Hkv, D]
-        s = jnp.einsum("rhgd,rchd->rhgc", q_single, k)
+        gathered = jnp.take(rows, pages, axis=0).reshape(num_reqs, chunk, kv_width, head_dim)  # [R, C, Hkv, D]
         k_pos = c * chunk + jnp.arange(chunk, dtype=jnp.int32)
         mask = (k_pos[None] < kv_len[:, None]) & (k_pos[None] >= first_key[:, None])  # [R, C]
+        if shared_values:  # keys first, the rows whole as values: XLA:CPU multiplies the gathered rows as they lie
+            # (no transposed or sliced copy of them; the rotary part's outputs are dropped after), ~20% faster
+            kv = gathered.astype(jnp.float32)
+            s = jnp.einsum("rchd,rhgd->rhcg", kv, q_single)
+            return walk(carry, s, mask[:, None, :, None], kv, "rhcg,rchd->rhgd", axis=2)
+        k, v = split(gathered)
+        s = jnp.einsum("rhgd,rchd->rhgc", q_single, k)
         return walk(carry, s, mask[:, None, None, :], v, "rhgc,rchd->rhgd")
 
     lo = jnp.min(jnp.where(single, first_key, jnp.iinfo(jnp.int32).max)) // chunk
     hi = (jnp.max(kv_len) + chunk - 1) // chunk
     state = (num_reqs, num_kv_heads, group)
-    _, l, acc = jax.lax.fori_loop(jnp.minimum(lo, hi), hi, single_body, _init(state, value_dim, head_sinks))
-    out_single = _normalise(l, acc)  # [R, Hkv, G, D]
+    _, l, acc = jax.lax.fori_loop(jnp.minimum(lo, hi), hi, single_body,
+                                  _init(state, head_dim if shared_values else value_dim, head_sinks))
+    out_single = _normalise(l, acc)[..., :value_dim]  # [R, Hkv, G, D]
     out = jnp.zeros((num_tokens + 1, num_kv_heads, group, value_dim), jnp.float32)
     out = out.at[jnp.where(single, first_token, num_tokens)].set(out_single)[:num_tokens]
 
@@ -153,17 +160,17 @@ def _init(shape, head_dim, sinks=None):
     return jnp.broadcast_to(sinks, shape), jnp.ones(shape), jnp.zeros(shape + (head_dim,))
 
 
-def _softmax_step(carry, s, mask, v, pv_spec, *, soft_cap):
-    """One chunk of the online softmax: scores `s` (last axis: keys), their mask, the chunk's values."""
+def _softmax_step(carry, s, mask, v, pv_spec, *, soft_cap, axis=-1):
+    """One chunk of the online softmax: scores `s` (keys along `axis`), their mask, the chunk's values."""
     m, l, acc = carry
     if soft_cap is not None:
         s = soft_cap * jnp.tanh(s / soft_cap)
     s = jnp.where(mask, s, -jnp.inf)
-    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    m_new = jnp.maximum(m, jnp.max(s, axis=axis))
     m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-    p = jnp.exp(s - m_safe[..., None])
+    p = jnp.exp(s - jnp.expand_dims(m_safe, axis))
     correction = jnp.exp(jnp.where(jnp.isfinite(m), m - m_safe, -jnp.inf))
-    l = l * correction + jnp.sum(p, axis=-1)
+    l = l * correction + jnp.sum(p, axis=axis)
     acc = acc * correction[..., None] + jnp.einsum(pv_spec, p, v)
     return m_new, l, acc
 

@@ -165,6 +165,24 @@ def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer
     return h + rms_norm(_dot(gated, down, n, live_rows=live_rows, layer=layer), out_norm, eps)
 
 
+def _per_head(x, w, n: int, layer):
+    """x [T, heads, K] times each head's weight (w [heads, K, n]) -> float32 [T, heads, n]. Packed for the native CPU
+    matmul ([heads, P, K2, 64], or all layers' [L, heads, P, K2, 64] read in place at `layer`): its grouped form, one
+    group of T rows per head; otherwise XLA's batched dot (in float32 on CPU, whose batched dot takes no bfloat16
+    operands)."""
+    if w.ndim < 4:
+        if jax.default_backend() == "cpu":
+            w = w.astype(jnp.float32)
+        return jnp.einsum("thk,hkn->thn", x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+    from pallas_kernels import cpu
+
+    T, H, K = x.shape
+    rows = x.astype(jnp.float32).transpose(1, 0, 2).reshape(H * T, K)
+    out = cpu.grouped_matmul_bf16(rows, w.reshape(-1, *w.shape[-3:]), jnp.full((H,), T, jnp.int32),
+                                  layer * H if w.ndim == 5 else 0, n)
+    return out.reshape(H, T, n).transpose(1, 0, 2)
+
+
 def _weightless_norm(x, eps: float):
     """x RMS-normalised over its last axis without a weight (in float32, cast back: Llama 4's q/k norm)."""
     x32 = x.astype(jnp.float32)
@@ -201,7 +219,7 @@ def _plus(y, delta):
 
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "expert_gate", "expert_up",
-           "expert_down", "q_a_proj", "q_b_proj", "kv_a_proj")
+           "expert_down", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_k", "kv_b_v")
 
 
 def _norm_scale(cfg: ModelConfig, weight: jax.Array) -> jax.Array:
@@ -432,8 +450,9 @@ class DecoderLayers(nnx.Module):
         """Multi-head latent attention's projections (DeepSeek V2/V3; ModelConfig.kv_lora_rank): the queries from the
         hidden state (`q_proj`) or through a normed latent (`q_a_proj`, `q_a_norm`, `q_b_proj`), each head's
         unrotated then rotated dimensions; the KV latent and the rotary key (`kv_a_proj`), the latent's norm; the
-        latent's up-projection to each head's unrotated key and its value (`kv_b_proj`, [latent, heads x (nope +
-        v)]: absorbed into the queries and the attention's output, `_latent_attention`); `o_proj`."""
+        latent's up-projection to each head's unrotated key and its value (the checkpoint's kv_b_proj as each head's
+        key part `kv_b_k` [heads, nope, latent] and value part `kv_b_v` [heads, latent, v], registry._deepseek_tensors:
+        absorbed into the queries and the attention's output, `_latent_attention`); `o_proj`."""
         cfg = self.cfg
         L, D, H, R = cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.kv_lora_rank
         qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
@@ -445,8 +464,8 @@ class DecoderLayers(nnx.Module):
             self.q_proj = _param((L, D, H * qk), dtype, ("layers", "embed", "heads"))
         self.kv_a_proj = _param((L, D, R + cfg.qk_rope_head_dim), dtype, ("layers", "embed", "latent"))
         self.kv_a_norm = _param((L, R), dtype, ("layers", "latent"))
-        self.kv_b_proj = _param((L, R, H * (cfg.qk_nope_head_dim + cfg.v_head_dim)), dtype,
-                                ("layers", "latent", "heads"))
+        self.kv_b_k = _param((L, H, cfg.qk_nope_head_dim, R), dtype, ("layers", "heads", "head_dim", "latent"))
+        self.kv_b_v = _param((L, H, R, cfg.v_head_dim), dtype, ("layers", "heads", "latent", "head_dim"))
         self.o_proj = _param((L, H * cfg.v_head_dim, D), dtype, ("layers", "heads", "embed"))
 
     def norm(self, name: str) -> jax.Array | None:
@@ -597,13 +616,11 @@ class DecoderLayers(nnx.Module):
                                                weights_layer), [R], -1)
         latent = rms_norm(latent, self.norm("kv_a_norm"), LATENT_NORM_EPS)
         q_rope, k_rope = apply_rope(q_rope, *rope), apply_rope(k_rope[:, None, :], *rope)
-        kv_b = self.kv_b_proj[...].reshape(R, H, nope + cfg.v_head_dim)
-        q_latent = jnp.einsum("thn,rhn->thr", q_nope.astype(kv_b.dtype), kv_b[..., :nope],
-                              preferred_element_type=jnp.float32).astype(q.dtype)
+        q_latent = _per_head(q_nope, self.kv_b_k[...], R, weights_layer).astype(q.dtype)
         kv_cache = write_latent(kv_cache, layer, jnp.concatenate([latent[:, None, :], k_rope], -1), slots)
         values = latent_attention(jnp.concatenate([q_latent, q_rope], -1), kv_cache, layer, batch,
                                   sm_scale=cfg.sm_scale, value_dim=R)
-        o = jnp.einsum("thr,rhv->thv", values.astype(kv_b.dtype), kv_b[..., nope:], preferred_element_type=jnp.float32)
+        o = _per_head(values, self.kv_b_v[...], cfg.v_head_dim, weights_layer)
         return o.reshape(T, H * cfg.v_head_dim).astype(h.dtype), kv_cache
 
     def _adapted_mlp(self, h, live, layer, lora):
@@ -893,7 +910,8 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
                   "q_b_proj.weight": ("q_b_proj", True)} if cfg.q_lora_rank else {"q_proj.weight": ("q_proj", True)})
         per_layer = {f"self_attn.{name}": ours for name, ours in (query | {
             "kv_a_proj_with_mqa.weight": ("kv_a_proj", True), "kv_a_layernorm.weight": ("kv_a_norm", False),
-            "kv_b_proj.weight": ("kv_b_proj", True), "o_proj.weight": ("o_proj", True)}).items()}
+            "kv_b_proj.key": ("kv_b_k", False), "kv_b_proj.value": ("kv_b_v", False),  # registry._deepseek_tensors
+            "o_proj.weight": ("o_proj", True)}).items()}
     if cfg.pre_norms:
         per_layer |= {"input_layernorm.weight": ("attn_norm", False),
                       "post_attention_layernorm.weight": ("mlp_norm", False)}

@@ -93,6 +93,19 @@ def _llama4_experts(name: str, array, cfg: ModelConfig) -> list:
     return [(name, array)]
 
 
+def _deepseek_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """DeepSeek's tensors as the weight map knows them: its multi-token-prediction layers dropped
+    (`_without_mtp_layers`); each layer's kv_b_proj ([heads x (nope + v), latent]) as each head's key part
+    `kv_b_proj.key` [heads, nope, latent] and value part `kv_b_proj.value` [heads, latent, v], the layouts the
+    absorbed attention multiplies by (llama.DecoderLayers._latent_attention)."""
+    if name.endswith(".self_attn.kv_b_proj.weight"):
+        nope = cfg.qk_nope_head_dim
+        heads = np.asarray(array).reshape(cfg.num_heads, nope + cfg.v_head_dim, cfg.kv_lora_rank)
+        stem = name[: -len(".weight")]
+        return [(stem + ".key", heads[:, :nope]), (stem + ".value", heads[:, nope:].transpose(0, 2, 1))]
+    return _without_mtp_layers(name, array, cfg)
+
+
 class _GptOssTensors:
     """GPT-OSS's tensors as the weight map knows them (an instance for each load). A layer's experts' `gate_up_proj`
     ([E, hidden, 2 x I], as transformers keeps it) and its bias ([E, 2 x I]) hold the gate's and the up
@@ -201,8 +214,8 @@ _REGISTRY = {
     "Glm4MoeForCausalLM": Architecture(LlamaForCausalLM, glm4_moe_config_from_hf, split_tensor=_without_mtp_layers),
     "Dots1ForCausalLM": Architecture(LlamaForCausalLM, dots1_config_from_hf),
     # DeepSeek V2/V3 (Kimi K2, Moonlight): multi-head latent attention; V3's MTP layers skipped
-    "DeepseekV2ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf),
-    "DeepseekV3ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_without_mtp_layers),
+    "DeepseekV2ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
+    "DeepseekV3ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
 } | {name: Architecture(LlamaForCausalLM, glm_config_from_hf, split_tensor=_phi3_split)  # gate/up fused
      for name in GLM_ARCHITECTURES} | {
     name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES} | {

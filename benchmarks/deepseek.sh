@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# DeepSeek (multi-head latent attention) on this CPU: the shared workload (64 prompts x 128 random tokens -> 128,
+# greedy) on a DeepSeek V2 checkpoint scaled to 2 cores (make_deepseek.py: DeepSeek-V2-Lite's layer at width 1024, 12
+# layers, 16 experts, top 4; bfloat16), ours then vLLM's CPU build (when PEER_VENV is set) in the same run, and our
+# single-request latency. One JSON line per measurement.
+#   MODELS=/tmp/jaxengine-peer-models PEER_VENV=/path/.venv-vllm RUNS=3 bash benchmarks/deepseek.sh
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+source "$here/shared_workload_env.sh"  # peers, models, runs, engine_settings, peer_env (vLLM's environment)
+model="$models/deepseek-mini"
+[ -d "$model" ] || python "$here/make_deepseek.py" "$models" >&2
+jaxengine bench throughput --model "$model" "${engine_settings[@]}" --runs "$runs"
+if [ -n "${PEER_VENV:-}" ]; then
+    env "${peer_env[@]}" VLLM_ENABLE_V1_MULTIPROCESSING=0 "$PEER_VENV/bin/python" "$here/vllm_offline_sampled.py" \
+        "$model" --peers "$peers" --runs "$runs" --temperature 0
+fi
+jaxengine bench latency --model "$model" "${engine_settings[@]}" --batch-size 1 --num-iters 5
