@@ -23,14 +23,15 @@ def token_slots(batch: RaggedBatch, page_size: int, num_pages: int) -> tuple[jax
     return jnp.where(valid, page, num_pages), batch.positions % page_size  # i32[T], i32[T]
 
 
-def kv_writer(kv_cache: jax.Array, dtype, backend: str = "auto") -> str:
+def kv_writer(kv_cache: jax.Array, dtype, backend: str = "auto", one_device: bool = False) -> str:
     """Which body writes K/V of `dtype` into this cache: that of the attention body that reads it ("cpu",
-    "tpu"), or an XLA scatter (any other name). On CPU the native writer also writes for the reference body where it
+    "tpu"), or an XLA scatter (any other name). On one CPU device (`one_device`: the cache is not sharded, which the
+    native writer's one custom call could not be) the native writer also writes for the reference body where it
     builds (every body reads the same layout): inside the layer loop XLA:CPU's scatter of a one-token step copied the
     whole cache around each layer's write (measured: a 16-token batch-1 decode of the shared model over a 0.25 GiB
     float32 cache, 47 s)."""
     name = select_body(backend, kv_cache.shape[-1], kv_cache.shape[2], (dtype, kv_cache.dtype))[0]
-    if name == "reference" and jax.default_backend() == "cpu":
+    if name == "reference" and one_device and jax.default_backend() == "cpu":
         from pallas_kernels import cpu
 
         if cpu.available() and cpu.supports(jnp.float32, kv_cache.dtype):
@@ -58,13 +59,14 @@ def write_kv(
     slots: tuple[jax.Array, jax.Array],
     backend: str = "auto",
     scales: jax.Array | None = None,  # f32[2]: the KV cache's scales (K's, V's); None: 1
+    one_device: bool = False,  # the cache is on one device (kv_writer)
 ) -> jax.Array:
     """Writes this step's K/V (divided by their scales) into their pages in place (the cache is donated): the
     TPU companion kernel where the TPU attention body runs, the native writer where the native CPU body runs
     (XLA:CPU's scatter converts a whole bfloat16 or float8 cache around each write), otherwise an XLA scatter."""
     num_tokens, num_kv_heads, head_dim = k.shape
     page, offset = slots
-    name = kv_writer(kv_cache, k.dtype, backend)
+    name = kv_writer(kv_cache, k.dtype, backend, one_device)
     if name == "cpu":
         from pallas_kernels import cpu
 
@@ -87,11 +89,12 @@ def write_latent(
     layer: jax.Array,  # i32[]
     rows: jax.Array,  # [T, 1, head_dim]: each token's latent and rotary key
     slots: tuple[jax.Array, jax.Array],
+    one_device: bool = False,  # the cache is on one device (kv_writer)
 ) -> jax.Array:
-    """Writes this step's latent KV rows into their pages in place (the cache is donated): on CPU the native writer
-    where it builds (each row as write_kv writes a K/V row: `kv_writer`), otherwise an XLA scatter."""
+    """Writes this step's latent KV rows into their pages in place (the cache is donated): on one CPU device the
+    native writer where it builds (each row as write_kv writes a K/V row: `kv_writer`), otherwise an XLA scatter."""
     page, offset = slots
-    if kv_writer(kv_cache, rows.dtype, "reference") == "cpu":
+    if kv_writer(kv_cache, rows.dtype, "reference", one_device) == "cpu":
         from pallas_kernels import cpu
 
         return cpu.write_kv(kv_cache, layer, rows.astype(jnp.float32), page, offset)

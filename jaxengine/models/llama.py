@@ -359,10 +359,13 @@ LATENT_NORM_EPS = 1e-6
 class DecoderLayers(nnx.Module):
     """All decoder layers; every parameter has a leading `num_layers` axis. Calling it runs one layer's slice."""
 
-    def __init__(self, cfg: ModelConfig, dtype, attention_backend: str = "auto", first_layer: int = 0):
-        """`cfg`: the layers' (layer_groups': `num_layers` of them, the model's from `first_layer` on)."""
+    def __init__(self, cfg: ModelConfig, dtype, attention_backend: str = "auto", first_layer: int = 0,
+                 one_device: bool = True):
+        """`cfg`: the layers' (layer_groups': `num_layers` of them, the model's from `first_layer` on). `one_device`:
+        the model runs on one device (the KV writer's choice: layers.attention.kv_writer)."""
         L, D, I = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size
         self.attention_backend = attention_backend
+        self.one_device = one_device
         self.first_layer = first_layer  # the KV cache's layer of this stack's first
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.cfg = cfg
@@ -554,7 +557,7 @@ class DecoderLayers(nnx.Module):
                                          ).astype(qkv.dtype)
         backend = self.attention_backend if min(cfg.sliding_windows) >= 0 else "reference"  # chunked: its only body
         if (qkv is not None and not (cfg.qkv_bias or cfg.qk_norm or cfg.qk_l2_norm)
-                and kv_writer(kv_cache, qkv.dtype, backend) == "cpu"):
+                and kv_writer(kv_cache, qkv.dtype, backend, self.one_device) == "cpu"):
             # The native writer rotates q and k on the way: one pass from the fused projection instead of
             # XLA's split, rotations and K/V interleave.
             from pallas_kernels import cpu
@@ -584,7 +587,8 @@ class DecoderLayers(nnx.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             if cfg.qk_l2_norm:  # Llama 4: after the rotation, in the rotating layers
                 q, k = (_where_rotating(cfg, layer, _weightless_norm(x, eps), x) for x in (q, k))
-            kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=backend, scales=scales)
+            kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=backend, scales=scales,
+                                one_device=self.one_device)
         if cfg.q_position_scale:  # Ministral 3, Llama 4: queries scaled up with the position (attention temperature)
             beta, length, offset, nope_only = cfg.q_position_scale
             scale = 1 + beta * jnp.log1p(jnp.floor((batch.positions.astype(jnp.float32) + offset) / length))
@@ -617,7 +621,8 @@ class DecoderLayers(nnx.Module):
         latent = rms_norm(latent, self.norm("kv_a_norm"), LATENT_NORM_EPS)
         q_rope, k_rope = apply_rope(q_rope, *rope), apply_rope(k_rope[:, None, :], *rope)
         q_latent = _per_head(q_nope, self.kv_b_k[...], R, weights_layer).astype(q.dtype)
-        kv_cache = write_latent(kv_cache, layer, jnp.concatenate([latent[:, None, :], k_rope], -1), slots)
+        kv_cache = write_latent(kv_cache, layer, jnp.concatenate([latent[:, None, :], k_rope], -1), slots,
+                                self.one_device)
         values = latent_attention(jnp.concatenate([q_latent, q_rope], -1), kv_cache, layer, batch,
                                   sm_scale=cfg.sm_scale, value_dim=R)
         o = _per_head(values, self.kv_b_v[...], cfg.v_head_dim, weights_layer)
@@ -721,9 +726,10 @@ def layer_groups(cfg: ModelConfig) -> tuple[tuple[str, int, ModelConfig], ...]:
 
 
 class LlamaForCausalLM(nnx.Module):
-    def __init__(self, cfg: ModelConfig, dtype=jnp.float32, attention_backend: str = "auto", param_dtype=None):
+    def __init__(self, cfg: ModelConfig, dtype=jnp.float32, attention_backend: str = "auto", param_dtype=None,
+                 one_device: bool = True):
         """`dtype`: activations (and the KV cache's default, `kv_dtype`); `param_dtype` (default: `dtype`): the
-        weights."""
+        weights. `one_device`: the model runs on one device, not over a mesh (DecoderLayers)."""
         self.cfg = cfg
         self.dtype = dtype
         self.kv_dtype = dtype  # the KV cache's; the engine may choose another (LLMEngine._kv_cache_dtype)
@@ -731,7 +737,7 @@ class LlamaForCausalLM(nnx.Module):
         self.attention_backend = attention_backend
         self.embed = _param((cfg.vocab_size, cfg.hidden_size), param_dtype, ("vocab", "embed"))
         for name, first, group in layer_groups(cfg):
-            setattr(self, name, DecoderLayers(group, param_dtype, attention_backend, first))
+            setattr(self, name, DecoderLayers(group, param_dtype, attention_backend, first, one_device))
         self.final_norm = _param((cfg.hidden_size,), param_dtype, ("embed",))
         if not cfg.tie_word_embeddings:
             self.lm_head = _param((cfg.hidden_size, cfg.vocab_size), param_dtype, ("embed", "vocab"))

@@ -172,7 +172,8 @@ def load_model(model: str | Path, dtype: str = "auto", progress: bool = True, me
     cfg = dataclasses.replace(cfg, num_kv_heads=cfg.num_kv_heads * repeats)
 
     def build():
-        built = arch.model_class(cfg, jdtype, attention_backend, param_dtype=param_dtype)
+        built = arch.model_class(cfg, jdtype, attention_backend, param_dtype=param_dtype,
+                                 one_device=mesh is None or mesh.devices.size == 1)
         if unstacked and not orbax:
             built.unstack_layers()
         return built
