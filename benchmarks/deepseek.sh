@@ -6,12 +6,7 @@
 #   MODELS=/tmp/jaxengine-peer-models PEER_VENV=/path/.venv-vllm RUNS=3 bash benchmarks/deepseek.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-source "$here/shared_workload_env.sh"  # peers, models, runs, engine_settings, peer_env (vLLM's environment)
+source "$here/shared_workload_env.sh"  # peers, models, runs, engine_settings, peer_env, ours_then_peer
 model="$models/deepseek-mini"
 [ -d "$model" ] || python "$here/make_deepseek.py" "$models" >&2
-jaxengine bench throughput --model "$model" "${engine_settings[@]}" --runs "$runs"
-if [ -n "${PEER_VENV:-}" ]; then
-    env "${peer_env[@]}" VLLM_ENABLE_V1_MULTIPROCESSING=0 "$PEER_VENV/bin/python" "$here/vllm_offline_sampled.py" \
-        "$model" --peers "$peers" --runs "$runs" --temperature 0
-fi
-jaxengine bench latency --model "$model" "${engine_settings[@]}" --batch-size 1 --num-iters 5
+ours_then_peer "$model"

@@ -3,7 +3,7 @@
 # engine's flags for the workload (`--model` aside); `peer_env`, the environment vLLM's CPU build runs in, and
 # PEER_VENV made absolute where it is set. The peer's fastest settings (../shared/peers/README.md): no CPUs
 # reserved, a 2 GiB KV cache, and, each where present, tcmalloc (Debian's libtcmalloc-minimal4) and the venv's
-# libiomp5 preloaded.
+# libiomp5 preloaded; `ours_then_peer MODEL_DIR`, the runs a model's script makes on it (below).
 peers="${PEERS:-$here/../../shared/peers}"
 models="${MODELS:-/tmp/jaxengine-peer-models}"
 runs="${RUNS:-3}"
@@ -18,3 +18,14 @@ if [ -n "${PEER_VENV:-}" ]; then
     [ -f "$PEER_VENV/lib/libiomp5.so" ] && preload+=("$PEER_VENV/lib/libiomp5.so")
     [ ${#preload[@]} -gt 0 ] && peer_env+=(LD_PRELOAD="${preload[*]}")
 fi
+
+# Ours then vLLM's CPU build (where PEER_VENV is set) on the shared workload, greedy, over the checkpoint $1; then our
+# single-request latency. One JSON line each.
+ours_then_peer() {
+    jaxengine bench throughput --model "$1" "${engine_settings[@]}" --runs "$runs"
+    if [ -n "${PEER_VENV:-}" ]; then
+        env "${peer_env[@]}" VLLM_ENABLE_V1_MULTIPROCESSING=0 "$PEER_VENV/bin/python" "$here/vllm_offline_sampled.py" \
+            "$1" --peers "$peers" --runs "$runs" --temperature 0
+    fi
+    jaxengine bench latency --model "$1" "${engine_settings[@]}" --batch-size 1 --num-iters 5
+}
