@@ -45,6 +45,13 @@ def test_batched_greedy_matches_transformers(arch, engines, hf_expected):
     check_greedy(engines(arch), prompts, expected, "batched")
 
 
+def test_llama4_chunked_attention_decodes_as_transformers(engines, hf_expected):
+    """Llama 4 (tiny_models.LIGHT_SPECS: chunks of 24 keys on its rotating layer, a NoPE expert layer): prompts up to
+    200 tokens and their decode, chunked in 32-token steps, every query over its chunk's keys."""
+    prompts, expected = hf_expected("llama4")
+    check_greedy(engines("llama4", max_num_batched_tokens=32), prompts, expected, "llama4")
+
+
 def test_one_token_bucket_serves_a_lone_request(engines, hf_expected, monkeypatch):
     """The default buckets start at one token and one request row, so a lone decoding request runs
     vector-matrix products instead of paying for padding rows."""

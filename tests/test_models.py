@@ -222,13 +222,14 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("glm4moe", dict(cls="Dots1ForCausalLM", norm_topk_prob=False, sliding_window=20, use_sliding_window=True,
                      layer_types=["full_attention", "sliding_attention", "full_attention"],
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
-    # Granite, GLM-4-0414, SmolLM3, EXAONE 4, OLMoE, DeepSeek V2 (tiny_models.LIGHT_SPECS)
+    # Granite, GLM-4-0414, SmolLM3, EXAONE 4, OLMoE, DeepSeek V2, Llama 4 (tiny_models.LIGHT_SPECS)
     ("granite", dict(cls="GraniteForCausalLM")),
     ("glm4", dict(cls="Glm4ForCausalLM")),
     ("smollm3", dict(cls="SmolLM3ForCausalLM")),
     ("exaone4", dict(cls="Exaone4ForCausalLM")),
     ("olmoe", dict(cls="OlmoeForCausalLM")),
     ("deepseekv2", dict(cls="DeepseekV2ForCausalLM")),
+    ("llama4", dict(cls="Llama4ForCausalLM")),
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))),

@@ -94,16 +94,6 @@ SPECS = {
         rope_parameters=dict(
             rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=128, mscale=1.0,
             mscale_all_dim=0.8, beta_fast=32.0, beta_slow=1.0)),
-    # Llama 4: a dense first layer that rotates (interleaved pairs, llama3 scaling), q/k-normed without weights and
-    # attends in chunks of 24, then a NoPE expert layer (full attention, its queries' temperature growing every 8
-    # positions): the top 1 of 4 experts by sigmoid, its input weighted, beside a shared expert
-    "llama4": dict(
-        cls="Llama4ForCausalLM", config_cls="Llama4TextConfig", num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, intermediate_size=32, intermediate_size_mlp=48, num_local_experts=4, num_experts_per_tok=1,
-        interleave_moe_layer_step=2, no_rope_layer_interval=2, attention_chunk_size=24, floor_scale=8, attn_scale=0.5,
-        tie_word_embeddings=False, rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=4.0,
-                                                       low_freq_factor=1.0, high_freq_factor=4.0,
-                                                       original_max_position_embeddings=32)),
     # GPT-OSS: q/k/v/o biases and sinks, alternate sliding-window layers, YaRN without truncation, renormalised top
     # 2 of 4 experts with biases and the clamped SwiGLU (a clamp low enough to bind on these weights).
     "gptoss": dict(
@@ -120,7 +110,8 @@ SPECS = {
 # no_rope_layer_interval 2) beside a rotating one; EXAONE 4's output-only norms with per-head q/k norms, a
 # sliding-window layer and the full-attention one without rotary embedding; OLMoE's whole-projection q/k norms over
 # renormalised top 3 of 6 experts; DeepSeek V2's latent attention with queries straight from the hidden state and its
-# softmax router (top 3 within the 2 of 4 groups of the best single scores, times 2.0; two shared experts).
+# softmax router (top 3 within the 2 of 4 groups of the best single scores, times 2.0; two shared experts); Llama 4's
+# layers (tests/test_engine.py also decodes it through the engine).
 LIGHT_SPECS = {
     "granite": dict(
         cls="GraniteForCausalLM", num_attention_heads=4, num_key_value_heads=2, embedding_multiplier=3.0,
@@ -143,6 +134,16 @@ LIGHT_SPECS = {
         num_experts_per_tok=3, n_shared_experts=2, n_group=4, topk_group=2, topk_method="group_limited_greedy",
         first_k_dense_replace=1, routed_scaling_factor=2.0, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # Llama 4: a dense first layer that rotates (interleaved pairs, llama3 scaling), q/k-normed without weights and
+    # attends in chunks of 24, then a NoPE expert layer (full attention, its queries' temperature growing every 8
+    # positions): the top 1 of 4 experts by sigmoid, its input weighted, beside a shared expert
+    "llama4": dict(
+        cls="Llama4ForCausalLM", config_cls="Llama4TextConfig", num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=32, intermediate_size_mlp=48, num_local_experts=4, num_experts_per_tok=1,
+        interleave_moe_layer_step=2, no_rope_layer_interval=2, attention_chunk_size=24, floor_scale=8, attn_scale=0.5,
+        tie_word_embeddings=False, rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=4.0,
+                                                       low_freq_factor=1.0, high_freq_factor=4.0,
+                                                       original_max_position_embeddings=32)),
     "olmoe": dict(
         cls="OlmoeForCausalLM", num_attention_heads=4, num_key_value_heads=2, intermediate_size=40, num_experts=6,
         num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=False,
@@ -231,10 +232,10 @@ def make_mistral3_multimodal(out_dir: Path, tokenizer_dir: Path, text_model: str
 
 
 def make_llama4_multimodal(out_dir: Path, tokenizer_dir: Path) -> Path:
-    """Llama4ForConditionalGeneration with SPECS["llama4"]'s language model and a one-layer vision model."""
+    """Llama4ForConditionalGeneration with LIGHT_SPECS["llama4"]'s language model and a one-layer vision model."""
     import transformers
 
-    text = {k: v for k, v in (dict(COMMON) | SPECS["llama4"]).items() if k not in ("cls", "config_cls")}
+    text = {k: v for k, v in (dict(COMMON) | LIGHT_SPECS["llama4"]).items() if k not in ("cls", "config_cls")}
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
                   patch_size=14, vision_output_dim=32, projector_input_dim=32, projector_output_dim=64)
     config = transformers.Llama4Config(text_config=text, vision_config=vision, image_token_index=VOCAB_SIZE - 1,
