@@ -2,12 +2,14 @@ import jax
 import jax.numpy as jnp
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+def rms_norm(x: jax.Array, weight: jax.Array | None, eps: float) -> jax.Array:
     """Normalises in float32, casts back, then scales: the order transformers uses for Llama. A float32 weight
     (Gemma's 1 + weight, `gemma_scale`) scales in float32 before the cast, Gemma's order; for float32 x both
-    orders are the same numbers."""
+    orders are the same numbers. No weight (None): normalised only (Llama 4's q/k norm)."""
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if weight is None:
+        return normed.astype(x.dtype)
     if weight.dtype == jnp.float32:
         return (normed * weight).astype(x.dtype)
     return weight * normed.astype(x.dtype)

@@ -136,6 +136,11 @@ class ModelConfig:
         return self.kv_lora_rank > 0
 
     @property
+    def chunked_attention(self) -> bool:
+        """Some layer attends in chunks (Llama 4: a negative `sliding_windows` entry)."""
+        return min(self.sliding_windows, default=0) < 0
+
+    @property
     def rope_head_dim(self) -> int:
         """The width the rotary embedding's tables span: a head's (latent attention's: its rotated part's)."""
         return self.qk_rope_head_dim if self.latent_attention else self.head_dim

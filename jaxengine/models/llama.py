@@ -183,12 +183,6 @@ def _per_head(x, w, n: int, layer):
     return out.reshape(H, T, n).transpose(1, 0, 2)
 
 
-def _weightless_norm(x, eps: float):
-    """x RMS-normalised over its last axis without a weight (in float32, cast back: Llama 4's q/k norm)."""
-    x32 = x.astype(jnp.float32)
-    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
-
-
 def _where_rotating(cfg: ModelConfig, layer, rotating, other):
     """`rotating` in a layer with rotary embedding, `other` in one without (every layer rotates where rope_layers is
     empty)."""
@@ -555,7 +549,7 @@ class DecoderLayers(nnx.Module):
 
                 qkv = qkv + jax.lax.cond(lora[2], qkv_update, lambda: jnp.zeros((T, q_width + 2 * kv_width))
                                          ).astype(qkv.dtype)
-        backend = self.attention_backend if min(cfg.sliding_windows) >= 0 else "reference"  # chunked: its only body
+        backend = "reference" if cfg.chunked_attention else self.attention_backend  # chunked: its only body
         if (qkv is not None and not (cfg.qkv_bias or cfg.qk_norm or cfg.qk_l2_norm)
                 and kv_writer(kv_cache, qkv.dtype, backend, self.one_device) == "cpu"):
             # The native writer rotates q and k on the way: one pass from the fused projection instead of
@@ -586,7 +580,7 @@ class DecoderLayers(nnx.Module):
                 k = rms_norm(k, self.norm("k_norm"), eps)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             if cfg.qk_l2_norm:  # Llama 4: after the rotation, in the rotating layers
-                q, k = (_where_rotating(cfg, layer, _weightless_norm(x, eps), x) for x in (q, k))
+                q, k = (_where_rotating(cfg, layer, rms_norm(x, None, eps), x) for x in (q, k))
             kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=backend, scales=scales,
                                 one_device=self.one_device)
         if cfg.q_position_scale:  # Ministral 3, Llama 4: queries scaled up with the position (attention temperature)
@@ -846,7 +840,7 @@ class LlamaForCausalLM(nnx.Module):
         """The attention body the layers run (building and registering the native CPU kernel if it is that)."""
         if self.cfg.latent_attention:
             return reference_body(self.attention_backend, "multi-head latent attention (DeepSeek V2/V3)")
-        if min(self.cfg.sliding_windows) < 0:
+        if self.cfg.chunked_attention:
             return reference_body(self.attention_backend, "chunked attention (Llama 4)")
         name, _ = select_body(self.attention_backend, self.cfg.head_dim, page_size, (self.dtype, self.kv_dtype))
         return name
