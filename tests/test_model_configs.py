@@ -523,3 +523,75 @@ def test_llama4_hub_config_reads_its_layers_as_transformers_derives_them(maveric
     assert cfg.router_scoring == "sigmoid" and cfg.moe_input_scaled and not cfg.router_correction
     assert cfg.dense_mlp_layers == (tuple(range(0, 48, 2)) if maverick else ())
     assert cfg.dense_intermediate_size == 16384 and cfg.torch_dtype == "bfloat16"
+
+
+# LayerNorm models' hub configs (their config.json, keys as the hub has them)
+COMMAND_R_PLUS = dict(  # CohereForAI/c4ai-command-r-plus
+    architectures=["CohereForCausalLM"], model_type="cohere", hidden_size=12288, intermediate_size=33792,
+    num_attention_heads=96, num_key_value_heads=8, num_hidden_layers=64, vocab_size=256000, layer_norm_eps=1e-5,
+    logit_scale=0.8333333333333334, max_position_embeddings=131072, rope_theta=75000000.0, use_qk_norm=True,
+    tie_word_embeddings=True, hidden_act="silu", attention_bias=False, bos_token_id=5, eos_token_id=255001)
+COMMAND_R7B = dict(  # CohereForAI/c4ai-command-r7b-12-2024 (its layer pattern as a number)
+    architectures=["Cohere2ForCausalLM"], model_type="cohere2", hidden_size=4096, intermediate_size=14336,
+    num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32, vocab_size=256000, layer_norm_eps=1e-5,
+    logit_scale=0.25, max_position_embeddings=8192, rope_theta=50000.0, sliding_window=4096, sliding_window_pattern=4,
+    tie_word_embeddings=True, hidden_act="silu", attention_bias=False)
+PHI_2 = dict(  # microsoft/phi-2
+    architectures=["PhiForCausalLM"], model_type="phi", hidden_size=2560, intermediate_size=10240,
+    num_attention_heads=32, num_key_value_heads=None, num_hidden_layers=32, vocab_size=51200, layer_norm_eps=1e-5,
+    partial_rotary_factor=0.4, qk_layernorm=False, rope_theta=10000.0, hidden_act="gelu_new",
+    max_position_embeddings=2048, tie_word_embeddings=False)
+STARCODER2_3B = dict(  # bigcode/starcoder2-3b
+    architectures=["Starcoder2ForCausalLM"], model_type="starcoder2", hidden_size=3072, intermediate_size=12288,
+    num_attention_heads=24, num_key_value_heads=2, num_hidden_layers=30, vocab_size=49152, norm_epsilon=1e-5,
+    rope_theta=999999.4420358813, sliding_window=4096, use_bias=True, hidden_act="gelu_pytorch_tanh",
+    max_position_embeddings=16384)
+STABLELM_2_1_6B = dict(  # stabilityai/stablelm-2-1_6b
+    architectures=["StableLmForCausalLM"], model_type="stablelm", hidden_size=2048, intermediate_size=5632,
+    num_attention_heads=32, num_key_value_heads=32, num_hidden_layers=24, vocab_size=100352, layer_norm_eps=1e-5,
+    partial_rotary_factor=0.25, rope_theta=10000, use_qkv_bias=True, qk_layernorm=False, use_parallel_residual=False,
+    hidden_act="silu", max_position_embeddings=4096, tie_word_embeddings=False)
+PYTHIA_1B = dict(  # EleutherAI/pythia-1b (GPT-NeoX's older rotary keys)
+    architectures=["GPTNeoXForCausalLM"], model_type="gpt_neox", hidden_size=2048, intermediate_size=8192,
+    num_attention_heads=8, num_hidden_layers=16, vocab_size=50304, layer_norm_eps=1e-5, rotary_emb_base=10000,
+    rotary_pct=0.25, use_parallel_residual=True, hidden_act="gelu", max_position_embeddings=2048,
+    tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("hf, config_class, parallel, mlp", [
+    (COMMAND_R_PLUS, "CohereConfig", 1, "gated"), (COMMAND_R7B, "Cohere2Config", 1, "gated"),
+    (PHI_2, "PhiConfig", 1, "ungated"), (STARCODER2_3B, "Starcoder2Config", 0, "ungated"),
+    (STABLELM_2_1_6B, "StableLmConfig", 0, "gated"), (PYTHIA_1B, "GPTNeoXConfig", 2, "ungated")])
+def test_layer_norm_hub_configs_read_as_transformers(hf, config_class, parallel, mlp):
+    """Each LayerNorm family's hub config against transformers' reading of it: the rotary dimensions and base (GPT-NeoX's
+    rotary_pct and rotary_emb_base, Phi's and StableLM's partial factors), the epsilon, the sliding-window layers and
+    the layers that rotate (Command R7B's every 4th layer: full attention without rotary embedding), with the
+    block's layout each family's modelling code hard-wires."""
+    cfg = read(hf)
+    theirs = getattr(transformers, config_class)(**{k: v for k, v in hf.items() if k != "architectures"})
+    rope = theirs.rope_parameters
+    head_dim = theirs.hidden_size // theirs.num_attention_heads
+    assert cfg.layer_norm and cfg.head_dim == head_dim and cfg.parallel_block == parallel
+    assert cfg.rope.rotary_dim(head_dim) == int(head_dim * rope.get("partial_rotary_factor", 1.0))
+    assert cfg.rope.theta == rope["rope_theta"]
+    assert cfg.rms_norm_eps == getattr(theirs, "layer_norm_eps", getattr(theirs, "norm_epsilon", None))
+    assert cfg.gated_mlp == (mlp == "gated")
+    assert cfg.num_kv_heads == (getattr(theirs, "num_key_value_heads", None) or cfg.num_heads)
+    layer_types = getattr(theirs, "layer_types", None)
+    if config_class == "Cohere2Config":
+        assert [w > 0 for w in cfg.sliding_windows] == [t == "sliding_attention" for t in layer_types]
+        assert cfg.rope_layers == tuple(w > 0 for w in cfg.sliding_windows) and cfg.rope_layers.count(False) == 8
+    else:
+        assert cfg.rope_layers == () and cfg.sliding_windows == (getattr(theirs, "sliding_window", None) or 0,) * \
+            cfg.num_layers
+    if config_class in ("CohereConfig", "Cohere2Config"):
+        assert cfg.rope_interleaved and math.isclose(cfg.logits_scaling, 1 / theirs.logit_scale)
+        assert cfg.qk_norm == cfg.qk_norm_per_head == bool(getattr(theirs, "use_qk_norm", False))
+    assert cfg.norm_bias == (config_class not in ("CohereConfig", "Cohere2Config"))
+    assert cfg.lm_head_bias == (config_class == "PhiConfig")
+
+
+@pytest.mark.parametrize("hf", [PHI_2, STARCODER2_3B])
+def test_quantized_layer_norm_checkpoints_are_refused(hf):
+    with pytest.raises(ValueError, match=f"quantized {hf['architectures'][0]} checkpoints are not supported"):
+        read(hf | {"quantization_config": {"quant_method": "awq", "bits": 4}})

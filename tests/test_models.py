@@ -230,6 +230,14 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("olmoe", dict(cls="OlmoeForCausalLM")),
     ("deepseekv2", dict(cls="DeepseekV2ForCausalLM")),
     ("llama4", dict(cls="Llama4ForCausalLM")),
+    # StarCoder2, StableLM 2 (and StableLM-3B's parallel block after one norm, no q/k norms), GPT-NeoX (and its
+    # sequential block: use_parallel_residual false), Command R7B (tiny_models.LIGHT_SPECS)
+    ("starcoder2", dict(cls="Starcoder2ForCausalLM")),
+    ("stablelm", dict(cls="StableLmForCausalLM")),
+    ("stablelm", dict(cls="StableLmForCausalLM", use_parallel_residual=True, qk_layernorm=False, use_qkv_bias=False)),
+    ("gpt_neox", dict(cls="GPTNeoXForCausalLM")),
+    ("gpt_neox", dict(cls="GPTNeoXForCausalLM", use_parallel_residual=False)),
+    ("cohere2", dict(cls="Cohere2ForCausalLM")),
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))),

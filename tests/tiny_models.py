@@ -101,6 +101,17 @@ SPECS = {
         num_local_experts=4, num_experts_per_tok=2, sliding_window=24, swiglu_limit=1.5, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, beta_fast=32.0, beta_slow=1.0,
                              truncate=False, original_max_position_embeddings=64)),
+    # LayerNorm models: Cohere (Command R+: a parallel attention and gated MLP after one norm without bias, q/k norms
+    # with weights per head, interleaved rotary pairs, a logit scale); Phi (Phi-2: a parallel attention and ungated
+    # MLP after one norm, biases on every projection, the norms and the logits, half of each head rotated, here its
+    # q/k LayerNorms too)
+    "cohere": dict(
+        cls="CohereForCausalLM", num_attention_heads=4, num_key_value_heads=2, use_qk_norm=True, logit_scale=0.25,
+        layer_norm_eps=1e-5, tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    "phi": dict(
+        cls="PhiForCausalLM", num_attention_heads=4, num_key_value_heads=2, hidden_act="gelu_new", qk_layernorm=True,
+        layer_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
 }
 
 # Checked on one prefill each (tests/test_models.py: test_llama_layer_relatives_match_transformers; Granite's and
@@ -111,7 +122,8 @@ SPECS = {
 # sliding-window layer and the full-attention one without rotary embedding; OLMoE's whole-projection q/k norms over
 # renormalised top 3 of 6 experts; DeepSeek V2's latent attention with queries straight from the hidden state and its
 # softmax router (top 3 within the 2 of 4 groups of the best single scores, times 2.0; two shared experts); Llama 4's
-# layers (tests/test_engine.py also decodes it through the engine).
+# layers (tests/test_engine.py also decodes it through the engine); the LayerNorm models StarCoder2, StableLM 2,
+# GPT-NeoX and Command R7B (SPECS' Cohere and Phi check their parts in depth).
 LIGHT_SPECS = {
     "granite": dict(
         cls="GraniteForCausalLM", num_attention_heads=4, num_key_value_heads=2, embedding_multiplier=3.0,
@@ -148,6 +160,27 @@ LIGHT_SPECS = {
         cls="OlmoeForCausalLM", num_attention_heads=4, num_key_value_heads=2, intermediate_size=40, num_experts=6,
         num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # StarCoder2: LayerNorms and projections with biases in turn, an ungated tanh-GELU MLP, a sliding window
+    "starcoder2": dict(
+        cls="Starcoder2ForCausalLM", num_attention_heads=4, num_key_value_heads=2, sliding_window=20, use_bias=True,
+        hidden_act="gelu_pytorch_tanh", norm_epsilon=1e-5, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # StableLM 2: q/k/v biases, per-head q/k LayerNorms (one checkpoint tensor per head), a quarter of each head rotated
+    "stablelm": dict(
+        cls="StableLmForCausalLM", num_attention_heads=4, num_key_value_heads=2, use_qkv_bias=True, qk_layernorm=True,
+        use_parallel_residual=False, layer_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25)),
+    # GPT-NeoX (Pythia): q/k/v fused head by head, the attention and the exact-GELU MLP side by side after norms of
+    # their own, a quarter of each head rotated
+    "gpt_neox": dict(
+        cls="GPTNeoXForCausalLM", num_attention_heads=4, hidden_act="gelu", use_parallel_residual=True,
+        layer_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25)),
+    # Command R7B / A: sliding-window layers that rotate beside full-attention ones that do not
+    "cohere2": dict(
+        cls="Cohere2ForCausalLM", num_attention_heads=4, num_key_value_heads=2, sliding_window=20,
+        layer_types=["sliding_attention", "full_attention"], logit_scale=0.5, layer_norm_eps=1e-5,
+        tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
 }
 
 

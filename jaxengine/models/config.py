@@ -56,6 +56,19 @@ class ModelConfig:
     # OLMo 2/3, EXAONE 4: no norms on the attention's and MLP's inputs (sandwich_norms' output norms only)
     pre_norms: bool = True
     qk_norm_whole: bool = False  # OLMo 2/3: the q and k norms over the whole projection (every head), not per head
+    qk_norm_per_head: bool = False  # Cohere, StableLM: each head's q/k norm has weights of its own ([heads x head_dim])
+    # LayerNorm models (Cohere, StarCoder2, Phi, StableLM, GPT-NeoX): every norm takes the mean out too
+    # (layers.norms.layer_norm; its epsilon in rms_norm_eps), the input and final norms with biases where norm_bias
+    # (q/k norms where qk_norm_bias: Phi's)
+    layer_norm: bool = False
+    norm_bias: bool = False
+    qk_norm_bias: bool = False
+    # The attention and the MLP both read the layer's input, their outputs added to it together: 1, through one norm
+    # (Cohere, Phi, StableLM's use_parallel_residual), 2: each through its own (GPT-NeoX); 0: in turn
+    parallel_block: int = 0
+    gated_mlp: bool = True  # False: the MLP is down(act(up(x))), no gate (StarCoder2, Phi, GPT-NeoX)
+    mlp_bias: bool = False  # biases on the MLP's projections (gate, up and down)
+    lm_head_bias: bool = False  # Phi: a bias on the logits
     attn_scale: float | None = None  # the scores' scale; None: head_dim ** -0.5
     attn_logit_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the softmax
     final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
@@ -129,6 +142,12 @@ class ModelConfig:
     @property
     def sm_scale(self) -> float:
         return self.head_dim ** -0.5 if self.attn_scale is None else self.attn_scale
+
+    @property
+    def mlp_input_norm(self) -> bool:
+        """The MLP's input has a norm of its own (`mlp_norm`): not in a model with output norms only, nor where a
+        parallel block's attention and MLP share one."""
+        return self.pre_norms and self.parallel_block != 1
 
     @property
     def latent_attention(self) -> bool:
@@ -493,6 +512,81 @@ def exaone4_config_from_hf(hf: dict) -> ModelConfig:
     cfg = model_config_from_hf(hf, qk_norm=True)
     rope_layers = tuple(w > 0 for w in cfg.sliding_windows) if window else ()
     return dataclasses.replace(cfg, pre_norms=False, sandwich_norms=True, rope_layers=rope_layers)
+
+
+def _layer_norm_config(hf: dict, eps_key: str, partial_rotary: float = 1.0, **fields) -> ModelConfig:
+    """A LayerNorm model's config (ModelConfig.layer_norm): model_config_from_hf over `hf` with its norms' epsilon
+    from `eps_key`, its partial rotary factor by default `partial_rotary` (where neither its rope dict nor its top
+    level gives one), and `fields` (q/k/v and o biases by `qkv_bias`, `o_bias`; the others ModelConfig's)."""
+    biases = {name: fields.pop(name) for name in ("qkv_bias", "o_bias", "qk_norm") if name in fields}
+    if hf.get("quantization_config"):
+        raise ValueError(f"quantized {hf['architectures'][0]} checkpoints are not supported yet (LayerNorm models load "
+                         f"float weights only)")
+    hf = {key: value for key, value in hf.items() if key != "mlp_bias"} | {
+        "rms_norm_eps": _positive(hf, eps_key, 1e-5),
+        "partial_rotary_factor": hf.get("partial_rotary_factor", partial_rotary)}
+    return dataclasses.replace(model_config_from_hf(hf, **biases), layer_norm=True, **fields)
+
+
+COHERE_ARCHITECTURES = ("CohereForCausalLM", "Cohere2ForCausalLM")
+
+
+def cohere_config_from_hf(hf: dict) -> ModelConfig:
+    """Command R / R+ (`CohereForCausalLM`) and Command R7B / A (`Cohere2ForCausalLM`): one LayerNorm without a bias
+    before the attention and the gated MLP side by side, rotary embedding in interleaved pairs, the logits times
+    `logit_scale` (folded into the final norm at load, as Granite's logits_scaling), R+'s q/k norms with weights per
+    head (`use_qk_norm`). Cohere2: sliding-window layers by `layer_types` (or every `sliding_window_pattern`-th
+    layer full attention: by default the 4th), its full-attention layers without rotary embedding."""
+    hf = dict(hf)
+    cohere2 = hf["architectures"][0] == "Cohere2ForCausalLM"
+    if cohere2 and hf.get("layer_types") is None:
+        hf["layer_types"] = _every_nth_full(hf["num_hidden_layers"], hf.get("sliding_window_pattern") or 4)
+    qk_norm = bool(hf.get("use_qk_norm"))
+    cfg = _layer_norm_config(hf, "layer_norm_eps", parallel_block=1, rope_interleaved=True, qk_norm=qk_norm,
+                             qk_norm_per_head=qk_norm, logits_scaling=1 / _positive(hf, "logit_scale", 0.0625))
+    rope_layers = tuple(w > 0 for w in cfg.sliding_windows) if cohere2 else ()
+    return dataclasses.replace(cfg, rope_layers=rope_layers if not all(rope_layers) else ())
+
+
+def starcoder2_config_from_hf(hf: dict) -> ModelConfig:
+    """StarCoder2: LayerNorms with biases, biases on every projection (`use_bias`, default on), an MLP without a
+    gate (c_fc, c_proj: tanh-GELU), a sliding window over every layer (`sliding_window`)."""
+    bias = bool(hf.get("use_bias", True))
+    return _layer_norm_config(hf, "norm_epsilon", qkv_bias=bias, o_bias=bias, norm_bias=True, gated_mlp=False,
+                              mlp_bias=bias)
+
+
+def phi_config_from_hf(hf: dict) -> ModelConfig:
+    """Phi-1, Phi-1.5, Phi-2 (`PhiForCausalLM`): one LayerNorm with a bias before the attention and the MLP side by
+    side, biases on every projection and on the logits, an MLP without a gate (fc1, fc2), a partial rotary embedding
+    (by default half of each head; Phi-2's 0.4), optional q/k LayerNorms shared by the heads, with biases
+    (`qk_layernorm`)."""
+    qk_norm = bool(hf.get("qk_layernorm"))
+    return _layer_norm_config(hf, "layer_norm_eps", 0.5, qkv_bias=True, o_bias=True, qk_norm=qk_norm, norm_bias=True,
+                              qk_norm_bias=qk_norm, parallel_block=1, gated_mlp=False, mlp_bias=True,
+                              lm_head_bias=True)
+
+
+def stablelm_config_from_hf(hf: dict) -> ModelConfig:
+    """StableLM (2, Zephyr, 3B-4E1T): LayerNorms with biases, the gated MLP, q/k/v biases by `use_qkv_bias`, a partial
+    rotary embedding (by default a quarter of each head), q/k LayerNorms with weights per head (`qk_layernorm`),
+    the attention and MLP side by side after one norm where `use_parallel_residual`."""
+    qk_norm = bool(hf.get("qk_layernorm"))
+    return _layer_norm_config(hf, "layer_norm_eps", 0.25, qkv_bias=bool(hf.get("use_qkv_bias")), o_bias=False,
+                              qk_norm=qk_norm, qk_norm_per_head=qk_norm, norm_bias=True,
+                              parallel_block=1 if hf.get("use_parallel_residual") else 0)
+
+
+def gpt_neox_config_from_hf(hf: dict) -> ModelConfig:
+    """GPT-NeoX (Pythia, GPT-NeoX-20B, ...): LayerNorms with biases, attention biases (`attention_bias`, default on;
+    q/k/v fused per head in the checkpoint), an MLP without a gate with biases, a partial rotary embedding
+    (`rotary_pct`, default a quarter, of base `rotary_emb_base` in older configs), and where `use_parallel_residual`
+    (the default) the attention and MLP side by side, each after its own norm."""
+    hf = hf | {"rope_theta": hf.get("rope_theta", hf.get("rotary_emb_base", 10000.0)),
+               "partial_rotary_factor": hf.get("partial_rotary_factor", hf.get("rotary_pct", 0.25))}
+    bias = bool(hf.get("attention_bias", True))
+    return _layer_norm_config(hf, "layer_norm_eps", qkv_bias=bias, o_bias=bias, norm_bias=True, gated_mlp=False,
+                              mlp_bias=True, parallel_block=2 if hf.get("use_parallel_residual", True) else 0)
 
 
 GEMMA_ARCHITECTURES = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")

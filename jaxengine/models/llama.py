@@ -1,5 +1,6 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 1-3, their mixtures of experts, GPT-OSS) in
-Flax NNX over a paged KV cache.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 1-3, their mixtures of experts, GPT-OSS,
+DeepSeek's latent attention; the LayerNorm models Cohere, StarCoder2, Phi, StableLM, GPT-NeoX) in Flax NNX over a
+paged KV cache.
 
 Layer weights are loaded stacked on a leading `num_layers` axis (one array per parameter: one transfer, one
 sharding, one Orbax entry) and the layers run under `lax.scan`, which compiles an order of magnitude faster than
@@ -22,7 +23,7 @@ from jaxengine.layers.activations import ACTIVATIONS
 from jaxengine.layers.attention import (FP8_DTYPES, attention, kv_writer, latent_attention, reference_body,
                                         select_body, token_slots, write_kv, write_latent)
 from jaxengine.layers.moe import SWIGLU_OAI, Mxfp4Experts, Routing, moe_mlp
-from jaxengine.layers.norms import gemma_scale, rms_norm
+from jaxengine.layers.norms import gemma_scale, layer_norm, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
 from jaxengine.models.config import LLAMA4_ARCHITECTURES, ModelConfig, rope_inv_freq
 from jaxengine.models.quantization import (QUANTIZED_LINEARS, W4A16, W8A8_INT8, W8A16_FP8, WEIGHT_ONLY, Int8Weight,
@@ -129,36 +130,38 @@ def _unpacked_gate_up(h, norm, eps: float, gate_up, live_rows=None, layer=None):
 
 
 def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer=None, activation="silu",
-               out_norm=None):
+               out_norm=None, x=None):
     """h + (act(gate) * up) @ down over rms_norm(h) for a gate/up projection packed by `pallas_kernels.cpu.
     pack_gated` (or quantized in its column order: `_pack_quantized_layer`; `out_norm`: h + rms_norm of that
-    product, Gemma 2/3's post-MLP norm). With float32 rows the native CPU matmul applies the activation to the
+    product, Gemma 2/3's post-MLP norm). `x`: the MLP's input where it is not h (a LayerNorm model's, normed
+    before: `norm` None), h then the residual only. With float32 rows the native CPU matmul applies the activation to the
     gate/up products in registers and hands the down projection its input already rounded (W8A8: in float32, which
     the down projection quantizes; no [T, 2I] float32 intermediate either way), and adds the residual as it
     stores; otherwise the products are split back into gate and up for XLA's activation."""
     from pallas_kernels import cpu
 
+    src = h if x is None else x
     if h.dtype == jnp.float32:
         settings = dict(live_rows=live_rows, layer=_stack_index(gate_up, layer),
                         prologue=None if norm is None else "rms_norm")
         if isinstance(gate_up, Int8Weight):  # W8A8: act(gate) * up in float32, quantized by the down projection
-            gated = cpu.gated_int8(h, gate_up.weight, gate_up.comp, gate_up.scale, norm=norm, eps=eps,
+            gated = cpu.gated_int8(src, gate_up.weight, gate_up.comp, gate_up.scale, norm=norm, eps=eps,
                                    activation=activation, **settings)
             down_projection = functools.partial(_dot, gated, down, n, live_rows=live_rows, layer=layer)
         elif isinstance(gate_up, WeightOnly):  # weight-only (int4 or fp8 panels), dequantized panel by panel; in
             # activation order, the down projection's folded into gate/up's columns (_pack_quantized_layer)
-            x, gate_up, x_norm = _in_order(h, gate_up, norm)
-            pairs = cpu.gated_pairs_dequant(x, gate_up.weight, gate_up.scale, norm=x_norm, eps=eps,
+            rows, gate_up, x_norm = _in_order(src, gate_up, norm)
+            pairs = cpu.gated_pairs_dequant(rows, gate_up.weight, gate_up.scale, norm=x_norm, eps=eps,
                                             activation=activation, **settings)
             down_projection = functools.partial(cpu.matmul_dequant, pairs, down.weight, down.scale, n,
                                                 **settings | {"prologue": "rounded"})
         else:
-            pairs = cpu.gated_pairs(h, gate_up, norm=norm, eps=eps, activation=activation, **settings)
+            pairs = cpu.gated_pairs(src, gate_up, norm=norm, eps=eps, activation=activation, **settings)
             down_projection = functools.partial(cpu.matmul_bf16, pairs, down, n, **settings | {"prologue": "rounded"})
         if out_norm is None:
             return down_projection(residual=h)
         return h + rms_norm(down_projection(), out_norm, eps)
-    gate, up = _unpacked_gate_up(h, norm, eps, gate_up, live_rows, layer)
+    gate, up = _unpacked_gate_up(src, norm, eps, gate_up, live_rows, layer)
     gated = ACTIVATIONS[activation](gate) * up
     if out_norm is None:
         return _dot(gated, down, n, h, live_rows, layer)
@@ -267,7 +270,7 @@ def _pack_layer(layer) -> None:
                                             for part in parts):
             value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
             layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
-        if (gated and not cfg.num_experts and cfg.intermediate_size
+        if (gated and cfg.gated_mlp and not (cfg.num_experts or cfg.mlp_bias) and cfg.intermediate_size
                 and layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0):
             layer.gate_up_proj = nnx.Param(jax.device_put(cpu.pack_gated(take("gate_proj"), take("up_proj"))),
                                            logical_axes=_packed_axes(lead))
@@ -367,6 +370,8 @@ class DecoderLayers(nnx.Module):
         linear = {None: dtype, W8A16_FP8: jnp.float8_e4m3fn}.get(cfg.quantization, jnp.int8)
         if cfg.pre_norms:
             self.attn_norm = _param((L, D), dtype, ("layers", "embed"))
+            if cfg.norm_bias:
+                self.attn_norm_bias = _param((L, D), dtype, ("layers", "embed"))
         if cfg.latent_attention:
             self._latent_attention_params(dtype)
         else:
@@ -380,21 +385,32 @@ class DecoderLayers(nnx.Module):
             self.v_bias = _param((L, kv_width), dtype, ("layers", "kv_heads"))
         if cfg.o_bias:
             self.o_bias = _param((L, D), dtype, ("layers", "embed"))
-        if cfg.qk_norm and cfg.qk_norm_whole:
+        if cfg.qk_norm and (cfg.qk_norm_whole or cfg.qk_norm_per_head):  # weights over every head's dimensions
             self.q_norm = _param((L, q_width), dtype, ("layers", "heads"))
             self.k_norm = _param((L, kv_width), dtype, ("layers", "kv_heads"))
         elif cfg.qk_norm:
             self.q_norm = _param((L, cfg.head_dim), dtype, ("layers", "head_dim"))
             self.k_norm = _param((L, cfg.head_dim), dtype, ("layers", "head_dim"))
-        if cfg.pre_norms:
+        if cfg.qk_norm_bias:
+            self.q_norm_bias = _param((L, cfg.head_dim), dtype, ("layers", "head_dim"))
+            self.k_norm_bias = _param((L, cfg.head_dim), dtype, ("layers", "head_dim"))
+        if cfg.mlp_input_norm:
             self.mlp_norm = _param((L, D), dtype, ("layers", "embed"))
+            if cfg.norm_bias:
+                self.mlp_norm_bias = _param((L, D), dtype, ("layers", "embed"))
         if cfg.sandwich_norms:
             self.post_attn_norm = _param((L, D), dtype, ("layers", "embed"))
             self.post_mlp_norm = _param((L, D), dtype, ("layers", "embed"))
         if I:  # the dense MLP, or a mixture of experts' shared expert
-            self.gate_proj = _param((L, D, I), linear, ("layers", "embed", "mlp"))
+            if cfg.gated_mlp:
+                self.gate_proj = _param((L, D, I), linear, ("layers", "embed", "mlp"))
             self.up_proj = _param((L, D, I), linear, ("layers", "embed", "mlp"))
             self.down_proj = _param((L, I, D), linear, ("layers", "mlp", "embed"))
+            if cfg.mlp_bias:
+                if cfg.gated_mlp:
+                    self.gate_bias = _param((L, I), dtype, ("layers", "mlp"))
+                self.up_bias = _param((L, I), dtype, ("layers", "mlp"))
+                self.down_bias = _param((L, D), dtype, ("layers", "embed"))
         if cfg.num_experts:
             E, M = cfg.num_experts, cfg.moe_intermediate_size
             # DeepSeek's routers' logits in float32 (transformers' DeepSeek V2/V3 and GLM-4.5 routers compute them so)
@@ -466,10 +482,30 @@ class DecoderLayers(nnx.Module):
         self.o_proj = _param((L, H * cfg.v_head_dim, D), dtype, ("layers", "heads", "embed"))
 
     def norm(self, name: str) -> jax.Array | None:
-        """Norm `name`'s scale; None for the inputs' norms of a layer without them (`pre_norms` false)."""
-        if name in ("attn_norm", "mlp_norm") and not self.cfg.pre_norms:
+        """RMSNorm `name`'s scale, as the matmuls take it on their way in; None for the inputs' norms of a layer
+        without them (`pre_norms` false, a parallel block's MLP: `mlp_input_norm`) or with LayerNorms, which are
+        applied before (`input_norm`)."""
+        if name in ("attn_norm", "mlp_norm") and (self.cfg.layer_norm or not self.cfg.pre_norms or (
+                name == "mlp_norm" and not self.cfg.mlp_input_norm)):
             return None
         return _norm_scale(self.cfg, getattr(self, name)[...])
+
+    def input_norm(self, h, name: str):
+        """A LayerNorm model's input norm `name` (attn_norm, mlp_norm) over h, with its bias where it has one."""
+        bias = getattr(self, name + "_bias")[...] if self.cfg.norm_bias else None
+        return layer_norm(h, getattr(self, name)[...], bias, self.cfg.rms_norm_eps)
+
+    def head_norm(self, x, name: str):
+        """x [T, heads, head_dim] through q/k norm `name` head by head: one weight for every head, or each head's own
+        (`qk_norm_per_head`); a LayerNorm (with Phi's bias: `qk_norm_bias`) in a LayerNorm model."""
+        cfg = self.cfg
+        weight = getattr(self, name)[...]
+        if cfg.qk_norm_per_head:
+            weight = weight.reshape(x.shape[1], cfg.head_dim)
+        if cfg.layer_norm:
+            bias = getattr(self, name + "_bias")[...] if cfg.qk_norm_bias else None
+            return layer_norm(x, weight, bias, cfg.rms_norm_eps)
+        return rms_norm(x, _norm_scale(cfg, weight), cfg.rms_norm_eps)
 
     def linear(self, name: str):
         """Projection `name`'s weight as the matmuls take it: the array, or an int8 one with its scales (packed
@@ -508,10 +544,12 @@ class DecoderLayers(nnx.Module):
                                                                                   jnp.zeros_like(rope[1])))
         eps = cfg.rms_norm_eps
         live = batch.cu_q_lens[batch.num_seqs]  # tokens from here on are the bucket's padding
+        layer_input = h
+        x = self.input_norm(h, "attn_norm") if cfg.layer_norm else h  # RMSNorms: the projections' prologues
         if cfg.latent_attention:
-            o, kv_cache = self._latent_attention(h, kv_cache, layer, weights_layer, batch, slots, rope, live)
+            o, kv_cache = self._latent_attention(x, kv_cache, layer, weights_layer, batch, slots, rope, live)
         else:
-            o, kv_cache = self._attention(h, kv_cache, layer, weights_layer, window, batch, slots, rope, live, lora)
+            o, kv_cache = self._attention(x, kv_cache, layer, weights_layer, window, batch, slots, rope, live, lora)
         D = cfg.hidden_size
         o_delta = _lora_delta(o, lora, "o_proj")
         if cfg.sandwich_norms:
@@ -524,10 +562,16 @@ class DecoderLayers(nnx.Module):
                 h = h + self.o_bias[...]
             h = _plus(_dot(o, self.linear("o_proj"), D, residual=h, live_rows=live, layer=weights_layer), o_delta)
         if lora is not None and any(p in lora[0] for p in ("gate_proj", "up_proj", "down_proj")):
-            # the unfused MLP only in steps where a token has an adapter: the others keep the fused kernels
+            # the unfused MLP only in steps where a token has an adapter: the others keep the fused kernels (LoRA
+            # is refused on LayerNorm models: jaxengine.lora.check_supported)
             return jax.lax.cond(lora[2], lambda h: self._adapted_mlp(h, live, weights_layer, lora),
                                 lambda h: self.mlp(h, live, weights_layer), h), kv_cache
-        return self.mlp(h, live, weights_layer), kv_cache
+        mlp_input = None  # a LayerNorm model's MLP input: the layer's normed input, or its own norm's
+        if cfg.parallel_block == 1:
+            mlp_input = x
+        elif cfg.layer_norm:
+            mlp_input = self.input_norm(layer_input if cfg.parallel_block else h, "mlp_norm")
+        return self.mlp(h, live, weights_layer, mlp_input), kv_cache
 
     def _attention(self, h, kv_cache, layer, weights_layer, window, batch, slots, rope, live, lora):
         """(the attention's output [T, heads x head_dim] before o_proj, the KV cache with this step's K/V written) over
@@ -576,8 +620,7 @@ class DecoderLayers(nnx.Module):
             k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
             v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
             if cfg.qk_norm and not cfg.qk_norm_whole:
-                q = rms_norm(q, self.norm("q_norm"), eps)
-                k = rms_norm(k, self.norm("k_norm"), eps)
+                q, k = self.head_norm(q, "q_norm"), self.head_norm(k, "k_norm")
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             if cfg.qk_l2_norm:  # Llama 4: after the rotation, in the rotating layers
                 q, k = (_where_rotating(cfg, layer, rms_norm(x, None, eps), x) for x in (q, k))
@@ -646,24 +689,34 @@ class DecoderLayers(nnx.Module):
         return tuple(_normed_dot(h, norm, cfg.rms_norm_eps, self.linear(name), cfg.intermediate_size, live, layer)
                      for name in ("gate_proj", "up_proj"))
 
-    def mlp(self, h, live, layer):
-        """h + the MLP's output (dense, or a mixture of experts with its shared expert) over the normed h."""
+    def mlp(self, h, live, layer, x=None):
+        """h + the MLP's output (dense, or a mixture of experts with its shared expert) over the normed h, or over
+        `x` where given (a LayerNorm model's MLP input, normed before: h is then the residual only)."""
         cfg = self.cfg
         eps, D, I = cfg.rms_norm_eps, cfg.hidden_size, cfg.intermediate_size
+        mlp_norm = self.norm("mlp_norm")
         if hasattr(self, "gate_up_proj"):  # fused at packing (pack_for_native_matmul)
             out_norm = self.norm("post_mlp_norm") if cfg.sandwich_norms else None
-            return _gated_mlp(h, self.norm("mlp_norm"), eps, self.linear("gate_up_proj"), self.linear("down_proj"), D,
-                              live, layer, cfg.hidden_act, out_norm)
-        mlp_norm = self.norm("mlp_norm")
+            return _gated_mlp(h, mlp_norm, eps, self.linear("gate_up_proj"), self.linear("down_proj"), D,
+                              live, layer, cfg.hidden_act, out_norm, x)
+        src = h if x is None else x
         out = None
         if I:
-            gate, up = self._gate_up(h, mlp_norm, live, layer)
-            gated = ACTIVATIONS[cfg.hidden_act](gate) * up
+            if cfg.gated_mlp:
+                gate, up = self._gate_up(src, mlp_norm, live, layer)
+                if cfg.mlp_bias:
+                    gate, up = gate + self.gate_bias[...], up + self.up_bias[...]
+                hidden = ACTIVATIONS[cfg.hidden_act](gate) * up
+            else:  # down(act(up(x)))
+                up = _normed_dot(src, mlp_norm, eps, self.linear("up_proj"), I, live, layer)
+                hidden = ACTIVATIONS[cfg.hidden_act](up + self.up_bias[...] if cfg.mlp_bias else up)
+            down_bias = self.down_bias[...] if cfg.mlp_bias else None
             if not (cfg.sandwich_norms or cfg.num_experts):
-                return _dot(gated, self.linear("down_proj"), D, residual=h, live_rows=live, layer=layer)
-            out = _dot(gated, self.linear("down_proj"), D, live_rows=live, layer=layer)
+                return _dot(hidden, self.linear("down_proj"), D, residual=_plus(h, down_bias), live_rows=live,
+                            layer=layer)
+            out = _plus(_dot(hidden, self.linear("down_proj"), D, live_rows=live, layer=layer), down_bias)
         if cfg.num_experts:
-            x = _pre_norm(h, mlp_norm, eps)
+            x = _pre_norm(src, mlp_norm, eps)
             if cfg.shared_expert_gate:
                 shared_gate = self.shared_expert_gate[...]
                 out = out * jax.nn.sigmoid(jnp.dot(x.astype(shared_gate.dtype), shared_gate,
@@ -733,8 +786,12 @@ class LlamaForCausalLM(nnx.Module):
         for name, first, group in layer_groups(cfg):
             setattr(self, name, DecoderLayers(group, param_dtype, attention_backend, first, one_device))
         self.final_norm = _param((cfg.hidden_size,), param_dtype, ("embed",))
+        if cfg.norm_bias:
+            self.final_norm_bias = _param((cfg.hidden_size,), param_dtype, ("embed",))
         if not cfg.tie_word_embeddings:
             self.lm_head = _param((cfg.hidden_size, cfg.vocab_size), param_dtype, ("embed", "vocab"))
+        if cfg.lm_head_bias:
+            self.lm_head_bias = _param((cfg.vocab_size,), param_dtype, ("vocab",))
 
     def __call__(
         self,
@@ -776,6 +833,9 @@ class LlamaForCausalLM(nnx.Module):
         for name, first, group in layer_groups(cfg):  # each stack's layers in turn
             h, kv_cache = self._run_layers(getattr(self, name), first, group.num_layers, h, kv_cache, batch, slots,
                                            ropes, weights, onehot, active if onehot is not None else None)
+        if cfg.layer_norm:
+            return layer_norm(h, self.final_norm[...], self.final_norm_bias[...] if cfg.norm_bias else None,
+                              cfg.rms_norm_eps), kv_cache
         return rms_norm(h, _norm_scale(cfg, self.final_norm[...]), cfg.rms_norm_eps), kv_cache
 
     def _run_layers(self, layers, first: int, count: int, h, kv_cache, batch, slots, ropes, weights, onehot, active):
@@ -812,6 +872,8 @@ class LlamaForCausalLM(nnx.Module):
             logits = _dot(hidden.astype(jnp.float32), head, self.cfg.vocab_size, live_rows=live_rows)
         else:
             logits = jnp.dot(hidden.astype(head.dtype), head, preferred_element_type=jnp.float32)
+        if self.cfg.lm_head_bias:
+            logits = logits + self.lm_head_bias[...].astype(jnp.float32)
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else cap * jnp.tanh(logits / cap)
 
@@ -885,6 +947,10 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
     }
     if not cfg.tie_word_embeddings:
         names["lm_head.weight"] = (("lm_head",), None, True, None)
+    if cfg.norm_bias:
+        names["model.norm.bias"] = (("final_norm_bias",), None, False, None)
+    if cfg.lm_head_bias:
+        names["lm_head.bias"] = (("lm_head_bias",), None, False, None)
     for stack, first, group in layer_groups(cfg):
         per_layer, experts = _layer_weight_map(group)
         for i in range(first, first + group.num_layers):
@@ -912,16 +978,21 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
             "kv_a_proj_with_mqa.weight": ("kv_a_proj", True), "kv_a_layernorm.weight": ("kv_a_norm", False),
             "kv_b_proj.key": ("kv_b_k", False), "kv_b_proj.value": ("kv_b_v", False),  # registry._deepseek_tensors
             "o_proj.weight": ("o_proj", True)}).items()}
-    if cfg.pre_norms:
-        per_layer |= {"input_layernorm.weight": ("attn_norm", False),
-                      "post_attention_layernorm.weight": ("mlp_norm", False)}
+    norms = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"} if cfg.pre_norms else {}
+    if not cfg.mlp_input_norm:
+        norms.pop("post_attention_layernorm", None)
+    per_layer |= {f"{hf_name}.{part}": (ours + suffix, False) for hf_name, ours in norms.items()
+                  for part, suffix in (("weight", ""), ("bias", "_bias"))[:1 + cfg.norm_bias]}
     # a mixture of experts' dense MLP: Qwen2 MoE's shared expert, DeepSeek V3's shared experts (GLM-4.5's, dots'), Llama
     # 4's shared expert (its MLPs are `feed_forward`s)
     mlp = "feed_forward" if cfg.architecture in LLAMA4_ARCHITECTURES else "mlp"
     dense = (f"{mlp}.shared_expert" if cfg.shared_expert_gate or mlp == "feed_forward" else "mlp.shared_experts") \
         if cfg.num_experts else mlp
     if cfg.intermediate_size:
-        per_layer |= {f"{dense}.{p}_proj.weight": (f"{p}_proj", True) for p in ("gate", "up", "down")}
+        projections = ("gate", "up", "down") if cfg.gated_mlp else ("up", "down")
+        per_layer |= {f"{dense}.{p}_proj.weight": (f"{p}_proj", True) for p in projections}
+        if cfg.mlp_bias:
+            per_layer |= {f"{dense}.{p}_proj.bias": (f"{p}_bias", False) for p in projections}
     if cfg.shared_expert_gate:
         per_layer["mlp.shared_expert_gate.weight"] = ("shared_expert_gate", True)
     experts = {}  # a per-expert tensor's name within the layer's experts -> our stacked parameter
@@ -953,6 +1024,8 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         per_layer["self_attn.o_proj.bias"] = ("o_bias", False)
     if cfg.qk_norm:
         per_layer |= {f"self_attn.{p}_norm.weight": (f"{p}_norm", False) for p in "qk"}
+    if cfg.qk_norm_bias:
+        per_layer |= {f"self_attn.{p}_norm.bias": (f"{p}_norm_bias", False) for p in "qk"}
     if cfg.sandwich_norms and cfg.architecture == "Glm4ForCausalLM":  # post_attention_layernorm is the MLP's input's
         per_layer |= {"post_self_attn_layernorm.weight": ("post_attn_norm", False),
                       "post_mlp_layernorm.weight": ("post_mlp_norm", False)}

@@ -213,10 +213,10 @@ _KV_PARAMS = {"k_proj", "v_proj", "k_bias", "v_bias", "k_proj_scale", "v_proj_sc
 
 def _kv_params(cfg: ModelConfig) -> set[str]:
     """The parameters laid out by KV head, whose heads are repeated where tensor parallelism repeats them (a whole
-    k projection's norm too: OLMo 2's)."""
-    return _KV_PARAMS | ({"k_norm"} if cfg.qk_norm_whole else set())
+    k projection's norm too: OLMo 2's, and one with weights per head: Cohere's, StableLM's)."""
+    return _KV_PARAMS | ({"k_norm"} if cfg.qk_norm_whole or cfg.qk_norm_per_head else set())
 _ROTATED = re.compile(r".*\.self_attn\.(q_proj|k_proj)\.(weight|weight_scale|weight_zero_point|bias)$"
-                      r"|.*\.self_attn\.(q_norm|k_norm)\.weight$")
+                      r"|.*\.self_attn\.(q_norm|k_norm)\.(weight|bias)$")
 
 
 def _with_rotary_layout(split_tensor, cfg: ModelConfig):

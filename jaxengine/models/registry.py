@@ -5,14 +5,15 @@ import dataclasses
 
 import numpy as np
 
-from jaxengine.models.config import (GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, ModelConfig, deepseek_config_from_hf,
-                                     dots1_config_from_hf, ernie4_5_config_from_hf, exaone4_config_from_hf,
+from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, ModelConfig,
+                                     cohere_config_from_hf, deepseek_config_from_hf, dots1_config_from_hf, ernie4_5_config_from_hf, exaone4_config_from_hf,
                                      gemma3_language_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
-                                     glm_config_from_hf, gpt_oss_config_from_hf, granite_config_from_hf,
-                                     llama4_config_from_hf,
+                                     glm_config_from_hf, gpt_neox_config_from_hf, gpt_oss_config_from_hf,
+                                     granite_config_from_hf, llama4_config_from_hf, phi_config_from_hf,
                                      ministral3_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
                                      moe_config_from_hf, olmo2_config_from_hf, olmoe_config_from_hf,
-                                     seed_oss_config_from_hf, smollm3_config_from_hf)
+                                     seed_oss_config_from_hf, smollm3_config_from_hf, stablelm_config_from_hf,
+                                     starcoder2_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
 from jaxengine.models.quantization import dequantize_mxfp4
 
@@ -67,13 +68,86 @@ _RESIDUAL_OUTPUTS = (".self_attn.o_proj.weight", ".self_attn.o_proj.bias", ".mlp
 
 def _granite_scaled(name: str, array, cfg: ModelConfig) -> list:
     """Granite's multipliers folded into its weights: each layer's o_proj and down_proj times residual_multiplier
-    (their products join the residual scaled by it), the final norm's weight over logits_scaling (the norm feeds
-    only the head, so the logits come out divided by it)."""
+    (their products join the residual scaled by it), the final norm's over logits_scaling (`_logits_scaled`)."""
     if name.endswith(_RESIDUAL_OUTPUTS):
         return [(name, np.asarray(array, np.float32) * np.float32(cfg.residual_scale))]
-    if name == "model.norm.weight":
+    return _logits_scaled(name, array, cfg)
+
+
+def _logits_scaled(name: str, array, cfg: ModelConfig) -> list:
+    """The final norm's weight (and bias) over logits_scaling: the norm feeds only the head (no bias on it where
+    the scaling is a model's), so the logits come out divided by it (Granite's logits_scaling, Cohere's
+    logit_scale)."""
+    if name in ("model.norm.weight", "model.norm.bias"):
         return [(name, np.asarray(array, np.float32) / np.float32(cfg.logits_scaling))]
     return [(name, array)]
+
+
+def _renaming(pairs: tuple[tuple[str, str], ...], dropped: tuple[str, ...] = ()) -> Callable[[str], str | None]:
+    """A tensor_name that replaces each (checkpoint's, ours) part of a name (the first of a pair that is a prefix
+    of it where ours starts it), and drops names ending in `dropped` (buffers some checkpoints hold)."""
+    def tensor_name(name: str) -> str | None:
+        if name.endswith(dropped):
+            return None
+        for theirs, ours in pairs:
+            name = name.replace(theirs, ours)
+        return name
+
+    return tensor_name
+
+
+# StarCoder2's MLP; Phi's output projection, MLP, final norm and q/k norms; GPT-NeoX's names (its q/k/v fused:
+# `_gpt_neox_split`)
+_STARCODER2_NAMES = ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."))
+_PHI_NAMES = ((".self_attn.dense.", ".self_attn.o_proj."), (".mlp.fc1.", ".mlp.up_proj."),
+              (".mlp.fc2.", ".mlp.down_proj."), ("model.final_layernorm.", "model.norm."),
+              (".self_attn.q_layernorm.", ".self_attn.q_norm."), (".self_attn.k_layernorm.", ".self_attn.k_norm."))
+_GPT_NEOX_NAMES = (("gpt_neox.embed_in.", "model.embed_tokens."), ("gpt_neox.layers.", "model.layers."),
+                   ("gpt_neox.final_layer_norm.", "model.norm."), ("embed_out.", "lm_head."),
+                   (".attention.query_key_value.", ".self_attn.qkv_proj."), (".attention.dense.", ".self_attn.o_proj."),
+                   (".mlp.dense_h_to_4h.", ".mlp.up_proj."), (".mlp.dense_4h_to_h.", ".mlp.down_proj."))
+_GPT_NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")
+
+
+def _gpt_neox_split(name: str, array, cfg: ModelConfig) -> list:
+    """GPT-NeoX's fused q/k/v (weight [heads x (q, k, v) x head_dim, hidden], bias likewise: each head's three in
+    turn) as the q, k and v tensors the weight map knows."""
+    stem, _, kind = name.rpartition(".")
+    if not stem.endswith(".self_attn.qkv_proj"):
+        return [(name, array)]
+    heads = np.asarray(array).reshape(cfg.num_heads, 3, cfg.head_dim, *np.shape(array)[1:])
+    prefix = stem[: -len("qkv_proj")]
+    return [(f"{prefix}{p}_proj.{kind}", heads[:, i].reshape(-1, *heads.shape[3:])) for i, p in enumerate("qkv")]
+
+
+def _cohere_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """Cohere's tensors as the weight map knows them: R+'s per-head q/k norm weights ([heads, head_dim]) as one row
+    over every head, the final norm's weight with the logits' scale folded in (`_logits_scaled`)."""
+    if name.endswith((".self_attn.q_norm.weight", ".self_attn.k_norm.weight")):
+        return [(name, np.asarray(array).reshape(-1))]
+    return _logits_scaled(name, array, cfg)
+
+
+class _StableLmTensors:
+    """StableLM's tensors as the weight map knows them (an instance for each load): its per-head q/k LayerNorms
+    (`q_layernorm.norms.{head}.weight`, one [head_dim] tensor each) held until a layer's every head has arrived,
+    then one row over every head (`q_norm.weight`, as Cohere's)."""
+
+    def __init__(self):
+        self._held = {}
+
+    def __call__(self, name: str, array, cfg: ModelConfig) -> list:
+        stem, found, rest = name.partition("_layernorm.norms.")
+        if not found:
+            return [(name, array)]
+        head, _, kind = rest.partition(".")
+        held = self._held.setdefault((stem, kind), {})
+        held[int(head)] = np.asarray(array)
+        heads = cfg.num_heads if stem.endswith(".q") else cfg.num_kv_heads
+        if len(held) < heads:
+            return []
+        del self._held[stem, kind]
+        return [(f"{stem}_norm.{kind}", np.concatenate([held[i] for i in range(heads)]))]
 
 
 def _without_mtp_layers(name: str, array, cfg: ModelConfig) -> list:
@@ -216,7 +290,14 @@ _REGISTRY = {
     # DeepSeek V2/V3 (Kimi K2, Moonlight): multi-head latent attention; V3's MTP layers skipped
     "DeepseekV2ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
     "DeepseekV3ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
-} | {name: Architecture(LlamaForCausalLM, glm_config_from_hf, split_tensor=_phi3_split)  # gate/up fused
+    # LayerNorm models (ModelConfig.layer_norm)
+    "Starcoder2ForCausalLM": Architecture(LlamaForCausalLM, starcoder2_config_from_hf, _renaming(_STARCODER2_NAMES)),
+    "PhiForCausalLM": Architecture(LlamaForCausalLM, phi_config_from_hf, _renaming(_PHI_NAMES)),
+    "StableLmForCausalLM": Architecture(LlamaForCausalLM, stablelm_config_from_hf, split_tensor=_StableLmTensors),
+    "GPTNeoXForCausalLM": Architecture(LlamaForCausalLM, gpt_neox_config_from_hf,
+                                       _renaming(_GPT_NEOX_NAMES, _GPT_NEOX_BUFFERS), split_tensor=_gpt_neox_split),
+} | {name: Architecture(LlamaForCausalLM, cohere_config_from_hf, split_tensor=_cohere_tensors)
+     for name in COHERE_ARCHITECTURES} | {name: Architecture(LlamaForCausalLM, glm_config_from_hf, split_tensor=_phi3_split)  # gate/up fused
      for name in GLM_ARCHITECTURES} | {
     name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES} | {
     name: Architecture(LlamaForCausalLM, moe_config_from_hf)
