@@ -595,3 +595,21 @@ def test_layer_norm_hub_configs_read_as_transformers(hf, config_class, parallel,
 def test_quantized_layer_norm_checkpoints_are_refused(hf):
     with pytest.raises(ValueError, match=f"quantized {hf['architectures'][0]} checkpoints are not supported"):
         read(hf | {"quantization_config": {"quant_method": "awq", "bits": 4}})
+
+
+GRANITE_31_3B_A800M = dict(  # ibm-granite/granite-3.1-3b-a800m-instruct
+    architectures=["GraniteMoeForCausalLM"], model_type="granitemoe", hidden_size=1536, intermediate_size=512,
+    num_attention_heads=24, num_key_value_heads=8, num_hidden_layers=32, num_local_experts=40, num_experts_per_tok=8,
+    vocab_size=49155, rms_norm_eps=1e-6, rope_theta=10000000.0, max_position_embeddings=131072,
+    attention_multiplier=0.015625, embedding_multiplier=12.0, logits_scaling=6.0, residual_multiplier=0.22,
+    tie_word_embeddings=True)
+
+
+def test_granite_moe_hub_config_reads_its_experts_and_multipliers():
+    cfg = read(GRANITE_31_3B_A800M)
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size, cfg.intermediate_size) == (40, 8, 512, 0)
+    assert cfg.norm_topk_prob and cfg.router_scoring == "softmax" and not cfg.shared_expert_gate
+    assert (cfg.embed_scale, cfg.sm_scale, cfg.residual_scale, cfg.logits_scaling) == (12.0, 0.015625, 0.22, 6.0)
+    shared = read(GRANITE_31_3B_A800M | {"architectures": ["GraniteMoeSharedForCausalLM"],
+                                         "shared_intermediate_size": 1024})
+    assert shared.intermediate_size == 1024 and not shared.shared_expert_gate

@@ -230,6 +230,9 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("olmoe", dict(cls="OlmoeForCausalLM")),
     ("deepseekv2", dict(cls="DeepseekV2ForCausalLM")),
     ("llama4", dict(cls="Llama4ForCausalLM")),
+    # Granite 3.x mixtures of experts: with a shared expert, and without (GraniteMoe)
+    ("granitemoe", dict(cls="GraniteMoeSharedForCausalLM")),
+    ("granitemoe", dict(cls="GraniteMoeForCausalLM", shared_intermediate_size=0)),
     # StarCoder2, StableLM 2 (and StableLM-3B's parallel block after one norm, no q/k norms), GPT-NeoX (and its
     # sequential block: use_parallel_residual false), Command R7B (tiny_models.LIGHT_SPECS)
     ("starcoder2", dict(cls="Starcoder2ForCausalLM")),

@@ -160,6 +160,13 @@ LIGHT_SPECS = {
         cls="OlmoeForCausalLM", num_attention_heads=4, num_key_value_heads=2, intermediate_size=40, num_experts=6,
         num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # GraniteMoeShared: Granite's multipliers over the top 2 of 4 experts (softmax of the top logits) beside a shared
+    # expert
+    "granitemoe": dict(
+        cls="GraniteMoeSharedForCausalLM", num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
+        shared_intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=3.0,
+        attention_multiplier=0.2, residual_multiplier=0.6, logits_scaling=2.5, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     # StarCoder2: LayerNorms and projections with biases in turn, an ungated tanh-GELU MLP, a sliding window
     "starcoder2": dict(
         cls="Starcoder2ForCausalLM", num_attention_heads=4, num_key_value_heads=2, sliding_window=20, use_bias=True,

@@ -392,6 +392,21 @@ def granite_config_from_hf(hf: dict) -> ModelConfig:
                                logits_scaling=multipliers["logits_scaling"])
 
 
+GRANITE_MOE_ARCHITECTURES = ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
+
+
+def granite_moe_config_from_hf(hf: dict) -> ModelConfig:
+    """Granite 3.0/3.1 mixtures of experts (`GraniteMoeForCausalLM`: granite-3.1-3b-a800m, ...) and those with a
+    shared expert beside them (`GraniteMoeSharedForCausalLM`, of `shared_intermediate_size`): Granite's four
+    multipliers over a mixture of experts in every layer, each of `intermediate_size`, weighted by the softmax over the
+    top `num_experts_per_tok` logits (the softmax over all, renormalised)."""
+    cfg = granite_config_from_hf(hf)
+    shared = hf.get("shared_intermediate_size") or 0 if hf["architectures"][0] == "GraniteMoeSharedForCausalLM" else 0
+    return dataclasses.replace(cfg, num_experts=hf["num_local_experts"], experts_per_token=hf["num_experts_per_tok"],
+                               moe_intermediate_size=cfg.intermediate_size, intermediate_size=shared,
+                               norm_topk_prob=True)
+
+
 def smollm3_config_from_hf(hf: dict) -> ModelConfig:
     """SmolLM3: the Llama layer, some layers without rotary embedding (`no_rope_layers`: 1 where a layer rotates;
     by default every `no_rope_layer_interval`-th does not), sliding windows only with `use_sliding_window`."""

@@ -25,7 +25,7 @@ from jaxengine.layers.attention import (FP8_DTYPES, attention, kv_writer, latent
 from jaxengine.layers.moe import SWIGLU_OAI, Mxfp4Experts, Routing, moe_mlp
 from jaxengine.layers.norms import gemma_scale, layer_norm, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
-from jaxengine.models.config import LLAMA4_ARCHITECTURES, ModelConfig, rope_inv_freq
+from jaxengine.models.config import GRANITE_MOE_ARCHITECTURES, LLAMA4_ARCHITECTURES, ModelConfig, rope_inv_freq
 from jaxengine.models.quantization import (QUANTIZED_LINEARS, W4A16, W8A8_INT8, W8A16_FP8, WEIGHT_ONLY, Int8Weight,
                                            WeightOnly, int8_matmul, projection_shapes, scale_groups)
 from jaxengine.runner.batch import RaggedBatch
@@ -1005,10 +1005,12 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         else:
             per_layer |= {f"mlp.experts.{p}_proj{bias}": (f"expert_{p}{bias}", False)
                           for p in ("gate", "up", "down") for bias in ("", "_bias")}
-    elif cfg.num_experts and mlp == "feed_forward":  # Llama 4: each layer's experts stacked ([E, in, out]), gate/up
-        # split apart at load (registry._llama4_experts)
-        per_layer |= {"feed_forward.router.weight": ("router", True)} | {
-            f"feed_forward.experts.{p}_proj": (f"expert_{p}", False) for p in ("gate", "up", "down")}
+    elif cfg.num_experts and (mlp == "feed_forward" or cfg.architecture in GRANITE_MOE_ARCHITECTURES):
+        # Llama 4, GraniteMoe: each layer's experts stacked ([E, in, out]), gate/up split apart at load
+        # (registry._llama4_experts, registry._granite_moe_tensors)
+        moe = "feed_forward" if mlp == "feed_forward" else "block_sparse_moe"
+        per_layer |= {f"{moe}.router.weight": ("router", True)} | {
+            f"{moe}.experts.{p}_proj": (f"expert_{p}", False) for p in ("gate", "up", "down")}
     elif cfg.num_experts:
         mixtral = cfg.architecture == "MixtralForCausalLM"
         moe = "block_sparse_moe" if mixtral else "mlp"

@@ -5,7 +5,8 @@ import dataclasses
 
 import numpy as np
 
-from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, ModelConfig,
+from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES,
+                                     GRANITE_MOE_ARCHITECTURES, ModelConfig, granite_moe_config_from_hf,
                                      cohere_config_from_hf, deepseek_config_from_hf, dots1_config_from_hf, ernie4_5_config_from_hf, exaone4_config_from_hf,
                                      gemma3_language_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
                                      glm_config_from_hf, gpt_neox_config_from_hf, gpt_oss_config_from_hf,
@@ -72,6 +73,41 @@ def _granite_scaled(name: str, array, cfg: ModelConfig) -> list:
     if name.endswith(_RESIDUAL_OUTPUTS):
         return [(name, np.asarray(array, np.float32) * np.float32(cfg.residual_scale))]
     return _logits_scaled(name, array, cfg)
+
+
+# GraniteMoe's per-layer tensors (as the hub's checkpoints and transformers name them) -> (ours, what they hold)
+_GRANITE_MOE_PARTS = {
+    "block_sparse_moe.input_linear.weight": ("block_sparse_moe.experts.", "gate_up"),
+    "block_sparse_moe.output_linear.weight": ("block_sparse_moe.experts.", "down"),
+    "block_sparse_moe.router.layer.weight": ("block_sparse_moe.router.", "router"),
+    "shared_mlp.input_linear.weight": ("mlp.shared_experts.", "gate_up"),
+    "shared_mlp.output_linear.weight": ("mlp.shared_experts.", "down"),
+}
+
+
+def _granite_moe_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """GraniteMoe's tensors as the weight map knows them: each layer's experts' fused gate/up ([E, 2 x I, hidden]:
+    the gate's rows, then up's) as `gate_proj` and `up_proj` [E, hidden, I] and their down projection ([E, hidden, I])
+    as `down_proj` [E, I, hidden], times residual_multiplier (as Granite's own down_proj); the shared expert's
+    (GraniteMoeShared: [2 x S, hidden], [hidden, S]) as a dense MLP's likewise; the router's weight; the rest as
+    Granite's (`_granite_scaled`)."""
+    stem, dot, rest = name.rpartition(".layers.")
+    index, _, part = rest.partition(".")
+    if not dot or part not in _GRANITE_MOE_PARTS:
+        return _granite_scaled(name, array, cfg)
+    prefix, kind = _GRANITE_MOE_PARTS[part]
+    head = f"{stem}.layers.{index}.{prefix}"
+    array = np.asarray(array)
+    if kind == "router":
+        return [(head + "weight", array)]
+    experts = prefix.startswith("block_sparse_moe")
+    if kind == "gate_up":
+        gate, up = np.split(array, 2, axis=-2)
+        if experts:  # [E, I, hidden] -> [E, hidden, I]
+            return [(head + "gate_proj", gate.swapaxes(-1, -2)), (head + "up_proj", up.swapaxes(-1, -2))]
+        return [(head + "gate_proj.weight", gate), (head + "up_proj.weight", up)]
+    down = np.asarray(array, np.float32) * np.float32(cfg.residual_scale)
+    return [(head + "down_proj", down.swapaxes(-1, -2))] if experts else [(head + "down_proj.weight", down)]
 
 
 def _logits_scaled(name: str, array, cfg: ModelConfig) -> list:
@@ -290,6 +326,9 @@ _REGISTRY = {
     # DeepSeek V2/V3 (Kimi K2, Moonlight): multi-head latent attention; V3's MTP layers skipped
     "DeepseekV2ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
     "DeepseekV3ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
+    # Granite 3.x mixtures of experts (and with a shared expert)
+    **{name: Architecture(LlamaForCausalLM, granite_moe_config_from_hf, split_tensor=_granite_moe_tensors)
+       for name in GRANITE_MOE_ARCHITECTURES},
     # LayerNorm models (ModelConfig.layer_norm)
     "Starcoder2ForCausalLM": Architecture(LlamaForCausalLM, starcoder2_config_from_hf, _renaming(_STARCODER2_NAMES)),
     "PhiForCausalLM": Architecture(LlamaForCausalLM, phi_config_from_hf, _renaming(_PHI_NAMES)),
