@@ -323,3 +323,10 @@ def test_shared_prefixes_under_priority_preemption_match_transformers(engines, m
         out = finals[f"prio-{'low' if i < 3 else 'high'}-{i}"]
         assert out.outputs[0].token_ids == hf_greedy(hf, prompt, NEW_TOKENS), i
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_opt_learned_positions_decode_as_transformers(engines, hf_expected):
+    """OPT (the architecture of vLLM's quickstart model; tiny_models.LIGHT_SPECS): its learned positions, offset by
+    2, read at every prefill chunk (32-token steps) and decode step."""
+    prompts, expected = hf_expected("opt")
+    check_greedy(engines("opt", max_num_batched_tokens=32), prompts, expected, "opt")

@@ -613,3 +613,34 @@ def test_granite_moe_hub_config_reads_its_experts_and_multipliers():
     shared = read(GRANITE_31_3B_A800M | {"architectures": ["GraniteMoeSharedForCausalLM"],
                                          "shared_intermediate_size": 1024})
     assert shared.intermediate_size == 1024 and not shared.shared_expert_gate
+
+
+GPT2 = dict(  # openai-community/gpt2
+    architectures=["GPT2LMHeadModel"], model_type="gpt2", n_embd=768, n_head=12, n_layer=12, n_positions=1024,
+    n_ctx=1024, n_inner=None, activation_function="gelu_new", layer_norm_epsilon=1e-5, vocab_size=50257,
+    bos_token_id=50256, eos_token_id=50256, scale_attn_weights=True)
+OPT_125M = dict(  # facebook/opt-125m
+    architectures=["OPTForCausalLM"], model_type="opt", hidden_size=768, ffn_dim=3072, num_attention_heads=12,
+    num_hidden_layers=12, max_position_embeddings=2048, word_embed_proj_dim=768, do_layer_norm_before=True,
+    activation_function="relu", enable_bias=True, vocab_size=50272, bos_token_id=2, eos_token_id=2, pad_token_id=1)
+
+
+def test_gpt2_and_opt_hub_configs_have_learned_positions_and_no_rotation():
+    gpt2, opt = read(GPT2), read(OPT_125M)
+    assert (gpt2.hidden_size, gpt2.intermediate_size, gpt2.num_layers, gpt2.num_heads, gpt2.head_dim) == \
+        (768, 3072, 12, 12, 64)
+    assert gpt2.max_position_embeddings == 1024 and gpt2.tie_word_embeddings and gpt2.hidden_act == "gelu_tanh"
+    assert opt.intermediate_size == 3072 and opt.hidden_act == "relu" and opt.tie_word_embeddings
+    for cfg, offset in ((gpt2, 0), (opt, 2)):
+        assert cfg.learned_positions and cfg.position_offset == offset and cfg.rope_layers == (False,) * 12
+        assert cfg.layer_norm and cfg.norm_bias and not cfg.gated_mlp and cfg.qkv_bias and cfg.o_bias
+    assert read(GPT2 | {"scale_attn_weights": False}).sm_scale == 1.0
+
+
+@pytest.mark.parametrize("hf, change, match", [
+    (OPT_125M, dict(do_layer_norm_before=False, word_embed_proj_dim=512), "do_layer_norm_before=false"),
+    (OPT_125M, dict(word_embed_proj_dim=512), "word_embed_proj_dim=512"),
+    (GPT2, dict(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx=true")])
+def test_gpt2_and_opt_layouts_we_do_not_run_are_refused(hf, change, match):
+    with pytest.raises(ValueError, match=match):
+        read(hf | change)

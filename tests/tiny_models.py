@@ -183,6 +183,11 @@ LIGHT_SPECS = {
         cls="GPTNeoXForCausalLM", num_attention_heads=4, hidden_act="gelu", use_parallel_residual=True,
         layer_norm_eps=1e-5, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25)),
+    # GPT-2 (Conv1D projections, q/k/v fused) and OPT (positions offset by 2, ReLU): learned absolute positions
+    "gpt2": dict(cls="GPT2LMHeadModel", config_cls="GPT2Config", n_head=4, n_inner=112, n_positions=512,
+                 activation_function="gelu_new", tie_word_embeddings=True),
+    "opt": dict(cls="OPTForCausalLM", num_attention_heads=4, ffn_dim=112, word_embed_proj_dim=64,
+                activation_function="relu", do_layer_norm_before=True, tie_word_embeddings=True),
     # Command R7B / A: sliding-window layers that rotate beside full-attention ones that do not
     "cohere2": dict(
         cls="Cohere2ForCausalLM", num_attention_heads=4, num_key_value_heads=2, sliding_window=20,
@@ -308,16 +313,19 @@ def _randomise(model) -> None:
 
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or ".ln_" in name:  # GPT-2's norms: ln_1, ln_2, ln_f
                 p.uniform_(0.5, 1.5)
             elif name.endswith("sinks"):  # GPT-OSS: logits beside the scores, some above them
                 p.normal_(1.0, 1.5)
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.2)
-            elif "embed" in name:
+            elif "embed" in name or name.endswith(("wte.weight", "wpe.weight")):
                 p.normal_(0.0, 0.5)
             else:
                 p.normal_(0.0, 1.0 / p.shape[-1] ** 0.5)  # fan-in: [out, in], or [experts, out, in]
+        for module in model.modules():  # GPT-2's Conv1D weights are [in, out]: the fan-in is the first axis
+            if type(module).__name__ == "Conv1D":
+                module.weight.normal_(0.0, 1.0 / module.weight.shape[0] ** 0.5)
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # a sigmoid router's: large enough to change choices
                 b.normal_(0.0, 0.3)

@@ -8,4 +8,5 @@ ACTIVATIONS = {
     "silu": jax.nn.silu,
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),  # transformers' gelu_pytorch_tanh
+    "relu": jax.nn.relu,
 }

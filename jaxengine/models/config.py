@@ -69,6 +69,10 @@ class ModelConfig:
     gated_mlp: bool = True  # False: the MLP is down(act(up(x))), no gate (StarCoder2, Phi, GPT-NeoX)
     mlp_bias: bool = False  # biases on the MLP's projections (gate, up and down)
     lm_head_bias: bool = False  # Phi: a bias on the logits
+    # Learned absolute positions (GPT-2, OPT): position p's row p + position_offset of `pos_embed` joins the token's
+    # embedding; such models have no rotary embedding (rope_layers all false)
+    learned_positions: bool = False
+    position_offset: int = 0
     attn_scale: float | None = None  # the scores' scale; None: head_dim ** -0.5
     attn_logit_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the softmax
     final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
@@ -306,7 +310,8 @@ def _as_tuple(ids) -> tuple:
 
 
 # transformers' activation names -> ours (gelu_new is the same tanh approximation as gelu_pytorch_tanh)
-ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
+ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+               "relu": "relu"}
 
 
 def check_rotary_dim(rope: RopeConfig, head_dim: int) -> None:
@@ -541,6 +546,54 @@ def _layer_norm_config(hf: dict, eps_key: str, partial_rotary: float = 1.0, **fi
         "rms_norm_eps": _positive(hf, eps_key, 1e-5),
         "partial_rotary_factor": hf.get("partial_rotary_factor", partial_rotary)}
     return dataclasses.replace(model_config_from_hf(hf, **biases), layer_norm=True, **fields)
+
+
+def _learned_positions(cfg: ModelConfig, offset: int = 0) -> ModelConfig:
+    """`cfg` with learned absolute positions (ModelConfig.learned_positions) and no layer rotating."""
+    return dataclasses.replace(cfg, learned_positions=True, position_offset=offset,
+                               rope_layers=(False,) * cfg.num_layers)
+
+
+def gpt2_config_from_hf(hf: dict) -> ModelConfig:
+    """GPT-2 (`GPT2LMHeadModel`: gpt2 to gpt2-xl, DistilGPT2, ...): learned absolute positions, LayerNorms with biases,
+    projections with biases (Conv1D's [in, out] weights, q/k/v fused: laid out at load), an ungated MLP (`n_inner`, by
+    default 4 x n_embd; tanh-GELU, `activation_function`), the head tied to the embedding. Unscaled scores
+    (`scale_attn_weights` false) are taken; `scale_attn_by_inverse_layer_idx` is refused."""
+    if hf.get("scale_attn_by_inverse_layer_idx"):
+        raise ValueError("scale_attn_by_inverse_layer_idx=true (scores scaled by each layer's index) is not supported")
+    width = hf["n_embd"]
+    mapped = {key: hf[key] for key in ("architectures", "vocab_size", "bos_token_id", "eos_token_id", "dtype",
+                                       "torch_dtype", "layer_norm_epsilon") if key in hf} | {
+        "hidden_size": width, "intermediate_size": hf.get("n_inner") or 4 * width, "num_hidden_layers": hf["n_layer"],
+        "num_attention_heads": hf["n_head"], "max_position_embeddings": hf["n_positions"],
+        "hidden_act": hf.get("activation_function", "gelu_new"),
+        "tie_word_embeddings": hf.get("tie_word_embeddings", True)}
+    cfg = _layer_norm_config(mapped, "layer_norm_epsilon", qkv_bias=True, o_bias=True, norm_bias=True,
+                             gated_mlp=False, mlp_bias=True, attn_scale=None if hf.get("scale_attn_weights", True)
+                             else 1.0)
+    return _learned_positions(cfg)
+
+
+def opt_config_from_hf(hf: dict) -> ModelConfig:
+    """OPT (`OPTForCausalLM`: facebook/opt-125m to -66b, vLLM's quickstart model): learned absolute positions (OPT's
+    offset of 2 rows), LayerNorms with biases before the attention and the ungated MLP (`ffn_dim`; ReLU,
+    `activation_function`), biases on every projection (`enable_bias`), the head tied to the embedding. Refused:
+    OPT-350m's layout (norms after each block, `do_layer_norm_before` false; an embedding narrower than the model,
+    `word_embed_proj_dim`) and norms without weights."""
+    width = hf["hidden_size"]
+    if not hf.get("do_layer_norm_before", True):
+        raise ValueError("do_layer_norm_before=false (norms after each block: OPT-350m) is not supported")
+    if hf.get("word_embed_proj_dim", width) != width:
+        raise ValueError(f"word_embed_proj_dim={hf['word_embed_proj_dim']} (an embedding projected in and out of the "
+                         f"hidden size {width}) is not supported")
+    if not hf.get("layer_norm_elementwise_affine", True) or hf.get("_remove_final_layer_norm"):
+        raise ValueError("OPT without the norms' weights or its final norm is not supported")
+    bias = bool(hf.get("enable_bias", True))
+    mapped = hf | {"intermediate_size": hf["ffn_dim"], "hidden_act": hf.get("activation_function", "relu"),
+                   "tie_word_embeddings": hf.get("tie_word_embeddings", True)}
+    cfg = _layer_norm_config(mapped, "layer_norm_eps", qkv_bias=bias, o_bias=bias, norm_bias=True, gated_mlp=False,
+                             mlp_bias=bias)
+    return _learned_positions(cfg, offset=2)
 
 
 COHERE_ARCHITECTURES = ("CohereForCausalLM", "Cohere2ForCausalLM")

@@ -783,6 +783,9 @@ class LlamaForCausalLM(nnx.Module):
         self.param_dtype = param_dtype = param_dtype or dtype
         self.attention_backend = attention_backend
         self.embed = _param((cfg.vocab_size, cfg.hidden_size), param_dtype, ("vocab", "embed"))
+        if cfg.learned_positions:
+            self.pos_embed = _param((cfg.max_position_embeddings + cfg.position_offset, cfg.hidden_size), param_dtype,
+                                    ("positions", "embed"))
         for name, first, group in layer_groups(cfg):
             setattr(self, name, DecoderLayers(group, param_dtype, attention_backend, first, one_device))
         self.final_norm = _param((cfg.hidden_size,), param_dtype, ("embed",))
@@ -829,6 +832,8 @@ class LlamaForCausalLM(nnx.Module):
         h = self.embed[...][batch.input_ids]  # [T, hidden]
         if cfg.embed_scale is not None:  # in the embedding's dtype, as transformers scales it
             h = h * jnp.asarray(cfg.embed_scale, h.dtype)
+        if cfg.learned_positions:  # in the embeddings' dtype, as transformers adds them
+            h = h + self.pos_embed[...][batch.positions + cfg.position_offset]
         h = h.astype(self.dtype)
         for name, first, group in layer_groups(cfg):  # each stack's layers in turn
             h, kv_cache = self._run_layers(getattr(self, name), first, group.num_layers, h, kv_cache, batch, slots,
@@ -949,6 +954,8 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
         names["lm_head.weight"] = (("lm_head",), None, True, None)
     if cfg.norm_bias:
         names["model.norm.bias"] = (("final_norm_bias",), None, False, None)
+    if cfg.learned_positions:
+        names["model.embed_positions.weight"] = (("pos_embed",), None, False, None)
     if cfg.lm_head_bias:
         names["lm_head.bias"] = (("lm_head_bias",), None, False, None)
     for stack, first, group in layer_groups(cfg):

@@ -10,7 +10,8 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA_ARCHITECTURES, 
                                      cohere_config_from_hf, deepseek_config_from_hf, dots1_config_from_hf, ernie4_5_config_from_hf, exaone4_config_from_hf,
                                      gemma3_language_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
                                      glm_config_from_hf, gpt_neox_config_from_hf, gpt_oss_config_from_hf,
-                                     granite_config_from_hf, llama4_config_from_hf, phi_config_from_hf,
+                                     gpt2_config_from_hf, granite_config_from_hf, llama4_config_from_hf,
+                                     opt_config_from_hf, phi_config_from_hf,
                                      ministral3_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
                                      moe_config_from_hf, olmo2_config_from_hf, olmoe_config_from_hf,
                                      seed_oss_config_from_hf, smollm3_config_from_hf, stablelm_config_from_hf,
@@ -119,12 +120,17 @@ def _logits_scaled(name: str, array, cfg: ModelConfig) -> list:
     return [(name, array)]
 
 
-def _renaming(pairs: tuple[tuple[str, str], ...], dropped: tuple[str, ...] = ()) -> Callable[[str], str | None]:
-    """A tensor_name that replaces each (checkpoint's, ours) part of a name (the first of a pair that is a prefix
-    of it where ours starts it), and drops names ending in `dropped` (buffers some checkpoints hold)."""
+def _renaming(pairs: tuple[tuple[str, str], ...], dropped: tuple[str, ...] = (),
+              prefixes: tuple[tuple[str, str], ...] = ()) -> Callable[[str], str | None]:
+    """A tensor_name that drops names ending in `dropped` (buffers some checkpoints hold), replaces each of
+    `prefixes`' (checkpoint's, ours) where a name starts with it (in turn: one may make the next's), then each of
+    `pairs`' wherever it occurs."""
     def tensor_name(name: str) -> str | None:
         if name.endswith(dropped):
             return None
+        for theirs, ours in prefixes:
+            if name.startswith(theirs):
+                name = ours + name[len(theirs):]
         for theirs, ours in pairs:
             name = name.replace(theirs, ours)
         return name
@@ -143,6 +149,30 @@ _GPT_NEOX_NAMES = (("gpt_neox.embed_in.", "model.embed_tokens."), ("gpt_neox.lay
                    (".attention.query_key_value.", ".self_attn.qkv_proj."), (".attention.dense.", ".self_attn.o_proj."),
                    (".mlp.dense_h_to_4h.", ".mlp.up_proj."), (".mlp.dense_4h_to_h.", ".mlp.down_proj."))
 _GPT_NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")
+# GPT-2's (with or without its `transformer.` prefix: the hub's gpt2 has none) and OPT's (with or without `model.`)
+_GPT2_PREFIXES = (("transformer.", ""), ("h.", "model.layers."), ("wte.", "model.embed_tokens."),
+                  ("wpe.", "model.embed_positions."), ("ln_f.", "model.norm."))
+_GPT2_NAMES = ((".ln_1.", ".input_layernorm."), (".ln_2.", ".post_attention_layernorm."),
+               (".attn.c_attn.", ".self_attn.qkv_proj."), (".attn.c_proj.", ".self_attn.o_proj."),
+               (".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."))
+_OPT_PREFIXES = (("model.decoder.", "decoder."), ("decoder.final_layer_norm.", "model.norm."), ("decoder.", "model."))
+_OPT_NAMES = ((".self_attn.out_proj.", ".self_attn.o_proj."), (".self_attn_layer_norm.", ".input_layernorm."),
+              (".final_layer_norm.", ".post_attention_layernorm."), (".fc1.", ".mlp.up_proj."),
+              (".fc2.", ".mlp.down_proj."))
+
+
+def _gpt2_split(name: str, array, cfg: ModelConfig) -> list:
+    """GPT-2's Conv1D weights ([in, out]) as the [out, in] ones the weight map knows, its fused q/k/v (weight
+    [hidden, 3 x hidden], bias [3 x hidden]: q's columns, then k's, then v's) as q, k and v."""
+    stem, _, kind = name.rpartition(".")
+    array = np.asarray(array)
+    if stem.endswith(".self_attn.qkv_proj"):
+        prefix = stem[: -len("qkv_proj")]
+        return [(f"{prefix}{p}_proj.{kind}", part.T if kind == "weight" else part)
+                for p, part in zip("qkv", np.split(array, 3, axis=-1))]
+    if kind == "weight" and stem.endswith((".self_attn.o_proj", ".mlp.up_proj", ".mlp.down_proj")):
+        return [(name, array.T)]
+    return [(name, array)]
 
 
 def _gpt_neox_split(name: str, array, cfg: ModelConfig) -> list:
@@ -333,6 +363,10 @@ _REGISTRY = {
     "Starcoder2ForCausalLM": Architecture(LlamaForCausalLM, starcoder2_config_from_hf, _renaming(_STARCODER2_NAMES)),
     "PhiForCausalLM": Architecture(LlamaForCausalLM, phi_config_from_hf, _renaming(_PHI_NAMES)),
     "StableLmForCausalLM": Architecture(LlamaForCausalLM, stablelm_config_from_hf, split_tensor=_StableLmTensors),
+    "GPT2LMHeadModel": Architecture(LlamaForCausalLM, gpt2_config_from_hf,
+                                    _renaming(_GPT2_NAMES, (".attn.bias", ".attn.masked_bias"), _GPT2_PREFIXES),
+                                    split_tensor=_gpt2_split),
+    "OPTForCausalLM": Architecture(LlamaForCausalLM, opt_config_from_hf, _renaming(_OPT_NAMES, (), _OPT_PREFIXES)),
     "GPTNeoXForCausalLM": Architecture(LlamaForCausalLM, gpt_neox_config_from_hf,
                                        _renaming(_GPT_NEOX_NAMES, _GPT_NEOX_BUFFERS), split_tensor=_gpt_neox_split),
 } | {name: Architecture(LlamaForCausalLM, cohere_config_from_hf, split_tensor=_cohere_tensors)

@@ -27,6 +27,7 @@ LOGICAL_TO_MESH = {
     "pages": None,
     "page": None,
     "packed": None,  # the native CPU matmul's packed weight layout (single device only)
+    "positions": None,  # learned absolute positions' table (GPT-2, OPT)
     "latent": None,  # multi-head latent attention's latents (replicated, as its KV cache's one row per token)
 }
 
