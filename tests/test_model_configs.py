@@ -644,3 +644,38 @@ def test_gpt2_and_opt_hub_configs_have_learned_positions_and_no_rotation():
 def test_gpt2_and_opt_layouts_we_do_not_run_are_refused(hf, change, match):
     with pytest.raises(ValueError, match=match):
         read(hf | change)
+
+
+QWEN2_5_VL_7B = dict(  # Qwen/Qwen2.5-VL-7B-Instruct: the text model's keys at the top level, M-RoPE as rope_scaling
+    architectures=["Qwen2_5_VLForConditionalGeneration"], model_type="qwen2_5_vl", hidden_size=3584,
+    intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4, num_hidden_layers=28, vocab_size=152064,
+    rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=128000, sliding_window=32768,
+    use_sliding_window=False, max_window_layers=28, tie_word_embeddings=False,
+    rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]}, bos_token_id=151643, eos_token_id=151645,
+    image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, torch_dtype="bfloat16",
+    vision_config={"depth": 32, "hidden_size": 1280, "out_hidden_size": 3584, "num_heads": 16})
+QWEN3_VL_30B_A3B = dict(  # Qwen/Qwen3-VL-30B-A3B-Instruct: a text_config, interleaved M-RoPE
+    architectures=["Qwen3VLMoeForConditionalGeneration"], model_type="qwen3_vl_moe", tie_word_embeddings=False,
+    image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
+    text_config={"hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+                 "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_hidden_layers": 48,
+                 "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                 "rms_norm_eps": 1e-6, "rope_theta": 5000000, "vocab_size": 151936,
+                 "max_position_embeddings": 262144, "tie_word_embeddings": False,
+                 "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"}},
+    vision_config={"depth": 27, "hidden_size": 1152, "out_hidden_size": 2048, "deepstack_visual_indexes": [8, 16, 24]})
+
+
+def test_qwen_vl_hub_configs_read_as_their_language_models():
+    """Qwen2.5-VL's top-level text keys and Qwen3-VL-MoE's text_config, each as its language model (Qwen2's
+    attention with q/k/v biases; Qwen3 MoE's q/k norms and renormalised experts), M-RoPE as the plain rotary
+    embedding it is on text."""
+    vl = read(QWEN2_5_VL_7B)
+    assert vl.architecture == "Qwen2_5_VLForConditionalGeneration" and vl.qkv_bias and not vl.o_bias
+    assert (vl.hidden_size, vl.num_layers, vl.num_heads, vl.num_kv_heads, vl.head_dim) == (3584, 28, 28, 4, 128)
+    assert vl.rope.rope_type == "default" and vl.rope.theta == 1000000.0 and vl.rope.params == ()
+    assert vl.sliding_windows == (0,) * 28 and not vl.tie_word_embeddings and vl.eos_token_ids == (151645,)
+    moe = read(QWEN3_VL_30B_A3B)
+    assert (moe.num_experts, moe.experts_per_token, moe.moe_intermediate_size) == (128, 8, 768)
+    assert moe.norm_topk_prob and moe.qk_norm and moe.head_dim == 128 and moe.rope.theta == 5000000
+    assert moe.dense_mlp_layers == () and moe.rope.params == ()

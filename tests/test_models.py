@@ -291,6 +291,17 @@ def test_llama4_multimodal_checkpoint_serves_its_language_model(tmp_path, tokeni
     assert cfg.num_experts == 4 and cfg.dense_mlp_layers == (0,) and cfg.rope_layers == (True, False)
 
 
+@pytest.mark.parametrize("kind", list(tiny_models.QWEN_VL))
+def test_qwen_vl_checkpoints_serve_their_language_model(tmp_path, tokenizer_dir, kind):
+    """Qwen2.5-VL (Qwen2's layers, here under YaRN), Qwen3-VL and Qwen3-VL-MoE (its experts stacked per layer in the
+    checkpoint): the language model from its tensors, the vision tower left unloaded; against transformers'
+    multimodal model on text, whose M-RoPE positions are each token's own on every axis."""
+    out = tiny_models.make_qwen_vl(tmp_path / kind, tokenizer_dir, kind)
+    cfg = prefill_matches_transformers(out, slice(1, 3), 256, transformers.AutoModelForImageTextToText)
+    assert cfg.architecture == tiny_models.QWEN_VL[kind][0] and cfg.sliding_windows == (0, 0)
+    assert cfg.num_experts == (6 if kind == "qwen3_vl_moe" else 0)
+
+
 @pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
 @pytest.mark.parametrize("intermediate, activation", [(48, "silu"), (40, "silu"), (45, "swigluoai"),
                                                       (48, "swigluoai")])

@@ -288,6 +288,34 @@ def make_llama4_multimodal(out_dir: Path, tokenizer_dir: Path) -> Path:
     return _save_random(transformers.Llama4ForConditionalGeneration, config, out_dir, tokenizer_dir)
 
 
+# Qwen's vision-language models: (their class, config class, the SPECS model of their language model, its M-RoPE
+# sections: a quarter, or more, of each head's rotated pairs for each of time, height and width)
+QWEN_VL = {
+    "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig", "qwen2", [2, 3, 3]),
+    "qwen3_vl": ("Qwen3VLForConditionalGeneration", "Qwen3VLConfig", "qwen3", [4, 4, 4]),
+    "qwen3_vl_moe": ("Qwen3VLMoeForConditionalGeneration", "Qwen3VLMoeConfig", "qwen3moe", [4, 4, 4]),
+}
+
+
+def make_qwen_vl(out_dir: Path, tokenizer_dir: Path, kind: str) -> Path:
+    """A Qwen vision-language model (QWEN_VL[kind]) with SPECS' Qwen2 (its YaRN rope), Qwen3 (no sliding window:
+    Qwen3-VL's text model has none) or Qwen3 MoE language model under M-RoPE, and a one-block vision tower."""
+    import transformers
+
+    cls, config_cls, spec, sections = QWEN_VL[kind]
+    text = {k: v for k, v in (dict(COMMON) | SPECS[spec]).items()
+            if k not in ("cls", "use_sliding_window", "sliding_window", "max_window_layers")}
+    rope = dict(text.pop("rope_parameters"), mrope_section=sections)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"])
+    if kind != "qwen2_5_vl":
+        vision["deepstack_visual_indexes"] = []
+    config = getattr(transformers, config_cls)(
+        text_config=text | {"rope_parameters": rope}, vision_config=vision, image_token_id=VOCAB_SIZE - 1,
+        video_token_id=VOCAB_SIZE - 2, vision_start_token_id=VOCAB_SIZE - 3,
+        tie_word_embeddings=text["tie_word_embeddings"])
+    return _save_random(getattr(transformers, cls), config, out_dir, tokenizer_dir)
+
+
 def _save_random(model_class, config, out_dir: Path, tokenizer_dir: Path) -> Path:
     """`model_class(config)` with random weights (`_randomise`, seed 0), saved with the tokenizer."""
     import torch

@@ -462,6 +462,41 @@ def mistral3_language_config_from_hf(hf: dict) -> ModelConfig:
     return dataclasses.replace(cfg, architecture=hf["architectures"][0], tie_word_embeddings=tied)
 
 
+# Qwen's vision-language models served as their language models: architecture -> (its transformers config, the
+# language model's causal LM)
+QWEN_VL_ARCHITECTURES = {
+    "Qwen2VLForConditionalGeneration": ("Qwen2VLConfig", "Qwen2ForCausalLM"),
+    "Qwen2_5_VLForConditionalGeneration": ("Qwen2_5_VLConfig", "Qwen2ForCausalLM"),
+    "Qwen3VLForConditionalGeneration": ("Qwen3VLConfig", "Qwen3ForCausalLM"),
+    "Qwen3VLMoeForConditionalGeneration": ("Qwen3VLMoeConfig", "Qwen3MoeForCausalLM"),
+}
+_MROPE_KEYS = ("type", "mrope_section", "mrope_interleaved")
+
+
+def qwen_vl_language_config_from_hf(hf: dict) -> ModelConfig:
+    """Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE's language model (Qwen2's, Qwen3's and Qwen3 MoE's layers; Qwen3-VL
+    MoE's experts always renormalised, each layer's stacked in the checkpoint): its text config as transformers
+    completes it (from `text_config`, or from the top level's keys as Qwen2-VL's and Qwen2.5-VL's hub configs give
+    them), with the top level's tie_word_embeddings and token ids. Its multimodal rotary embedding (M-RoPE: each of
+    `mrope_section`'s parts of a head rotated by the token's temporal, height or width position) is the plain one on
+    text, whose three positions are all the token's own."""
+    import transformers
+
+    from jaxengine.models.registry import get_architecture
+
+    config_class, causal = QWEN_VL_ARCHITECTURES[hf["architectures"][0]]
+    config = getattr(transformers, config_class)(**{k: v for k, v in hf.items() if k != "architectures"})
+    text = config.text_config.to_dict()
+    text["rope_parameters"] = {k: v for k, v in (text.get("rope_parameters") or {}).items() if k not in _MROPE_KEYS}
+    text = _language_model_config(hf, text | {"rope_scaling": None}, causal,
+                                  ("eos_token_id", "bos_token_id", "dtype", "torch_dtype"))
+    if causal == "Qwen3MoeForCausalLM":
+        text["norm_topk_prob"] = True
+    cfg = get_architecture(text).read_config(text)
+    return dataclasses.replace(cfg, architecture=hf["architectures"][0],
+                               tie_word_embeddings=bool(config.tie_word_embeddings))
+
+
 def seed_oss_config_from_hf(hf: dict) -> ModelConfig:
     """Seed-OSS: the Llama layer, q/k/v biases by `attention_bias` (default on), o_proj's by `attention_out_bias`."""
     hf = hf | {"attention_bias": hf.get("attention_bias", True)}

@@ -26,6 +26,12 @@ from jaxengine.layers.moe import SWIGLU_OAI, Mxfp4Experts, Routing, moe_mlp
 from jaxengine.layers.norms import gemma_scale, layer_norm, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
 from jaxengine.models.config import GRANITE_MOE_ARCHITECTURES, LLAMA4_ARCHITECTURES, ModelConfig, rope_inv_freq
+
+# Architectures whose checkpoints stack each layer's experts in one tensor per projection ([E, in, out]: gate/up split
+# apart at load, registry._stacked_experts, registry._granite_moe_tensors): their experts' module and router tensor
+_STACKED_EXPERTS = {name: ("feed_forward", "feed_forward.router.weight") for name in LLAMA4_ARCHITECTURES} | {
+    name: ("block_sparse_moe", "block_sparse_moe.router.weight") for name in GRANITE_MOE_ARCHITECTURES} | {
+    "Qwen3VLMoeForConditionalGeneration": ("mlp", "mlp.gate.weight")}
 from jaxengine.models.quantization import (QUANTIZED_LINEARS, W4A16, W8A8_INT8, W8A16_FP8, WEIGHT_ONLY, Int8Weight,
                                            WeightOnly, int8_matmul, projection_shapes, scale_groups)
 from jaxengine.runner.batch import RaggedBatch
@@ -1012,11 +1018,9 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         else:
             per_layer |= {f"mlp.experts.{p}_proj{bias}": (f"expert_{p}{bias}", False)
                           for p in ("gate", "up", "down") for bias in ("", "_bias")}
-    elif cfg.num_experts and (mlp == "feed_forward" or cfg.architecture in GRANITE_MOE_ARCHITECTURES):
-        # Llama 4, GraniteMoe: each layer's experts stacked ([E, in, out]), gate/up split apart at load
-        # (registry._llama4_experts, registry._granite_moe_tensors)
-        moe = "feed_forward" if mlp == "feed_forward" else "block_sparse_moe"
-        per_layer |= {f"{moe}.router.weight": ("router", True)} | {
+    elif cfg.num_experts and cfg.architecture in _STACKED_EXPERTS:
+        moe, router = _STACKED_EXPERTS[cfg.architecture]
+        per_layer |= {router: ("router", True)} | {
             f"{moe}.experts.{p}_proj": (f"expert_{p}", False) for p in ("gate", "up", "down")}
     elif cfg.num_experts:
         mixtral = cfg.architecture == "MixtralForCausalLM"

@@ -6,7 +6,8 @@ import dataclasses
 import numpy as np
 
 from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES,
-                                     GRANITE_MOE_ARCHITECTURES, ModelConfig, granite_moe_config_from_hf,
+                                     GRANITE_MOE_ARCHITECTURES, QWEN_VL_ARCHITECTURES, ModelConfig,
+                                     granite_moe_config_from_hf, qwen_vl_language_config_from_hf,
                                      cohere_config_from_hf, deepseek_config_from_hf, dots1_config_from_hf, ernie4_5_config_from_hf, exaone4_config_from_hf,
                                      gemma3_language_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
                                      glm_config_from_hf, gpt_neox_config_from_hf, gpt_oss_config_from_hf,
@@ -224,13 +225,22 @@ def _without_mtp_layers(name: str, array, cfg: ModelConfig) -> list:
     return [(name, array)]
 
 
-def _llama4_experts(name: str, array, cfg: ModelConfig) -> list:
-    """Llama 4's experts' `gate_up_proj` ([E, hidden, 2 x I]: the gate's columns, then the up projection's) as the
-    weight map's `gate_proj` and `up_proj`."""
-    if name.endswith(".feed_forward.experts.gate_up_proj"):
-        head, width = name[: -len("gate_up_proj")], array.shape[-1] // 2
-        return [(head + "gate_proj", array[..., :width]), (head + "up_proj", array[..., width:])]
-    return [(name, array)]
+def _stacked_experts(name: str, array, cfg: ModelConfig) -> list:
+    """Each layer's experts stacked in one tensor per projection (Llama 4's, Qwen3-VL-MoE's) as the weight map knows
+    them: `gate_up_proj` ([E, hidden, 2 x I]: the gate's columns, then the up projection's) as `gate_proj` and
+    `up_proj`, `down_proj` [E, I, hidden]. Transformers 5 saves Qwen3-VL-MoE's as it holds them ([E, 2 x I, hidden],
+    [E, hidden, I]); those are turned over where the shape tells (as transformers reads either)."""
+    if not name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+        return [(name, array)]
+    hidden, width = cfg.hidden_size, cfg.moe_intermediate_size
+    gate_up = name.endswith(".experts.gate_up_proj")
+    held = (2 * width, hidden) if gate_up else (hidden, width)
+    if tuple(array.shape[-2:]) == held and held[0] != held[1]:
+        array = np.asarray(array).swapaxes(-1, -2)
+    if not gate_up:
+        return [(name, array)]
+    head = name[: -len("gate_up_proj")]
+    return [(head + "gate_proj", array[..., :width]), (head + "up_proj", array[..., width:])]
 
 
 def _deepseek_tensors(name: str, array, cfg: ModelConfig) -> list:
@@ -318,7 +328,8 @@ def _base_model(causal_name: str, classifier: bool = False) -> "Architecture":
 _GEMMA3_LANGUAGE = (("language_model.model.", "model."), ("model.language_model.", "model."),
                     ("language_model.lm_head.", "lm_head."))
 _GEMMA3_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
-                  "vision_model.", "model.vision_model.")  # Llama 4's tower: vision_model
+                  "vision_model.", "model.vision_model.",  # Llama 4's tower: vision_model
+                  "visual.", "model.visual.")  # Qwen-VL's
 
 
 def _language_model_tensor(name: str) -> str | None:
@@ -384,10 +395,12 @@ _REGISTRY = {
     "Mistral3ForConditionalGeneration": Architecture(LlamaForCausalLM, mistral3_language_config_from_hf,
                                                      _language_model_tensor),
     # Llama 4 (Scout, Maverick; the multimodal checkpoints served as text models likewise)
-    "Llama4ForCausalLM": Architecture(LlamaForCausalLM, llama4_config_from_hf, split_tensor=_llama4_experts),
+    "Llama4ForCausalLM": Architecture(LlamaForCausalLM, llama4_config_from_hf, split_tensor=_stacked_experts),
     "Llama4ForConditionalGeneration": Architecture(LlamaForCausalLM, llama4_config_from_hf, _language_model_tensor,
-                                                   split_tensor=_llama4_experts),
-}
+                                                   split_tensor=_stacked_experts),
+} | {  # Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), served as text models likewise
+    name: Architecture(LlamaForCausalLM, qwen_vl_language_config_from_hf, _language_model_tensor,
+                       split_tensor=_stacked_experts) for name in QWEN_VL_ARCHITECTURES}
 
 _REGISTRY |= {name.replace("ForCausalLM", "Model"): _base_model(name)
               for name in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
