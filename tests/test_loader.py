@@ -87,8 +87,8 @@ def test_shape_mismatch_is_named(mistral_copy):
 
 
 def test_unknown_architecture_lists_supported_ones(mistral_copy):
-    edit_config(mistral_copy, architectures=["GPT2LMHeadModel"])
-    with pytest.raises(ValueError, match="architecture 'GPT2LMHeadModel' is not supported") as e:
+    edit_config(mistral_copy, architectures=["BloomForCausalLM"])
+    with pytest.raises(ValueError, match="architecture 'BloomForCausalLM' is not supported") as e:
         load_model(mistral_copy, progress=False)
     assert all(name in str(e.value) for name in SUPPORTED_ARCHITECTURES)
 

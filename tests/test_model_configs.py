@@ -67,8 +67,8 @@ def test_bidirectional_gemma3_is_refused():
 
 def test_unknown_activation_is_refused_with_the_supported_ones():
     hf = dict(architectures=["LlamaForCausalLM"], hidden_size=64, intermediate_size=128, num_attention_heads=4,
-              num_hidden_layers=2, vocab_size=100, hidden_act="relu")
-    with pytest.raises(ValueError, match="hidden_act 'relu' is not supported.*silu.*gelu_pytorch_tanh"):
+              num_hidden_layers=2, vocab_size=100, hidden_act="quick_gelu")
+    with pytest.raises(ValueError, match="hidden_act 'quick_gelu' is not supported.*silu.*gelu_pytorch_tanh"):
         model_config_from_hf(hf)
 
 
