@@ -1,6 +1,7 @@
 """Engine arguments: one dataclass, loadable from YAML (`configs/`), overridden by CLI flags."""
 
 import dataclasses
+import os
 from pathlib import Path
 
 import yaml
@@ -51,7 +52,8 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     max_logprobs: int = 20  # the most `logprobs` a request may ask for
-    compilation_cache_dir: str | None = "~/.cache/jaxengine/xla"  # None or "" turns the persistent cache off
+    # None or "" turns the persistent cache off; by default $JAXENGINE_COMPILATION_CACHE or ~/.cache/jaxengine/xla
+    compilation_cache_dir: str | None = os.environ.get("JAXENGINE_COMPILATION_CACHE", "~/.cache/jaxengine/xla")
     # Where start_profile()/stop_profile() write jax.profiler traces (jaxengine/profiler.py); None: profiling off
     # (and the server has no /start_profile, /stop_profile routes), as vLLM without --profiler-config.
     profiler_dir: str | None = None

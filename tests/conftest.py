@@ -2,6 +2,10 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# One cache for the tests' compiled programs (JAXENGINE_TEST_CACHE: an empty one gives a cold run): JAX's, and the
+# engines' stored programs (its executables/), in the engines of this process and of the servers and workers it starts
+TEST_CACHE = os.environ.get("JAXENGINE_TEST_CACHE", os.path.expanduser("~/.cache/jaxengine/xla-tests"))
+os.environ["JAXENGINE_COMPILATION_CACHE"] = TEST_CACHE
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -10,7 +14,7 @@ jax.config.update("jax_num_cpu_devices", 8)  # fake devices for the sharding tes
 
 from tests import tiny_models  # noqa: E402
 
-jax.config.update("jax_compilation_cache_dir", os.environ.get("JAXENGINE_TEST_CACHE", os.path.expanduser("~/.cache/jaxengine/xla-tests")))
+jax.config.update("jax_compilation_cache_dir", TEST_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 ARCHS = tuple(tiny_models.SPECS)

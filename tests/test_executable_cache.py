@@ -55,12 +55,19 @@ def test_a_damaged_entry_is_compiled_again(cold_and_warm, model_dirs):
     assert entries[0].read_bytes() != b"not an executable"
 
 
-def test_past_its_size_cap_the_least_recently_used_programs_go(tmp_path):
+def test_past_its_size_cap_the_least_recently_used_programs_go(tmp_path, monkeypatch):
+    """The directory is read at the first store under a cap and again only to prune: a store that stays under it
+    adds its size to the count (a large cache's stores each read it once, ~0.35 s apiece)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
+    from jaxengine.runner import executables
     from jaxengine.runner.executables import ExecutableCache
+
+    reads = []
+    listing = executables.cache_entries
+    monkeypatch.setattr(executables, "cache_entries", lambda *a: reads.append(a) or listing(*a))
 
     x = jax.ShapeDtypeStruct((8,), jnp.float32)
 
@@ -79,9 +86,14 @@ def test_past_its_size_cap_the_least_recently_used_programs_go(tmp_path):
         hit = get(cache, 1)  # a hit: now the most recently used
         assert cache.hits == 1 and paths[1].stat().st_mtime > 300
         get(cache, 4)  # stored: over the cap, so 2 and then 3 go
+        assert len(reads) == 2  # counted, then pruned
+        kept = sorted(p.name for p in tmp_path.glob("*.jaxexec"))
+        cache.max_bytes *= 10
+        get(cache, 2)  # stored again, under the cap: counted without reading the directory
+        assert len(reads) == 2 and cache._total == sum(paths[k].stat().st_size for k in (1, 2, 4))
     finally:
         jax.config.update("jax_enable_compilation_cache", enabled)
-    assert sorted(p.name for p in tmp_path.glob("*.jaxexec")) == sorted(paths[k].name for k in (1, 4))
+    assert kept == sorted(paths[k].name for k in (1, 4))
     np.testing.assert_array_equal(np.asarray(hit(jnp.arange(8.0))), np.arange(8.0) + 1)
 
 
