@@ -146,6 +146,14 @@ LIGHT_SPECS = {
         num_experts_per_tok=3, n_shared_experts=2, n_group=4, topk_group=2, topk_method="group_limited_greedy",
         first_k_dense_replace=1, routed_scaling_factor=2.0, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # GLM-4.7-Flash: DeepSeek V3's latent attention (queries through a latent) and router, without groups here, its
+    # dense layer in the middle (mlp_layer_types: three layer stacks)
+    "glm4moelite": dict(
+        cls="Glm4MoeLiteForCausalLM", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+        q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+        moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, n_group=1,
+        topk_group=1, routed_scaling_factor=1.8, mlp_layer_types=["sparse", "dense", "sparse"],
+        tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     # Llama 4: a dense first layer that rotates (interleaved pairs, llama3 scaling), q/k-normed without weights and
     # attends in chunks of 24, then a NoPE expert layer (full attention, its queries' temperature growing every 8
     # positions): the top 1 of 4 experts by sigmoid, its input weighted, beside a shared expert

@@ -795,18 +795,25 @@ def _deepseek_experts(hf: dict, cfg: ModelConfig, first_dense: int, renormalize:
                          f"{hf['architectures'][0]}, got topk_method={hf.get('topk_method')!r}, "
                          f"scoring_func={hf.get('scoring_func')!r}")
     experts, dense = hf["n_routed_experts"], hf.get("first_k_dense_replace", first_dense) or 0
+    dense_layers = tuple(range(dense)) if 0 <= dense <= cfg.num_layers else None
+    types = hf.get("mlp_layer_types")  # GLM-4.7-Flash's: each layer's "dense" or "sparse"
+    if types is not None:
+        if len(types) != cfg.num_layers or not set(types) <= {"dense", "sparse"}:
+            raise ValueError(f"mlp_layer_types must give each of the {cfg.num_layers} layers 'dense' or 'sparse', got "
+                             f"{types!r}")
+        dense_layers = tuple(i for i, kind in enumerate(types) if kind == "dense")
     n_group, topk_group = hf.get("n_group", 1) or 1, hf.get("topk_group", 1) or 1
     if method == "greedy":
         n_group = 1
     if not (n_group >= 1 and experts % n_group == 0 and 1 <= topk_group <= n_group):
         raise ValueError(f"n_group={n_group} must divide n_routed_experts={experts}, topk_group={topk_group} within it")
-    if not 0 <= dense <= cfg.num_layers:
+    if dense_layers is None:
         raise ValueError(f"first_k_dense_replace={dense} must be within the {cfg.num_layers} layers")
     shared = hf.get("n_shared_experts", 1) or 0
     return dataclasses.replace(
         cfg, num_experts=experts, experts_per_token=hf["num_experts_per_tok"],
         moe_intermediate_size=hf["moe_intermediate_size"], intermediate_size=shared * hf["moe_intermediate_size"],
-        dense_intermediate_size=cfg.intermediate_size, dense_mlp_layers=tuple(range(dense)),
+        dense_intermediate_size=cfg.intermediate_size, dense_mlp_layers=dense_layers,
         norm_topk_prob=bool(hf.get("norm_topk_prob", renormalize)), router_scoring=scoring, router_float32=True,
         router_correction=scoring == "sigmoid",
         router_groups=(n_group, topk_group) if n_group > 1 else (),
@@ -819,8 +826,10 @@ def deepseek_config_from_hf(hf: dict) -> ModelConfig:
     (V2's always, V3's where `rope_interleave`, the default; laid out at load as half-split ones) and its scores
     scaled by YaRN's mscale_all_dim twice over (as transformers' yarn_apply_mscale); dense MLPs in the first
     `first_k_dense_replace` layers and a mixture of experts with shared experts in the others: V2's softmax router,
-    V3's sigmoid one (`_deepseek_experts`). The checkpoint's multi-token-prediction layers are not loaded."""
-    v3 = hf["architectures"][0] == "DeepseekV3ForCausalLM"
+    V3's sigmoid one (`_deepseek_experts`). The checkpoint's multi-token-prediction layers are not loaded. GLM-4.7-Flash
+    (`Glm4MoeLiteForCausalLM`): V3's layers, its dense ones by `mlp_layer_types` (by default the first)."""
+    lite = hf["architectures"][0] == "Glm4MoeLiteForCausalLM"
+    v3 = hf["architectures"][0] == "DeepseekV3ForCausalLM" or lite
     if hf.get("attention_bias"):
         raise ValueError("attention_bias=true is not supported for multi-head latent attention")
     dims = {name: hf.get(name) for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
@@ -843,7 +852,7 @@ def deepseek_config_from_hf(hf: dict) -> ModelConfig:
     cfg = dataclasses.replace(cfg, q_lora_rank=q_lora_rank, **dims, attn_scale=scale,
                               rope_interleaved=bool(hf.get("rope_interleave", True)) if v3 else True)
     if v3:
-        return _deepseek_experts(hf, cfg, first_dense=3, renormalize=True, scaling=2.5)
+        return _deepseek_experts(hf, cfg, first_dense=1 if lite else 3, renormalize=True, scaling=1.8 if lite else 2.5)
     return _deepseek_experts(hf, cfg, first_dense=0, renormalize=False, scoring="softmax")
 
 

@@ -367,6 +367,7 @@ _REGISTRY = {
     # DeepSeek V2/V3 (Kimi K2, Moonlight): multi-head latent attention; V3's MTP layers skipped
     "DeepseekV2ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
     "DeepseekV3ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
+    "Glm4MoeLiteForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
     # Granite 3.x mixtures of experts (and with a shared expert)
     **{name: Architecture(LlamaForCausalLM, granite_moe_config_from_hf, split_tensor=_granite_moe_tensors)
        for name in GRANITE_MOE_ARCHITECTURES},
