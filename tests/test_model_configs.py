@@ -679,3 +679,49 @@ def test_qwen_vl_hub_configs_read_as_their_language_models():
     assert (moe.num_experts, moe.experts_per_token, moe.moe_intermediate_size) == (128, 8, 768)
     assert moe.norm_topk_prob and moe.qk_norm and moe.head_dim == 128 and moe.rope.theta == 5000000
     assert moe.dense_mlp_layers == () and moe.rope.params == ()
+
+
+GLM_4_7_FLASH = dict(  # zai-org/GLM-4.7-Flash
+    architectures=["Glm4MoeLiteForCausalLM"], model_type="glm4_moe_lite", hidden_size=2048, intermediate_size=10240,
+    moe_intermediate_size=1536, num_hidden_layers=47, num_attention_heads=20, num_key_value_heads=20,
+    n_shared_experts=1, n_routed_experts=64, routed_scaling_factor=1.8, kv_lora_rank=512, q_lora_rank=768,
+    qk_rope_head_dim=64, v_head_dim=256, qk_nope_head_dim=192, n_group=1, topk_group=1, num_experts_per_tok=4,
+    norm_topk_prob=True, first_k_dense_replace=1, topk_method="noaux_tc", rope_theta=1000000,
+    max_position_embeddings=202752, rms_norm_eps=1e-5, vocab_size=154880, num_nextn_predict_layers=1,
+    tie_word_embeddings=False)
+
+
+def test_glm_4_7_flash_hub_config_reads_its_latent_attention_and_dense_layers_as_transformers():
+    cfg = read(GLM_4_7_FLASH)
+    theirs = transformers.Glm4MoeLiteConfig(**{k: v for k, v in GLM_4_7_FLASH.items() if k != "architectures"})
+    assert cfg.dense_mlp_layers == tuple(i for i, t in enumerate(theirs.mlp_layer_types) if t == "dense") == (0,)
+    assert (cfg.kv_lora_rank, cfg.q_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim) == \
+        (512, 768, 192, 64, 256)
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.intermediate_size, cfg.dense_intermediate_size) == \
+        (64, 4, 1536, 10240)
+    assert cfg.router_scoring == "sigmoid" and cfg.router_correction and cfg.routed_scaling == 1.8
+    assert cfg.router_groups == () and cfg.rope_interleaved and cfg.sm_scale == (192 + 64) ** -0.5
+    layered = read(GLM_4_7_FLASH | {"num_hidden_layers": 4, "mlp_layer_types": ["dense", "sparse", "dense", "sparse"]})
+    assert layered.dense_mlp_layers == (0, 2)
+    with pytest.raises(ValueError, match="mlp_layer_types must give each of the 4 layers"):
+        read(GLM_4_7_FLASH | {"num_hidden_layers": 4, "mlp_layer_types": ["dense", "moe", "dense", "sparse"]})
+
+
+ERNIE_4_5_21B_A3B = dict(  # baidu/ERNIE-4.5-21B-A3B-PT
+    architectures=["Ernie4_5_MoeForCausalLM"], model_type="ernie4_5_moe", hidden_size=2560, intermediate_size=12288,
+    num_hidden_layers=28, num_attention_heads=20, num_key_value_heads=4, moe_num_experts=64, moe_k=6,
+    moe_intermediate_size=1536, moe_num_shared_experts=2, moe_layer_start_index=1, moe_layer_end_index=27,
+    moe_layer_interval=1, rope_theta=500000, max_position_embeddings=131072, vocab_size=103424, rms_norm_eps=1e-5,
+    tie_word_embeddings=True, use_bias=False)
+
+
+def test_ernie_4_5_moe_hub_config_reads_its_expert_layers_as_transformers():
+    cfg = read(ERNIE_4_5_21B_A3B)
+    assert cfg.dense_mlp_layers == (0,) and cfg.rope_interleaved and cfg.rope.theta == 500000
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size, cfg.intermediate_size) == \
+        (64, 6, 1536, 3072)
+    assert cfg.router_scoring == "softmax" and cfg.router_correction and cfg.norm_topk_prob and cfg.router_float32
+    every_other = read(ERNIE_4_5_21B_A3B | {"moe_layer_interval": 2, "moe_layer_end_index": -1})
+    assert every_other.dense_mlp_layers == tuple(i for i in range(28) if i % 2 == 0)
+    with pytest.raises(ValueError, match="use_bias=true"):
+        read(ERNIE_4_5_21B_A3B | {"use_bias": True})

@@ -230,6 +230,7 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("olmoe", dict(cls="OlmoeForCausalLM")),
     ("deepseekv2", dict(cls="DeepseekV2ForCausalLM")),
     ("glm4moelite", dict(cls="Glm4MoeLiteForCausalLM")),
+    ("ernie45moe", dict(cls="Ernie4_5_MoeForCausalLM")),
     ("llama4", dict(cls="Llama4ForCausalLM")),
     # Granite 3.x mixtures of experts: with a shared expert, and without (GraniteMoe)
     ("granitemoe", dict(cls="GraniteMoeSharedForCausalLM")),

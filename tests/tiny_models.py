@@ -154,6 +154,12 @@ LIGHT_SPECS = {
         moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, n_group=1,
         topk_group=1, routed_scaling_factor=1.8, mlp_layer_types=["sparse", "dense", "sparse"],
         tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # ERNIE 4.5 MoE: a dense first layer, then the top 3 of 8 experts by softmax chosen with a correction bias,
+    # renormalised, two shared experts; interleaved rotary pairs
+    "ernie45moe": dict(
+        cls="Ernie4_5_MoeForCausalLM", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        moe_intermediate_size=32, moe_num_experts=8, moe_k=3, moe_num_shared_experts=2, moe_layer_start_index=1,
+        tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     # Llama 4: a dense first layer that rotates (interleaved pairs, llama3 scaling), q/k-normed without weights and
     # attends in chunks of 24, then a NoPE expert layer (full attention, its queries' temperature growing every 8
     # positions): the top 1 of 4 experts by sigmoid, its input weighted, beside a shared expert

@@ -31,8 +31,8 @@ def swiglu_oai(gate, up, alpha: float, limit: float):
 
 @dataclasses.dataclass(frozen=True)
 class Routing:
-    """How a router chooses: by the `softmax` of its logits (Mixtral, Qwen MoE, GPT-OSS, DeepSeek V2) or by DeepSeek
-    V3's `sigmoid` scores (GLM-4.5's) plus a correction bias; among the `groups` = (n_group, topk_group) groups with
+    """How a router chooses: by the `softmax` of its logits (Mixtral, Qwen MoE, GPT-OSS, DeepSeek V2; ERNIE 4.5's plus
+    a correction bias) or by DeepSeek V3's `sigmoid` scores (GLM-4.5's) plus a correction bias; among the `groups` = (n_group, topk_group) groups with
     the best group scores (every group where none): a softmax group's best score (DeepSeek V2's
     group_limited_greedy), a sigmoid group's top two summed; weighted by their scores (renormalised where asked),
     times `scale` (routed_scaling_factor)."""
@@ -50,7 +50,7 @@ def route(x, router, top_k: int, renormalize: bool, bias=None, routing: Routing 
     logits = jnp.dot(x.astype(router.dtype), router, preferred_element_type=jnp.float32)
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
-    if routing.scoring == "softmax" and not routing.groups:
+    if routing.scoring == "softmax" and not routing.groups and correction is None:
         weights, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
         if renormalize:
             weights = weights / jnp.sum(weights, axis=-1, keepdims=True)

@@ -102,7 +102,8 @@ class ModelConfig:
     router_groups: tuple = ()
     routed_scaling: float = 1.0
     router_float32: bool = False  # DeepSeek's routers (GLM-4.5's, dots'): the logits from float32 weights
-    router_correction: bool = False  # DeepSeek V3's sigmoid router: a correction bias on the scores for the choice
+    router_correction: bool = False  # DeepSeek V3's and ERNIE 4.5's routers: a correction bias on the scores for the
+    # choice
     moe_input_scaled: bool = False  # Llama 4: each routed token's input times its router weight, not the output
     # A mixture of experts with dense layers among its expert ones (GLM-4.5's first_k_dense_replace): those layers'
     # dense MLP, of dense_intermediate_size (each run of alike layers is its own stack: llama.layer_groups)
@@ -508,6 +509,30 @@ def ernie4_5_config_from_hf(hf: dict) -> ModelConfig:
     if hf.get("use_bias"):
         raise ValueError("use_bias=true (biases on every projection, the MLP's included) is not supported")
     return dataclasses.replace(model_config_from_hf(hf), rope_interleaved=True)
+
+
+def ernie4_5_moe_config_from_hf(hf: dict) -> ModelConfig:
+    """ERNIE 4.5 MoE (`Ernie4_5_MoeForCausalLM`: ERNIE-4.5-21B-A3B, -300B-A47B): ERNIE 4.5's layer with a mixture of
+    experts in every `moe_layer_interval`-th layer from `moe_layer_start_index` to `moe_layer_end_index` (its config
+    read through transformers' Ernie4_5_MoeConfig): the softmax of the router's float32 logits, the top `moe_k`
+    chosen with a correction bias added (`moe_statics`), their weights renormalised, `moe_num_shared_experts` shared
+    experts beside them; dense MLPs in the other layers. `use_bias` is refused; the MTP layers are not loaded."""
+    import transformers
+
+    if hf.get("use_bias"):
+        raise ValueError("use_bias=true (biases on every projection, the MLP's included) is not supported")
+    full = transformers.Ernie4_5_MoeConfig(**{k: v for k, v in hf.items() if k != "architectures"}).to_dict()
+    layers, interval = full["num_hidden_layers"], full["moe_layer_interval"]
+    start, end = full["moe_layer_start_index"], full["moe_layer_end_index"]
+    if not (isinstance(interval, int) and interval >= 1):
+        raise ValueError(f"moe_layer_interval must be a positive integer, got {interval!r}")
+    dense = tuple(i for i in range(layers) if not ((i + 1) % interval == 0 and start <= i <= end))
+    cfg = ernie4_5_config_from_hf(hf)
+    width = full["moe_intermediate_size"]
+    return dataclasses.replace(
+        cfg, num_experts=full["moe_num_experts"], experts_per_token=full["moe_k"], moe_intermediate_size=width,
+        intermediate_size=(full["moe_num_shared_experts"] or 0) * width, dense_intermediate_size=cfg.intermediate_size,
+        dense_mlp_layers=dense, norm_topk_prob=True, router_float32=True, router_correction=True)
 
 
 GLM_ARCHITECTURES = ("GlmForCausalLM", "Glm4ForCausalLM")

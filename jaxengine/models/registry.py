@@ -8,7 +8,8 @@ import numpy as np
 from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES,
                                      GRANITE_MOE_ARCHITECTURES, QWEN_VL_ARCHITECTURES, ModelConfig,
                                      granite_moe_config_from_hf, qwen_vl_language_config_from_hf,
-                                     cohere_config_from_hf, deepseek_config_from_hf, dots1_config_from_hf, ernie4_5_config_from_hf, exaone4_config_from_hf,
+                                     cohere_config_from_hf, deepseek_config_from_hf, dots1_config_from_hf,
+                                     ernie4_5_moe_config_from_hf, ernie4_5_config_from_hf, exaone4_config_from_hf,
                                      gemma3_language_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
                                      glm_config_from_hf, gpt_neox_config_from_hf, gpt_oss_config_from_hf,
                                      gpt2_config_from_hf, granite_config_from_hf, llama4_config_from_hf,
@@ -225,6 +226,16 @@ def _without_mtp_layers(name: str, array, cfg: ModelConfig) -> list:
     return [(name, array)]
 
 
+def _ernie4_5_moe_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """ERNIE 4.5 MoE's tensors as the weight map knows them: each expert layer's correction bias ([1, E], its
+    `moe_statics`) as the router's, the multi-token-prediction layers' (`model.mtp_*`) not loaded."""
+    if name.startswith("model.mtp_"):
+        return []
+    if name.endswith(".mlp.moe_statics.e_score_correction_bias"):
+        return [(name.replace(".moe_statics.", ".gate."), np.asarray(array).reshape(-1))]
+    return [(name, array)]
+
+
 def _stacked_experts(name: str, array, cfg: ModelConfig) -> list:
     """Each layer's experts stacked in one tensor per projection (Llama 4's, Qwen3-VL-MoE's) as the weight map knows
     them: `gate_up_proj` ([E, hidden, 2 x I]: the gate's columns, then the up projection's) as `gate_proj` and
@@ -358,6 +369,8 @@ _REGISTRY = {
     "SeedOssForCausalLM": Architecture(LlamaForCausalLM, seed_oss_config_from_hf),
     "Ministral3ForCausalLM": Architecture(LlamaForCausalLM, ministral3_config_from_hf),
     "Ernie4_5ForCausalLM": Architecture(LlamaForCausalLM, ernie4_5_config_from_hf),
+    "Ernie4_5_MoeForCausalLM": Architecture(LlamaForCausalLM, ernie4_5_moe_config_from_hf,
+                                            split_tensor=_ernie4_5_moe_tensors),
     "Olmo2ForCausalLM": Architecture(LlamaForCausalLM, olmo2_config_from_hf),
     "Olmo3ForCausalLM": Architecture(LlamaForCausalLM, olmo2_config_from_hf),
     "Exaone4ForCausalLM": Architecture(LlamaForCausalLM, exaone4_config_from_hf),
