@@ -70,8 +70,9 @@ def check_supported(cfg) -> None:
                          "yet")
     if cfg.num_experts:
         raise ValueError("enable_lora: LoRA adapters on a mixture of experts are not supported yet")
-    if cfg.layer_norm:
-        raise ValueError(f"enable_lora: LoRA adapters on a LayerNorm model ({cfg.architecture}) are not supported yet")
+    if cfg.layer_norm or cfg.mlp_bias:
+        kind = "a LayerNorm model" if cfg.layer_norm else "a model with MLP biases (mlp_bias)"
+        raise ValueError(f"enable_lora: LoRA adapters on {kind} ({cfg.architecture}) are not supported yet")
     if cfg.quant_act_order:
         raise ValueError("enable_lora: LoRA adapters on a quantized checkpoint in activation order (g_idx) are not "
                          "supported yet")

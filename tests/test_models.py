@@ -210,6 +210,8 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
 @pytest.mark.parametrize("spec, overrides", [
     # GLM-4-9B: GLM-4-0414's layer without the norms on the attention's and MLP's outputs
     ("glm4", dict(cls="GlmForCausalLM")),
+    # Llama with biases on its gate, up and down projections (mlp_bias)
+    ("llama", dict(cls="LlamaForCausalLM", mlp_bias=True)),
     # Seed-OSS: q/k/v biases and (here) o_proj's
     ("llama", dict(cls="SeedOssForCausalLM", attention_bias=True, attention_out_bias=True)),
     # OLMo 3: OLMo 2's layer, a sliding-window layer beside a full one

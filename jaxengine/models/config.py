@@ -327,8 +327,6 @@ def model_config_from_hf(hf: dict, *, qkv_bias=None, o_bias=None, qk_norm=False)
     act = hf.get("hidden_act", "silu")
     if act not in ACTIVATIONS:
         raise ValueError(f"hidden_act {act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
-    if hf.get("mlp_bias"):
-        raise ValueError("mlp_bias=true is not supported")
     num_heads = hf["num_attention_heads"]
     num_kv_heads = hf.get("num_key_value_heads") or num_heads
     if num_heads % num_kv_heads:
@@ -359,6 +357,7 @@ def model_config_from_hf(hf: dict, *, qkv_bias=None, o_bias=None, qk_norm=False)
         eos_token_ids=_as_tuple(hf.get("eos_token_id")),
         bos_token_id=hf.get("bos_token_id"),
         hidden_act=ACTIVATIONS[act],
+        mlp_bias=bool(hf.get("mlp_bias", False)),
     )
 
 
@@ -475,8 +474,8 @@ _MROPE_KEYS = ("type", "mrope_section", "mrope_interleaved")
 
 
 def qwen_vl_language_config_from_hf(hf: dict) -> ModelConfig:
-    """Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE's language model (Qwen2's, Qwen3's and Qwen3 MoE's layers; Qwen3-VL
-    MoE's experts always renormalised, each layer's stacked in the checkpoint): its text config as transformers
+    """Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE's language model (Qwen2's, Qwen3's and Qwen3 MoE's layers;
+    Qwen3-VL-MoE's experts always renormalised, each layer's stacked in the checkpoint): its text config as transformers
     completes it (from `text_config`, or from the top level's keys as Qwen2-VL's and Qwen2.5-VL's hub configs give
     them), with the top level's tie_word_embeddings and token ids. Its multimodal rotary embedding (M-RoPE: each of
     `mrope_section`'s parts of a head rotated by the token's temporal, height or width position) is the plain one on

@@ -26,15 +26,15 @@ from jaxengine.layers.moe import SWIGLU_OAI, Mxfp4Experts, Routing, moe_mlp
 from jaxengine.layers.norms import gemma_scale, layer_norm, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
 from jaxengine.models.config import GRANITE_MOE_ARCHITECTURES, LLAMA4_ARCHITECTURES, ModelConfig, rope_inv_freq
+from jaxengine.models.quantization import (QUANTIZED_LINEARS, W4A16, W8A8_INT8, W8A16_FP8, WEIGHT_ONLY, Int8Weight,
+                                           WeightOnly, int8_matmul, projection_shapes, scale_groups)
+from jaxengine.runner.batch import RaggedBatch
 
 # Architectures whose checkpoints stack each layer's experts in one tensor per projection ([E, in, out]: gate/up split
 # apart at load, registry._stacked_experts, registry._granite_moe_tensors): their experts' module and router tensor
 _STACKED_EXPERTS = {name: ("feed_forward", "feed_forward.router.weight") for name in LLAMA4_ARCHITECTURES} | {
     name: ("block_sparse_moe", "block_sparse_moe.router.weight") for name in GRANITE_MOE_ARCHITECTURES} | {
     "Qwen3VLMoeForConditionalGeneration": ("mlp", "mlp.gate.weight")}
-from jaxengine.models.quantization import (QUANTIZED_LINEARS, W4A16, W8A8_INT8, W8A16_FP8, WEIGHT_ONLY, Int8Weight,
-                                           WeightOnly, int8_matmul, projection_shapes, scale_groups)
-from jaxengine.runner.batch import RaggedBatch
 
 
 def _param(shape, dtype, axes: tuple[str, ...]) -> nnx.Param:
@@ -140,8 +140,8 @@ def _gated_mlp(h, norm, eps: float, gate_up, down, n: int, live_rows=None, layer
     """h + (act(gate) * up) @ down over rms_norm(h) for a gate/up projection packed by `pallas_kernels.cpu.
     pack_gated` (or quantized in its column order: `_pack_quantized_layer`; `out_norm`: h + rms_norm of that
     product, Gemma 2/3's post-MLP norm). `x`: the MLP's input where it is not h (a LayerNorm model's, normed
-    before: `norm` None), h then the residual only. With float32 rows the native CPU matmul applies the activation to the
-    gate/up products in registers and hands the down projection its input already rounded (W8A8: in float32, which
+    before: `norm` None), h then the residual only. With float32 rows the native CPU matmul applies the activation to
+    the gate/up products in registers and hands the down projection its input already rounded (W8A8: in float32, which
     the down projection quantizes; no [T, 2I] float32 intermediate either way), and adds the residual as it
     stores; otherwise the products are split back into gate and up for XLA's activation."""
     from pallas_kernels import cpu

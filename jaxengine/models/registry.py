@@ -67,7 +67,8 @@ def _phi3_split(name: str, array, cfg: ModelConfig) -> list:
     return [(name, array)]
 
 
-_RESIDUAL_OUTPUTS = (".self_attn.o_proj.weight", ".self_attn.o_proj.bias", ".mlp.down_proj.weight")
+_RESIDUAL_OUTPUTS = (".self_attn.o_proj.weight", ".self_attn.o_proj.bias", ".mlp.down_proj.weight",
+                     ".mlp.down_proj.bias")
 
 
 def _granite_scaled(name: str, array, cfg: ModelConfig) -> list:
@@ -395,7 +396,8 @@ _REGISTRY = {
     "GPTNeoXForCausalLM": Architecture(LlamaForCausalLM, gpt_neox_config_from_hf,
                                        _renaming(_GPT_NEOX_NAMES, _GPT_NEOX_BUFFERS), split_tensor=_gpt_neox_split),
 } | {name: Architecture(LlamaForCausalLM, cohere_config_from_hf, split_tensor=_cohere_tensors)
-     for name in COHERE_ARCHITECTURES} | {name: Architecture(LlamaForCausalLM, glm_config_from_hf, split_tensor=_phi3_split)  # gate/up fused
+     for name in COHERE_ARCHITECTURES} | {
+    name: Architecture(LlamaForCausalLM, glm_config_from_hf, split_tensor=_phi3_split)  # gate/up fused
      for name in GLM_ARCHITECTURES} | {
     name: Architecture(LlamaForCausalLM, gemma_config_from_hf) for name in GEMMA_ARCHITECTURES} | {
     name: Architecture(LlamaForCausalLM, moe_config_from_hf)
