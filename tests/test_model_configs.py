@@ -725,3 +725,17 @@ def test_ernie_4_5_moe_hub_config_reads_its_expert_layers_as_transformers():
     assert every_other.dense_mlp_layers == tuple(i for i in range(28) if i % 2 == 0)
     with pytest.raises(ValueError, match="use_bias=true"):
         read(ERNIE_4_5_21B_A3B | {"use_bias": True})
+
+
+STARCODERBASE_1B = dict(  # bigcode/starcoderbase-1b
+    architectures=["GPTBigCodeForCausalLM"], model_type="gpt_bigcode", n_embd=2048, n_head=16, n_layer=24,
+    n_positions=8192, n_inner=8192, activation_function="gelu_pytorch_tanh", layer_norm_epsilon=1e-5,
+    multi_query=True, scale_attn_weights=True, vocab_size=49152, bos_token_id=0, eos_token_id=0)
+
+
+def test_gpt_bigcode_hub_config_has_one_kv_head_and_learned_positions():
+    cfg = read(STARCODERBASE_1B)
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size) == (16, 1, 128, 8192)
+    assert cfg.learned_positions and cfg.position_offset == 0 and cfg.max_position_embeddings == 8192
+    assert cfg.hidden_act == "gelu_tanh" and cfg.tie_word_embeddings and cfg.layer_norm and not cfg.gated_mlp
+    assert read(STARCODERBASE_1B | {"multi_query": False}).num_kv_heads == 16

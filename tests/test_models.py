@@ -248,6 +248,8 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     # GPT-2 and OPT: learned absolute positions (OPT's offset), Conv1D weights
     ("gpt2", dict(cls="GPT2LMHeadModel")),
     ("opt", dict(cls="OPTForCausalLM")),
+    ("gpt_bigcode", dict(cls="GPTBigCodeForCausalLM")),
+    ("gpt_bigcode", dict(cls="GPTBigCodeForCausalLM", multi_query=False)),
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))),

@@ -200,6 +200,10 @@ LIGHT_SPECS = {
     # GPT-2 (Conv1D projections, q/k/v fused) and OPT (positions offset by 2, ReLU): learned absolute positions
     "gpt2": dict(cls="GPT2LMHeadModel", config_cls="GPT2Config", n_head=4, n_inner=112, n_positions=512,
                  activation_function="gelu_new", tie_word_embeddings=True),
+    # GPT-BigCode (StarCoder): GPT-2's layer with Linear weights and one KV head
+    "gpt_bigcode": dict(cls="GPTBigCodeForCausalLM", config_cls="GPTBigCodeConfig", n_head=4, n_inner=112,
+                        n_positions=512, multi_query=True, activation_function="gelu_pytorch_tanh",
+                        tie_word_embeddings=True),
     "opt": dict(cls="OPTForCausalLM", num_attention_heads=4, ffn_dim=112, word_embed_proj_dim=64,
                 activation_function="relu", do_layer_norm_before=True, tie_word_embeddings=True),
     # Command R7B / A: sliding-window layers that rotate beside full-attention ones that do not

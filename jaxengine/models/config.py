@@ -617,7 +617,9 @@ def gpt2_config_from_hf(hf: dict) -> ModelConfig:
     """GPT-2 (`GPT2LMHeadModel`: gpt2 to gpt2-xl, DistilGPT2, ...): learned absolute positions, LayerNorms with biases,
     projections with biases (Conv1D's [in, out] weights, q/k/v fused: laid out at load), an ungated MLP (`n_inner`, by
     default 4 x n_embd; tanh-GELU, `activation_function`), the head tied to the embedding. Unscaled scores
-    (`scale_attn_weights` false) are taken; `scale_attn_by_inverse_layer_idx` is refused."""
+    (`scale_attn_weights` false) are taken; `scale_attn_by_inverse_layer_idx` is refused. GPT-BigCode
+    (`GPTBigCodeForCausalLM`: StarCoder, SantaCoder, Granite 20B/34B Code): GPT-2's layer with Linear weights and,
+    where `multi_query` (the default), one KV head."""
     if hf.get("scale_attn_by_inverse_layer_idx"):
         raise ValueError("scale_attn_by_inverse_layer_idx=true (scores scaled by each layer's index) is not supported")
     width = hf["n_embd"]
@@ -625,6 +627,8 @@ def gpt2_config_from_hf(hf: dict) -> ModelConfig:
                                        "torch_dtype", "layer_norm_epsilon") if key in hf} | {
         "hidden_size": width, "intermediate_size": hf.get("n_inner") or 4 * width, "num_hidden_layers": hf["n_layer"],
         "num_attention_heads": hf["n_head"], "max_position_embeddings": hf["n_positions"],
+        "num_key_value_heads": 1 if hf["architectures"][0] == "GPTBigCodeForCausalLM" and hf.get("multi_query", True)
+        else hf["n_head"],
         "hidden_act": hf.get("activation_function", "gelu_new"),
         "tie_word_embeddings": hf.get("tie_word_embeddings", True)}
     cfg = _layer_norm_config(mapped, "layer_norm_epsilon", qkv_bias=True, o_bias=True, norm_bias=True,

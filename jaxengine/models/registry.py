@@ -178,6 +178,17 @@ def _gpt2_split(name: str, array, cfg: ModelConfig) -> list:
     return [(name, array)]
 
 
+def _gpt_bigcode_split(name: str, array, cfg: ModelConfig) -> list:
+    """GPT-BigCode's fused q/k/v (Linear: [out, in]) as q, k and v: with one KV head (multi_query) q's rows, then k's,
+    then v's; otherwise each head's three in turn, as GPT-NeoX's (`_gpt_neox_split`)."""
+    stem, _, kind = name.rpartition(".")
+    if not stem.endswith(".self_attn.qkv_proj") or cfg.num_kv_heads != 1:
+        return _gpt_neox_split(name, array, cfg)
+    prefix, width = stem[: -len("qkv_proj")], cfg.num_heads * cfg.head_dim
+    parts = np.split(np.asarray(array), [width, width + cfg.head_dim], axis=0)
+    return [(f"{prefix}{p}_proj.{kind}", part) for p, part in zip("qkv", parts)]
+
+
 def _gpt_neox_split(name: str, array, cfg: ModelConfig) -> list:
     """GPT-NeoX's fused q/k/v (weight [heads x (q, k, v) x head_dim, hidden], bias likewise: each head's three in
     turn) as the q, k and v tensors the weight map knows."""
@@ -392,6 +403,9 @@ _REGISTRY = {
     "GPT2LMHeadModel": Architecture(LlamaForCausalLM, gpt2_config_from_hf,
                                     _renaming(_GPT2_NAMES, (".attn.bias", ".attn.masked_bias"), _GPT2_PREFIXES),
                                     split_tensor=_gpt2_split),
+    "GPTBigCodeForCausalLM": Architecture(LlamaForCausalLM, gpt2_config_from_hf,
+                                          _renaming(_GPT2_NAMES, (".attn.bias", ".attn.masked_bias"), _GPT2_PREFIXES),
+                                          split_tensor=_gpt_bigcode_split),
     "OPTForCausalLM": Architecture(LlamaForCausalLM, opt_config_from_hf, _renaming(_OPT_NAMES, (), _OPT_PREFIXES)),
     "GPTNeoXForCausalLM": Architecture(LlamaForCausalLM, gpt_neox_config_from_hf,
                                        _renaming(_GPT_NEOX_NAMES, _GPT_NEOX_BUFFERS), split_tensor=_gpt_neox_split),
