@@ -739,3 +739,17 @@ def test_gpt_bigcode_hub_config_has_one_kv_head_and_learned_positions():
     assert cfg.learned_positions and cfg.position_offset == 0 and cfg.max_position_embeddings == 8192
     assert cfg.hidden_act == "gelu_tanh" and cfg.tie_word_embeddings and cfg.layer_norm and not cfg.gated_mlp
     assert read(STARCODERBASE_1B | {"multi_query": False}).num_kv_heads == 16
+
+
+GPT_J_6B = dict(  # EleutherAI/gpt-j-6b
+    architectures=["GPTJForCausalLM"], model_type="gptj", n_embd=4096, n_head=16, n_layer=28, n_positions=2048,
+    n_inner=None, rotary_dim=64, activation_function="gelu_new", layer_norm_epsilon=1e-5, vocab_size=50400,
+    tie_word_embeddings=False, bos_token_id=50256, eos_token_id=50256)
+
+
+def test_gptj_hub_config_rotates_a_quarter_of_each_head_in_interleaved_pairs():
+    cfg = read(GPT_J_6B)
+    assert (cfg.head_dim, cfg.rope.rotary_dim(cfg.head_dim), cfg.intermediate_size) == (256, 64, 16384)
+    assert cfg.rope_interleaved and cfg.parallel_block == 1 and cfg.lm_head_bias and not cfg.qkv_bias
+    with pytest.raises(ValueError, match="rotary_dim must be a positive number of each head's 256 dimensions"):
+        read(GPT_J_6B | {"rotary_dim": None})

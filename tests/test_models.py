@@ -249,6 +249,7 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("gpt2", dict(cls="GPT2LMHeadModel")),
     ("opt", dict(cls="OPTForCausalLM")),
     ("gpt_bigcode", dict(cls="GPTBigCodeForCausalLM")),
+    ("gptj", dict(cls="GPTJForCausalLM")),
     ("gpt_bigcode", dict(cls="GPTBigCodeForCausalLM", multi_query=False)),
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,

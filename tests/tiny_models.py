@@ -204,6 +204,10 @@ LIGHT_SPECS = {
     "gpt_bigcode": dict(cls="GPTBigCodeForCausalLM", config_cls="GPTBigCodeConfig", n_head=4, n_inner=112,
                         n_positions=512, multi_query=True, activation_function="gelu_pytorch_tanh",
                         tie_word_embeddings=True),
+    # GPT-J: a parallel block after one norm, interleaved pairs rotated over 8 of each head's 16 dimensions, biases on
+    # the MLP and the head only
+    "gptj": dict(cls="GPTJForCausalLM", config_cls="GPTJConfig", n_head=4, n_inner=112, n_positions=512, rotary_dim=8,
+                 activation_function="gelu_new", tie_word_embeddings=False),
     "opt": dict(cls="OPTForCausalLM", num_attention_heads=4, ffn_dim=112, word_embed_proj_dim=64,
                 activation_function="relu", do_layer_norm_before=True, tie_word_embeddings=True),
     # Command R7B / A: sliding-window layers that rotate beside full-attention ones that do not

@@ -637,6 +637,28 @@ def gpt2_config_from_hf(hf: dict) -> ModelConfig:
     return _learned_positions(cfg)
 
 
+def gptj_config_from_hf(hf: dict) -> ModelConfig:
+    """GPT-J (`GPTJForCausalLM`: GPT-J-6B, ...): one LayerNorm with a bias before the attention and the ungated MLP
+    side by side (`n_inner`, by default 4 x n_embd), q/k/v and output projections without biases and the MLP's and
+    the head's with them, rotary embedding in interleaved pairs over each head's first `rotary_dim` dimensions
+    (laid out at load as half-split ones). A config without rotary_dim (its tables then as wide as the model, not a
+    head) is refused."""
+    width, heads = hf["n_embd"], hf["n_head"]
+    rotary = hf.get("rotary_dim")
+    if not isinstance(rotary, int) or not 0 < rotary <= width // heads:
+        raise ValueError(f"rotary_dim must be a positive number of each head's {width // heads} dimensions, got "
+                         f"{rotary!r}")
+    mapped = {key: hf[key] for key in ("architectures", "vocab_size", "bos_token_id", "eos_token_id", "dtype",
+                                       "torch_dtype", "layer_norm_epsilon") if key in hf} | {
+        "hidden_size": width, "intermediate_size": hf.get("n_inner") or 4 * width, "num_hidden_layers": hf["n_layer"],
+        "num_attention_heads": heads, "max_position_embeddings": hf["n_positions"],
+        "hidden_act": hf.get("activation_function", "gelu_new"), "partial_rotary_factor": rotary / (width // heads),
+        "tie_word_embeddings": hf.get("tie_word_embeddings", False)}
+    return _layer_norm_config(mapped, "layer_norm_epsilon", qkv_bias=False, o_bias=False, norm_bias=True,
+                              parallel_block=1, gated_mlp=False, mlp_bias=True, lm_head_bias=True,
+                              rope_interleaved=True)
+
+
 def opt_config_from_hf(hf: dict) -> ModelConfig:
     """OPT (`OPTForCausalLM`: facebook/opt-125m to -66b, vLLM's quickstart model): learned absolute positions (OPT's
     offset of 2 rows), LayerNorms with biases before the attention and the ungated MLP (`ffn_dim`; ReLU,

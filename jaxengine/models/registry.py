@@ -12,7 +12,8 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA_ARCHITECTURES, 
                                      ernie4_5_moe_config_from_hf, ernie4_5_config_from_hf, exaone4_config_from_hf,
                                      gemma3_language_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
                                      glm_config_from_hf, gpt_neox_config_from_hf, gpt_oss_config_from_hf,
-                                     gpt2_config_from_hf, granite_config_from_hf, llama4_config_from_hf,
+                                     gpt2_config_from_hf, gptj_config_from_hf, granite_config_from_hf,
+                                     llama4_config_from_hf,
                                      opt_config_from_hf, phi_config_from_hf,
                                      ministral3_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
                                      moe_config_from_hf, olmo2_config_from_hf, olmoe_config_from_hf,
@@ -158,6 +159,8 @@ _GPT2_PREFIXES = (("transformer.", ""), ("h.", "model.layers."), ("wte.", "model
 _GPT2_NAMES = ((".ln_1.", ".input_layernorm."), (".ln_2.", ".post_attention_layernorm."),
                (".attn.c_attn.", ".self_attn.qkv_proj."), (".attn.c_proj.", ".self_attn.o_proj."),
                (".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."))
+_GPTJ_NAMES = ((".ln_1.", ".input_layernorm."), (".attn.out_proj.", ".self_attn.o_proj."), (".attn.", ".self_attn."),
+               (".mlp.fc_in.", ".mlp.up_proj."), (".mlp.fc_out.", ".mlp.down_proj."))
 _OPT_PREFIXES = (("model.decoder.", "decoder."), ("decoder.final_layer_norm.", "model.norm."), ("decoder.", "model."))
 _OPT_NAMES = ((".self_attn.out_proj.", ".self_attn.o_proj."), (".self_attn_layer_norm.", ".input_layernorm."),
               (".final_layer_norm.", ".post_attention_layernorm."), (".fc1.", ".mlp.up_proj."),
@@ -407,6 +410,8 @@ _REGISTRY = {
                                           _renaming(_GPT2_NAMES, (".attn.bias", ".attn.masked_bias"), _GPT2_PREFIXES),
                                           split_tensor=_gpt_bigcode_split),
     "OPTForCausalLM": Architecture(LlamaForCausalLM, opt_config_from_hf, _renaming(_OPT_NAMES, (), _OPT_PREFIXES)),
+    "GPTJForCausalLM": Architecture(LlamaForCausalLM, gptj_config_from_hf,
+                                    _renaming(_GPTJ_NAMES, (".attn.bias", ".attn.masked_bias"), _GPT2_PREFIXES)),
     "GPTNeoXForCausalLM": Architecture(LlamaForCausalLM, gpt_neox_config_from_hf,
                                        _renaming(_GPT_NEOX_NAMES, _GPT_NEOX_BUFFERS), split_tensor=_gpt_neox_split),
 } | {name: Architecture(LlamaForCausalLM, cohere_config_from_hf, split_tensor=_cohere_tensors)
