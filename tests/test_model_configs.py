@@ -753,3 +753,23 @@ def test_gptj_hub_config_rotates_a_quarter_of_each_head_in_interleaved_pairs():
     assert cfg.rope_interleaved and cfg.parallel_block == 1 and cfg.lm_head_bias and not cfg.qkv_bias
     with pytest.raises(ValueError, match="rotary_dim must be a positive number of each head's 256 dimensions"):
         read(GPT_J_6B | {"rotary_dim": None})
+
+
+FALCON_7B = dict(  # tiiuae/falcon-7b (the hub's n_head / n_layer keys)
+    architectures=["FalconForCausalLM"], model_type="falcon", hidden_size=4544, n_head=71, n_layer=32,
+    multi_query=True, parallel_attn=True, bias=False, alibi=False, new_decoder_architecture=False, vocab_size=65024,
+    layer_norm_epsilon=1e-5, bos_token_id=11, eos_token_id=11)
+FALCON_40B = dict(  # tiiuae/falcon-40b
+    architectures=["FalconForCausalLM"], model_type="falcon", hidden_size=8192, n_head=128, n_head_kv=8, n_layer=60,
+    parallel_attn=True, bias=False, alibi=False, new_decoder_architecture=True, vocab_size=65024,
+    layer_norm_epsilon=1e-5, bos_token_id=11, eos_token_id=11)
+
+
+def test_falcon_hub_configs_read_their_kv_heads_and_norms_as_transformers():
+    seven, forty = read(FALCON_7B), read(FALCON_40B)
+    assert (seven.num_heads, seven.num_kv_heads, seven.head_dim, seven.num_layers) == (71, 1, 64, 32)
+    assert seven.parallel_block == 1 and seven.intermediate_size == 4 * 4544 and seven.hidden_act == "gelu"
+    assert (forty.num_heads, forty.num_kv_heads, forty.num_layers, forty.parallel_block) == (128, 8, 60, 2)
+    assert seven.tie_word_embeddings and not (seven.qkv_bias or seven.mlp_bias) and seven.norm_bias
+    with pytest.raises(ValueError, match="alibi=true"):
+        read(FALCON_7B | {"alibi": True})

@@ -250,6 +250,12 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("opt", dict(cls="OPTForCausalLM")),
     ("gpt_bigcode", dict(cls="GPTBigCodeForCausalLM")),
     ("gptj", dict(cls="GPTJForCausalLM")),
+    # Falcon: 40B's grouped layout, 7B's (one KV head, one norm), and the sequential layout with biases
+    ("falcon", dict(cls="FalconForCausalLM")),
+    ("falcon", dict(cls="FalconForCausalLM", new_decoder_architecture=False, multi_query=True, num_kv_heads=None,
+                    num_ln_in_parallel_attn=None)),
+    ("falcon", dict(cls="FalconForCausalLM", new_decoder_architecture=False, multi_query=False, parallel_attn=False,
+                    bias=True, num_kv_heads=None, num_ln_in_parallel_attn=None)),
     ("gpt_bigcode", dict(cls="GPTBigCodeForCausalLM", multi_query=False)),
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,

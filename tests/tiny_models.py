@@ -208,6 +208,11 @@ LIGHT_SPECS = {
     # the MLP and the head only
     "gptj": dict(cls="GPTJForCausalLM", config_cls="GPTJConfig", n_head=4, n_inner=112, n_positions=512, rotary_dim=8,
                  activation_function="gelu_new", tie_word_embeddings=False),
+    # Falcon-40B/180B's layer: q/k/v fused per KV group (2 queries a group), the attention and MLP side by side after
+    # norms of their own (tests/test_models.py also runs Falcon-7B's and the sequential layout)
+    "falcon": dict(cls="FalconForCausalLM", num_attention_heads=4, num_kv_heads=2, new_decoder_architecture=True,
+                   parallel_attn=True, num_ln_in_parallel_attn=2, bias=False, ffn_hidden_size=112,
+                   tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     "opt": dict(cls="OPTForCausalLM", num_attention_heads=4, ffn_dim=112, word_embed_proj_dim=64,
                 activation_function="relu", do_layer_norm_before=True, tie_word_embeddings=True),
     # Command R7B / A: sliding-window layers that rotate beside full-attention ones that do not

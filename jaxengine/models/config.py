@@ -659,6 +659,32 @@ def gptj_config_from_hf(hf: dict) -> ModelConfig:
                               rope_interleaved=True)
 
 
+def falcon_config_from_hf(hf: dict) -> ModelConfig:
+    """Falcon (`FalconForCausalLM`: Falcon-7B/40B/180B, Falcon 2 11B; its config read through transformers'
+    FalconConfig, which knows the hub's n_head / n_layer / n_head_kv): LayerNorms with biases, q/k/v fused per KV
+    group (`new_decoder_architecture`: `num_kv_heads` groups; otherwise one KV head where `multi_query`, or a K and V
+    per query head), the attention and the exact-GELU MLP side by side after one norm (`parallel_attn`), or each after
+    its own (the new architecture's `num_ln_in_parallel_attn` 2, its default), or in turn; biases on every projection
+    where `bias`. ALiBi (Falcon-RW) is refused."""
+    import transformers
+
+    if hf.get("alibi"):
+        raise ValueError("alibi=true (ALiBi position biases: Falcon-RW) is not supported")
+    full = transformers.FalconConfig(**{k: v for k, v in hf.items() if k != "architectures"}).to_dict()
+    heads, new = full["num_attention_heads"], bool(full["new_decoder_architecture"])
+    kv_heads = (full["num_kv_heads"] or heads) if new else 1 if full["multi_query"] else heads
+    if new:
+        parallel = 2 if (full["num_ln_in_parallel_attn"] or 2) == 2 else 1
+    else:
+        parallel = 1 if full["parallel_attn"] else 0
+    bias = bool(full["bias"])
+    mapped = full | {"architectures": hf["architectures"], "num_key_value_heads": kv_heads,
+                     "intermediate_size": full["ffn_hidden_size"] or 4 * full["hidden_size"],
+                     "hidden_act": full["activation"]}
+    return _layer_norm_config(mapped, "layer_norm_epsilon", qkv_bias=bias, o_bias=bias, norm_bias=True,
+                              parallel_block=parallel, gated_mlp=False, mlp_bias=bias)
+
+
 def opt_config_from_hf(hf: dict) -> ModelConfig:
     """OPT (`OPTForCausalLM`: facebook/opt-125m to -66b, vLLM's quickstart model): learned absolute positions (OPT's
     offset of 2 rows), LayerNorms with biases before the attention and the ungated MLP (`ffn_dim`; ReLU,

@@ -9,6 +9,7 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA_ARCHITECTURES, 
                                      GRANITE_MOE_ARCHITECTURES, QWEN_VL_ARCHITECTURES, ModelConfig,
                                      granite_moe_config_from_hf, qwen_vl_language_config_from_hf,
                                      cohere_config_from_hf, deepseek_config_from_hf, dots1_config_from_hf,
+                                     falcon_config_from_hf,
                                      ernie4_5_moe_config_from_hf, ernie4_5_config_from_hf, exaone4_config_from_hf,
                                      gemma3_language_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
                                      glm_config_from_hf, gpt_neox_config_from_hf, gpt_oss_config_from_hf,
@@ -161,6 +162,12 @@ _GPT2_NAMES = ((".ln_1.", ".input_layernorm."), (".ln_2.", ".post_attention_laye
                (".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."))
 _GPTJ_NAMES = ((".ln_1.", ".input_layernorm."), (".attn.out_proj.", ".self_attn.o_proj."), (".attn.", ".self_attn."),
                (".mlp.fc_in.", ".mlp.up_proj."), (".mlp.fc_out.", ".mlp.down_proj."))
+_FALCON_PREFIXES = (("transformer.", "model."), ("model.word_embeddings.", "model.embed_tokens."),
+                    ("model.h.", "model.layers."), ("model.ln_f.", "model.norm."))
+_FALCON_NAMES = ((".self_attention.query_key_value.", ".self_attn.qkv_proj."),
+                 (".self_attention.dense.", ".self_attn.o_proj."), (".mlp.dense_h_to_4h.", ".mlp.up_proj."),
+                 (".mlp.dense_4h_to_h.", ".mlp.down_proj."), (".ln_attn.", ".input_layernorm."),
+                 (".ln_mlp.", ".post_attention_layernorm."))
 _OPT_PREFIXES = (("model.decoder.", "decoder."), ("decoder.final_layer_norm.", "model.norm."), ("decoder.", "model."))
 _OPT_NAMES = ((".self_attn.out_proj.", ".self_attn.o_proj."), (".self_attn_layer_norm.", ".input_layernorm."),
               (".final_layer_norm.", ".post_attention_layernorm."), (".fc1.", ".mlp.up_proj."),
@@ -179,6 +186,20 @@ def _gpt2_split(name: str, array, cfg: ModelConfig) -> list:
     if kind == "weight" and stem.endswith((".self_attn.o_proj", ".mlp.up_proj", ".mlp.down_proj")):
         return [(name, array.T)]
     return [(name, array)]
+
+
+def _falcon_split(name: str, array, cfg: ModelConfig) -> list:
+    """Falcon's fused q/k/v ([kv_heads x (queries per KV head + 2) x head_dim, ...]: each group's queries, then its key
+    and value; the old layout's one KV head, or a K and V per head, are the same with one group or one query per
+    group) as q, k and v."""
+    stem, _, kind = name.rpartition(".")
+    if not stem.endswith(".self_attn.qkv_proj"):
+        return [(name, array)]
+    kv, group = cfg.num_kv_heads, cfg.q_per_kv
+    grouped = np.asarray(array).reshape(kv, group + 2, cfg.head_dim, *np.shape(array)[1:])
+    parts = (grouped[:, :group], grouped[:, group], grouped[:, group + 1])
+    prefix = stem[: -len("qkv_proj")]
+    return [(f"{prefix}{p}_proj.{kind}", part.reshape(-1, *grouped.shape[3:])) for p, part in zip("qkv", parts)]
 
 
 def _gpt_bigcode_split(name: str, array, cfg: ModelConfig) -> list:
@@ -410,6 +431,8 @@ _REGISTRY = {
                                           _renaming(_GPT2_NAMES, (".attn.bias", ".attn.masked_bias"), _GPT2_PREFIXES),
                                           split_tensor=_gpt_bigcode_split),
     "OPTForCausalLM": Architecture(LlamaForCausalLM, opt_config_from_hf, _renaming(_OPT_NAMES, (), _OPT_PREFIXES)),
+    "FalconForCausalLM": Architecture(LlamaForCausalLM, falcon_config_from_hf,
+                                      _renaming(_FALCON_NAMES, (), _FALCON_PREFIXES), split_tensor=_falcon_split),
     "GPTJForCausalLM": Architecture(LlamaForCausalLM, gptj_config_from_hf,
                                     _renaming(_GPTJ_NAMES, (".attn.bias", ".attn.masked_bias"), _GPT2_PREFIXES)),
     "GPTNeoXForCausalLM": Architecture(LlamaForCausalLM, gpt_neox_config_from_hf,
