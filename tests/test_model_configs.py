@@ -755,11 +755,12 @@ def test_gptj_hub_config_rotates_a_quarter_of_each_head_in_interleaved_pairs():
         read(GPT_J_6B | {"rotary_dim": None})
 
 
-FALCON_7B = dict(  # tiiuae/falcon-7b (the hub's n_head / n_layer keys)
-    architectures=["FalconForCausalLM"], model_type="falcon", hidden_size=4544, n_head=71, n_layer=32,
+FALCON_7B = dict(  # tiiuae/falcon-7b
+    architectures=["FalconForCausalLM"], model_type="falcon", hidden_size=4544, num_attention_heads=71,
+    num_hidden_layers=32,
     multi_query=True, parallel_attn=True, bias=False, alibi=False, new_decoder_architecture=False, vocab_size=65024,
     layer_norm_epsilon=1e-5, bos_token_id=11, eos_token_id=11)
-FALCON_40B = dict(  # tiiuae/falcon-40b
+FALCON_40B = dict(  # tiiuae/falcon-40b in RefinedWeb's keys (n_head, n_head_kv, n_layer)
     architectures=["FalconForCausalLM"], model_type="falcon", hidden_size=8192, n_head=128, n_head_kv=8, n_layer=60,
     parallel_attn=True, bias=False, alibi=False, new_decoder_architecture=True, vocab_size=65024,
     layer_norm_epsilon=1e-5, bos_token_id=11, eos_token_id=11)

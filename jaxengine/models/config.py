@@ -661,7 +661,7 @@ def gptj_config_from_hf(hf: dict) -> ModelConfig:
 
 def falcon_config_from_hf(hf: dict) -> ModelConfig:
     """Falcon (`FalconForCausalLM`: Falcon-7B/40B/180B, Falcon 2 11B; its config read through transformers'
-    FalconConfig, which knows the hub's n_head / n_layer / n_head_kv): LayerNorms with biases, q/k/v fused per KV
+    FalconConfig, the older RefinedWeb configs' n_head / n_layer / n_head_kv too): LayerNorms with biases, q/k/v fused per KV
     group (`new_decoder_architecture`: `num_kv_heads` groups; otherwise one KV head where `multi_query`, or a K and V
     per query head), the attention and the exact-GELU MLP side by side after one norm (`parallel_attn`), or each after
     its own (the new architecture's `num_ln_in_parallel_attn` 2, its default), or in turn; biases on every projection
@@ -670,7 +670,9 @@ def falcon_config_from_hf(hf: dict) -> ModelConfig:
 
     if hf.get("alibi"):
         raise ValueError("alibi=true (ALiBi position biases: Falcon-RW) is not supported")
-    full = transformers.FalconConfig(**{k: v for k, v in hf.items() if k != "architectures"}).to_dict()
+    older = {"n_head": "num_attention_heads", "n_layer": "num_hidden_layers", "n_head_kv": "num_kv_heads"}
+    given = {older.get(k, k): v for k, v in hf.items() if k != "architectures"}  # RefinedWeb's keys too
+    full = transformers.FalconConfig(**given).to_dict()
     heads, new = full["num_attention_heads"], bool(full["new_decoder_architecture"])
     kv_heads = (full["num_kv_heads"] or heads) if new else 1 if full["multi_query"] else heads
     if new:
