@@ -304,6 +304,13 @@ def test_llama4_multimodal_checkpoint_serves_its_language_model(tmp_path, tokeni
     assert cfg.num_experts == 4 and cfg.dense_mlp_layers == (0,) and cfg.rope_layers == (True, False)
 
 
+def test_exaone_checkpoint_under_its_own_names_matches_transformers(tmp_path, tokenizer_dir):
+    """EXAONE 3.x: the Llama layer under the checkpoint's own tensor names and config keys."""
+    out = tiny_models.make_exaone(tmp_path / "exaone", tokenizer_dir)
+    cfg = prefill_matches_transformers(out)
+    assert cfg.architecture == "ExaoneForCausalLM" and cfg.num_layers == 2 and cfg.rope.rope_type == "llama3"
+
+
 @pytest.mark.parametrize("kind", list(tiny_models.QWEN_VL))
 def test_qwen_vl_checkpoints_serve_their_language_model(tmp_path, tokenizer_dir, kind):
     """Qwen2.5-VL (Qwen2's layers, here under YaRN), Qwen3-VL and Qwen3-VL-MoE (its experts stacked per layer in the

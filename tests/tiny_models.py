@@ -343,6 +343,21 @@ def make_qwen_vl(out_dir: Path, tokenizer_dir: Path, kind: str) -> Path:
     return _save_random(getattr(transformers, cls), config, out_dir, tokenizer_dir)
 
 
+def make_exaone(out_dir: Path, tokenizer_dir: Path) -> Path:
+    """EXAONE 3.5 (`ExaoneForCausalLM`, which transformers runs as Llama under the checkpoint's own names) with
+    SPECS' Llama's shape and its llama3 rope, the config in the hub's keys (num_layers, layer_norm_epsilon,
+    activation_function)."""
+    import transformers
+
+    spec = {k: v for k, v in (dict(COMMON) | SPECS["llama"]).items() if k not in ("cls", "shard")}
+    config = transformers.ExaoneConfig(**spec)
+    _save_random(transformers.AutoModelForCausalLM.from_config(config).__class__, config, out_dir, tokenizer_dir)
+    hub = {"num_hidden_layers": "num_layers", "rms_norm_eps": "layer_norm_epsilon", "hidden_act": "activation_function"}
+    saved = {hub.get(k, k): v for k, v in read_config(out_dir).items()} | {"architectures": ["ExaoneForCausalLM"]}
+    (out_dir / "config.json").write_text(json.dumps(saved))
+    return out_dir
+
+
 def _save_random(model_class, config, out_dir: Path, tokenizer_dir: Path) -> Path:
     """`model_class(config)` with random weights (`_randomise`, seed 0), saved with the tokenizer."""
     import torch

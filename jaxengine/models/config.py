@@ -573,6 +573,18 @@ def olmo2_config_from_hf(hf: dict) -> ModelConfig:
     return dataclasses.replace(cfg, pre_norms=False, sandwich_norms=True, qk_norm_whole=True, local_rope=local_rope)
 
 
+def exaone_config_from_hf(hf: dict) -> ModelConfig:
+    """EXAONE 3.0 / 3.5 (`ExaoneForCausalLM`): the Llama layer under names of its own (its checkpoint's
+    transformer.h.*, registry._EXAONE_NAMES; its config's num_layers, layer_norm_epsilon and activation_function), a
+    rotary base of 500,000 where the config gives none (transformers' ExaoneConfig's)."""
+    renamed = {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
+               "activation_function": "hidden_act"}
+    given = {renamed.get(k, k): v for k, v in hf.items()}
+    if not (given.get("rope_parameters") or {}).get("rope_theta"):
+        given.setdefault("rope_theta", 500_000.0)
+    return model_config_from_hf(given)
+
+
 def exaone4_config_from_hf(hf: dict) -> ModelConfig:
     """EXAONE 4: the Llama layer with norms on the attention's and MLP's outputs instead of their inputs, per-head
     q/k norms, and (with a sliding window) sliding-window layers by `layer_types` or `sliding_window_pattern`, the
