@@ -212,6 +212,8 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("glm4", dict(cls="GlmForCausalLM")),
     # Llama with biases on its gate, up and down projections (mlp_bias)
     ("llama", dict(cls="LlamaForCausalLM", mlp_bias=True)),
+    # Arcee (AFM): the Llama layer with an ungated ReLU^2 MLP (and here its biases)
+    ("llama", dict(cls="ArceeForCausalLM", hidden_act="relu2", mlp_bias=True)),
     # Seed-OSS: q/k/v biases and (here) o_proj's
     ("llama", dict(cls="SeedOssForCausalLM", attention_bias=True, attention_out_bias=True)),
     # OLMo 3: OLMo 2's layer, a sliding-window layer beside a full one

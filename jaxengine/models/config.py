@@ -312,7 +312,7 @@ def _as_tuple(ids) -> tuple:
 
 # transformers' activation names -> ours (gelu_new is the same tanh approximation as gelu_pytorch_tanh)
 ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
-               "relu": "relu"}
+               "relu": "relu", "relu2": "relu2"}
 
 
 def check_rotary_dim(rope: RopeConfig, head_dim: int) -> None:
@@ -495,6 +495,13 @@ def qwen_vl_language_config_from_hf(hf: dict) -> ModelConfig:
     cfg = get_architecture(text).read_config(text)
     return dataclasses.replace(cfg, architecture=hf["architectures"][0],
                                tie_word_embeddings=bool(config.tie_word_embeddings))
+
+
+def arcee_config_from_hf(hf: dict) -> ModelConfig:
+    """Arcee (`ArceeForCausalLM`: AFM-4.5B): the Llama layer with an ungated MLP, down(relu(up(x))^2) by default
+    (`hidden_act` relu2), biases on it where `mlp_bias`."""
+    return dataclasses.replace(model_config_from_hf(hf | {"hidden_act": hf.get("hidden_act", "relu2")}),
+                               gated_mlp=False)
 
 
 def seed_oss_config_from_hf(hf: dict) -> ModelConfig:
