@@ -774,3 +774,17 @@ def test_falcon_hub_configs_read_their_kv_heads_and_norms_as_transformers():
     assert seven.tie_word_embeddings and not (seven.qkv_bias or seven.mlp_bias) and seven.norm_bias
     with pytest.raises(ValueError, match="alibi=true"):
         read(FALCON_7B | {"alibi": True})
+
+
+MINITRON_8B = dict(  # nvidia/Minitron-8B-Base
+    architectures=["NemotronForCausalLM"], model_type="nemotron", hidden_size=4096, intermediate_size=16384,
+    num_attention_heads=48, num_key_value_heads=8, head_dim=128, num_hidden_layers=32, vocab_size=256000,
+    hidden_act="relu2", norm_eps=1e-5, partial_rotary_factor=0.5, rope_theta=10000, max_position_embeddings=4096,
+    tie_word_embeddings=False)
+
+
+def test_nemotron_hub_config_rotates_half_of_each_head_under_biased_layer_norms():
+    cfg = read(MINITRON_8B)
+    assert (cfg.head_dim, cfg.rope.rotary_dim(cfg.head_dim), cfg.num_kv_heads) == (128, 64, 8)
+    assert cfg.layer_norm and cfg.norm_bias and not cfg.gated_mlp and cfg.hidden_act == "relu2"
+    assert not (cfg.qkv_bias or cfg.mlp_bias) and cfg.parallel_block == 0

@@ -252,6 +252,7 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("opt", dict(cls="OPTForCausalLM")),
     ("gpt_bigcode", dict(cls="GPTBigCodeForCausalLM")),
     ("gptj", dict(cls="GPTJForCausalLM")),
+    ("nemotron", dict(cls="NemotronForCausalLM")),
     # Falcon: 40B's grouped layout, 7B's (one KV head, one norm), and the sequential layout with biases
     ("falcon", dict(cls="FalconForCausalLM")),
     ("falcon", dict(cls="FalconForCausalLM", new_decoder_architecture=False, multi_query=True, num_kv_heads=None,

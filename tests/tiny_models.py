@@ -213,6 +213,10 @@ LIGHT_SPECS = {
     "falcon": dict(cls="FalconForCausalLM", num_attention_heads=4, num_kv_heads=2, new_decoder_architecture=True,
                    parallel_attn=True, num_ln_in_parallel_attn=2, bias=False, ffn_hidden_size=112,
                    tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # Nemotron: LayerNorms of 1 + weight, an ungated ReLU^2 MLP, half of each head rotated
+    "nemotron": dict(cls="NemotronForCausalLM", num_attention_heads=4, num_key_value_heads=2, hidden_act="relu2",
+                     norm_eps=1e-5, tie_word_embeddings=False,
+                     rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
     "opt": dict(cls="OPTForCausalLM", num_attention_heads=4, ffn_dim=112, word_embed_proj_dim=64,
                 activation_function="relu", do_layer_norm_before=True, tie_word_embeddings=True),
     # Command R7B / A: sliding-window layers that rotate beside full-attention ones that do not

@@ -756,6 +756,14 @@ def starcoder2_config_from_hf(hf: dict) -> ModelConfig:
                               mlp_bias=bias)
 
 
+def nemotron_config_from_hf(hf: dict) -> ModelConfig:
+    """Nemotron (`NemotronForCausalLM`: Nemotron-4, Minitron): LayerNorms of 1 + weight with biases (the 1 added to
+    the weights at load: registry._nemotron_tensors), an ungated MLP (ReLU^2 by default), biases where
+    `attention_bias` / `mlp_bias`, by default half of each head rotated."""
+    return _layer_norm_config(hf | {"hidden_act": hf.get("hidden_act", "relu2")}, "norm_eps", 0.5, norm_bias=True,
+                              gated_mlp=False, mlp_bias=bool(hf.get("mlp_bias")))
+
+
 def phi_config_from_hf(hf: dict) -> ModelConfig:
     """Phi-1, Phi-1.5, Phi-2 (`PhiForCausalLM`): one LayerNorm with a bias before the attention and the MLP side by
     side, biases on every projection and on the logits, an MLP without a gate (fc1, fc2), a partial rotary embedding

@@ -14,7 +14,7 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA_ARCHITECTURES, 
                                      gemma3_language_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
                                      glm_config_from_hf, gpt_neox_config_from_hf, gpt_oss_config_from_hf,
                                      gpt2_config_from_hf, gptj_config_from_hf, granite_config_from_hf,
-                                     llama4_config_from_hf,
+                                     llama4_config_from_hf, nemotron_config_from_hf,
                                      opt_config_from_hf, phi_config_from_hf,
                                      ministral3_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
                                      moe_config_from_hf, olmo2_config_from_hf, olmoe_config_from_hf,
@@ -205,6 +205,13 @@ def _falcon_split(name: str, array, cfg: ModelConfig) -> list:
     parts = (grouped[:, :group], grouped[:, group], grouped[:, group + 1])
     prefix = stem[: -len("qkv_proj")]
     return [(f"{prefix}{p}_proj.{kind}", part.reshape(-1, *grouped.shape[3:])) for p, part in zip("qkv", parts)]
+
+
+def _nemotron_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """Nemotron's LayerNorm1P weights (each norm scales by 1 + weight) with the 1 added, as the LayerNorm takes them."""
+    if name.endswith(("layernorm.weight", "model.norm.weight")):
+        return [(name, np.asarray(array, np.float32) + np.float32(1.0))]
+    return [(name, array)]
 
 
 def _gpt_bigcode_split(name: str, array, cfg: ModelConfig) -> list:
@@ -441,6 +448,7 @@ _REGISTRY = {
     "OPTForCausalLM": Architecture(LlamaForCausalLM, opt_config_from_hf, _renaming(_OPT_NAMES, (), _OPT_PREFIXES)),
     "FalconForCausalLM": Architecture(LlamaForCausalLM, falcon_config_from_hf,
                                       _renaming(_FALCON_NAMES, (), _FALCON_PREFIXES), split_tensor=_falcon_split),
+    "NemotronForCausalLM": Architecture(LlamaForCausalLM, nemotron_config_from_hf, split_tensor=_nemotron_tensors),
     "GPTJForCausalLM": Architecture(LlamaForCausalLM, gptj_config_from_hf,
                                     _renaming(_GPTJ_NAMES, (".attn.bias", ".attn.masked_bias"), _GPT2_PREFIXES)),
     "GPTNeoXForCausalLM": Architecture(LlamaForCausalLM, gpt_neox_config_from_hf,
