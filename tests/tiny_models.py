@@ -355,7 +355,7 @@ def make_exaone(out_dir: Path, tokenizer_dir: Path) -> Path:
 
     spec = {k: v for k, v in (dict(COMMON) | SPECS["llama"]).items() if k not in ("cls", "shard")}
     config = transformers.ExaoneConfig(**spec)
-    _save_random(transformers.AutoModelForCausalLM.from_config(config).__class__, config, out_dir, tokenizer_dir)
+    _save_random(transformers.LlamaForCausalLM, config, out_dir, tokenizer_dir)  # transformers' class for "exaone"
     hub = {"num_hidden_layers": "num_layers", "rms_norm_eps": "layer_norm_epsilon", "hidden_act": "activation_function"}
     saved = {hub.get(k, k): v for k, v in read_config(out_dir).items()} | {"architectures": ["ExaoneForCausalLM"]}
     (out_dir / "config.json").write_text(json.dumps(saved))

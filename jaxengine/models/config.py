@@ -632,6 +632,19 @@ def _learned_positions(cfg: ModelConfig, offset: int = 0) -> ModelConfig:
                                rope_layers=(False,) * cfg.num_layers)
 
 
+def _gpt2_keys(hf: dict, tied: bool) -> dict:
+    """A GPT-2-style config (GPT-2's, GPT-BigCode's, GPT-J's: n_embd, n_head, n_layer, n_positions, n_inner,
+    activation_function) in the keys model_config_from_hf reads; the head tied to the embedding by default where
+    `tied`."""
+    width = hf["n_embd"]
+    return {key: hf[key] for key in ("architectures", "vocab_size", "bos_token_id", "eos_token_id", "dtype",
+                                     "torch_dtype", "layer_norm_epsilon") if key in hf} | {
+        "hidden_size": width, "intermediate_size": hf.get("n_inner") or 4 * width, "num_hidden_layers": hf["n_layer"],
+        "num_attention_heads": hf["n_head"], "max_position_embeddings": hf["n_positions"],
+        "hidden_act": hf.get("activation_function", "gelu_new"),
+        "tie_word_embeddings": hf.get("tie_word_embeddings", tied)}
+
+
 def gpt2_config_from_hf(hf: dict) -> ModelConfig:
     """GPT-2 (`GPT2LMHeadModel`: gpt2 to gpt2-xl, DistilGPT2, ...): learned absolute positions, LayerNorms with biases,
     projections with biases (Conv1D's [in, out] weights, q/k/v fused: laid out at load), an ungated MLP (`n_inner`, by
@@ -641,15 +654,8 @@ def gpt2_config_from_hf(hf: dict) -> ModelConfig:
     where `multi_query` (the default), one KV head."""
     if hf.get("scale_attn_by_inverse_layer_idx"):
         raise ValueError("scale_attn_by_inverse_layer_idx=true (scores scaled by each layer's index) is not supported")
-    width = hf["n_embd"]
-    mapped = {key: hf[key] for key in ("architectures", "vocab_size", "bos_token_id", "eos_token_id", "dtype",
-                                       "torch_dtype", "layer_norm_epsilon") if key in hf} | {
-        "hidden_size": width, "intermediate_size": hf.get("n_inner") or 4 * width, "num_hidden_layers": hf["n_layer"],
-        "num_attention_heads": hf["n_head"], "max_position_embeddings": hf["n_positions"],
-        "num_key_value_heads": 1 if hf["architectures"][0] == "GPTBigCodeForCausalLM" and hf.get("multi_query", True)
-        else hf["n_head"],
-        "hidden_act": hf.get("activation_function", "gelu_new"),
-        "tie_word_embeddings": hf.get("tie_word_embeddings", True)}
+    multi_query = hf["architectures"][0] == "GPTBigCodeForCausalLM" and hf.get("multi_query", True)
+    mapped = _gpt2_keys(hf, tied=True) | {"num_key_value_heads": 1 if multi_query else hf["n_head"]}
     cfg = _layer_norm_config(mapped, "layer_norm_epsilon", qkv_bias=True, o_bias=True, norm_bias=True,
                              gated_mlp=False, mlp_bias=True, attn_scale=None if hf.get("scale_attn_weights", True)
                              else 1.0)
@@ -667,12 +673,7 @@ def gptj_config_from_hf(hf: dict) -> ModelConfig:
     if not isinstance(rotary, int) or not 0 < rotary <= width // heads:
         raise ValueError(f"rotary_dim must be a positive number of each head's {width // heads} dimensions, got "
                          f"{rotary!r}")
-    mapped = {key: hf[key] for key in ("architectures", "vocab_size", "bos_token_id", "eos_token_id", "dtype",
-                                       "torch_dtype", "layer_norm_epsilon") if key in hf} | {
-        "hidden_size": width, "intermediate_size": hf.get("n_inner") or 4 * width, "num_hidden_layers": hf["n_layer"],
-        "num_attention_heads": heads, "max_position_embeddings": hf["n_positions"],
-        "hidden_act": hf.get("activation_function", "gelu_new"), "partial_rotary_factor": rotary / (width // heads),
-        "tie_word_embeddings": hf.get("tie_word_embeddings", False)}
+    mapped = _gpt2_keys(hf, tied=False) | {"partial_rotary_factor": rotary / (width // heads)}
     return _layer_norm_config(mapped, "layer_norm_epsilon", qkv_bias=False, o_bias=False, norm_bias=True,
                               parallel_block=1, gated_mlp=False, mlp_bias=True, lm_head_bias=True,
                               rope_interleaved=True)
@@ -680,11 +681,11 @@ def gptj_config_from_hf(hf: dict) -> ModelConfig:
 
 def falcon_config_from_hf(hf: dict) -> ModelConfig:
     """Falcon (`FalconForCausalLM`: Falcon-7B/40B/180B, Falcon 2 11B; its config read through transformers'
-    FalconConfig, the older RefinedWeb configs' n_head / n_layer / n_head_kv too): LayerNorms with biases, q/k/v fused per KV
-    group (`new_decoder_architecture`: `num_kv_heads` groups; otherwise one KV head where `multi_query`, or a K and V
-    per query head), the attention and the exact-GELU MLP side by side after one norm (`parallel_attn`), or each after
-    its own (the new architecture's `num_ln_in_parallel_attn` 2, its default), or in turn; biases on every projection
-    where `bias`. ALiBi (Falcon-RW) is refused."""
+    FalconConfig, the older RefinedWeb configs' n_head / n_layer / n_head_kv too): LayerNorms with biases, q/k/v fused
+    per KV group (`new_decoder_architecture`: `num_kv_heads` groups; otherwise one KV head where `multi_query`, or a K
+    and V per query head), the attention and the exact-GELU MLP side by side after one norm (`parallel_attn`), or each
+    after its own (the new architecture's `num_ln_in_parallel_attn` 2, its default), or in turn; biases on every
+    projection where `bias`. ALiBi (Falcon-RW) is refused."""
     import transformers
 
     if hf.get("alibi"):

@@ -7,17 +7,16 @@ import numpy as np
 
 from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES,
                                      GRANITE_MOE_ARCHITECTURES, QWEN_VL_ARCHITECTURES, ModelConfig,
-                                     granite_moe_config_from_hf, qwen_vl_language_config_from_hf,
-                                     cohere_config_from_hf, deepseek_config_from_hf, dots1_config_from_hf,
-                                     falcon_config_from_hf,
-                                     arcee_config_from_hf, ernie4_5_moe_config_from_hf, exaone_config_from_hf, ernie4_5_config_from_hf, exaone4_config_from_hf,
+                                     arcee_config_from_hf, cohere_config_from_hf, deepseek_config_from_hf,
+                                     dots1_config_from_hf, ernie4_5_config_from_hf, ernie4_5_moe_config_from_hf,
+                                     exaone4_config_from_hf, exaone_config_from_hf, falcon_config_from_hf,
                                      gemma3_language_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
-                                     glm_config_from_hf, gpt_neox_config_from_hf, gpt_oss_config_from_hf,
-                                     gpt2_config_from_hf, gptj_config_from_hf, granite_config_from_hf,
-                                     llama4_config_from_hf, nemotron_config_from_hf,
-                                     opt_config_from_hf, phi_config_from_hf,
-                                     ministral3_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
-                                     moe_config_from_hf, olmo2_config_from_hf, olmoe_config_from_hf,
+                                     glm_config_from_hf, gpt2_config_from_hf, gpt_neox_config_from_hf,
+                                     gpt_oss_config_from_hf, gptj_config_from_hf, granite_config_from_hf,
+                                     granite_moe_config_from_hf, llama4_config_from_hf, ministral3_config_from_hf,
+                                     mistral3_language_config_from_hf, model_config_from_hf, moe_config_from_hf,
+                                     nemotron_config_from_hf, olmo2_config_from_hf, olmoe_config_from_hf,
+                                     opt_config_from_hf, phi_config_from_hf, qwen_vl_language_config_from_hf,
                                      seed_oss_config_from_hf, smollm3_config_from_hf, stablelm_config_from_hf,
                                      starcoder2_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
@@ -143,8 +142,8 @@ def _renaming(pairs: tuple[tuple[str, str], ...], dropped: tuple[str, ...] = (),
     return tensor_name
 
 
-# StarCoder2's MLP; Phi's output projection, MLP, final norm and q/k norms; GPT-NeoX's names (its q/k/v fused:
-# `_gpt_neox_split`)
+# StarCoder2's MLP; Phi's output projection, MLP, final norm and q/k norms; GPT-NeoX's names (its q/k/v fused per head:
+# `_grouped_qkv_split`)
 _STARCODER2_NAMES = ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."))
 _PHI_NAMES = ((".self_attn.dense.", ".self_attn.o_proj."), (".mlp.fc1.", ".mlp.up_proj."),
               (".mlp.fc2.", ".mlp.down_proj."), ("model.final_layernorm.", "model.norm."),
@@ -154,6 +153,7 @@ _GPT_NEOX_NAMES = (("gpt_neox.embed_in.", "model.embed_tokens."), ("gpt_neox.lay
                    (".attention.query_key_value.", ".self_attn.qkv_proj."), (".attention.dense.", ".self_attn.o_proj."),
                    (".mlp.dense_h_to_4h.", ".mlp.up_proj."), (".mlp.dense_4h_to_h.", ".mlp.down_proj."))
 _GPT_NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")
+_GPT2_BUFFERS = (".attn.bias", ".attn.masked_bias")  # GPT-2's, GPT-BigCode's and GPT-J's causal masks
 # GPT-2's (with or without its `transformer.` prefix: the hub's gpt2 has none) and OPT's (with or without `model.`)
 _GPT2_PREFIXES = (("transformer.", ""), ("h.", "model.layers."), ("wte.", "model.embed_tokens."),
                   ("wpe.", "model.embed_positions."), ("ln_f.", "model.norm."))
@@ -172,7 +172,8 @@ _EXAONE_PREFIXES = (("transformer.wte.", "model.embed_tokens."), ("transformer.h
                     ("transformer.ln_f.", "model.norm."))
 _EXAONE_NAMES = ((".attn.attention.out_proj.", ".self_attn.o_proj."), (".attn.attention.", ".self_attn."),
                  (".ln_1.", ".input_layernorm."), (".ln_2.", ".post_attention_layernorm."),
-                 (".mlp.c_fc_0.", ".mlp.gate_proj."), (".mlp.c_fc_1.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."))
+                 (".mlp.c_fc_0.", ".mlp.gate_proj."), (".mlp.c_fc_1.", ".mlp.up_proj."),
+                 (".mlp.c_proj.", ".mlp.down_proj."))
 _OPT_PREFIXES = (("model.decoder.", "decoder."), ("decoder.final_layer_norm.", "model.norm."), ("decoder.", "model."))
 _OPT_NAMES = ((".self_attn.out_proj.", ".self_attn.o_proj."), (".self_attn_layer_norm.", ".input_layernorm."),
               (".final_layer_norm.", ".post_attention_layernorm."), (".fc1.", ".mlp.up_proj."),
@@ -193,10 +194,11 @@ def _gpt2_split(name: str, array, cfg: ModelConfig) -> list:
     return [(name, array)]
 
 
-def _falcon_split(name: str, array, cfg: ModelConfig) -> list:
-    """Falcon's fused q/k/v ([kv_heads x (queries per KV head + 2) x head_dim, ...]: each group's queries, then its key
-    and value; the old layout's one KV head, or a K and V per head, are the same with one group or one query per
-    group) as q, k and v."""
+def _grouped_qkv_split(name: str, array, cfg: ModelConfig) -> list:
+    """A q/k/v projection fused by KV group ([kv_heads x (queries per KV head + 2) x head_dim, ...]: each group's
+    queries, then its key and value) as q, k and v. Falcon's new layout; its old one-KV-head layout and GPT-BigCode's
+    multi_query one are one group (q's rows, then k's, then v's); GPT-NeoX's, Falcon's and GPT-BigCode's per-head
+    layouts are one query per group (each head's q, k and v in turn)."""
     stem, _, kind = name.rpartition(".")
     if not stem.endswith(".self_attn.qkv_proj"):
         return [(name, array)]
@@ -212,28 +214,6 @@ def _nemotron_tensors(name: str, array, cfg: ModelConfig) -> list:
     if name.endswith(("layernorm.weight", "model.norm.weight")):
         return [(name, np.asarray(array, np.float32) + np.float32(1.0))]
     return [(name, array)]
-
-
-def _gpt_bigcode_split(name: str, array, cfg: ModelConfig) -> list:
-    """GPT-BigCode's fused q/k/v (Linear: [out, in]) as q, k and v: with one KV head (multi_query) q's rows, then k's,
-    then v's; otherwise each head's three in turn, as GPT-NeoX's (`_gpt_neox_split`)."""
-    stem, _, kind = name.rpartition(".")
-    if not stem.endswith(".self_attn.qkv_proj") or cfg.num_kv_heads != 1:
-        return _gpt_neox_split(name, array, cfg)
-    prefix, width = stem[: -len("qkv_proj")], cfg.num_heads * cfg.head_dim
-    parts = np.split(np.asarray(array), [width, width + cfg.head_dim], axis=0)
-    return [(f"{prefix}{p}_proj.{kind}", part) for p, part in zip("qkv", parts)]
-
-
-def _gpt_neox_split(name: str, array, cfg: ModelConfig) -> list:
-    """GPT-NeoX's fused q/k/v (weight [heads x (q, k, v) x head_dim, hidden], bias likewise: each head's three in
-    turn) as the q, k and v tensors the weight map knows."""
-    stem, _, kind = name.rpartition(".")
-    if not stem.endswith(".self_attn.qkv_proj"):
-        return [(name, array)]
-    heads = np.asarray(array).reshape(cfg.num_heads, 3, cfg.head_dim, *np.shape(array)[1:])
-    prefix = stem[: -len("qkv_proj")]
-    return [(f"{prefix}{p}_proj.{kind}", heads[:, i].reshape(-1, *heads.shape[3:])) for i, p in enumerate("qkv")]
 
 
 def _cohere_tensors(name: str, array, cfg: ModelConfig) -> list:
@@ -440,19 +420,19 @@ _REGISTRY = {
     "PhiForCausalLM": Architecture(LlamaForCausalLM, phi_config_from_hf, _renaming(_PHI_NAMES)),
     "StableLmForCausalLM": Architecture(LlamaForCausalLM, stablelm_config_from_hf, split_tensor=_StableLmTensors),
     "GPT2LMHeadModel": Architecture(LlamaForCausalLM, gpt2_config_from_hf,
-                                    _renaming(_GPT2_NAMES, (".attn.bias", ".attn.masked_bias"), _GPT2_PREFIXES),
+                                    _renaming(_GPT2_NAMES, _GPT2_BUFFERS, _GPT2_PREFIXES),
                                     split_tensor=_gpt2_split),
     "GPTBigCodeForCausalLM": Architecture(LlamaForCausalLM, gpt2_config_from_hf,
-                                          _renaming(_GPT2_NAMES, (".attn.bias", ".attn.masked_bias"), _GPT2_PREFIXES),
-                                          split_tensor=_gpt_bigcode_split),
+                                          _renaming(_GPT2_NAMES, _GPT2_BUFFERS, _GPT2_PREFIXES),
+                                          split_tensor=_grouped_qkv_split),
     "OPTForCausalLM": Architecture(LlamaForCausalLM, opt_config_from_hf, _renaming(_OPT_NAMES, (), _OPT_PREFIXES)),
     "FalconForCausalLM": Architecture(LlamaForCausalLM, falcon_config_from_hf,
-                                      _renaming(_FALCON_NAMES, (), _FALCON_PREFIXES), split_tensor=_falcon_split),
+                                      _renaming(_FALCON_NAMES, (), _FALCON_PREFIXES), split_tensor=_grouped_qkv_split),
     "NemotronForCausalLM": Architecture(LlamaForCausalLM, nemotron_config_from_hf, split_tensor=_nemotron_tensors),
     "GPTJForCausalLM": Architecture(LlamaForCausalLM, gptj_config_from_hf,
-                                    _renaming(_GPTJ_NAMES, (".attn.bias", ".attn.masked_bias"), _GPT2_PREFIXES)),
+                                    _renaming(_GPTJ_NAMES, _GPT2_BUFFERS, _GPT2_PREFIXES)),
     "GPTNeoXForCausalLM": Architecture(LlamaForCausalLM, gpt_neox_config_from_hf,
-                                       _renaming(_GPT_NEOX_NAMES, _GPT_NEOX_BUFFERS), split_tensor=_gpt_neox_split),
+                                       _renaming(_GPT_NEOX_NAMES, _GPT_NEOX_BUFFERS), split_tensor=_grouped_qkv_split),
 } | {name: Architecture(LlamaForCausalLM, cohere_config_from_hf, split_tensor=_cohere_tensors)
      for name in COHERE_ARCHITECTURES} | {
     name: Architecture(LlamaForCausalLM, glm_config_from_hf, split_tensor=_phi3_split)  # gate/up fused
