@@ -70,6 +70,9 @@ def check_supported(cfg) -> None:
                          "yet")
     if cfg.num_experts:
         raise ValueError("enable_lora: LoRA adapters on a mixture of experts are not supported yet")
+    if cfg.full_attention_heads:
+        raise ValueError(f"enable_lora: LoRA adapters on {cfg.architecture} (layers of two shapes) are not supported "
+                         f"yet")
     if cfg.layer_norm or cfg.mlp_bias:
         kind = "a LayerNorm model" if cfg.layer_norm else "a model with MLP biases (mlp_bias)"
         raise ValueError(f"enable_lora: LoRA adapters on {kind} ({cfg.architecture}) are not supported yet")

@@ -43,6 +43,67 @@ def test_gemma3_hub_config_gets_transformers_layer_types_and_both_ropes(rope_sca
     assert cfg.attn_logit_softcap is None and cfg.final_logit_softcap is None
 
 
+# Gemma 4's multimodal checkpoints in the hub's form (text_config giving what differs from transformers' defaults,
+# the full-attention layers' shape as global_head_dim / num_global_key_value_heads): 31B's and 26B-A4B's shapes
+GEMMA4_31B = dict(
+    architectures=["Gemma4ForConditionalGeneration"], model_type="gemma4", dtype="bfloat16", eos_token_id=[1, 106],
+    text_config=dict(model_type="gemma4_text", hidden_size=5376, intermediate_size=21504, num_hidden_layers=60,
+                     num_attention_heads=32, num_key_value_heads=16, num_global_key_value_heads=4, global_head_dim=512,
+                     attention_k_eq_v=True, sliding_window=1024, max_position_embeddings=262144,
+                     final_logit_softcapping=30.0, hidden_size_per_layer_input=0),
+    vision_config=dict(model_type="gemma4_vision", hidden_size=1152))
+GEMMA4_26B_A4B = GEMMA4_31B | dict(text_config=GEMMA4_31B["text_config"] | dict(
+    hidden_size=2816, intermediate_size=2112, num_hidden_layers=30, num_attention_heads=16, num_key_value_heads=8,
+    num_global_key_value_heads=2, enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704))
+
+
+@pytest.mark.parametrize("hf, repeat", [(GEMMA4_31B, 2), (GEMMA4_26B_A4B, 2)])
+def test_gemma4_hub_configs_read_both_layer_shapes_as_transformers(hf, repeat):
+    """The full-attention layers' head_dim and KV heads as transformers' per-layer config gives them (their KV heads
+    repeated to fill the sliding layers' cache rows), its layer types, both ropes (the full layers' proportional),
+    unscaled scores, the experts beside the dense MLP."""
+    cfg = read(hf)
+    text = hf["text_config"]
+    theirs = transformers.Gemma4TextConfig(**{k: v for k, v in text.items() if k != "model_type"})
+    full = [i for i, t in enumerate(theirs.layer_types) if t == "full_attention"]
+    assert [i for i, w in enumerate(cfg.sliding_windows) if w == 0] == full and set(cfg.sliding_windows) == {0, 1024}
+    sliding, layer = theirs.per_layer_config[0], theirs.per_layer_config[full[0]]
+    assert (cfg.head_dim, cfg.num_kv_heads, cfg.kv_repeat) == (sliding.head_dim, sliding.num_key_value_heads, 1)
+    assert cfg.full_attention_heads == (layer.head_dim, layer.num_key_value_heads, repeat, True)
+    rope = theirs.rope_parameters
+    assert (cfg.rope.rope_type, cfg.rope.theta, cfg.rope.param("partial_rotary_factor")) == (
+        "proportional", rope["full_attention"]["rope_theta"], rope["full_attention"]["partial_rotary_factor"])
+    assert (cfg.local_rope.rope_type, cfg.local_rope.theta) == ("default", rope["sliding_attention"]["rope_theta"])
+    assert cfg.sm_scale == 1.0 and cfg.v_norm and cfg.layer_scale and not cfg.norm_offset and cfg.qk_norm
+    assert (cfg.embed_scale, cfg.final_logit_softcap, cfg.hidden_act) == (text["hidden_size"] ** 0.5, 30.0, "gelu_tanh")
+    assert (cfg.architecture, cfg.torch_dtype, cfg.eos_token_ids) == ("Gemma4ForConditionalGeneration", "bfloat16",
+                                                                       (1, 106))
+    moe = text.get("enable_moe_block", False)
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size, cfg.experts_beside_mlp) == (
+        (128, 8, 704, True) if moe else (0, 0, 0, False))
+    assert cfg.intermediate_size == text["intermediate_size"]
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(hidden_size_per_layer_input=256), "per-layer embeddings"),
+    (dict(num_kv_shared_layers=20), "KV layers shared"),
+    (dict(hidden_size_per_layer_input=None, use_bidirectional_attention="all"), "bidirectional"),
+    (dict(num_global_key_value_heads=3), "not a multiple"),
+    (dict(num_key_value_heads=3, num_attention_heads=48), "cannot share one KV cache layout"),
+])
+def test_gemma4_settings_we_do_not_run_are_refused(change, match):
+    """E2B/E4B's per-layer embeddings and shared KV layers, bidirectional attention, and layer shapes whose K/V do not
+    fill one cache layout: refused by name."""
+    hf = GEMMA4_31B | dict(text_config=GEMMA4_31B["text_config"] | change)
+    with pytest.raises(ValueError, match=match):
+        read(hf)
+
+
+def test_gemma4_quantized_checkpoint_is_refused():
+    with pytest.raises(ValueError, match="quantized checkpoints of Gemma 4"):
+        read(GEMMA4_31B | dict(quantization_config=dict(quant_method="fp8")))
+
+
 def test_gemma_legacy_gelu_is_the_tanh_approximation_and_has_no_gemma2_parts():
     cfg = read(GEMMA_2B)
     assert cfg.hidden_act == "gelu_tanh" and cfg.embed_scale == math.sqrt(2048) and cfg.norm_offset

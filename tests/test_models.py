@@ -260,6 +260,10 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("falcon", dict(cls="FalconForCausalLM", new_decoder_architecture=False, multi_query=False, parallel_attn=False,
                     bias=True, num_kv_heads=None, num_ln_in_parallel_attn=None)),
     ("gpt_bigcode", dict(cls="GPTBigCodeForCausalLM", multi_query=False)),
+    # Gemma 4 31B's layout (SPECS' gemma4 without its experts), and one whose sliding layers' one KV head is repeated
+    # to fill the cache rows of the full layers', which project their values (no attention_k_eq_v)
+    ("gemma4dense", dict(cls="Gemma4ForCausalLM")),
+    ("gemma4dense", dict(cls="Gemma4ForCausalLM", attention_k_eq_v=False, num_key_value_heads=1)),
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
@@ -280,6 +284,21 @@ def test_gemma3_multimodal_checkpoint_serves_its_language_model(tmp_path, tokeni
     model, cfg = load_model(out, "float32", progress=False)
     assert cfg.architecture == "Gemma3ForConditionalGeneration" and cfg.sliding_windows == (20, 0, 20)
     seqs = sequences(cfg.vocab_size - 3, extra=DECODE_STEPS, seed=4)
+    prefill, decoded = prefill_and_decode(model, seqs)
+    hf = transformers.AutoModelForImageTextToText.from_pretrained(out, dtype=torch.float32).eval()
+    for seq, pre, dec in zip(seqs, prefill, decoded):
+        np.testing.assert_allclose(np.concatenate([pre, dec]), hf_logits(hf, seq), atol=1e-4, rtol=0)
+
+
+def test_gemma4_multimodal_checkpoint_serves_its_language_model(tmp_path, tokenizer_dir):
+    """Gemma4ForConditionalGeneration (Gemma 4 31B / 26B-A4B as the hub ships them): a sparse text config giving the
+    full-attention layers' shape by global_head_dim, the language model's tensors under their prefix, the vision and
+    audio towers left unloaded; prefill and decode against transformers' multimodal model on text (ids below its
+    image and audio tokens)."""
+    out = tiny_models.make_gemma4_multimodal(tmp_path / "gemma4-mm", tokenizer_dir)
+    model, cfg = load_model(out, "float32", progress=False)
+    assert cfg.architecture == "Gemma4ForConditionalGeneration" and cfg.full_attention_heads == (32, 1, 2, True)
+    seqs = sequences(cfg.vocab_size - 6, extra=DECODE_STEPS, seed=4)
     prefill, decoded = prefill_and_decode(model, seqs)
     hf = transformers.AutoModelForImageTextToText.from_pretrained(out, dtype=torch.float32).eval()
     for seq, pre, dec in zip(seqs, prefill, decoded):

@@ -16,6 +16,9 @@ CASES = {
     "yarn": dict(rope_type="yarn", rope_theta=1000000.0, factor=4.0, original_max_position_embeddings=32768),
     "yarn-beta": dict(rope_type="yarn", rope_theta=10000.0, factor=2.0, beta_fast=16, beta_slow=2,
                       original_max_position_embeddings=4096),
+    # Gemma 4's full-attention layers: a quarter of the pairs rotating at the whole head's frequencies, the rest not
+    "proportional": dict(rope_type="proportional", rope_theta=1000000.0, partial_rotary_factor=0.25),
+    "proportional-factor": dict(rope_type="proportional", rope_theta=10000.0, partial_rotary_factor=0.5, factor=2.0),
 }
 
 
@@ -43,7 +46,7 @@ def test_legacy_rope_scaling_and_rope_theta_fields_are_read():
     assert (rope.theta, rope.rope_type, rope.param("factor")) == (123.0, "linear", 2.0)
 
 
-@pytest.mark.parametrize("rope_type", ["dynamic", "proportional"])
+@pytest.mark.parametrize("rope_type", ["dynamic", "axial"])
 def test_unsupported_rope_type_is_refused_by_name(rope_type):
     with pytest.raises(ValueError, match=f"rope type '{rope_type}' is not supported.*llama3.*yarn.*longrope"):
         parse_rope({"rope_parameters": {"rope_type": rope_type, "factor": 2.0}})

@@ -38,7 +38,7 @@ def greedy_tokens(engine, prompts):
 
 CASES = [("llama8", 2), ("llama8", 4), ("llama8", 8), ("mistral", 2), ("mistral", 4), ("qwen2", 4), ("qwen3", 2),
          ("gemma3", 2), ("qwen2moe", 2), ("mixtral", 2), ("gptoss", 2), ("olmo2", 4), ("glm4moe", 2),
-         ("deepseekv3", 2), ("cohere", 4), ("phi", 2)]
+         ("deepseekv3", 2), ("cohere", 4), ("phi", 2), ("gemma4", 2), ("gemma4", 4)]
 
 
 @pytest.mark.parametrize("name,tp", CASES)

@@ -47,6 +47,19 @@ SPECS = {
         tie_word_embeddings=True,
         rope_parameters=dict(full_attention=dict(rope_type="linear", rope_theta=100000.0, factor=4.0),
                              sliding_attention=dict(rope_type="default", rope_theta=1000.0))),
+    # Gemma 4 (26B-A4B's layout): full-attention layers of their own shape (head_dim 32, one KV head whose values are
+    # its keys, repeated twice to fill the cache's rows) around a sliding-window one (4 KV heads of 16), proportional
+    # rope (4 of the 16 pairs rotating) on the full ones, plain-weight norms, values normed, a scalar per layer, and
+    # top 2 of 4 experts beside each dense MLP (their router's own scaled norm, a scale per expert)
+    "gemma4": dict(
+        cls="Gemma4ForCausalLM", config_cls="Gemma4TextConfig", num_hidden_layers=3, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+        sliding_window=20, layer_types=["full_attention", "sliding_attention", "full_attention"],
+        hidden_size_per_layer_input=0, final_logit_softcapping=30.0, tie_word_embeddings=True,
+        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+        rope_parameters=dict(full_attention=dict(rope_type="proportional", rope_theta=10000.0,
+                                                 partial_rotary_factor=0.25),
+                             sliding_attention=dict(rope_type="default", rope_theta=1000.0))),
     # Phi-3 / Phi-4-mini: q/k/v and gate/up fused in the checkpoint, LongRoPE (its short factors, and the attention
     # factor of a context twice the original) over a partial rotary embedding (Phi-4-mini's 0.75: 12 of 16
     # dimensions), a sliding window.
@@ -125,6 +138,9 @@ SPECS = {
 # layers (tests/test_engine.py also decodes it through the engine); the LayerNorm models StarCoder2, StableLM 2,
 # GPT-NeoX and Command R7B (SPECS' Cohere and Phi check their parts in depth).
 LIGHT_SPECS = {
+    # Gemma 4 31B's layout: SPECS["gemma4"] without its experts
+    "gemma4dense": {k: v for k, v in SPECS["gemma4"].items()
+                    if k not in ("enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size")},
     "granite": dict(
         cls="GraniteForCausalLM", num_attention_heads=4, num_key_value_heads=2, embedding_multiplier=3.0,
         attention_multiplier=0.2, residual_multiplier=0.6, logits_scaling=2.5, tie_word_embeddings=True,
@@ -287,6 +303,32 @@ def make_gemma3_multimodal(out_dir: Path, tokenizer_dir: Path) -> Path:
     return out_dir
 
 
+def make_gemma4_multimodal(out_dir: Path, tokenizer_dir: Path) -> Path:
+    """Gemma4ForConditionalGeneration with LIGHT_SPECS["gemma4dense"]'s language model (31B's layout), a one-layer
+    vision tower and a one-layer audio tower, its config.json's text_config cut, as the hub's are, to what differs
+    from Gemma4TextConfig's defaults (and giving the full-attention layers' shape as global_head_dim /
+    num_global_key_value_heads, not transformers 5's per_layer_config)."""
+    import transformers
+
+    text = {k: v for k, v in (dict(COMMON) | LIGHT_SPECS["gemma4dense"]).items() if k not in ("cls", "config_cls")}
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=16, patch_size=4, pooling_kernel_size=2, position_embedding_size=64)
+    audio = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, subsampling_conv_channels=[8, 4],
+                 output_proj_dims=32)
+    config = transformers.Gemma4Config(text_config=text, vision_config=vision, audio_config=audio,
+                                       image_token_id=VOCAB_SIZE - 1, audio_token_id=VOCAB_SIZE - 2,
+                                       boi_token_id=VOCAB_SIZE - 3, eoi_token_id=VOCAB_SIZE - 4,
+                                       boa_token_id=VOCAB_SIZE - 5, eoa_token_id=VOCAB_SIZE - 6)
+    _save_random(transformers.Gemma4ForConditionalGeneration, config, out_dir, tokenizer_dir)
+    saved = read_config(out_dir)
+    defaults = transformers.Gemma4TextConfig().to_dict()
+    cut = {k: v for k, v in saved["text_config"].items() if defaults.get(k, object()) != v and k != "per_layer_config"}
+    saved["text_config"] = cut | {"global_head_dim": text["global_head_dim"],
+                                  "num_global_key_value_heads": text["num_global_key_value_heads"]}
+    (out_dir / "config.json").write_text(json.dumps(saved))
+    return out_dir
+
+
 MINISTRAL3_ROPE = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32,
                       beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.5)
 
@@ -389,6 +431,8 @@ def _randomise(model) -> None:
         for name, p in model.named_parameters():
             if "norm" in name or ".ln_" in name:  # GPT-2's norms: ln_1, ln_2, ln_f
                 p.uniform_(0.5, 1.5)
+            elif name.endswith(("router.scale", "per_expert_scale")):  # Gemma 4's router: scales near 1
+                p.uniform_(0.5, 1.5)
             elif name.endswith("sinks"):  # GPT-OSS: logits beside the scores, some above them
                 p.normal_(1.0, 1.5)
             elif name.endswith("bias"):
@@ -403,6 +447,8 @@ def _randomise(model) -> None:
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # a sigmoid router's: large enough to change choices
                 b.normal_(0.0, 0.3)
+            elif name.endswith("layer_scalar"):  # Gemma 4's scale of each layer's output
+                b.uniform_(0.5, 1.5)
 
 
 def read_config(model_dir: Path) -> dict:

@@ -96,6 +96,8 @@ def moe_mlp(
     routing: Routing = Routing(),  # how the router chooses (route)
     router_correction=None,  # [E]: the sigmoid router's correction bias (route)
     scale_inputs: bool = False,  # Llama 4: each pair's input times its router weight (its output unweighted)
+    router_input: jax.Array | None = None,  # [T, D]: what the router reads where it is not x (Gemma 4's own norm)
+    expert_scale: jax.Array | None = None,  # [E]: each expert's router weight times this (Gemma 4's per-expert scale)
 ) -> jax.Array:  # [T, D] in x's dtype
     """The tokens' (token, expert) pairs sorted by expert run as one grouped matmul per projection, in the
     weights' dtype with float32 accumulation, then are weighted and summed back per token. Weights packed for
@@ -115,7 +117,10 @@ def moe_mlp(
     else:
         def glu(gate, up):
             return ACTIVATIONS[activation](gate) * up
-    weights, experts = route(x, router, top_k, renormalize, router_bias, routing, router_correction)
+    weights, experts = route(x if router_input is None else router_input, router, top_k, renormalize, router_bias,
+                             routing, router_correction)
+    if expert_scale is not None:
+        weights = weights * expert_scale.astype(jnp.float32)[experts]
     flat = experts.reshape(-1)  # [T * top_k]
     mxfp4 = isinstance(down, Mxfp4Experts)
     if mxfp4 and not isinstance(gate_up, Mxfp4Experts):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +24,10 @@ class RopeConfig:
 
     def rotary_dim(self, head_dim: int) -> int:
         """How many of a head's dimensions rotate (the first ones, in transformers' layout): all, or the
-        `partial_rotary_factor` of them (Phi-4-mini's 0.75)."""
+        `partial_rotary_factor` of them (Phi-4-mini's 0.75). Proportional rope (Gemma 4) spans the whole head: its
+        factor zeroes the higher frequencies instead (`rope_inv_freq`)."""
+        if self.rope_type == "proportional":
+            return head_dim
         return int(head_dim * self.param("partial_rotary_factor", 1.0))
 
 
@@ -105,6 +108,9 @@ class ModelConfig:
     router_correction: bool = False  # DeepSeek V3's and ERNIE 4.5's routers: a correction bias on the scores for the
     # choice
     moe_input_scaled: bool = False  # Llama 4: each routed token's input times its router weight, not the output
+    # Gemma 4 (26B-A4B): the experts beside the dense MLP, each reading the residual through a norm of its own (the
+    # router too: a scaled norm; its weights times a scale per expert), their outputs normed apart, then summed
+    experts_beside_mlp: bool = False
     # A mixture of experts with dense layers among its expert ones (GLM-4.5's first_k_dense_replace): those layers'
     # dense MLP, of dense_intermediate_size (each run of alike layers is its own stack: llama.layer_groups)
     dense_mlp_layers: tuple = ()
@@ -139,6 +145,14 @@ class ModelConfig:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # Gemma 4: the full-attention layers' (sliding_windows 0) own (head_dim, num_kv_heads, kv_repeat, k_eq_v); ()
+    # where they are the model's. Each kind keeps its own stacks (llama.layer_groups), and views the one KV cache
+    # (rows of the model's head_dim) as rows of its own head_dim, its K/V heads repeated to fill them (kv_repeat)
+    full_attention_heads: tuple = ()
+    kv_repeat: int = 1  # each K/V head written this many times (the cache's rows: 2 x num_kv_heads x kv_repeat)
+    k_eq_v: bool = False  # the values are the key projection's output, before its norm and rotation (no v_proj)
+    v_norm: bool = False  # Gemma 4: the values RMS-normalised without a weight
+    layer_scale: bool = False  # Gemma 4: each layer's output (residual included) times a scalar of its own
 
     @property
     def q_per_kv(self) -> int:
@@ -215,7 +229,11 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int, max_position_embeddings: int)
     exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
     inv_freq = 1.0 / (rope.theta ** exponents)
     scaling = 1.0
-    if rope.rope_type == "linear":
+    if rope.rope_type == "proportional":  # Gemma 4's: the first partial_rotary_factor of the pairs (i, i + head_dim
+        # / 2) rotate at the full head's frequencies, the others by angle 0; then divided by `factor`
+        rotating = int(rope.param("partial_rotary_factor", 1.0) * head_dim // 2)
+        inv_freq = np.where(np.arange(head_dim // 2) < rotating, inv_freq, 0.0) / rope.param("factor", 1.0)
+    elif rope.rope_type == "linear":
         inv_freq = inv_freq / rope.param("factor")
     elif rope.rope_type == "llama3":
         inv_freq = _llama3_inv_freq(inv_freq, rope)
@@ -831,6 +849,86 @@ def gemma_config_from_hf(hf: dict) -> ModelConfig:
         attn_logit_softcap=hf.get("attn_logit_softcapping") if generation == 2 else None,
         final_logit_softcap=hf.get("final_logit_softcapping") if generation > 1 else None,
         local_rope=local_rope)
+
+
+GEMMA4_ARCHITECTURES = ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
+
+# transformers' Gemma4TextConfig defaults (the hub's text configs list only what differs from them)
+_GEMMA4_DEFAULTS = dict(
+    vocab_size=262_144, hidden_size=2304, intermediate_size=9216, num_hidden_layers=30, num_attention_heads=8,
+    num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131_072,
+    rms_norm_eps=1e-6, tie_word_embeddings=True, sliding_window=512, hidden_size_per_layer_input=256,
+    global_head_dim=512, rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}})
+
+
+def gemma4_config_from_hf(hf: dict) -> ModelConfig:
+    """Gemma 4's language model (`Gemma4ForCausalLM`; `Gemma4ForConditionalGeneration`'s `text_config`, served on
+    text): Gemma 3's layer (sandwich norms, q/k norms, scaled embeddings, final logit soft-capping, sliding-window
+    layers with a rope of their own) with plain-weight norms, unscaled scores (the q/k norms set their scale), values
+    RMS-normalised without a weight, a scalar on each layer's output, and full-attention layers of their own shape
+    (`global_head_dim`; with `attention_k_eq_v`, `num_global_key_value_heads` and values from the key projection),
+    rotated by proportional rope; with `enable_moe_block` (26B-A4B), a mixture of experts beside each layer's dense MLP
+    (ModelConfig.experts_beside_mlp). Per-layer embeddings (`hidden_size_per_layer_input`: the E2B/E4B models) and
+    shared KV layers are refused."""
+    arch = hf["architectures"][0]
+    if arch == "Gemma4ForConditionalGeneration":
+        hf = _language_model_config(hf, dict(hf.get("text_config") or {}), arch,
+                                    ("eos_token_id", "bos_token_id", "dtype", "torch_dtype", "quantization_config"))
+    hf = _GEMMA4_DEFAULTS | {key: value for key, value in hf.items()
+                             if value is not None or key not in ("global_head_dim", "rope_parameters")}
+    for key, what in (("hidden_size_per_layer_input", "per-layer embeddings (Gemma 4 E2B/E4B)"),
+                      ("num_kv_shared_layers", "KV layers shared between layers (Gemma 4 E2B/E4B)"),
+                      ("use_bidirectional_attention", "bidirectional attention"),
+                      ("quantization_config", "quantized checkpoints")):
+        if hf.get(key):
+            raise ValueError(f"{key}={hf[key]!r}: {what} of Gemma 4 are not supported yet")
+    num_layers = hf["num_hidden_layers"]
+    layer_types = list(hf.get("layer_types") or _every_nth_full(num_layers, 6))
+    layer_types[-1] = "full_attention"  # as transformers forces it
+    full = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
+    k_eq_v = bool(hf.get("attention_k_eq_v", False))
+    overrides = hf.get("per_layer_config")  # transformers 5's saved form: {layer: {head_dim, num_key_value_heads}}
+    if overrides is not None:
+        overrides = {int(layer): dict(o) for layer, o in overrides.items()}
+        shapes = {tuple(sorted(o.items())) for o in overrides.values()}
+        if set(overrides) != set(full) or len(shapes) != 1 or not set(dict(*shapes)) <= {"head_dim",
+                                                                                         "num_key_value_heads"}:
+            raise ValueError(f"per_layer_config must give every full-attention layer ({full}) the same head_dim / "
+                             f"num_key_value_heads and no other layer anything, got {hf['per_layer_config']}")
+        global_shape = dict(*shapes)
+    else:
+        global_shape = {"head_dim": hf["global_head_dim"]}
+        if k_eq_v and hf.get("num_global_key_value_heads"):
+            global_shape["num_key_value_heads"] = hf["num_global_key_value_heads"]
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    hf = hf | {"layer_types": layer_types, "hidden_act": "gelu_pytorch_tanh" if act == "gelu" else act}
+    hf, local_rope = _layer_type_ropes(hf)
+    cfg = model_config_from_hf(hf, qk_norm=True)
+    global_dim = global_shape.get("head_dim", cfg.head_dim)
+    global_kv = global_shape.get("num_key_value_heads", cfg.num_kv_heads)
+    if cfg.num_heads % global_kv:
+        raise ValueError(f"num_attention_heads={cfg.num_heads} is not a multiple of the full-attention layers' "
+                         f"{global_kv} KV heads")
+    check_rotary_dim(cfg.rope, global_dim)
+    # the one KV cache is as wide per token as the wider kind's K/V; each kind repeats its heads to fill it
+    width = max(2 * cfg.num_kv_heads * cfg.head_dim, 2 * global_kv * global_dim)
+    repeats = []
+    for kv, dim in ((cfg.num_kv_heads, cfg.head_dim), (global_kv, global_dim)):
+        repeat, rest = divmod(width, 2 * kv * dim)
+        if rest or cfg.num_heads % (kv * repeat):
+            raise ValueError(f"Gemma 4's sliding ({cfg.num_kv_heads} KV heads of {cfg.head_dim}) and full-attention "
+                             f"({global_kv} of {global_dim}) layers cannot share one KV cache layout")
+        repeats.append(repeat)
+    experts = {}
+    if hf.get("enable_moe_block"):
+        experts = dict(num_experts=hf["num_experts"], experts_per_token=hf["top_k_experts"],
+                       moe_intermediate_size=hf["moe_intermediate_size"], norm_topk_prob=True, experts_beside_mlp=True)
+    return dataclasses.replace(
+        cfg, **experts, architecture=arch, embed_scale=cfg.hidden_size ** 0.5, sandwich_norms=True, attn_scale=1.0,
+        final_logit_softcap=hf.get("final_logit_softcapping"), local_rope=local_rope, v_norm=True, layer_scale=True,
+        kv_repeat=repeats[0], full_attention_heads=(global_dim, global_kv, repeats[1], k_eq_v))
 
 
 def moe_config_from_hf(hf: dict) -> ModelConfig:

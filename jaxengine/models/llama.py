@@ -266,7 +266,7 @@ def _pack_layer(layer) -> None:
         return value
 
     lead = layer.o_proj.get_metadata()["logical_axes"][:-2]  # ("layers",) when stacked
-    parts = ("q_proj", "k_proj", "v_proj")
+    parts = tuple(part for part in ("q_proj", "k_proj", "v_proj") if hasattr(layer, part))  # k_eq_v: no v_proj
     cfg = layer.cfg
     gated = cfg.hidden_act in cpu.GATED_ACTIVATIONS
     if cfg.quantization is not None:  # its projections; a mixture of experts' experts are float (dequantized at load)
@@ -383,12 +383,14 @@ class DecoderLayers(nnx.Module):
         else:
             self.q_proj = _param((L, D, q_width), linear, ("layers", "embed", "heads"))
             self.k_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
-            self.v_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
+            if not cfg.k_eq_v:
+                self.v_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
             self.o_proj = _param((L, q_width, D), linear, ("layers", "heads", "embed"))
         if cfg.qkv_bias:
             self.q_bias = _param((L, q_width), dtype, ("layers", "heads"))
             self.k_bias = _param((L, kv_width), dtype, ("layers", "kv_heads"))
-            self.v_bias = _param((L, kv_width), dtype, ("layers", "kv_heads"))
+            if not cfg.k_eq_v:
+                self.v_bias = _param((L, kv_width), dtype, ("layers", "kv_heads"))
         if cfg.o_bias:
             self.o_bias = _param((L, D), dtype, ("layers", "embed"))
         if cfg.qk_norm and (cfg.qk_norm_whole or cfg.qk_norm_per_head):  # weights over every head's dimensions
@@ -424,6 +426,12 @@ class DecoderLayers(nnx.Module):
             self.router = _param((L, D, E), router_dtype, ("layers", "embed", "experts"))
             if cfg.router_correction:
                 self.router_correction = _param((L, E), jnp.float32, ("layers", "experts"))
+            if cfg.experts_beside_mlp:  # Gemma 4: the router's norm (its scale by hidden_size ** -0.5: registry.
+                # _gemma4_tensors), each expert's scale; the experts' input and output norms, the dense MLP's output's
+                self.router_norm = _param((L, D), dtype, ("layers", "embed"))
+                self.expert_scale = _param((L, E), dtype, ("layers", "experts"))
+                for name in ("expert_norm", "post_expert_norm", "post_dense_norm"):
+                    setattr(self, name, _param((L, D), dtype, ("layers", "embed")))
             if cfg.mxfp4_experts:  # as pallas_kernels.cpu.pack_mxfp4_panels packs them (registry._GptOssTensors)
                 from pallas_kernels.cpu import PANEL
 
@@ -447,6 +455,8 @@ class DecoderLayers(nnx.Module):
             self.sinks = _param((L, cfg.num_heads), jnp.float32, ("layers", "heads"))
         if cfg.shared_expert_gate:
             self.shared_expert_gate = _param((L, D, 1), dtype, ("layers", "embed", "unit"))
+        if cfg.layer_scale:
+            self.layer_scale = _param((L,), dtype, ("layers",))
         if cfg.quant_kv_scales:  # the checkpoint's KV cache scales (kv_scales)
             self.k_scale = _param((L,), jnp.float32, ("layers",))
             self.v_scale = _param((L,), jnp.float32, ("layers",))
@@ -570,14 +580,18 @@ class DecoderLayers(nnx.Module):
         if lora is not None and any(p in lora[0] for p in ("gate_proj", "up_proj", "down_proj")):
             # the unfused MLP only in steps where a token has an adapter: the others keep the fused kernels (LoRA
             # is refused on LayerNorm models: jaxengine.lora.check_supported)
-            return jax.lax.cond(lora[2], lambda h: self._adapted_mlp(h, live, weights_layer, lora),
-                                lambda h: self.mlp(h, live, weights_layer), h), kv_cache
-        mlp_input = None  # a LayerNorm model's MLP input: the layer's normed input, or its own norm's
-        if cfg.parallel_block == 1:
-            mlp_input = x
-        elif cfg.layer_norm:
-            mlp_input = self.input_norm(layer_input if cfg.parallel_block else h, "mlp_norm")
-        return self.mlp(h, live, weights_layer, mlp_input), kv_cache
+            h = jax.lax.cond(lora[2], lambda h: self._adapted_mlp(h, live, weights_layer, lora),
+                             lambda h: self.mlp(h, live, weights_layer), h)
+        else:
+            mlp_input = None  # a LayerNorm model's MLP input: the layer's normed input, or its own norm's
+            if cfg.parallel_block == 1:
+                mlp_input = x
+            elif cfg.layer_norm:
+                mlp_input = self.input_norm(layer_input if cfg.parallel_block else h, "mlp_norm")
+            h = self.mlp(h, live, weights_layer, mlp_input)
+        if cfg.layer_scale:  # Gemma 4: the whole residual stream
+            h = h * self.layer_scale[...].astype(h.dtype)
+        return h, kv_cache
 
     def _attention(self, h, kv_cache, layer, weights_layer, window, batch, slots, rope, live, lora):
         """(the attention's output [T, heads x head_dim] before o_proj, the KV cache with this step's K/V written) over
@@ -585,11 +599,15 @@ class DecoderLayers(nnx.Module):
         cfg = self.cfg
         eps, T = cfg.rms_norm_eps, h.shape[0]
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        v_width = 0 if cfg.k_eq_v else kv_width
         scales = self.kv_scales(kv_cache.dtype)
+        cache_shape = kv_cache.shape
+        if cache_shape[-1] != cfg.head_dim:  # Gemma 4's full-attention layers: the cache's rows seen as this head_dim's
+            kv_cache = kv_cache.reshape(*cache_shape[:3], -1, cfg.head_dim)
         qkv = None
         if hasattr(self, "qkv_proj"):  # fused at packing (pack_for_native_matmul)
-            qkv = _normed_dot(h, self.norm("attn_norm"), eps, self.linear("qkv_proj"), q_width + 2 * kv_width, live,
-                              weights_layer)
+            qkv = _normed_dot(h, self.norm("attn_norm"), eps, self.linear("qkv_proj"), q_width + kv_width + v_width,
+                              live, weights_layer)
             if lora is not None and any(p in lora[0] for p in ("q_proj", "k_proj", "v_proj")):
                 def qkv_update():  # the fused projection's three updates side by side
                     x = _pre_norm(h, self.norm("attn_norm"), eps)
@@ -600,7 +618,8 @@ class DecoderLayers(nnx.Module):
                 qkv = qkv + jax.lax.cond(lora[2], qkv_update, lambda: jnp.zeros((T, q_width + 2 * kv_width))
                                          ).astype(qkv.dtype)
         backend = "reference" if cfg.chunked_attention else self.attention_backend  # chunked: its only body
-        if (qkv is not None and not (cfg.qkv_bias or cfg.qk_norm or cfg.qk_l2_norm)
+        if (qkv is not None and not (cfg.qkv_bias or cfg.qk_norm or cfg.qk_l2_norm or cfg.k_eq_v or cfg.v_norm
+                                     or cfg.kv_repeat > 1)
                 and kv_writer(kv_cache, qkv.dtype, backend, self.one_device) == "cpu"):
             # The native writer rotates q and k on the way: one pass from the fused projection instead of
             # XLA's split, rotations and K/V interleave.
@@ -612,14 +631,13 @@ class DecoderLayers(nnx.Module):
                 q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], -1)
             else:
                 x = _pre_norm(h, self.norm("attn_norm"), eps)
-                q, k, v = (_plus(_dot(x, self.linear("q_proj"), q_width, live_rows=live, layer=weights_layer),
-                                 _lora_delta(x, lora, "q_proj")),
-                           _plus(_dot(x, self.linear("k_proj"), kv_width, live_rows=live, layer=weights_layer),
-                                 _lora_delta(x, lora, "k_proj")),
-                           _plus(_dot(x, self.linear("v_proj"), kv_width, live_rows=live, layer=weights_layer),
-                                 _lora_delta(x, lora, "v_proj")))
+                q, k, v = (_plus(_dot(x, self.linear(name), width, live_rows=live, layer=weights_layer),
+                                 _lora_delta(x, lora, name)) if width else None
+                           for name, width in (("q_proj", q_width), ("k_proj", kv_width), ("v_proj", v_width)))
             if cfg.qkv_bias:
-                q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+                q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...] if v_width else v
+            if cfg.k_eq_v:  # the values are the keys as projected
+                v = k
             if cfg.qk_norm_whole:  # over every head's dimensions together
                 q, k = rms_norm(q, self.norm("q_norm"), eps), rms_norm(k, self.norm("k_norm"), eps)
             q = q.reshape(T, cfg.num_heads, cfg.head_dim)
@@ -627,9 +645,13 @@ class DecoderLayers(nnx.Module):
             v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
             if cfg.qk_norm and not cfg.qk_norm_whole:
                 q, k = self.head_norm(q, "q_norm"), self.head_norm(k, "k_norm")
+            if cfg.v_norm:
+                v = rms_norm(v, None, eps)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             if cfg.qk_l2_norm:  # Llama 4: after the rotation, in the rotating layers
                 q, k = (_where_rotating(cfg, layer, rms_norm(x, None, eps), x) for x in (q, k))
+            if cfg.kv_repeat > 1:  # each head's copies side by side: query head i still reads its own head's
+                k, v = jnp.repeat(k, cfg.kv_repeat, axis=1), jnp.repeat(v, cfg.kv_repeat, axis=1)
             kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=backend, scales=scales,
                                 one_device=self.one_device)
         if cfg.q_position_scale:  # Ministral 3, Llama 4: queries scaled up with the position (attention temperature)
@@ -640,7 +662,7 @@ class DecoderLayers(nnx.Module):
         o = attention(q, kv_cache, layer, batch, sm_scale=cfg.sm_scale, sliding_window=window,
                       soft_cap=cfg.attn_logit_softcap, backend=backend, scales=scales,
                       sinks=self.sinks[...] if cfg.attn_sinks else None).reshape(T, -1)
-        return o, kv_cache
+        return o, kv_cache.reshape(cache_shape)
 
     def _latent_attention(self, h, kv_cache, layer, weights_layer, batch, slots, rope, live):
         """Multi-head latent attention (`_latent_attention_params`) absorbed, as vLLM's MLA decodes: each head's
@@ -722,7 +744,14 @@ class DecoderLayers(nnx.Module):
                             layer=layer)
             out = _plus(_dot(hidden, self.linear("down_proj"), D, live_rows=live, layer=layer), down_bias)
         if cfg.num_experts:
-            x = _pre_norm(src, mlp_norm, eps)
+            router_input = expert_scale = None
+            if cfg.experts_beside_mlp:  # Gemma 4: the experts and their router read the residual through norms of
+                # their own
+                out = rms_norm(out, self.norm("post_dense_norm"), eps)
+                x = rms_norm(src, self.norm("expert_norm"), eps)
+                router_input, expert_scale = rms_norm(src, self.router_norm[...], eps), self.expert_scale[...]
+            else:
+                x = _pre_norm(src, mlp_norm, eps)
             if cfg.shared_expert_gate:
                 shared_gate = self.shared_expert_gate[...]
                 out = out * jax.nn.sigmoid(jnp.dot(x.astype(shared_gate.dtype), shared_gate,
@@ -744,8 +773,11 @@ class DecoderLayers(nnx.Module):
                               renormalize=cfg.norm_topk_prob, activation=cfg.hidden_act, layer=layer, live_rows=live,
                               swiglu=(cfg.swiglu_alpha, cfg.swiglu_limit),
                               folded_bias=cfg.moe_bias and "expert_gate_up" in projections and not cfg.mxfp4_experts,
-                              scale_inputs=cfg.moe_input_scaled,
+                              scale_inputs=cfg.moe_input_scaled, router_input=router_input,
+                              expert_scale=expert_scale,
                               **{name.removeprefix("expert_"): w for name, w in projections.items()})
+            if cfg.experts_beside_mlp:
+                experts = rms_norm(experts, self.norm("post_expert_norm"), eps)
             out = experts if out is None else out + experts
         if cfg.sandwich_norms:
             out = rms_norm(out, self.norm("post_mlp_norm"), eps)
@@ -755,25 +787,34 @@ class DecoderLayers(nnx.Module):
 @functools.cache
 def layer_groups(cfg: ModelConfig) -> tuple[tuple[str, int, ModelConfig], ...]:
     """(attribute, first layer, the layers' config) of each run of alike layers, which the model holds as one stack
-    (DecoderLayers) and runs as one loop: all layers (`layers`), or, in a mixture of experts with dense layers among
-    its expert ones (`dense_mlp_layers`), each run of dense or of expert layers (`layers`, `layers1`, ...)."""
-    if not cfg.dense_mlp_layers:
+    (DecoderLayers) and runs as one loop: all layers (`layers`), or each run of dense or of expert layers in a mixture
+    of experts with dense layers among its expert ones (`dense_mlp_layers`), and of sliding-window or full-attention
+    layers where the latter have a shape of their own (Gemma 4's `full_attention_heads`, their rope the model's, the
+    sliding ones' `local_rope`): `layers`, `layers1`, ..."""
+    if not (cfg.dense_mlp_layers or cfg.full_attention_heads):
         return (("layers", 0, cfg),)
-    runs = []  # [first, count, dense]
+    runs = []  # [first, count, (dense, full attention of its own shape)]
     for i in range(cfg.num_layers):
-        dense = i in cfg.dense_mlp_layers
-        if runs and runs[-1][2] == dense:
+        kind = (i in cfg.dense_mlp_layers, bool(cfg.full_attention_heads) and cfg.sliding_windows[i] == 0)
+        if runs and runs[-1][2] == kind:
             runs[-1][1] += 1
         else:
-            runs.append([i, 1, dense])
+            runs.append([i, 1, kind])
     groups = []
-    for n, (first, count, dense) in enumerate(runs):
-        group = dataclasses.replace(cfg, num_layers=count, dense_mlp_layers=())
+    for n, (first, count, (dense, full)) in enumerate(runs):
+        group = dataclasses.replace(cfg, num_layers=count, dense_mlp_layers=(), full_attention_heads=())
+        if full:
+            head_dim, kv_heads, kv_repeat, k_eq_v = cfg.full_attention_heads
+            group = dataclasses.replace(group, head_dim=head_dim, num_kv_heads=kv_heads, kv_repeat=kv_repeat,
+                                        k_eq_v=k_eq_v, local_rope=None)
+        elif cfg.full_attention_heads:
+            group = dataclasses.replace(group, rope=cfg.local_rope or cfg.rope, local_rope=None)
         if dense:
             group = dataclasses.replace(group, num_experts=0, experts_per_token=0, moe_intermediate_size=0,
                                         intermediate_size=cfg.dense_intermediate_size, shared_expert_gate=False,
                                         moe_bias=False, router_scoring="softmax", router_groups=(), routed_scaling=1.0,
-                                        router_float32=False, router_correction=False, moe_input_scaled=False)
+                                        router_float32=False, router_correction=False, moe_input_scaled=False,
+                                        experts_beside_mlp=False)
         groups.append(("layers" if n == 0 else f"layers{n}", first, group))
     return tuple(groups)
 
@@ -830,11 +871,14 @@ class LlamaForCausalLM(nnx.Module):
             weights = {}
         slots = token_slots(batch, kv_cache.shape[2], kv_cache.shape[1])
 
-        def tables(rope_cfg):
-            inv_freq, scaling = rope_inv_freq(rope_cfg, cfg.rope_head_dim, cfg.max_position_embeddings)
-            return rope_tables(batch.positions, jnp.asarray(inv_freq), scaling, self.dtype, cfg.rope_head_dim)
+        @functools.cache  # each stack's rotary tables, computed once for the stacks that share them
+        def tables(rope_cfg, head_dim):
+            inv_freq, scaling = rope_inv_freq(rope_cfg, head_dim, cfg.max_position_embeddings)
+            return rope_tables(batch.positions, jnp.asarray(inv_freq), scaling, self.dtype, head_dim)
 
-        ropes = (tables(cfg.rope), None if cfg.local_rope is None else tables(cfg.local_rope))
+        def ropes(group):  # a stack's full-attention tables, and its sliding-window layers' (None: the same)
+            return (tables(group.rope, group.rope_head_dim),
+                    None if group.local_rope is None else tables(group.local_rope, group.rope_head_dim))
         h = self.embed[...][batch.input_ids]  # [T, hidden]
         if cfg.embed_scale is not None:  # in the embedding's dtype, as transformers scales it
             h = h * jnp.asarray(cfg.embed_scale, h.dtype)
@@ -843,7 +887,7 @@ class LlamaForCausalLM(nnx.Module):
         h = h.astype(self.dtype)
         for name, first, group in layer_groups(cfg):  # each stack's layers in turn
             h, kv_cache = self._run_layers(getattr(self, name), first, group.num_layers, h, kv_cache, batch, slots,
-                                           ropes, weights, onehot, active if onehot is not None else None)
+                                           ropes(group), weights, onehot, active if onehot is not None else None)
         if cfg.layer_norm:
             return layer_norm(h, self.final_norm[...], self.final_norm_bias[...] if cfg.norm_bias else None,
                               cfg.rms_norm_eps), kv_cache
@@ -945,7 +989,7 @@ class LlamaForCausalLM(nnx.Module):
         """K/V interleaved on the fourth axis; multi-head latent attention's one row per token there (its latent and
         rotary key: layers.attention.write_latent)."""
         cfg = self.cfg
-        rows = 1 if cfg.latent_attention else 2 * cfg.num_kv_heads
+        rows = 1 if cfg.latent_attention else 2 * cfg.num_kv_heads * cfg.kv_repeat
         return (cfg.num_layers, num_pages, page_size, rows, cfg.head_dim)
 
 
@@ -984,6 +1028,10 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         "self_attn.v_proj.weight": ("v_proj", True),
         "self_attn.o_proj.weight": ("o_proj", True),
     }
+    if cfg.k_eq_v:  # the keys' projection gives the values too
+        del per_layer["self_attn.v_proj.weight"]
+    if cfg.layer_scale:  # Gemma 4's buffer of one value (registry._gemma4_tensors: a scalar)
+        per_layer["layer_scalar"] = ("layer_scale", False)
     if cfg.latent_attention:  # DeepSeek V2/V3 (DecoderLayers._latent_attention_params)
         query = ({"q_a_proj.weight": ("q_a_proj", True), "q_a_layernorm.weight": ("q_a_norm", False),
                   "q_b_proj.weight": ("q_b_proj", True)} if cfg.q_lora_rank else {"q_proj.weight": ("q_proj", True)})
@@ -1000,7 +1048,7 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
     # 4's shared expert (its MLPs are `feed_forward`s)
     mlp = "feed_forward" if cfg.architecture in LLAMA4_ARCHITECTURES else "mlp"
     dense = (f"{mlp}.shared_expert" if cfg.shared_expert_gate or mlp == "feed_forward" else "mlp.shared_experts") \
-        if cfg.num_experts else mlp
+        if cfg.num_experts and not cfg.experts_beside_mlp else mlp
     if cfg.intermediate_size:
         projections = ("gate", "up", "down") if cfg.gated_mlp else ("up", "down")
         per_layer |= {f"{dense}.{p}_proj.weight": (f"{p}_proj", True) for p in projections}
@@ -1018,6 +1066,13 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         else:
             per_layer |= {f"mlp.experts.{p}_proj{bias}": (f"expert_{p}{bias}", False)
                           for p in ("gate", "up", "down") for bias in ("", "_bias")}
+    elif cfg.experts_beside_mlp:  # Gemma 4: each layer's experts stacked (registry._gemma4_tensors)
+        per_layer |= {"router.proj.weight": ("router", True), "router.scale": ("router_norm", False),
+                      "router.per_expert_scale": ("expert_scale", False),
+                      "pre_feedforward_layernorm_2.weight": ("expert_norm", False),
+                      "post_feedforward_layernorm_1.weight": ("post_dense_norm", False),
+                      "post_feedforward_layernorm_2.weight": ("post_expert_norm", False)} | {
+            f"experts.{p}_proj": (f"expert_{p}", False) for p in ("gate", "up", "down")}
     elif cfg.num_experts and cfg.architecture in _STACKED_EXPERTS:
         moe, router = _STACKED_EXPERTS[cfg.architecture]
         per_layer |= {router: ("router", True)} | {
@@ -1032,7 +1087,7 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
             (f"{p}_proj", p) for p in ("gate", "up", "down"))
         experts = {f"{moe}.experts.{{}}.{hf}.weight": f"expert_{ours}" for hf, ours in projections}
     if cfg.qkv_bias:
-        per_layer |= {f"self_attn.{p}_proj.bias": (f"{p}_bias", False) for p in "qkv"}
+        per_layer |= {f"self_attn.{p}_proj.bias": (f"{p}_bias", False) for p in ("qk" if cfg.k_eq_v else "qkv")}
     if cfg.o_bias:
         per_layer["self_attn.o_proj.bias"] = ("o_bias", False)
     if cfg.qk_norm:

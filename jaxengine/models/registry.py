@@ -5,12 +5,13 @@ import dataclasses
 
 import numpy as np
 
-from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES,
-                                     GRANITE_MOE_ARCHITECTURES, QWEN_VL_ARCHITECTURES, ModelConfig,
+from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES, GEMMA_ARCHITECTURES,
+                                     GLM_ARCHITECTURES, GRANITE_MOE_ARCHITECTURES, QWEN_VL_ARCHITECTURES, ModelConfig,
                                      arcee_config_from_hf, cohere_config_from_hf, deepseek_config_from_hf,
                                      dots1_config_from_hf, ernie4_5_config_from_hf, ernie4_5_moe_config_from_hf,
                                      exaone4_config_from_hf, exaone_config_from_hf, falcon_config_from_hf,
-                                     gemma3_language_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
+                                     gemma3_language_config_from_hf, gemma4_config_from_hf, gemma_config_from_hf,
+                                     glm4_moe_config_from_hf,
                                      glm_config_from_hf, gpt2_config_from_hf, gpt_neox_config_from_hf,
                                      gpt_oss_config_from_hf, gptj_config_from_hf, granite_config_from_hf,
                                      granite_moe_config_from_hf, llama4_config_from_hf, ministral3_config_from_hf,
@@ -269,12 +270,18 @@ def _stacked_experts(name: str, array, cfg: ModelConfig) -> list:
     them: `gate_up_proj` ([E, hidden, 2 x I]: the gate's columns, then the up projection's) as `gate_proj` and
     `up_proj`, `down_proj` [E, I, hidden]. Transformers 5 saves Qwen3-VL-MoE's as it holds them ([E, 2 x I, hidden],
     [E, hidden, I]); those are turned over where the shape tells (as transformers reads either)."""
+    return _split_experts(name, array, cfg, None)
+
+
+def _split_experts(name: str, array, cfg: ModelConfig, held: bool | None) -> list:
+    """`_stacked_experts`, the tensors [E, out, in] as transformers holds them where `held` (Gemma 4's), [E, in, out]
+    where not, either by the shape where None."""
     if not name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
         return [(name, array)]
     hidden, width = cfg.hidden_size, cfg.moe_intermediate_size
     gate_up = name.endswith(".experts.gate_up_proj")
-    held = (2 * width, hidden) if gate_up else (hidden, width)
-    if tuple(array.shape[-2:]) == held and held[0] != held[1]:
+    shape = (2 * width, hidden) if gate_up else (hidden, width)
+    if held or (held is None and tuple(array.shape[-2:]) == shape and shape[0] != shape[1]):
         array = np.asarray(array).swapaxes(-1, -2)
     if not gate_up:
         return [(name, array)]
@@ -371,6 +378,26 @@ _GEMMA3_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower
                   "visual.", "model.visual.")  # Qwen-VL's
 
 
+_GEMMA4_TOWERS = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
+
+
+def _gemma4_tensor(name: str) -> str | None:
+    """Gemma4ForConditionalGeneration's tensor under Gemma4ForCausalLM's name (`model.language_model.*` ->
+    `model.*`); its vision and audio towers and their embedders are not loaded."""
+    return None if name.startswith(_GEMMA4_TOWERS) else _language_model_tensor(name)
+
+
+def _gemma4_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """Gemma 4's tensors as the weight map knows them: its `layer_scalar` buffer (one value) as the scalar each
+    layer's slice of `layer_scale` is; a mixture of experts' router scale times hidden_size ** -0.5 (as the router
+    multiplies its normed input by both: the router's norm weight), its stacked experts (`_stacked_experts`)."""
+    if name.endswith(".layer_scalar"):
+        return [(name, np.asarray(array).reshape(()))]
+    if name.endswith(".router.scale"):
+        return [(name, np.asarray(array, np.float32) * cfg.hidden_size ** -0.5)]
+    return _split_experts(name, array, cfg, held=True)
+
+
 def _language_model_tensor(name: str) -> str | None:
     """A vision-language checkpoint's tensor (Gemma 3's, Mistral 3's) under its causal LM's name (hub checkpoints
     name the language model `language_model.model.*`, transformers 5's own layout `model.language_model.*`); the
@@ -445,6 +472,9 @@ _REGISTRY = {
     # Gemma 3 4B-27B, served as text models (a request's content is text only: jaxengine.llm._chat_messages)
     "Gemma3ForConditionalGeneration": Architecture(LlamaForCausalLM, gemma3_language_config_from_hf,
                                                    _language_model_tensor),
+    # Gemma 4 (31B; the multimodal checkpoints served as text models likewise)
+    **{name: Architecture(LlamaForCausalLM, gemma4_config_from_hf, _gemma4_tensor, split_tensor=_gemma4_tensors)
+       for name in GEMMA4_ARCHITECTURES},
     # Mistral Small 3.1/3.2 and Ministral 3, served as text models likewise
     "Mistral3ForConditionalGeneration": Architecture(LlamaForCausalLM, mistral3_language_config_from_hf,
                                                      _language_model_tensor),

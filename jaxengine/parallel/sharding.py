@@ -55,7 +55,8 @@ def check_layout(cfg: ModelConfig, tensor_parallel_size: int, data_parallel_size
 
 def _fits(cfg: ModelConfig, tp: int) -> bool:
     kv = cfg.num_kv_heads
-    kv_ok = kv % tp == 0 or (tp % kv == 0 and cfg.num_heads % tp == 0)
+    # repeated KV heads are the model's one count's (Gemma 4's full-attention layers have their own: not repeated)
+    kv_ok = kv % tp == 0 or (tp % kv == 0 and cfg.num_heads % tp == 0 and not cfg.full_attention_heads)
     return cfg.num_heads % tp == 0 and kv_ok
 
 
