@@ -84,16 +84,44 @@ def test_gemma4_hub_configs_read_both_layer_shapes_as_transformers(hf, repeat):
     assert cfg.intermediate_size == text["intermediate_size"]
 
 
+GEMMA4_E2B = dict(
+    architectures=["Gemma4ForConditionalGeneration"], model_type="gemma4", dtype="bfloat16",
+    text_config=dict(model_type="gemma4_text", hidden_size=1536, intermediate_size=6144, num_hidden_layers=35,
+                     num_attention_heads=8, num_key_value_heads=1, global_head_dim=512, sliding_window=512,
+                     layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 7, num_kv_shared_layers=20,
+                     hidden_size_per_layer_input=256, use_double_wide_mlp=True, final_logit_softcapping=30.0))
+
+
+def test_gemma4_e2b_hub_config_shares_kv_as_transformers_and_has_per_layer_inputs():
+    """E2B's form: per-layer embeddings, and the last 20 of 35 layers reading the KV cache of the layer transformers
+    stores for their kind, through MLPs twice as wide; the cache has the other 15 layers only."""
+    from jaxengine.models.llama import layer_groups
+
+    cfg = read(GEMMA4_E2B)
+    text = GEMMA4_E2B["text_config"]
+    theirs = transformers.Gemma4TextConfig(**{k: v for k, v in text.items() if k != "model_type"})
+    assert (cfg.per_layer_input_size, cfg.per_layer_vocab_size) == (256, 262144)
+    assert (cfg.kv_shared_layers, cfg.kv_cache_layers, cfg.double_wide_mlp) == (20, 15, True)
+    stores = {theirs.layer_types[i]: i for i, mode in enumerate(theirs.kv_sharing_modes) if mode == "store"}
+    for _, first, group in layer_groups(cfg):
+        kinds = {theirs.layer_types[i] for i in range(first, first + group.num_layers)}
+        assert len(kinds) == 1
+        reuse = {theirs.kv_sharing_modes[i] == "reuse" for i in range(first, first + group.num_layers)}
+        assert group.kv_source == (stores[kinds.pop()] if reuse == {True} else -1)
+        assert group.intermediate_size == (2 if reuse == {True} else 1) * 6144
+    # the sliding layers' one KV head of 256 repeated twice to fill the rows of the full layers' one of 512
+    assert (cfg.kv_repeat, cfg.full_attention_heads) == (2, (512, 1, 1, False))
+
+
 @pytest.mark.parametrize("change, match", [
-    (dict(hidden_size_per_layer_input=256), "per-layer embeddings"),
-    (dict(num_kv_shared_layers=20), "KV layers shared"),
-    (dict(hidden_size_per_layer_input=None, use_bidirectional_attention="all"), "bidirectional"),
+    (dict(num_kv_shared_layers=55), "must include one of each kind"),
+    (dict(use_bidirectional_attention="all"), "bidirectional"),
     (dict(num_global_key_value_heads=3), "not a multiple"),
     (dict(num_key_value_heads=3, num_attention_heads=48), "cannot share one KV cache layout"),
 ])
 def test_gemma4_settings_we_do_not_run_are_refused(change, match):
-    """E2B/E4B's per-layer embeddings and shared KV layers, bidirectional attention, and layer shapes whose K/V do not
-    fill one cache layout: refused by name."""
+    """Shared KV layers without an earlier layer of their kind, bidirectional attention, and layer shapes whose K/V do
+    not fill one cache layout: refused by name."""
     hf = GEMMA4_31B | dict(text_config=GEMMA4_31B["text_config"] | change)
     with pytest.raises(ValueError, match=match):
         read(hf)

@@ -82,6 +82,13 @@ def test_impossible_layouts_are_refused(llama8, tp, dp, match):
                   progress=False)
 
 
+def test_gemma4_kv_heads_are_not_repeated_for_tensor_parallelism(model_dirs):
+    """Gemma 4's two layer shapes have KV head counts of their own: a tensor-parallel size that would repeat the
+    sliding layers' one KV head (E2B's layout) is refused, naming the sizes that work."""
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 does not fit.*sizes that work here: \\[1\\]"):
+        LLMEngine(EngineConfig(model=str(model_dirs["gemma4e"]), tensor_parallel_size=2, **SMALL), progress=False)
+
+
 def test_tensor_and_data_parallel_replicas_match_one_device_and_share_the_load(llama8, sharded_engines):
     from jaxengine.engine.dp_engine import DataParallelEngine
 

@@ -60,6 +60,18 @@ SPECS = {
         rope_parameters=dict(full_attention=dict(rope_type="proportional", rope_theta=10000.0,
                                                  partial_rotary_factor=0.25),
                              sliding_attention=dict(rope_type="default", rope_theta=1000.0))),
+    # Gemma 4 E2B/E4B's layout: per-layer embeddings (16 wide), the last 2 of 5 layers reading the K/V of the last
+    # earlier layer of their kind (the second sliding one; sliding: 1 KV head of 16, repeated to fill the cache rows
+    # of the full layers' one of 32, which projects its values) through MLPs twice as wide
+    "gemma4e": dict(
+        cls="Gemma4ForCausalLM", config_cls="Gemma4TextConfig", num_hidden_layers=5, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, global_head_dim=32, sliding_window=20,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB_SIZE, num_kv_shared_layers=2,
+        use_double_wide_mlp=True, final_logit_softcapping=30.0, tie_word_embeddings=True,
+        rope_parameters=dict(full_attention=dict(rope_type="proportional", rope_theta=10000.0,
+                                                 partial_rotary_factor=0.25),
+                             sliding_attention=dict(rope_type="default", rope_theta=1000.0))),
     # Phi-3 / Phi-4-mini: q/k/v and gate/up fused in the checkpoint, LongRoPE (its short factors, and the attention
     # factor of a context twice the original) over a partial rotary embedding (Phi-4-mini's 0.75: 12 of 16
     # dimensions), a sliding window.

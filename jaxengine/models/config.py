@@ -153,6 +153,20 @@ class ModelConfig:
     k_eq_v: bool = False  # the values are the key projection's output, before its norm and rotation (no v_proj)
     v_norm: bool = False  # Gemma 4: the values RMS-normalised without a weight
     layer_scale: bool = False  # Gemma 4: each layer's output (residual included) times a scalar of its own
+    # Gemma 4 E2B/E4B: per-layer embeddings (PLE): each layer takes an input of this width of its own (from a
+    # per-layer table of `per_layer_vocab_size` tokens and a projection of the embeddings), gating a residual branch
+    per_layer_input_size: int = 0
+    per_layer_vocab_size: int = 0
+    # Gemma 4 E2B/E4B: the last this many layers compute no K/V: each reads the KV cache of the last earlier layer of
+    # its kind (the cache has num_layers - kv_shared_layers layers); their MLPs twice as wide where double_wide_mlp
+    kv_shared_layers: int = 0
+    double_wide_mlp: bool = False
+    kv_source: int = -1  # a stack of such layers (llama.layer_groups): the cache layer its layers read
+
+    @property
+    def kv_cache_layers(self) -> int:
+        """The KV cache's layers: one per layer but those that share an earlier one's (`kv_shared_layers`)."""
+        return self.num_layers - self.kv_shared_layers
 
     @property
     def q_per_kv(self) -> int:
@@ -858,6 +872,7 @@ _GEMMA4_DEFAULTS = dict(
     vocab_size=262_144, hidden_size=2304, intermediate_size=9216, num_hidden_layers=30, num_attention_heads=8,
     num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131_072,
     rms_norm_eps=1e-6, tie_word_embeddings=True, sliding_window=512, hidden_size_per_layer_input=256,
+    vocab_size_per_layer_input=262_144,
     global_head_dim=512, rope_parameters={
         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}})
@@ -870,23 +885,26 @@ def gemma4_config_from_hf(hf: dict) -> ModelConfig:
     RMS-normalised without a weight, a scalar on each layer's output, and full-attention layers of their own shape
     (`global_head_dim`; with `attention_k_eq_v`, `num_global_key_value_heads` and values from the key projection),
     rotated by proportional rope; with `enable_moe_block` (26B-A4B), a mixture of experts beside each layer's dense MLP
-    (ModelConfig.experts_beside_mlp). Per-layer embeddings (`hidden_size_per_layer_input`: the E2B/E4B models) and
-    shared KV layers are refused."""
+    (ModelConfig.experts_beside_mlp); E2B/E4B's per-layer embeddings (`hidden_size_per_layer_input`) and last
+    `num_kv_shared_layers` layers reading earlier layers' K/V (with MLPs twice as wide: `use_double_wide_mlp`)."""
     arch = hf["architectures"][0]
     if arch == "Gemma4ForConditionalGeneration":
         hf = _language_model_config(hf, dict(hf.get("text_config") or {}), arch,
                                     ("eos_token_id", "bos_token_id", "dtype", "torch_dtype", "quantization_config"))
     hf = _GEMMA4_DEFAULTS | {key: value for key, value in hf.items()
-                             if value is not None or key not in ("global_head_dim", "rope_parameters")}
-    for key, what in (("hidden_size_per_layer_input", "per-layer embeddings (Gemma 4 E2B/E4B)"),
-                      ("num_kv_shared_layers", "KV layers shared between layers (Gemma 4 E2B/E4B)"),
-                      ("use_bidirectional_attention", "bidirectional attention"),
+                             if value is not None or key not in ("global_head_dim", "rope_parameters",
+                                                                 "vocab_size_per_layer_input")}
+    for key, what in (("use_bidirectional_attention", "bidirectional attention"),
                       ("quantization_config", "quantized checkpoints")):
         if hf.get(key):
             raise ValueError(f"{key}={hf[key]!r}: {what} of Gemma 4 are not supported yet")
     num_layers = hf["num_hidden_layers"]
     layer_types = list(hf.get("layer_types") or _every_nth_full(num_layers, 6))
     layer_types[-1] = "full_attention"  # as transformers forces it
+    shared = hf.get("num_kv_shared_layers") or 0
+    if not 0 <= shared < num_layers or set(layer_types[num_layers - shared:]) - set(layer_types[:num_layers - shared]):
+        raise ValueError(f"num_kv_shared_layers={shared}: the layers before the shared ones must include one of each "
+                         f"kind among them (of {num_layers} layers: {layer_types})")
     full = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
     k_eq_v = bool(hf.get("attention_k_eq_v", False))
     overrides = hf.get("per_layer_config")  # transformers 5's saved form: {layer: {head_dim, num_key_value_heads}}
@@ -928,7 +946,10 @@ def gemma4_config_from_hf(hf: dict) -> ModelConfig:
     return dataclasses.replace(
         cfg, **experts, architecture=arch, embed_scale=cfg.hidden_size ** 0.5, sandwich_norms=True, attn_scale=1.0,
         final_logit_softcap=hf.get("final_logit_softcapping"), local_rope=local_rope, v_norm=True, layer_scale=True,
-        kv_repeat=repeats[0], full_attention_heads=(global_dim, global_kv, repeats[1], k_eq_v))
+        kv_repeat=repeats[0], full_attention_heads=(global_dim, global_kv, repeats[1], k_eq_v),
+        per_layer_input_size=hf.get("hidden_size_per_layer_input") or 0,
+        per_layer_vocab_size=hf["vocab_size_per_layer_input"] if hf.get("hidden_size_per_layer_input") else 0,
+        kv_shared_layers=shared, double_wide_mlp=bool(shared and hf.get("use_double_wide_mlp")))
 
 
 def moe_config_from_hf(hf: dict) -> ModelConfig:

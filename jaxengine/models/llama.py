@@ -272,8 +272,8 @@ def _pack_layer(layer) -> None:
     if cfg.quantization is not None:  # its projections; a mixture of experts' experts are float (dequantized at load)
         _pack_quantized_layer(layer, lead)
     else:
-        if not cfg.latent_attention and all(getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0
-                                            for part in parts):
+        if not cfg.latent_attention and len(parts) > 1 and all(
+                getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
             value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
             layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
         if (gated and cfg.gated_mlp and not (cfg.num_experts or cfg.mlp_bias) and cfg.intermediate_size
@@ -382,14 +382,16 @@ class DecoderLayers(nnx.Module):
             self._latent_attention_params(dtype)
         else:
             self.q_proj = _param((L, D, q_width), linear, ("layers", "embed", "heads"))
-            self.k_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
-            if not cfg.k_eq_v:
+            if cfg.kv_source < 0:  # a shared-KV layer projects queries only
+                self.k_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
+            if not cfg.k_eq_v and cfg.kv_source < 0:
                 self.v_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
             self.o_proj = _param((L, q_width, D), linear, ("layers", "heads", "embed"))
         if cfg.qkv_bias:
             self.q_bias = _param((L, q_width), dtype, ("layers", "heads"))
-            self.k_bias = _param((L, kv_width), dtype, ("layers", "kv_heads"))
-            if not cfg.k_eq_v:
+            if cfg.kv_source < 0:
+                self.k_bias = _param((L, kv_width), dtype, ("layers", "kv_heads"))
+            if not cfg.k_eq_v and cfg.kv_source < 0:
                 self.v_bias = _param((L, kv_width), dtype, ("layers", "kv_heads"))
         if cfg.o_bias:
             self.o_bias = _param((L, D), dtype, ("layers", "embed"))
@@ -398,7 +400,8 @@ class DecoderLayers(nnx.Module):
             self.k_norm = _param((L, kv_width), dtype, ("layers", "kv_heads"))
         elif cfg.qk_norm:
             self.q_norm = _param((L, cfg.head_dim), dtype, ("layers", "head_dim"))
-            self.k_norm = _param((L, cfg.head_dim), dtype, ("layers", "head_dim"))
+            if cfg.kv_source < 0:
+                self.k_norm = _param((L, cfg.head_dim), dtype, ("layers", "head_dim"))
         if cfg.qk_norm_bias:
             self.q_norm_bias = _param((L, cfg.head_dim), dtype, ("layers", "head_dim"))
             self.k_norm_bias = _param((L, cfg.head_dim), dtype, ("layers", "head_dim"))
@@ -457,6 +460,11 @@ class DecoderLayers(nnx.Module):
             self.shared_expert_gate = _param((L, D, 1), dtype, ("layers", "embed", "unit"))
         if cfg.layer_scale:
             self.layer_scale = _param((L,), dtype, ("layers",))
+        if cfg.per_layer_input_size:  # Gemma 4's per-layer input branch: its gate, its projection, the output's norm
+            P = cfg.per_layer_input_size
+            self.ple_gate = _param((L, D, P), dtype, ("layers", "embed", "per_layer"))
+            self.ple_proj = _param((L, P, D), dtype, ("layers", "per_layer", "embed"))
+            self.ple_norm = _param((L, D), dtype, ("layers", "embed"))
         if cfg.quant_kv_scales:  # the checkpoint's KV cache scales (kv_scales)
             self.k_scale = _param((L,), jnp.float32, ("layers",))
             self.v_scale = _param((L,), jnp.float32, ("layers",))
@@ -543,10 +551,11 @@ class DecoderLayers(nnx.Module):
             return None
         return jnp.stack([self.k_scale[...], self.v_scale[...]]).astype(jnp.float32)
 
-    def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, ropes, lora=None):
+    def __call__(self, h, kv_cache, layer, window, batch: RaggedBatch, slots, ropes, lora=None, per_layer_input=None):
         """`ropes`: the rotary tables (cos, sin) of full-attention layers and those of sliding-window layers
         (None: the same). `lora`: the LoRA adapters' weights of this layer, the tokens' slots and whether any token
-        has one (`_lora_delta`)."""
+        has one (`_lora_delta`). `per_layer_input`: this layer's per-layer input [T, per_layer_input_size] (Gemma 4's
+        per-layer embeddings; LlamaForCausalLM.per_layer_inputs)."""
         cfg = self.cfg
         # this stack's layer, and the model's (the KV cache's); the same in a model of one stack, whose programs are
         # then what they were before stacks (persistent compilation caches stay valid)
@@ -589,6 +598,11 @@ class DecoderLayers(nnx.Module):
             elif cfg.layer_norm:
                 mlp_input = self.input_norm(layer_input if cfg.parallel_block else h, "mlp_norm")
             h = self.mlp(h, live, weights_layer, mlp_input)
+        if cfg.per_layer_input_size:  # Gemma 4: a residual branch gated by this layer's own input
+            gated = ACTIVATIONS[cfg.hidden_act](_dot(h, self.ple_gate[...], cfg.per_layer_input_size, live_rows=live,
+                                                     layer=weights_layer)) * per_layer_input.astype(h.dtype)
+            h = h + rms_norm(_dot(gated, self.ple_proj[...], D, live_rows=live, layer=weights_layer),
+                             self.norm("ple_norm"), eps)
         if cfg.layer_scale:  # Gemma 4: the whole residual stream
             h = h * self.layer_scale[...].astype(h.dtype)
         return h, kv_cache
@@ -604,6 +618,13 @@ class DecoderLayers(nnx.Module):
         cache_shape = kv_cache.shape
         if cache_shape[-1] != cfg.head_dim:  # Gemma 4's full-attention layers: the cache's rows seen as this head_dim's
             kv_cache = kv_cache.reshape(*cache_shape[:3], -1, cfg.head_dim)
+        if cfg.kv_source >= 0:  # Gemma 4's shared-KV layers: queries over an earlier layer's K/V, nothing written
+            q = _normed_dot(h, self.norm("attn_norm"), eps, self.linear("q_proj"), q_width, live, weights_layer)
+            q = (q + self.q_bias[...] if cfg.qkv_bias else q).reshape(T, cfg.num_heads, cfg.head_dim)
+            q = apply_rope(self.head_norm(q, "q_norm") if cfg.qk_norm else q, *rope)
+            o = attention(q, kv_cache, jnp.int32(cfg.kv_source), batch, sm_scale=cfg.sm_scale, sliding_window=window,
+                          soft_cap=cfg.attn_logit_softcap, backend=self.attention_backend)
+            return o.reshape(T, -1), kv_cache.reshape(cache_shape)
         qkv = None
         if hasattr(self, "qkv_proj"):  # fused at packing (pack_for_native_matmul)
             qkv = _normed_dot(h, self.norm("attn_norm"), eps, self.linear("qkv_proj"), q_width + kv_width + v_width,
@@ -791,18 +812,26 @@ def layer_groups(cfg: ModelConfig) -> tuple[tuple[str, int, ModelConfig], ...]:
     of experts with dense layers among its expert ones (`dense_mlp_layers`), and of sliding-window or full-attention
     layers where the latter have a shape of their own (Gemma 4's `full_attention_heads`, their rope the model's, the
     sliding ones' `local_rope`): `layers`, `layers1`, ..."""
-    if not (cfg.dense_mlp_layers or cfg.full_attention_heads):
+    if not (cfg.dense_mlp_layers or cfg.full_attention_heads or cfg.kv_shared_layers):
         return (("layers", 0, cfg),)
-    runs = []  # [first, count, (dense, full attention of its own shape)]
+    runs = []  # [first, count, (dense, full attention of its own shape, the cache layer it reads or -1)]
+    sources = {}  # Gemma 4's shared-KV layers: each kind's last layer before them
     for i in range(cfg.num_layers):
-        kind = (i in cfg.dense_mlp_layers, bool(cfg.full_attention_heads) and cfg.sliding_windows[i] == 0)
+        full = cfg.sliding_windows[i] == 0
+        if i < cfg.kv_cache_layers:
+            sources[full] = i
+        kind = (i in cfg.dense_mlp_layers, bool(cfg.full_attention_heads) and full,
+                -1 if i < cfg.kv_cache_layers else sources[full])
         if runs and runs[-1][2] == kind:
             runs[-1][1] += 1
         else:
             runs.append([i, 1, kind])
     groups = []
-    for n, (first, count, (dense, full)) in enumerate(runs):
-        group = dataclasses.replace(cfg, num_layers=count, dense_mlp_layers=(), full_attention_heads=())
+    for n, (first, count, (dense, full, source)) in enumerate(runs):
+        group = dataclasses.replace(cfg, num_layers=count, dense_mlp_layers=(), full_attention_heads=(),
+                                    kv_shared_layers=0, kv_source=source)
+        if source >= 0 and cfg.double_wide_mlp:
+            group = dataclasses.replace(group, intermediate_size=2 * cfg.intermediate_size)
         if full:
             head_dim, kv_heads, kv_repeat, k_eq_v = cfg.full_attention_heads
             group = dataclasses.replace(group, head_dim=head_dim, num_kv_heads=kv_heads, kv_repeat=kv_repeat,
@@ -833,6 +862,11 @@ class LlamaForCausalLM(nnx.Module):
         if cfg.learned_positions:
             self.pos_embed = _param((cfg.max_position_embeddings + cfg.position_offset, cfg.hidden_size), param_dtype,
                                     ("positions", "embed"))
+        if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (per_layer_inputs)
+            width = cfg.num_layers * cfg.per_layer_input_size
+            self.ple_embed = _param((cfg.per_layer_vocab_size, width), param_dtype, ("vocab", "per_layer"))
+            self.ple_model_proj = _param((cfg.hidden_size, width), param_dtype, ("embed", "per_layer"))
+            self.ple_model_norm = _param((cfg.per_layer_input_size,), param_dtype, ("per_layer",))
         for name, first, group in layer_groups(cfg):
             setattr(self, name, DecoderLayers(group, param_dtype, attention_backend, first, one_device))
         self.final_norm = _param((cfg.hidden_size,), param_dtype, ("embed",))
@@ -884,25 +918,44 @@ class LlamaForCausalLM(nnx.Module):
             h = h * jnp.asarray(cfg.embed_scale, h.dtype)
         if cfg.learned_positions:  # in the embeddings' dtype, as transformers adds them
             h = h + self.pos_embed[...][batch.positions + cfg.position_offset]
+        layer_inputs = self.per_layer_inputs(h, batch.input_ids) if cfg.per_layer_input_size else None
         h = h.astype(self.dtype)
         for name, first, group in layer_groups(cfg):  # each stack's layers in turn
             h, kv_cache = self._run_layers(getattr(self, name), first, group.num_layers, h, kv_cache, batch, slots,
-                                           ropes(group), weights, onehot, active if onehot is not None else None)
+                                           ropes(group), weights, onehot, active if onehot is not None else None,
+                                           layer_inputs)
         if cfg.layer_norm:
             return layer_norm(h, self.final_norm[...], self.final_norm_bias[...] if cfg.norm_bias else None,
                               cfg.rms_norm_eps), kv_cache
         return rms_norm(h, _norm_scale(cfg, self.final_norm[...]), cfg.rms_norm_eps), kv_cache
 
-    def _run_layers(self, layers, first: int, count: int, h, kv_cache, batch, slots, ropes, weights, onehot, active):
+    def per_layer_inputs(self, embedded, input_ids):
+        """Gemma 4's per-layer embeddings: each token's input to every layer [layers, T, per_layer_input_size], the
+        mean of its row of the per-layer table (times sqrt(width)) and the normed projection of its embedding (times
+        hidden_size ** -0.5), as transformers combines them (times 2 ** -0.5)."""
+        cfg = self.cfg
+        L, P = cfg.num_layers, cfg.per_layer_input_size
+        table = self.ple_embed[...]
+        tokens = (table[input_ids] * jnp.asarray(P ** 0.5, table.dtype)).reshape(-1, L, P)
+        proj = jnp.dot(embedded, self.ple_model_proj[...], preferred_element_type=jnp.float32).astype(embedded.dtype)
+        proj = rms_norm((proj * jnp.asarray(cfg.hidden_size ** -0.5, proj.dtype)).reshape(-1, L, P),
+                        self.ple_model_norm[...], cfg.rms_norm_eps)
+        return jnp.moveaxis((proj + tokens) * jnp.asarray(2 ** -0.5, proj.dtype), 1, 0).astype(self.dtype)
+
+    def _run_layers(self, layers, first: int, count: int, h, kv_cache, batch, slots, ropes, weights, onehot, active,
+                    layer_inputs=None):
         """One stack's layers (the model's `first` to `first + count`) over h: unrolled where unstacked, else a
-        scan. `weights`: every layer's LoRA weights ({} for none), sliced to this stack's here."""
+        scan. `weights`: every layer's LoRA weights ({} for none), sliced to this stack's here; `layer_inputs`: every
+        layer's per-layer input (per_layer_inputs) or None, likewise."""
         windows = jnp.asarray(self.cfg.sliding_windows[first:first + count], jnp.int32)
         weights = {p: (a[first:first + count], b[first:first + count]) for p, (a, b) in weights.items()}
+        inputs = None if layer_inputs is None else layer_inputs[first:first + count]
         if self.layers_unstacked:
             for i, layer_module in enumerate(layers):
                 layer_lora = None if onehot is None else (
                     {p: (a[i], b[i]) for p, (a, b) in weights.items()}, onehot, active)
-                h, kv_cache = layer_module(h, kv_cache, jnp.int32(i), windows[i], batch, slots, ropes, layer_lora)
+                h, kv_cache = layer_module(h, kv_cache, jnp.int32(i), windows[i], batch, slots, ropes, layer_lora,
+                                           None if inputs is None else inputs[i])
             return h, kv_cache
         # Packed weights (the native CPU matmul's) stay whole: the kernel reads the step's layer in place, as the
         # attention reads the KV cache's. Sliced per step instead, XLA:CPU converted every stacked bfloat16 weight to
@@ -911,13 +964,13 @@ class LlamaForCausalLM(nnx.Module):
 
         def one_layer(carry, xs):
             h, kv_cache = carry
-            state, layer, window, layer_weights = xs
+            state, layer, window, layer_weights, layer_input = xs
             layer_module = nnx.merge(graphdef, in_place, state)
             layer_lora = None if onehot is None else (layer_weights, onehot, active)
-            return layer_module(h, kv_cache, layer, window, batch, slots, ropes, layer_lora), None
+            return layer_module(h, kv_cache, layer, window, batch, slots, ropes, layer_lora, layer_input), None
 
         layer_ids = jnp.arange(count, dtype=jnp.int32)
-        (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows, weights))
+        (h, kv_cache), _ = jax.lax.scan(one_layer, (h, kv_cache), (stacked, layer_ids, windows, weights, inputs))
         return h, kv_cache
 
     def logits(self, hidden: jax.Array, live_rows=None) -> jax.Array:  # hidden [N, hidden] -> logits f32[N, vocab]
@@ -990,7 +1043,7 @@ class LlamaForCausalLM(nnx.Module):
         rotary key: layers.attention.write_latent)."""
         cfg = self.cfg
         rows = 1 if cfg.latent_attention else 2 * cfg.num_kv_heads * cfg.kv_repeat
-        return (cfg.num_layers, num_pages, page_size, rows, cfg.head_dim)
+        return (cfg.kv_cache_layers, num_pages, page_size, rows, cfg.head_dim)
 
 
 def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | None, bool, int | None]]:
@@ -1008,6 +1061,10 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
         names["model.embed_positions.weight"] = (("pos_embed",), None, False, None)
     if cfg.lm_head_bias:
         names["lm_head.bias"] = (("lm_head_bias",), None, False, None)
+    if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (LlamaForCausalLM.per_layer_inputs)
+        names |= {"model.embed_tokens_per_layer.weight": (("ple_embed",), None, False, None),
+                  "model.per_layer_model_projection.weight": (("ple_model_proj",), None, True, None),
+                  "model.per_layer_projection_norm.weight": (("ple_model_norm",), None, False, None)}
     for stack, first, group in layer_groups(cfg):
         per_layer, experts = _layer_weight_map(group)
         for i in range(first, first + group.num_layers):
@@ -1028,8 +1085,14 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         "self_attn.v_proj.weight": ("v_proj", True),
         "self_attn.o_proj.weight": ("o_proj", True),
     }
-    if cfg.k_eq_v:  # the keys' projection gives the values too
+    if cfg.k_eq_v or cfg.kv_source >= 0:  # the keys' projection gives the values too, or neither is the layer's
         del per_layer["self_attn.v_proj.weight"]
+    if cfg.kv_source >= 0:
+        del per_layer["self_attn.k_proj.weight"]
+    if cfg.per_layer_input_size:  # Gemma 4's per-layer input branch
+        per_layer |= {"per_layer_input_gate.weight": ("ple_gate", True),
+                      "per_layer_projection.weight": ("ple_proj", True),
+                      "post_per_layer_input_norm.weight": ("ple_norm", False)}
     if cfg.layer_scale:  # Gemma 4's buffer of one value (registry._gemma4_tensors: a scalar)
         per_layer["layer_scalar"] = ("layer_scale", False)
     if cfg.latent_attention:  # DeepSeek V2/V3 (DecoderLayers._latent_attention_params)
@@ -1087,11 +1150,12 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
             (f"{p}_proj", p) for p in ("gate", "up", "down"))
         experts = {f"{moe}.experts.{{}}.{hf}.weight": f"expert_{ours}" for hf, ours in projections}
     if cfg.qkv_bias:
-        per_layer |= {f"self_attn.{p}_proj.bias": (f"{p}_bias", False) for p in ("qk" if cfg.k_eq_v else "qkv")}
+        per_layer |= {f"self_attn.{p}_proj.bias": (f"{p}_bias", False)
+                      for p in ("q" if cfg.kv_source >= 0 else "qk" if cfg.k_eq_v else "qkv")}
     if cfg.o_bias:
         per_layer["self_attn.o_proj.bias"] = ("o_bias", False)
     if cfg.qk_norm:
-        per_layer |= {f"self_attn.{p}_norm.weight": (f"{p}_norm", False) for p in "qk"}
+        per_layer |= {f"self_attn.{p}_norm.weight": (f"{p}_norm", False) for p in ("q" if cfg.kv_source >= 0 else "qk")}
     if cfg.qk_norm_bias:
         per_layer |= {f"self_attn.{p}_norm.bias": (f"{p}_norm_bias", False) for p in "qk"}
     if cfg.sandwich_norms and cfg.architecture == "Glm4ForCausalLM":  # post_attention_layernorm is the MLP's input's

@@ -2,6 +2,7 @@
 
 from collections.abc import Callable
 import dataclasses
+import re
 
 import numpy as np
 
@@ -387,10 +388,18 @@ def _gemma4_tensor(name: str) -> str | None:
     return None if name.startswith(_GEMMA4_TOWERS) else _language_model_tensor(name)
 
 
+_GEMMA4_SHARED_KV = re.compile(r"model\.layers\.(\d+)\.self_attn\.(k_proj|v_proj|k_norm|v_norm)\.")
+
+
 def _gemma4_tensors(name: str, array, cfg: ModelConfig) -> list:
     """Gemma 4's tensors as the weight map knows them: its `layer_scalar` buffer (one value) as the scalar each
     layer's slice of `layer_scale` is; a mixture of experts' router scale times hidden_size ** -0.5 (as the router
-    multiplies its normed input by both: the router's norm weight), its stacked experts (`_stacked_experts`)."""
+    multiplies its normed input by both: the router's norm weight), its stacked experts (`_stacked_experts`). A
+    shared-KV layer's K/V projections and norms, where a checkpoint has them, are unused (as transformers leaves
+    them)."""
+    shared = _GEMMA4_SHARED_KV.match(name)
+    if shared and int(shared.group(1)) >= cfg.kv_cache_layers:
+        return []
     if name.endswith(".layer_scalar"):
         return [(name, np.asarray(array).reshape(()))]
     if name.endswith(".router.scale"):

@@ -29,6 +29,7 @@ LOGICAL_TO_MESH = {
     "packed": None,  # the native CPU matmul's packed weight layout (single device only)
     "positions": None,  # learned absolute positions' table (GPT-2, OPT)
     "latent": None,  # multi-head latent attention's latents (replicated, as its KV cache's one row per token)
+    "per_layer": None,  # Gemma 4's per-layer inputs' width (replicated; their table is split by vocab)
 }
 
 
