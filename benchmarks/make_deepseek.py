@@ -9,12 +9,10 @@ prompts (random token ids) run on it.
   python benchmarks/make_deepseek.py MODELS_DIR   # writes MODELS_DIR/deepseek-mini from MODELS_DIR/llama-135m
 """
 
-import shutil
 import sys
 from pathlib import Path
 
-# This directory's kernels.py would shadow the `kernels` package that transformers imports.
-sys.path = [entry for entry in sys.path if Path(entry or ".").resolve() != Path(__file__).resolve().parent]
+from scaled_checkpoint import copy_tokenizer, shared_tokenizer  # before transformers (see there)
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -22,15 +20,14 @@ import transformers  # noqa: E402
 
 def main() -> None:
     models = Path(sys.argv[1])
-    out, tokenizer = models / "deepseek-mini", models / "llama-135m"
-    vocab = transformers.AutoTokenizer.from_pretrained(tokenizer)
+    out = models / "deepseek-mini"
+    tokenizer, token_fields = shared_tokenizer(models)
     config = transformers.DeepseekV2Config(
-        vocab_size=len(vocab), hidden_size=1024, intermediate_size=2816, moe_intermediate_size=512,
+        **token_fields, hidden_size=1024, intermediate_size=2816, moe_intermediate_size=512,
         num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None,
         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=16, num_experts_per_tok=4,
         n_shared_experts=2, first_k_dense_replace=1, topk_method="greedy", n_group=1, topk_group=1,
         norm_topk_prob=False, routed_scaling_factor=1.0, max_position_embeddings=4096, tie_word_embeddings=False,
-        bos_token_id=vocab.bos_token_id, eos_token_id=vocab.eos_token_id, pad_token_id=vocab.pad_token_id,
         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, mscale=0.707, mscale_all_dim=0.707,
                              beta_fast=32.0, beta_slow=1.0, original_max_position_embeddings=1024))
     config.architectures = ["DeepseekV2ForCausalLM"]
@@ -43,9 +40,7 @@ def main() -> None:
             else:
                 p.normal_(0.0, p.shape[-1] ** -0.5)  # [out, in], the experts' [experts, out, in]
     model.to(torch.bfloat16).save_pretrained(out)
-    for f in tokenizer.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens")) or f.suffix == ".jinja":
-            shutil.copy(f, out / f.name)
+    copy_tokenizer(tokenizer, out)
     print(out)
 
 

@@ -12,14 +12,12 @@ power-of-two scale per 32 inputs, the smallest that keeps the block's largest va
 value rounded to the nearest e2m1 one).
 """
 
+import json
 import shutil
 import sys
 from pathlib import Path
 
-# This directory's kernels.py would shadow the `kernels` package that transformers imports.
-sys.path = [entry for entry in sys.path if Path(entry or ".").resolve() != Path(__file__).resolve().parent]
-
-import json  # noqa: E402
+from scaled_checkpoint import copy_tokenizer, shared_tokenizer  # before transformers (see there)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -62,13 +60,12 @@ def write_mxfp4(source: Path, out: Path) -> None:
 
 def main() -> None:
     models = Path(sys.argv[1])
-    out, tokenizer = models / "gpt-oss-mini", models / "llama-135m"
-    vocab = transformers.AutoTokenizer.from_pretrained(tokenizer)
+    out = models / "gpt-oss-mini"
+    tokenizer, token_fields = shared_tokenizer(models)
     config = transformers.GptOssConfig(
-        vocab_size=len(vocab), hidden_size=640, intermediate_size=640, num_hidden_layers=12, head_dim=64,
+        **token_fields, hidden_size=640, intermediate_size=640, num_hidden_layers=12, head_dim=64,
         num_attention_heads=16, num_key_value_heads=2, num_local_experts=32, num_experts_per_tok=4,
         sliding_window=128, max_position_embeddings=4096, tie_word_embeddings=False,
-        bos_token_id=vocab.bos_token_id, eos_token_id=vocab.eos_token_id, pad_token_id=vocab.pad_token_id,
         rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0,
                              truncate=False, original_max_position_embeddings=4096))
     config.architectures = ["GptOssForCausalLM"]
@@ -87,9 +84,7 @@ def main() -> None:
             else:
                 p.normal_(0.0, p.shape[-1] ** -0.5)  # [out, in]
     model.to(torch.bfloat16).save_pretrained(out)
-    for f in tokenizer.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens")) or f.suffix == ".jinja":
-            shutil.copy(f, out / f.name)
+    copy_tokenizer(tokenizer, out)
     write_mxfp4(out, models / "gpt-oss-mini-mxfp4")
     print(out)
 

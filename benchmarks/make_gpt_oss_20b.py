@@ -10,23 +10,20 @@ to 2^-5; others fan-in scaled), so its text means nothing; its work per token is
 """
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
-# This directory's kernels.py would shadow the `kernels` package that transformers imports.
-sys.path = [entry for entry in sys.path if Path(entry or ".").resolve() != Path(__file__).resolve().parent]
+from scaled_checkpoint import copy_tokenizer, shared_tokenizer  # before transformers (see there)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import transformers  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 LAYERS, HIDDEN, INTER, EXPERTS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 24, 2880, 2880, 32, 64, 8, 64, 201088
 LAYERS_PER_SHARD = 5
 
 
-def config(vocab) -> dict:
+def config(token_fields: dict) -> dict:
     """gpt-oss-20b's config.json (the hub's), with the shared tokenizer's special token ids."""
     return {
         "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True,
@@ -40,7 +37,8 @@ def config(vocab) -> dict:
                                                 "truncate": False},
         "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
         "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": VOCAB,
-        "bos_token_id": vocab.bos_token_id, "eos_token_id": vocab.eos_token_id, "pad_token_id": vocab.pad_token_id,
+        "bos_token_id": token_fields["bos_token_id"], "eos_token_id": token_fields["eos_token_id"],
+        "pad_token_id": token_fields["pad_token_id"],
         "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
             "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
     }
@@ -48,9 +46,9 @@ def config(vocab) -> dict:
 
 def main() -> None:
     models = Path(sys.argv[1])
-    out, tokenizer = models / "gpt-oss-20b-shape", models / "llama-135m"
+    out = models / "gpt-oss-20b-shape"
     out.mkdir(parents=True, exist_ok=True)
-    vocab = transformers.AutoTokenizer.from_pretrained(tokenizer)
+    tokenizer, token_fields = shared_tokenizer(models)
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
 
@@ -97,10 +95,8 @@ def main() -> None:
         weight_map |= dict.fromkeys(shard, name)
         print(f"wrote {name}", file=sys.stderr)
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
-    (out / "config.json").write_text(json.dumps(config(vocab), indent=2))
-    for f in tokenizer.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens")) or f.suffix == ".jinja":
-            shutil.copy(f, out / f.name)
+    (out / "config.json").write_text(json.dumps(config(token_fields), indent=2))
+    copy_tokenizer(tokenizer, out)
     print(out)
 
 

@@ -3,7 +3,8 @@
 # engine's flags for the workload (`--model` aside); `peer_env`, the environment vLLM's CPU build runs in, and
 # PEER_VENV made absolute where it is set. The peer's fastest settings (../shared/peers/README.md): no CPUs
 # reserved, a 2 GiB KV cache, and, each where present, tcmalloc (Debian's libtcmalloc-minimal4) and the venv's
-# libiomp5 preloaded; `ours_then_peer MODEL_DIR`, the runs a model's script makes on it (below).
+# libiomp5 preloaded; `ours_then_peer MODEL_DIR`, the runs a model's script makes on it, and `made MAKER NAME`, a
+# checkpoint scaled to this CPU (below).
 peers="${PEERS:-$here/../../shared/peers}"
 models="${MODELS:-/tmp/jaxengine-peer-models}"
 runs="${RUNS:-3}"
@@ -18,6 +19,12 @@ if [ -n "${PEER_VENV:-}" ]; then
     [ -f "$PEER_VENV/lib/libiomp5.so" ] && preload+=("$PEER_VENV/lib/libiomp5.so")
     [ ${#preload[@]} -gt 0 ] && peer_env+=(LD_PRELOAD="${preload[*]}")
 fi
+
+# The checkpoint $models/$2, made by $here/$1 where missing; its path.
+made() {
+    [ -d "$models/$2" ] || python "$here/$1" "$models" >&2 || return
+    echo "$models/$2"
+}
 
 # Ours then vLLM's CPU build (where PEER_VENV is set) on the shared workload, greedy, over the checkpoint $1; then our
 # single-request latency. One JSON line each.
