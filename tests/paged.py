@@ -14,7 +14,9 @@ class PagedModel:
     def __init__(self, model, *, page_size=16, num_pages=64, pages_per_seq=16, seed=0):
         graphdef, self.state = nnx.split(model)
         self.forward = jax.jit(lambda s, kv, b: nnx.merge(graphdef, s)(kv, b), donate_argnums=1)
-        self.kv = jnp.zeros(model.kv_cache_shape(num_pages, page_size), model.kv_dtype)
+        shape = model.kv_cache_shape(num_pages, page_size)  # Gemma 4's: one per kind of layer
+        self.kv = (tuple(jnp.zeros(s, model.kv_dtype) for s in shape) if isinstance(shape[0], tuple)
+                   else jnp.zeros(shape, model.kv_dtype))
         self.page_size, self.pages_per_seq = page_size, pages_per_seq
         self.free_pages = np.random.default_rng(seed).permutation(num_pages).tolist()
         self.seqs = []  # per sequence: [tokens in cache, page ids]

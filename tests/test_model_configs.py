@@ -57,19 +57,24 @@ GEMMA4_26B_A4B = GEMMA4_31B | dict(text_config=GEMMA4_31B["text_config"] | dict(
     num_global_key_value_heads=2, enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704))
 
 
-@pytest.mark.parametrize("hf, repeat", [(GEMMA4_31B, 2), (GEMMA4_26B_A4B, 2)])
-def test_gemma4_hub_configs_read_both_layer_shapes_as_transformers(hf, repeat):
-    """The full-attention layers' head_dim and KV heads as transformers' per-layer config gives them (their KV heads
-    repeated to fill the sliding layers' cache rows), its layer types, both ropes (the full layers' proportional),
-    unscaled scores, the experts beside the dense MLP."""
+@pytest.mark.parametrize("hf", [GEMMA4_31B, GEMMA4_26B_A4B])
+def test_gemma4_hub_configs_read_both_layer_shapes_as_transformers(hf):
+    """The full-attention layers' head_dim and KV heads as transformers' per-layer config gives them (and a KV cache
+    of their own), its layer types, both ropes (the full layers' proportional), unscaled scores, the experts beside
+    the dense MLP."""
+    from jaxengine.models.llama import kv_cache_kinds
+
     cfg = read(hf)
     text = hf["text_config"]
     theirs = transformers.Gemma4TextConfig(**{k: v for k, v in text.items() if k != "model_type"})
     full = [i for i, t in enumerate(theirs.layer_types) if t == "full_attention"]
     assert [i for i, w in enumerate(cfg.sliding_windows) if w == 0] == full and set(cfg.sliding_windows) == {0, 1024}
     sliding, layer = theirs.per_layer_config[0], theirs.per_layer_config[full[0]]
-    assert (cfg.head_dim, cfg.num_kv_heads, cfg.kv_repeat) == (sliding.head_dim, sliding.num_key_value_heads, 1)
-    assert cfg.full_attention_heads == (layer.head_dim, layer.num_key_value_heads, repeat, True)
+    assert (cfg.head_dim, cfg.num_kv_heads) == (sliding.head_dim, sliding.num_key_value_heads)
+    assert cfg.full_attention_heads == (layer.head_dim, layer.num_key_value_heads, True)
+    layers = len(theirs.layer_types)
+    assert kv_cache_kinds(cfg) == ((layers - len(full), sliding.num_key_value_heads, sliding.head_dim),
+                                   (len(full), layer.num_key_value_heads, layer.head_dim))
     rope = theirs.rope_parameters
     assert (cfg.rope.rope_type, cfg.rope.theta, cfg.rope.param("partial_rotary_factor")) == (
         "proportional", rope["full_attention"]["rope_theta"], rope["full_attention"]["partial_rotary_factor"])
@@ -94,34 +99,34 @@ GEMMA4_E2B = dict(
 
 def test_gemma4_e2b_hub_config_shares_kv_as_transformers_and_has_per_layer_inputs():
     """E2B's form: per-layer embeddings, and the last 20 of 35 layers reading the KV cache of the layer transformers
-    stores for their kind, through MLPs twice as wide; the cache has the other 15 layers only."""
-    from jaxengine.models.llama import layer_groups
+    stores for their kind, through MLPs twice as wide; the caches have the other 15 layers only."""
+    from jaxengine.models.llama import kv_cache_kinds, layer_groups
 
     cfg = read(GEMMA4_E2B)
     text = GEMMA4_E2B["text_config"]
     theirs = transformers.Gemma4TextConfig(**{k: v for k, v in text.items() if k != "model_type"})
     assert (cfg.per_layer_input_size, cfg.per_layer_vocab_size) == (256, 262144)
     assert (cfg.kv_shared_layers, cfg.kv_cache_layers, cfg.double_wide_mlp) == (20, 15, True)
-    stores = {theirs.layer_types[i]: i for i, mode in enumerate(theirs.kv_sharing_modes) if mode == "store"}
-    for _, first, group in layer_groups(cfg):
-        kinds = {theirs.layer_types[i] for i in range(first, first + group.num_layers)}
-        assert len(kinds) == 1
+    kinds = theirs.layer_types
+    stores = {kinds[i]: kinds[:i].count(kinds[i]) for i, mode in enumerate(theirs.kv_sharing_modes) if mode == "store"}
+    for _, first, group in layer_groups(cfg):  # each stack's kind, its cache, the layer it reads there
+        (kind,) = {kinds[i] for i in range(first, first + group.num_layers)}
         reuse = {theirs.kv_sharing_modes[i] == "reuse" for i in range(first, first + group.num_layers)}
-        assert group.kv_source == (stores[kinds.pop()] if reuse == {True} else -1)
+        assert group.kv_source == (stores[kind] if reuse == {True} else -1)
+        assert group.kv_cache_index == (kind == "full_attention")
         assert group.intermediate_size == (2 if reuse == {True} else 1) * 6144
-    # the sliding layers' one KV head of 256 repeated twice to fill the rows of the full layers' one of 512
-    assert (cfg.kv_repeat, cfg.full_attention_heads) == (2, (512, 1, 1, False))
+    # a KV cache for the 12 sliding layers before the shared ones (1 KV head of 256), one for the 3 full ones (of 512)
+    assert cfg.full_attention_heads == (512, 1, False) and kv_cache_kinds(cfg) == ((12, 1, 256), (3, 1, 512))
 
 
 @pytest.mark.parametrize("change, match", [
     (dict(num_kv_shared_layers=55), "must include one of each kind"),
     (dict(use_bidirectional_attention="all"), "bidirectional"),
     (dict(num_global_key_value_heads=3), "not a multiple"),
-    (dict(num_key_value_heads=3, num_attention_heads=48), "cannot share one KV cache layout"),
 ])
 def test_gemma4_settings_we_do_not_run_are_refused(change, match):
-    """Shared KV layers without an earlier layer of their kind, bidirectional attention, and layer shapes whose K/V do
-    not fill one cache layout: refused by name."""
+    """Shared KV layers without an earlier layer of their kind, bidirectional attention, full-attention KV heads that
+    do not divide the query heads: refused by name."""
     hf = GEMMA4_31B | dict(text_config=GEMMA4_31B["text_config"] | change)
     with pytest.raises(ValueError, match=match):
         read(hf)

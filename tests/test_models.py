@@ -260,8 +260,8 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("falcon", dict(cls="FalconForCausalLM", new_decoder_architecture=False, multi_query=False, parallel_attn=False,
                     bias=True, num_kv_heads=None, num_ln_in_parallel_attn=None)),
     ("gpt_bigcode", dict(cls="GPTBigCodeForCausalLM", multi_query=False)),
-    # Gemma 4 31B's layout (SPECS' gemma4 without its experts), and one whose sliding layers' one KV head is repeated
-    # to fill the cache rows of the full layers', which project their values (no attention_k_eq_v)
+    # Gemma 4 31B's layout (SPECS' gemma4 without its experts), and one whose sliding layers have one KV head, the
+    # full ones projecting their values (no attention_k_eq_v)
     ("gemma4dense", dict(cls="Gemma4ForCausalLM")),
     ("gemma4dense", dict(cls="Gemma4ForCausalLM", attention_k_eq_v=False, num_key_value_heads=1)),
     # ERNIE 4.5: interleaved pairs rotated over the whole head
@@ -297,7 +297,7 @@ def test_gemma4_multimodal_checkpoint_serves_its_language_model(tmp_path, tokeni
     image and audio tokens)."""
     out = tiny_models.make_gemma4_multimodal(tmp_path / "gemma4-mm", tokenizer_dir)
     model, cfg = load_model(out, "float32", progress=False)
-    assert cfg.architecture == "Gemma4ForConditionalGeneration" and cfg.full_attention_heads == (32, 1, 2, True)
+    assert cfg.architecture == "Gemma4ForConditionalGeneration" and cfg.full_attention_heads == (32, 1, True)
     seqs = sequences(cfg.vocab_size - 6, extra=DECODE_STEPS, seed=4)
     prefill, decoded = prefill_and_decode(model, seqs)
     hf = transformers.AutoModelForImageTextToText.from_pretrained(out, dtype=torch.float32).eval()

@@ -47,9 +47,9 @@ SPECS = {
         tie_word_embeddings=True,
         rope_parameters=dict(full_attention=dict(rope_type="linear", rope_theta=100000.0, factor=4.0),
                              sliding_attention=dict(rope_type="default", rope_theta=1000.0))),
-    # Gemma 4 (26B-A4B's layout): full-attention layers of their own shape (head_dim 32, one KV head whose values are
-    # its keys, repeated twice to fill the cache's rows) around a sliding-window one (4 KV heads of 16), proportional
-    # rope (4 of the 16 pairs rotating) on the full ones, plain-weight norms, values normed, a scalar per layer, and
+    # Gemma 4 (26B-A4B's layout): full-attention layers of their own shape and KV cache (head_dim 32, one KV head whose
+    # values are its keys) around a sliding-window one (4 KV heads of 16), proportional rope (4 of the 16 pairs
+    # rotating) on the full ones, plain-weight norms, values normed, a scalar per layer, and
     # top 2 of 4 experts beside each dense MLP (their router's own scaled norm, a scale per expert)
     "gemma4": dict(
         cls="Gemma4ForCausalLM", config_cls="Gemma4TextConfig", num_hidden_layers=3, num_attention_heads=8,
@@ -61,8 +61,8 @@ SPECS = {
                                                  partial_rotary_factor=0.25),
                              sliding_attention=dict(rope_type="default", rope_theta=1000.0))),
     # Gemma 4 E2B/E4B's layout: per-layer embeddings (16 wide), the last 2 of 5 layers reading the K/V of the last
-    # earlier layer of their kind (the second sliding one; sliding: 1 KV head of 16, repeated to fill the cache rows
-    # of the full layers' one of 32, which projects its values) through MLPs twice as wide
+    # earlier layer of their kind (the second sliding one; sliding: 1 KV head of 16, full: one of 32, which projects
+    # its values) through MLPs twice as wide
     "gemma4e": dict(
         cls="Gemma4ForCausalLM", config_cls="Gemma4TextConfig", num_hidden_layers=5, num_attention_heads=4,
         num_key_value_heads=1, head_dim=16, global_head_dim=32, sliding_window=20,

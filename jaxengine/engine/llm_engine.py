@@ -466,9 +466,10 @@ class LLMEngine:
         # The pool is sharded by KV head over the 'model' axis: size it per device (multi-head latent attention's one
         # row per token is replicated: whole on each).
         shape = model.kv_cache_shape(1, cfg.block_size)
-        per_block = int(np.prod(shape)) * np.dtype(model.kv_dtype).itemsize
-        if shape[3] % cfg.tensor_parallel_size == 0:
-            per_block //= cfg.tensor_parallel_size
+        per_block = 0
+        for one in shape if isinstance(shape[0], tuple) else (shape,):  # Gemma 4: a cache per kind of layer
+            size = int(np.prod(one)) * np.dtype(model.kv_dtype).itemsize
+            per_block += size // cfg.tensor_parallel_size if one[3] % cfg.tensor_parallel_size == 0 else size
         if cfg.num_kv_blocks is not None:
             return cfg.num_kv_blocks
         device = jax.devices()[0]

@@ -145,11 +145,9 @@ class ModelConfig:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
-    # Gemma 4: the full-attention layers' (sliding_windows 0) own (head_dim, num_kv_heads, kv_repeat, k_eq_v); ()
-    # where they are the model's. Each kind keeps its own stacks (llama.layer_groups), and views the one KV cache
-    # (rows of the model's head_dim) as rows of its own head_dim, its K/V heads repeated to fill them (kv_repeat)
+    # Gemma 4: the full-attention layers' (sliding_windows 0) own (head_dim, num_kv_heads, k_eq_v); () where they are
+    # the model's. Each kind keeps its own layer stacks (llama.layer_groups) and KV cache (llama.kv_cache_kinds)
     full_attention_heads: tuple = ()
-    kv_repeat: int = 1  # each K/V head written this many times (the cache's rows: 2 x num_kv_heads x kv_repeat)
     k_eq_v: bool = False  # the values are the key projection's output, before its norm and rotation (no v_proj)
     v_norm: bool = False  # Gemma 4: the values RMS-normalised without a weight
     layer_scale: bool = False  # Gemma 4: each layer's output (residual included) times a scalar of its own
@@ -162,6 +160,10 @@ class ModelConfig:
     kv_shared_layers: int = 0
     double_wide_mlp: bool = False
     kv_source: int = -1  # a stack of such layers (llama.layer_groups): the cache layer its layers read
+    # A stack's KV cache where the model has one per kind of layer (Gemma 4: 0 sliding-window, 1 full attention) and
+    # its first layer's there (-1: the model's one cache, the stack's first layer's own index)
+    kv_cache_index: int = 0
+    kv_first: int = -1
 
     @property
     def kv_cache_layers(self) -> int:
@@ -930,15 +932,6 @@ def gemma4_config_from_hf(hf: dict) -> ModelConfig:
         raise ValueError(f"num_attention_heads={cfg.num_heads} is not a multiple of the full-attention layers' "
                          f"{global_kv} KV heads")
     check_rotary_dim(cfg.rope, global_dim)
-    # the one KV cache is as wide per token as the wider kind's K/V; each kind repeats its heads to fill it
-    width = max(2 * cfg.num_kv_heads * cfg.head_dim, 2 * global_kv * global_dim)
-    repeats = []
-    for kv, dim in ((cfg.num_kv_heads, cfg.head_dim), (global_kv, global_dim)):
-        repeat, rest = divmod(width, 2 * kv * dim)
-        if rest or cfg.num_heads % (kv * repeat):
-            raise ValueError(f"Gemma 4's sliding ({cfg.num_kv_heads} KV heads of {cfg.head_dim}) and full-attention "
-                             f"({global_kv} of {global_dim}) layers cannot share one KV cache layout")
-        repeats.append(repeat)
     experts = {}
     if hf.get("enable_moe_block"):
         experts = dict(num_experts=hf["num_experts"], experts_per_token=hf["top_k_experts"],
@@ -946,7 +939,7 @@ def gemma4_config_from_hf(hf: dict) -> ModelConfig:
     return dataclasses.replace(
         cfg, **experts, architecture=arch, embed_scale=cfg.hidden_size ** 0.5, sandwich_norms=True, attn_scale=1.0,
         final_logit_softcap=hf.get("final_logit_softcapping"), local_rope=local_rope, v_norm=True, layer_scale=True,
-        kv_repeat=repeats[0], full_attention_heads=(global_dim, global_kv, repeats[1], k_eq_v),
+        full_attention_heads=(global_dim, global_kv, k_eq_v),
         per_layer_input_size=hf.get("hidden_size_per_layer_input") or 0,
         per_layer_vocab_size=hf["vocab_size_per_layer_input"] if hf.get("hidden_size_per_layer_input") else 0,
         kv_shared_layers=shared, double_wide_mlp=bool(shared and hf.get("use_double_wide_mlp")))

@@ -615,16 +615,13 @@ class DecoderLayers(nnx.Module):
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         v_width = 0 if cfg.k_eq_v else kv_width
         scales = self.kv_scales(kv_cache.dtype)
-        cache_shape = kv_cache.shape
-        if cache_shape[-1] != cfg.head_dim:  # Gemma 4's full-attention layers: the cache's rows seen as this head_dim's
-            kv_cache = kv_cache.reshape(*cache_shape[:3], -1, cfg.head_dim)
         if cfg.kv_source >= 0:  # Gemma 4's shared-KV layers: queries over an earlier layer's K/V, nothing written
             q = _normed_dot(h, self.norm("attn_norm"), eps, self.linear("q_proj"), q_width, live, weights_layer)
             q = (q + self.q_bias[...] if cfg.qkv_bias else q).reshape(T, cfg.num_heads, cfg.head_dim)
             q = apply_rope(self.head_norm(q, "q_norm") if cfg.qk_norm else q, *rope)
             o = attention(q, kv_cache, jnp.int32(cfg.kv_source), batch, sm_scale=cfg.sm_scale, sliding_window=window,
                           soft_cap=cfg.attn_logit_softcap, backend=self.attention_backend)
-            return o.reshape(T, -1), kv_cache.reshape(cache_shape)
+            return o.reshape(T, -1), kv_cache
         qkv = None
         if hasattr(self, "qkv_proj"):  # fused at packing (pack_for_native_matmul)
             qkv = _normed_dot(h, self.norm("attn_norm"), eps, self.linear("qkv_proj"), q_width + kv_width + v_width,
@@ -639,8 +636,7 @@ class DecoderLayers(nnx.Module):
                 qkv = qkv + jax.lax.cond(lora[2], qkv_update, lambda: jnp.zeros((T, q_width + 2 * kv_width))
                                          ).astype(qkv.dtype)
         backend = "reference" if cfg.chunked_attention else self.attention_backend  # chunked: its only body
-        if (qkv is not None and not (cfg.qkv_bias or cfg.qk_norm or cfg.qk_l2_norm or cfg.k_eq_v or cfg.v_norm
-                                     or cfg.kv_repeat > 1)
+        if (qkv is not None and not (cfg.qkv_bias or cfg.qk_norm or cfg.qk_l2_norm or cfg.k_eq_v or cfg.v_norm)
                 and kv_writer(kv_cache, qkv.dtype, backend, self.one_device) == "cpu"):
             # The native writer rotates q and k on the way: one pass from the fused projection instead of
             # XLA's split, rotations and K/V interleave.
@@ -671,8 +667,6 @@ class DecoderLayers(nnx.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             if cfg.qk_l2_norm:  # Llama 4: after the rotation, in the rotating layers
                 q, k = (_where_rotating(cfg, layer, rms_norm(x, None, eps), x) for x in (q, k))
-            if cfg.kv_repeat > 1:  # each head's copies side by side: query head i still reads its own head's
-                k, v = jnp.repeat(k, cfg.kv_repeat, axis=1), jnp.repeat(v, cfg.kv_repeat, axis=1)
             kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=backend, scales=scales,
                                 one_device=self.one_device)
         if cfg.q_position_scale:  # Ministral 3, Llama 4: queries scaled up with the position (attention temperature)
@@ -683,7 +677,7 @@ class DecoderLayers(nnx.Module):
         o = attention(q, kv_cache, layer, batch, sm_scale=cfg.sm_scale, sliding_window=window,
                       soft_cap=cfg.attn_logit_softcap, backend=backend, scales=scales,
                       sinks=self.sinks[...] if cfg.attn_sinks else None).reshape(T, -1)
-        return o, kv_cache.reshape(cache_shape)
+        return o, kv_cache
 
     def _latent_attention(self, h, kv_cache, layer, weights_layer, batch, slots, rope, live):
         """Multi-head latent attention (`_latent_attention_params`) absorbed, as vLLM's MLA decodes: each head's
@@ -805,37 +799,47 @@ class DecoderLayers(nnx.Module):
         return h + out
 
 
+def kv_cache_kinds(cfg: ModelConfig) -> tuple[tuple[int, int, int], ...]:
+    """Gemma 4's KV caches (`full_attention_heads`): (layers, KV heads, head_dim) of its sliding-window layers' and of
+    its full-attention layers' (those before its shared-KV layers). Each kind its own: their K/V differ in shape."""
+    full = sum(w == 0 for w in cfg.sliding_windows[:cfg.kv_cache_layers])
+    head_dim, kv_heads, _ = cfg.full_attention_heads
+    return (cfg.kv_cache_layers - full, cfg.num_kv_heads, cfg.head_dim), (full, kv_heads, head_dim)
+
+
 @functools.cache
 def layer_groups(cfg: ModelConfig) -> tuple[tuple[str, int, ModelConfig], ...]:
     """(attribute, first layer, the layers' config) of each run of alike layers, which the model holds as one stack
     (DecoderLayers) and runs as one loop: all layers (`layers`), or each run of dense or of expert layers in a mixture
-    of experts with dense layers among its expert ones (`dense_mlp_layers`), and of sliding-window or full-attention
-    layers where the latter have a shape of their own (Gemma 4's `full_attention_heads`, their rope the model's, the
-    sliding ones' `local_rope`): `layers`, `layers1`, ..."""
+    of experts with dense layers among its expert ones (`dense_mlp_layers`), of sliding-window or full-attention
+    layers where the latter have a shape and KV cache of their own (Gemma 4's `full_attention_heads`, their rope the
+    model's, the sliding ones' `local_rope`: `kv_cache_kinds`), and of shared-KV layers (`kv_shared_layers`):
+    `layers`, `layers1`, ..."""
     if not (cfg.dense_mlp_layers or cfg.full_attention_heads or cfg.kv_shared_layers):
         return (("layers", 0, cfg),)
-    runs = []  # [first, count, (dense, full attention of its own shape, the cache layer it reads or -1)]
-    sources = {}  # Gemma 4's shared-KV layers: each kind's last layer before them
+    runs = []  # [first, count, (dense, full attention of its own shape, the cache layer it reads or -1), its cache]
+    cached = {}  # each KV cache's layers so far
+    sources = {}  # Gemma 4's shared-KV layers: each kind's last layer before them, in its cache
     for i in range(cfg.num_layers):
         full = cfg.sliding_windows[i] == 0
+        cache = int(full and bool(cfg.full_attention_heads))  # Gemma 4: each kind its own cache
         if i < cfg.kv_cache_layers:
-            sources[full] = i
-        kind = (i in cfg.dense_mlp_layers, bool(cfg.full_attention_heads) and full,
-                -1 if i < cfg.kv_cache_layers else sources[full])
+            sources[full] = cached[cache] = cached.get(cache, -1) + 1
+        kind = (i in cfg.dense_mlp_layers, cache == 1, -1 if i < cfg.kv_cache_layers else sources[full])
         if runs and runs[-1][2] == kind:
             runs[-1][1] += 1
         else:
-            runs.append([i, 1, kind])
+            runs.append([i, 1, kind, (cache, cached[cache] if kind[2] < 0 else -1)])
     groups = []
-    for n, (first, count, (dense, full, source)) in enumerate(runs):
+    for n, (first, count, (dense, full, source), (cache, kv_first)) in enumerate(runs):
         group = dataclasses.replace(cfg, num_layers=count, dense_mlp_layers=(), full_attention_heads=(),
-                                    kv_shared_layers=0, kv_source=source)
+                                    kv_shared_layers=0, kv_source=source, kv_cache_index=cache, kv_first=kv_first)
         if source >= 0 and cfg.double_wide_mlp:
             group = dataclasses.replace(group, intermediate_size=2 * cfg.intermediate_size)
         if full:
-            head_dim, kv_heads, kv_repeat, k_eq_v = cfg.full_attention_heads
-            group = dataclasses.replace(group, head_dim=head_dim, num_kv_heads=kv_heads, kv_repeat=kv_repeat,
-                                        k_eq_v=k_eq_v, local_rope=None)
+            head_dim, kv_heads, k_eq_v = cfg.full_attention_heads
+            group = dataclasses.replace(group, head_dim=head_dim, num_kv_heads=kv_heads, k_eq_v=k_eq_v,
+                                        local_rope=None)
         elif cfg.full_attention_heads:
             group = dataclasses.replace(group, rope=cfg.local_rope or cfg.rope, local_rope=None)
         if dense:
@@ -867,8 +871,9 @@ class LlamaForCausalLM(nnx.Module):
             self.ple_embed = _param((cfg.per_layer_vocab_size, width), param_dtype, ("vocab", "per_layer"))
             self.ple_model_proj = _param((cfg.hidden_size, width), param_dtype, ("embed", "per_layer"))
             self.ple_model_norm = _param((cfg.per_layer_input_size,), param_dtype, ("per_layer",))
-        for name, first, group in layer_groups(cfg):
-            setattr(self, name, DecoderLayers(group, param_dtype, attention_backend, first, one_device))
+        for name, first, group in layer_groups(cfg):  # each stack's first layer in its KV cache
+            setattr(self, name, DecoderLayers(group, param_dtype, attention_backend,
+                                              first if group.kv_first < 0 else group.kv_first, one_device))
         self.final_norm = _param((cfg.hidden_size,), param_dtype, ("embed",))
         if cfg.norm_bias:
             self.final_norm_bias = _param((cfg.hidden_size,), param_dtype, ("embed",))
@@ -879,7 +884,7 @@ class LlamaForCausalLM(nnx.Module):
 
     def __call__(
         self,
-        kv_cache: jax.Array,  # [num_layers, num_pages, page_size, 2 * num_kv_heads, head_dim], donated
+        kv_cache: jax.Array,  # [num_layers, num_pages, page_size, 2 * num_kv_heads, head_dim] (kv_cache_shape), donated
         batch: RaggedBatch,
         lora=None,
     ) -> tuple[jax.Array, jax.Array]:  # logits f32[len(logits_indices), vocab], updated kv_cache
@@ -888,7 +893,7 @@ class LlamaForCausalLM(nnx.Module):
 
     def hidden_states(
         self,
-        kv_cache: jax.Array,  # [num_layers, num_pages, page_size, 2 * num_kv_heads, head_dim], donated
+        kv_cache: jax.Array,  # [num_layers, num_pages, page_size, 2 * num_kv_heads, head_dim] (kv_cache_shape), donated
         batch: RaggedBatch,
         lora=None,
     ) -> tuple[jax.Array, jax.Array]:  # final-normed hidden states [T, hidden] of every token, kv_cache
@@ -903,7 +908,8 @@ class LlamaForCausalLM(nnx.Module):
             active = jnp.any(adapter_slots < num_slots)
         else:
             weights = {}
-        slots = token_slots(batch, kv_cache.shape[2], kv_cache.shape[1])
+        pages = kv_cache[0] if isinstance(kv_cache, tuple) else kv_cache  # Gemma 4: a cache per kind of layer
+        slots = token_slots(batch, pages.shape[2], pages.shape[1])
 
         @functools.cache  # each stack's rotary tables, computed once for the stacks that share them
         def tables(rope_cfg, head_dim):
@@ -947,6 +953,11 @@ class LlamaForCausalLM(nnx.Module):
         """One stack's layers (the model's `first` to `first + count`) over h: unrolled where unstacked, else a
         scan. `weights`: every layer's LoRA weights ({} for none), sliced to this stack's here; `layer_inputs`: every
         layer's per-layer input (per_layer_inputs) or None, likewise."""
+        if isinstance(kv_cache, tuple):  # Gemma 4: the stack's kind's cache, the others passed through
+            index = (layers[0] if self.layers_unstacked else layers).cfg.kv_cache_index
+            h, cache = self._run_layers(layers, first, count, h, kv_cache[index], batch, slots, ropes, weights,
+                                        onehot, active, layer_inputs)
+            return h, kv_cache[:index] + (cache,) + kv_cache[index + 1:]
         windows = jnp.asarray(self.cfg.sliding_windows[first:first + count], jnp.int32)
         weights = {p: (a[first:first + count], b[first:first + count]) for p, (a, b) in weights.items()}
         inputs = None if layer_inputs is None else layer_inputs[first:first + count]
@@ -1038,11 +1049,15 @@ class LlamaForCausalLM(nnx.Module):
 
     KV_CACHE_AXES = ("layers", "pages", "page", "kv_heads", "head_dim")  # K/V interleaved on kv_heads
 
-    def kv_cache_shape(self, num_pages: int, page_size: int) -> tuple[int, ...]:
+    def kv_cache_shape(self, num_pages: int, page_size: int) -> tuple:
         """K/V interleaved on the fourth axis; multi-head latent attention's one row per token there (its latent and
-        rotary key: layers.attention.write_latent)."""
+        rotary key: layers.attention.write_latent). Gemma 4: a tuple of such shapes, one per kind of layer
+        (`kv_cache_kinds`), all over the same pages."""
         cfg = self.cfg
-        rows = 1 if cfg.latent_attention else 2 * cfg.num_kv_heads * cfg.kv_repeat
+        if cfg.full_attention_heads:
+            return tuple((n, num_pages, page_size, 2 * kv_heads, head_dim)
+                         for n, kv_heads, head_dim in kv_cache_kinds(cfg))
+        rows = 1 if cfg.latent_attention else 2 * cfg.num_kv_heads
         return (cfg.kv_cache_layers, num_pages, page_size, rows, cfg.head_dim)
 
 

@@ -53,6 +53,10 @@ def _forward(graphdef, state_treedef, replicated, state_leaves, kv_cache, last_t
     hidden, kv_cache = model.hidden_states(kv_cache, batch, lora)
     logits = model.logits(hidden[batch.logits_indices], batch.num_seqs)
     constrain = functools.partial(jax.lax.with_sharding_constraint, shardings=replicated)
+    if replicated.mesh.size > 1:  # the cache leaves as it came (a cache whose KV heads the mesh cannot split, Gemma
+        # 4's, came replicated; the sharded K/V written into it would otherwise leave it split along another axis)
+        kv_cache = jax.tree.map(lambda kv: jax.lax.with_sharding_constraint(
+            kv, named_sharding(model.KV_CACHE_AXES, kv.shape, replicated.mesh)), kv_cache)
     return constrain(logits), constrain(hidden), kv_cache
 
 
@@ -93,8 +97,11 @@ class ModelRunner:
         self._cache = executable_cache
         self.channel = channel
         self.replicated = replicated(mesh)
-        kv_shape = model.kv_cache_shape(num_blocks, block_size)
-        self.kv_cache = jnp.zeros(kv_shape, model.kv_dtype, device=named_sharding(model.KV_CACHE_AXES, kv_shape, mesh))
+        def zeros(shape):
+            return jnp.zeros(shape, model.kv_dtype, device=named_sharding(model.KV_CACHE_AXES, shape, mesh))
+
+        kv_shape = model.kv_cache_shape(num_blocks, block_size)  # one array's, or (Gemma 4) one per kind of layer
+        self.kv_cache = tuple(map(zeros, kv_shape)) if isinstance(kv_shape[0], tuple) else zeros(kv_shape)
         self.token_buckets = power_of_two_buckets(min(min_token_bucket, max_num_batched_tokens), max_num_batched_tokens)
         self.req_buckets = power_of_two_buckets(min(self.token_buckets[0], max_num_seqs), max_num_seqs)
         self.pages_per_seq = -(-max_model_len // block_size)
