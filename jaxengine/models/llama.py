@@ -222,7 +222,7 @@ def _plus(y, delta):
 
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "expert_gate", "expert_up",
-           "expert_down", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_k", "kv_b_v")
+           "expert_down", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_k", "kv_b_v", "ple_gate", "ple_proj")
 
 
 def _norm_scale(cfg: ModelConfig, weight: jax.Array) -> jax.Array:
@@ -943,7 +943,7 @@ class LlamaForCausalLM(nnx.Module):
         L, P = cfg.num_layers, cfg.per_layer_input_size
         table = self.ple_embed[...]
         tokens = (table[input_ids] * jnp.asarray(P ** 0.5, table.dtype)).reshape(-1, L, P)
-        proj = jnp.dot(embedded, self.ple_model_proj[...], preferred_element_type=jnp.float32).astype(embedded.dtype)
+        proj = _dot(embedded.astype(jnp.float32), self.ple_model_proj[...], L * P).astype(embedded.dtype)
         proj = rms_norm((proj * jnp.asarray(cfg.hidden_size ** -0.5, proj.dtype)).reshape(-1, L, P),
                         self.ple_model_norm[...], cfg.rms_norm_eps)
         return jnp.moveaxis((proj + tokens) * jnp.asarray(2 ** -0.5, proj.dtype), 1, 0).astype(self.dtype)
@@ -1016,6 +1016,8 @@ class LlamaForCausalLM(nnx.Module):
         if not hasattr(self, "lm_head"):
             self.lm_head = nnx.Param(np.asarray(self.embed[...]).T, logical_axes=("embed", "vocab"))
         _pack(self.lm_head)
+        if hasattr(self, "ple_model_proj"):  # Gemma 4's per-layer embeddings' projection
+            _pack(self.ple_model_proj)
 
     def attention_body(self, page_size: int) -> str:
         """The attention body the layers run (building and registering the native CPU kernel if it is that)."""
