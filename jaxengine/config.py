@@ -79,9 +79,9 @@ class EngineConfig:
     # Over the model's config.json keys, as vLLM's --hf-overrides: {"max_position_embeddings": 4096}, or a
     # causal LM served as a classifier from two of its tokens (Qwen3-Reranker: see jaxengine/engine/pooler.py)
     hf_overrides: dict | None = None
-    # As vLLM's --reasoning-parser (jaxengine.reasoning: deepseek_r1, deepseek_v3, qwen3, glm45, openai_gptoss): a
-    # structured output starts after the model's reasoning; the server splits chat answers into `reasoning` and
-    # `content`.
+    # As vLLM's --reasoning-parser (jaxengine.reasoning: deepseek_r1, deepseek_v3, qwen3, glm45, gemma4,
+    # openai_gptoss): a structured output starts after the model's reasoning; the server splits chat answers into
+    # `reasoning` and `content`.
     reasoning_parser: str | None = None
     # LoRA adapters, as vLLM's: requests name one (LoRARequest; the server's --lora-modules), up to max_loras at
     # once on the device, of rank up to max_lora_rank (jaxengine/lora.py)

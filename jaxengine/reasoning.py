@@ -10,6 +10,9 @@
   `chat_template_kwargs: {"thinking": true}`; otherwise the output is all answer.
 - `glm45` (GLM-4.5/4.6): reasoning between `<think>` and `</think>` where the output opens with `<think>`; an
   output that does not (thinking off: the template closed an empty reasoning in the prompt) is all answer.
+- `gemma4` (Gemma 4): as glm45 with its thought channel's tags, `<|channel>` and `<channel|>`, special tokens that
+  requests then keep in their text (`special_tokens`); the channel's role label (`thought` and a newline) that opens
+  the reasoning is dropped from it.
 
 - `openai_gptoss` (GPT-OSS): its harmony messages (jaxengine.harmony) read from the text with special tokens kept
   (`special_tokens`: chat requests keep them, as vLLM's parser needs them too): the `analysis` channel's is the
@@ -27,8 +30,9 @@ cannot take text back, splits an output as the whole output splits.
 
 import dataclasses
 
-REASONING_PARSERS = ("deepseek_r1", "deepseek_v3", "qwen3", "glm45", "openai_gptoss")
+REASONING_PARSERS = ("deepseek_r1", "deepseek_v3", "qwen3", "glm45", "gemma4", "openai_gptoss")
 _START, _END, _TOOL_CALL = "<think>", "</think>", "<tool_call>"
+_GEMMA4 = dict(start_tag="<|channel>", end_tag="<channel|>", label="thought\n", special_tokens=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,9 +41,11 @@ class ReasoningParser:
     start_token_id: int
     end_token_id: int
     ends_at: tuple[str, ...]  # the tags that end the reasoning; the first is its own end tag (dropped)
-    opened: bool = False  # glm45: an output is reasoning only where it opens with the start tag (all answer else)
-
-    special_tokens = False  # whether the parser reads special tokens (requests then keep them in their text)
+    opened: bool = False  # glm45, gemma4: an output is reasoning only where it opens with the start tag (else answer)
+    start_tag: str = _START
+    end_tag: str = _END
+    label: str = ""  # gemma4: the reasoning's opening role label, dropped
+    special_tokens: bool = False  # whether the parser reads special tokens (requests then keep them in their text)
 
     @classmethod
     def of(cls, name: str, tokenizer) -> "ReasoningParser":
@@ -48,12 +54,14 @@ class ReasoningParser:
         if name == "openai_gptoss":
             return HarmonyReasoningParser.of(tokenizer)
         vocab = tokenizer.get_vocab()
-        missing = [tag for tag in (_START, _END) if tag not in vocab]
+        tags = _GEMMA4 if name == "gemma4" else {}
+        start, end = tags.get("start_tag", _START), tags.get("end_tag", _END)
+        missing = [tag for tag in (start, end) if tag not in vocab]
         if missing:
             raise ValueError(f"reasoning_parser {name!r}: the tokenizer has no {' or '.join(missing)} token (a "
-                             f"reasoning model's vocabulary has both {_START} and {_END})")
-        ends_at = (_END, _TOOL_CALL) if name == "qwen3" else (_END,)
-        return cls(name, vocab[_START], vocab[_END], ends_at, opened=name == "glm45")
+                             f"reasoning model's vocabulary has both {start} and {end})")
+        ends_at = (_END, _TOOL_CALL) if name == "qwen3" else (end,)
+        return cls(name, vocab[start], vocab[end], ends_at, opened=name in ("glm45", "gemma4"), **tags)
 
     def ended_in_prompt(self, prompt_ids) -> bool:
         """Whether the prompt closed the reasoning: its last start or end token is an end token (vLLM's rule)."""
@@ -82,16 +90,20 @@ class ReasoningParser:
         if not thinks:
             return "", text, True
         body = text.lstrip()
-        if body.startswith(_START):
-            body = body[len(_START):]
-        elif not final and _START.startswith(body):  # maybe the start tag, still arriving
+        if body.startswith(self.start_tag):
+            body = body[len(self.start_tag):]
+        elif not final and self.start_tag.startswith(body):  # maybe the start tag, still arriving
             return "", "", False
         elif self.opened:  # GLM-4.5 without thinking (its template closed an empty reasoning in the prompt)
             return "", text, True
+        if self.label and body.startswith(self.label):
+            body = body[len(self.label):]
+        elif self.label and not final and self.label.startswith(body):  # maybe the label, still arriving
+            return "", "", False
         ends = [(i, tag) for tag in self.ends_at if (i := body.find(tag)) >= 0]
         if ends:
             i, tag = min(ends)
-            return body[:i], body[i + len(tag) if tag == _END else i:], True
+            return body[:i], body[i + len(tag) if tag == self.end_tag else i:], True
         held = 0 if final else max(partial_tag(body, tag) for tag in self.ends_at)
         return body[:len(body) - held], "", False
 

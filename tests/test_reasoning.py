@@ -1,6 +1,8 @@
 """Reasoning parsers (vLLM's --reasoning-parser): the split of an output into reasoning and answer, whole and
 streamed, and structured outputs that start after the reasoning."""
 
+import re
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -59,17 +61,44 @@ def test_glm45_reasons_only_where_the_output_opens_the_tag(tokenizer, text, want
     assert ReasoningParser.of("glm45", tokenizer).split(text) == want
 
 
-@pytest.mark.parametrize("name", ["deepseek_r1", "qwen3", "glm45"])
+@pytest.fixture(scope="module")
+def gemma4_tokenizer(tokenizer_dir):
+    """The test tokenizer with Gemma 4's thought channel tags as special tokens."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|channel>", "<channel|>"]})
+    return tokenizer
+
+
+@pytest.mark.parametrize("text, want", [
+    ("<|channel>thought\nLet me see.<channel|>It is 4.", ("Let me see.", "It is 4.", True)),
+    ("<|channel>thought\n2 + 2", ("2 + 2", "", False)),  # opened, never closed: all reasoning
+    ("<|channel>no label<channel|>4", ("no label", "4", True)),
+    ("It is 4.", ("", "It is 4.", True)),  # not opened (thinking off): all answer
+    ("thought\nIt is 4.<channel|>", ("", "thought\nIt is 4.<channel|>", True)),
+])
+def test_gemma4_reasons_in_its_thought_channel(gemma4_tokenizer, text, want):
+    parser = ReasoningParser.of("gemma4", gemma4_tokenizer)
+    assert parser.special_tokens and parser.split(text) == want
+    assert parser.end_token_id == gemma4_tokenizer.convert_tokens_to_ids("<channel|>")
+    with pytest.raises(ValueError, match=re.escape("the tokenizer has no <|channel> or <channel|> token")):
+        ReasoningParser.of("gemma4", AutoTokenizer.from_pretrained(gemma4_tokenizer.name_or_path))
+
+
+@pytest.mark.parametrize("name", ["deepseek_r1", "qwen3", "glm45", "gemma4"])
 @pytest.mark.parametrize("step", [1, 2, 3, 7])
-def test_streamed_split_is_the_whole_split_whatever_the_chunks(tokenizer, name, step):
-    parser = ReasoningParser.of(name, tokenizer)
-    for text in ["<think>Let me see: 2 + 2.</think>\n\nIt is <b>4</b>.", "  <thi", "ab</thi", "r</think>",
-                 "<think>x<tool_call>{\"a\": 1}</tool_call>", "<think>a < b</think> <thinking>"]:
+def test_streamed_split_is_the_whole_split_whatever_the_chunks(tokenizer, gemma4_tokenizer, name, step):
+    parser = ReasoningParser.of(name, gemma4_tokenizer if name == "gemma4" else tokenizer)
+    texts = ["<think>Let me see: 2 + 2.</think>\n\nIt is <b>4</b>.", "  <thi", "ab</thi", "r</think>",
+             "<think>x<tool_call>{\"a\": 1}</tool_call>", "<think>a < b</think> <thinking>"]
+    if name == "gemma4":  # its tags in those texts, and its label arriving in pieces
+        texts = [t.replace("<think>", "<|channel>thought\n").replace("</think>", "<channel|>") for t in texts] + [
+            "<|channel>thou", "<|channel>thoughtful<channel|>x", "<|channel>thought\n<channel|>"]
+    for text in texts:
         stream, reasoning, answer = parser.stream(), "", ""
         ends = list(range(step, len(text), step)) + [len(text)]
         for end in ends:
             r, a = stream.feed(text[:end], final=end == len(text))
-            assert not any(tag in r + a for tag in ("<think>", "</think>"))
+            assert not any(tag in r + a for tag in (parser.start_tag, parser.end_tag))
             reasoning, answer = reasoning + r, answer + a
         whole = parser.split(text)
         assert (reasoning, answer) == whole[:2] and stream.answer == whole[1], text
@@ -83,7 +112,8 @@ def test_prompt_that_closed_the_reasoning(tokenizer):
 
 
 def test_unknown_parser_and_a_vocabulary_without_the_tags_are_refused():
-    with pytest.raises(ValueError, match="must be one of deepseek_r1, deepseek_v3, qwen3, glm45, openai_gptoss, got 'granite'"):
+    with pytest.raises(ValueError, match="must be one of deepseek_r1, deepseek_v3, qwen3, glm45, gemma4, "
+                                         "openai_gptoss, got 'granite'"):
         EngineConfig(reasoning_parser="granite")
     class Vocab:  # a tokenizer's vocabulary without </think>
         def get_vocab(self):
