@@ -22,6 +22,9 @@
   <arg_key>/<arg_value> pairs, typed as Qwen3-Coder's).
 - `deepseek_v3` (DeepSeek V3, R1-0528), `deepseek_v31` (V3.1 on) and `kimi_k2` (Kimi K2): calls between special
   tokens after the content, each with its arguments' JSON object (DeepSeekV3, DeepSeekV31, KimiK2).
+- `gemma4` (Gemma 4): the content, then calls `<|tool_call>call:NAME{ARGS}<tool_call|>` whose arguments are in
+  Gemma 4's own syntax (`_gemma4_value`: strings between `<|"|>` quotes, bare keys, numbers and literals, nested
+  objects and arrays), special tokens that requests keep; the calls go out whole when the output ends.
 
 Each parser is `parse(text) -> (content, calls)` for a whole output and `Stream()` for a growing one, whose
 `feed(text, final) -> (content delta, new calls)`.
@@ -773,6 +776,109 @@ class _HarmonyStream:
         return delta, deltas
 
 
+_GEMMA4_CALL, _GEMMA4_CALL_END, _GEMMA4_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+_GEMMA4_NAME = re.compile(r"call:([\w.-]+)\{")
+_GEMMA4_BARE = re.compile(r"[^,}\]]*")
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
+
+
+def _gemma4_value(text: str, at: int):
+    """(value, the index after it) of Gemma 4's argument syntax at `at`: a string between <|"|> quotes, an object
+    {key:value,...} (keys bare or quoted), an array [value,...], or a bare number, true, false or null (other bare
+    text: a string, as Gemma 4's parsers read it). A ValueError where it is malformed."""
+    at = _skip_space(text, at)
+    if text.startswith(_GEMMA4_QUOTE, at):
+        end = text.find(_GEMMA4_QUOTE, at + len(_GEMMA4_QUOTE))
+        if end < 0:
+            raise ValueError("an unterminated string")
+        return text[at + len(_GEMMA4_QUOTE):end], end + len(_GEMMA4_QUOTE)
+    if text.startswith("{", at):
+        return _gemma4_object(text, at + 1)
+    if text.startswith("[", at):
+        items, at = [], _skip_space(text, at + 1)
+        if text.startswith("]", at):
+            return items, at + 1
+        while True:
+            item, at = _gemma4_value(text, at)
+            items.append(item)
+            at = _skip_space(text, at)
+            if not text.startswith((",", "]"), at):
+                raise ValueError("an unterminated array")
+            if text[at] == "]":
+                return items, at + 1
+            at += 1
+    word = _GEMMA4_BARE.match(text, at).group(0)
+    if at + len(word) >= len(text):
+        raise ValueError("an unterminated value")
+    bare = word.strip()
+    if bare in ("true", "false", "null"):
+        return json.loads(bare), at + len(word)
+    try:
+        number = json.loads(bare)
+    except json.JSONDecodeError:
+        return bare, at + len(word)
+    return (number if isinstance(number, (int, float)) and _finite(number) else bare), at + len(word)
+
+
+def _gemma4_object(text: str, at: int) -> tuple[dict, int]:
+    """The object whose "{" ends before `at` (`_gemma4_value`), and the index after its "}"."""
+    result, at = {}, _skip_space(text, at)
+    if text.startswith("}", at):
+        return result, at + 1
+    while True:
+        at = _skip_space(text, at)
+        if text.startswith(_GEMMA4_QUOTE, at):
+            key, at = _gemma4_value(text, at)
+            at = _skip_space(text, at)
+            if not text.startswith(":", at):
+                raise ValueError("a key without a value")
+        else:
+            colon = text.find(":", at)
+            if colon < 0:
+                raise ValueError("a key without a value")
+            key, at = text[at:colon].strip(), colon
+        result[key], at = _gemma4_value(text, at + 1)
+        at = _skip_space(text, at)
+        if not text.startswith((",", "}"), at):
+            raise ValueError("an unterminated object")
+        if text[at] == "}":
+            return result, at + 1
+        at += 1
+
+
+def _parse_gemma4(text: str) -> tuple[str | None, list[ToolCall]]:
+    """(content before the first call, calls), each `<|tool_call>call:NAME{ARGS}` closed by `<tool_call|>` (or by the
+    output's end); (text, []) where there are none or one does not parse."""
+    first = text.find(_GEMMA4_CALL)
+    if first < 0:
+        return text, []
+    calls, at = [], first
+    while (at := text.find(_GEMMA4_CALL, at)) >= 0:
+        name = _GEMMA4_NAME.match(text, at + len(_GEMMA4_CALL))
+        try:
+            arguments, at = _gemma4_object(text, name.end()) if name else (None, at)
+        except ValueError:
+            return text, []
+        if name is None:
+            return text, []
+        calls.append(ToolCall(name.group(1), json.dumps(arguments, ensure_ascii=False)))
+    return text[:first] or None, calls
+
+
+class Gemma4:
+    parse = staticmethod(_parse_gemma4)
+    special_tokens = True  # its calls' tags and quotes are special tokens
+
+    @staticmethod
+    def Stream():
+        return _TaggedStream(_GEMMA4_CALL, _parse_gemma4)
+
+
 class OpenAI:
     """`openai` (GPT-OSS): harmony messages to `functions.NAME` are calls of NAME with their content as the
     arguments; the other messages' contents are the message's content (jaxengine.harmony)."""
@@ -783,7 +889,7 @@ class OpenAI:
 
 PARSERS = {"hermes": Hermes, "llama3_json": Llama3Json, "mistral": Mistral, "pythonic": Pythonic,
            "qwen3_coder": Qwen3Xml, "qwen3_xml": Qwen3Xml, "openai": OpenAI, "granite": Granite, "glm45": Glm45,
-           "deepseek_v3": DeepSeekV3, "deepseek_v31": DeepSeekV31, "kimi_k2": KimiK2}
+           "deepseek_v3": DeepSeekV3, "deepseek_v31": DeepSeekV31, "kimi_k2": KimiK2, "gemma4": Gemma4}
 TOOL_CALL_PARSERS = tuple(PARSERS)
 
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from server.app import build_app
-from server.tool_parsers import (PARSERS, Glm45, Granite, Hermes, Llama3Json, Mistral, Pythonic, Qwen3Xml, ToolCall,
-                                 ToolCallDelta)
+from server.tool_parsers import (PARSERS, Gemma4, Glm45, Granite, Hermes, Llama3Json, Mistral, Pythonic, Qwen3Xml,
+                                 ToolCall, ToolCallDelta)
 from tests.server.conftest import MODEL, LiveServer
 from tests.server.test_structured_outputs_api import no_whitespace
 
@@ -232,6 +232,38 @@ def test_mistral_stream_sends_content_then_the_calls_at_the_end():
     assert stream.feed("a [TOOLS] [TOOL_CALLS]f[ARGS]{", final=True) == (" [TOOL_CALLS]f[ARGS]{", [])
 
 
+GEMMA4 = ('Let me check.<|tool_call>call:get_weather{city:<|"|>Paris, "FR"<|"|>,days:3,hourly:true,unit:<|"|>C<|"|>}'
+          '<tool_call|><|tool_call>call:get_time{zone:<|"|>CET<|"|>, at:{h:9,m:[0,30]}, note:null, rate:-1.5e2}'
+          '<tool_call|>')
+GEMMA4_CALLS = [("get_weather", {"city": 'Paris, "FR"', "days": 3, "hourly": True, "unit": "C"}),
+                ("get_time", {"zone": "CET", "at": {"h": 9, "m": [0, 30]}, "note": None, "rate": -150.0})]
+
+
+def test_gemma4_calls_in_its_argument_syntax():
+    """Strings between <|"|> quotes (commas, braces and JSON quotes inside them their own), bare numbers and
+    literals, nested objects and arrays; a call the output's end closes; the content before the first call. Its tags
+    are special tokens: requests keep them in their text."""
+    assert PARSERS["gemma4"] is Gemma4 and Gemma4.special_tokens
+    content, calls = Gemma4.parse(GEMMA4)
+    assert content == "Let me check." and [(c.name, json.loads(c.arguments)) for c in calls] == GEMMA4_CALLS
+    assert Gemma4.parse('<|tool_call>call:f{x:<|"|>{a}<|"|>,y:[]}')[1][0].arguments == '{"x": "{a}", "y": []}'
+    assert Gemma4.parse("<|tool_call>call:f{}<tool_call|>")[1][0].arguments == "{}"
+
+
+@pytest.mark.parametrize("text", ["no calls", "text<|tool_call>", '<|tool_call>call:f{a:<|"|>x}', "<|tool_call>f{}",
+                                  "<|tool_call>call:f{a:1", "<|tool_call>call:f{a:[1,2}", "<|tool_call>call:f{a}",
+                                  '<|tool_call>call:f{a:1}<tool_call|><|tool_call>call:g{b:<|"|>y'])
+def test_gemma4_output_without_well_formed_calls_is_content(text):
+    assert Gemma4.parse(text) == (text, [])
+
+
+def test_gemma4_stream_sends_content_then_the_calls_at_the_end():
+    for step in (1, 5, len(GEMMA4)):
+        assert _streamed(Gemma4, GEMMA4, step, held="<") == ("Let me check.", GEMMA4_CALLS)
+    stream = Gemma4.Stream()
+    assert stream.feed("a <|tool") == ("a ", []) and stream.feed("a <|tools") == ("<|tools", [])
+
+
 QWEN3_XML = ("I will check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
              "<parameter=days>\n3\n</parameter>\n<parameter=hourly>\ntrue\n</parameter>\n<parameter=unit>\nC\n"
              "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=zone>\nCET\n"
@@ -382,7 +414,7 @@ def tool_servers(async_engine):
                                             ("glm45", GLM45, "glm45"),
                                             ("deepseek_v3", DEEPSEEK_V3, "deepseek_v3"),
                                             ("deepseek_v31", DEEPSEEK_V31, "deepseek_v31"),
-                                            ("kimi_k2", KIMI_K2, "kimi_k2"))}
+                                            ("kimi_k2", KIMI_K2, "kimi_k2"), ("gemma4", GEMMA4, "gemma4"))}
     yield servers
     for server in servers.values():
         server.stop()
@@ -483,10 +515,11 @@ def test_mistral_calls_come_back_as_tool_calls(tool_servers, stream, monkeypatch
     ("deepseek_v3", TOOLS, "Let me check.", JSON_CALLS),
     ("deepseek_v31", TOOLS, "Let me check.", JSON_CALLS),
     ("kimi_k2", TOOLS, "Let me check.", JSON_CALLS),
+    ("gemma4", TOOLS, "Let me check.", GEMMA4_CALLS),
 ])
 def test_parsed_calls_come_back_as_tool_calls(tool_servers, server, tools, content, want, stream):
-    """qwen3_coder, glm45, pythonic, llama3_json, granite, deepseek_v3, deepseek_v31 and kimi_k2: the content before
-    the calls (none for the calls-only formats), the calls, finish reason tool_calls; streamed or not."""
+    """qwen3_coder, glm45, pythonic, llama3_json, granite, deepseek_v3, deepseek_v31, kimi_k2 and gemma4: the content
+    before the calls (none for the calls-only formats), the calls, finish reason tool_calls; streamed or not."""
     response = client_of(tool_servers[server]).chat.completions.create(
         model=MODEL, messages=ASK, tools=tools, max_tokens=24, extra_body={"ignore_eos": True}, stream=stream)
     got_content, calls, finish = _content_calls_finish(response, stream)
