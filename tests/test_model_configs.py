@@ -137,6 +137,20 @@ def test_gemma4_quantized_checkpoint_is_refused():
         read(GEMMA4_31B | dict(quantization_config=dict(quant_method="fp8")))
 
 
+def test_cwm_hub_config_defaults_are_transformers():
+    """CWM's config without layer_types, sliding_window or rope: transformers' CwmConfig defaults (every fourth layer
+    from the first full attention, 8192-token windows, llama3 rope)."""
+    hf = dict(architectures=["CwmForCausalLM"], hidden_size=6144, intermediate_size=21504, num_hidden_layers=8,
+              num_attention_heads=48, num_key_value_heads=8, head_dim=128, vocab_size=128256)
+    cfg = read(hf)
+    theirs = transformers.CwmConfig(**{k: v for k, v in hf.items() if k != "architectures"})
+    assert [w > 0 for w in cfg.sliding_windows] == [t == "sliding_attention" for t in theirs.layer_types]
+    assert set(cfg.sliding_windows) == {0, theirs.sliding_window} and not (cfg.qkv_bias or cfg.o_bias)
+    rope = theirs.rope_parameters
+    assert (cfg.rope.rope_type, cfg.rope.theta, cfg.rope.param("factor")) == ("llama3", rope["rope_theta"],
+                                                                              rope["factor"])
+
+
 def test_gemma_legacy_gelu_is_the_tanh_approximation_and_has_no_gemma2_parts():
     cfg = read(GEMMA_2B)
     assert cfg.hidden_act == "gelu_tanh" and cfg.embed_scale == math.sqrt(2048) and cfg.norm_offset

@@ -264,6 +264,11 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     # full ones projecting their values (no attention_k_eq_v)
     ("gemma4dense", dict(cls="Gemma4ForCausalLM")),
     ("gemma4dense", dict(cls="Gemma4ForCausalLM", attention_k_eq_v=False, num_key_value_heads=1)),
+    # Ministral-8B (Mistral's layer, a sliding-window layer by layer_types), CWM (the Llama layer, its default layer
+    # types: full attention at every fourth from the first) and Helium (interleaved rotary pairs, q/k/v biases)
+    ("mistral", dict(cls="MinistralForCausalLM", head_dim=16, layer_types=["sliding_attention", "full_attention"])),
+    ("llama", dict(cls="CwmForCausalLM", sliding_window=24)),
+    ("llama", dict(cls="HeliumForCausalLM", head_dim=16, attention_bias=True)),
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))),

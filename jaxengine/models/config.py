@@ -544,6 +544,26 @@ def seed_oss_config_from_hf(hf: dict) -> ModelConfig:
     return model_config_from_hf(hf, o_bias=bool(hf.get("attention_out_bias", False)))
 
 
+def ministral_config_from_hf(hf: dict) -> ModelConfig:
+    """Ministral (`MinistralForCausalLM`: Ministral-8B) and CWM (`CwmForCausalLM`: Meta's Code World Model): the
+    Llama layer without biases, sliding-window layers by `layer_types` (CWM's default as transformers derives it: every
+    fourth layer from the first full attention, the others 8192-token windows; its rope by default llama3's, 16 times
+    an original 8192 positions, at base 1,000,000)."""
+    if hf["architectures"][0] == "CwmForCausalLM":
+        hf = {"sliding_window": 8192, "rope_parameters": dict(
+            rope_type="llama3", rope_theta=1_000_000.0, factor=16.0, high_freq_factor=4.0, low_freq_factor=1.0,
+            original_max_position_embeddings=8192)} | {k: v for k, v in hf.items() if v is not None}
+        hf.setdefault("layer_types", ["sliding_attention" if i % 4 else "full_attention"
+                                      for i in range(hf["num_hidden_layers"])])
+    return model_config_from_hf(hf, qkv_bias=False, o_bias=False)
+
+
+def helium_config_from_hf(hf: dict) -> ModelConfig:
+    """Helium (`HeliumForCausalLM`, Kyutai's): the Llama layer rotating interleaved pairs over the whole head (GLM's
+    rotation), q/k/v biases by `attention_bias`, none on o_proj."""
+    return dataclasses.replace(model_config_from_hf(hf, o_bias=False), rope_interleaved=True)
+
+
 def ernie4_5_config_from_hf(hf: dict) -> ModelConfig:
     """ERNIE 4.5 (dense): the Llama layer rotating interleaved pairs over the whole head (GLM's rotation)."""
     if hf.get("use_bias"):
