@@ -269,6 +269,8 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("mistral", dict(cls="MinistralForCausalLM", head_dim=16, layer_types=["sliding_attention", "full_attention"])),
     ("llama", dict(cls="CwmForCausalLM", sliding_window=24)),
     ("llama", dict(cls="HeliumForCausalLM", head_dim=16, attention_bias=True)),
+    # VaultGemma: Gemma 2's layer without the norms on the attention's and MLP's outputs
+    ("gemma2", dict(cls="VaultGemmaForCausalLM")),
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))),

@@ -887,6 +887,13 @@ def gemma_config_from_hf(hf: dict) -> ModelConfig:
         local_rope=local_rope)
 
 
+def vaultgemma_config_from_hf(hf: dict) -> ModelConfig:
+    """VaultGemma (`VaultGemmaForCausalLM`): Gemma 2's layer without the norms on the attention's and MLP's outputs
+    (its MLP's input norm is `pre_feedforward_layernorm`: registry's renaming)."""
+    cfg = gemma_config_from_hf(hf | {"architectures": ["Gemma2ForCausalLM"]})
+    return dataclasses.replace(cfg, architecture=hf["architectures"][0], sandwich_norms=False)
+
+
 GEMMA4_ARCHITECTURES = ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
 
 # transformers' Gemma4TextConfig defaults (the hub's text configs list only what differs from them)

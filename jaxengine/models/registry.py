@@ -20,7 +20,7 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES,
                                      nemotron_config_from_hf, olmo2_config_from_hf, olmoe_config_from_hf,
                                      opt_config_from_hf, phi_config_from_hf, qwen_vl_language_config_from_hf,
                                      seed_oss_config_from_hf, smollm3_config_from_hf, stablelm_config_from_hf,
-                                     starcoder2_config_from_hf)
+                                     starcoder2_config_from_hf, vaultgemma_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
 from jaxengine.models.quantization import dequantize_mxfp4
 
@@ -437,6 +437,8 @@ _REGISTRY = {
     "MinistralForCausalLM": Architecture(LlamaForCausalLM, ministral_config_from_hf),
     "CwmForCausalLM": Architecture(LlamaForCausalLM, ministral_config_from_hf),
     "HeliumForCausalLM": Architecture(LlamaForCausalLM, helium_config_from_hf),
+    "VaultGemmaForCausalLM": Architecture(LlamaForCausalLM, vaultgemma_config_from_hf, _renaming(
+        ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),))),
     "Ernie4_5_MoeForCausalLM": Architecture(LlamaForCausalLM, ernie4_5_moe_config_from_hf,
                                             split_tensor=_ernie4_5_moe_tensors),
     "Olmo2ForCausalLM": Architecture(LlamaForCausalLM, olmo2_config_from_hf),
