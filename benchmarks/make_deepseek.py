@@ -9,19 +9,13 @@ prompts (random token ids) run on it.
   python benchmarks/make_deepseek.py MODELS_DIR   # writes MODELS_DIR/deepseek-mini from MODELS_DIR/llama-135m
 """
 
-import sys
-from pathlib import Path
+from scaled_checkpoint import save_random, target  # before transformers (see there)
 
-from scaled_checkpoint import copy_tokenizer, shared_tokenizer  # before transformers (see there)
-
-import torch  # noqa: E402
-import transformers  # noqa: E402
+import transformers
 
 
 def main() -> None:
-    models = Path(sys.argv[1])
-    out = models / "deepseek-mini"
-    tokenizer, token_fields = shared_tokenizer(models)
+    _, out, tokenizer, token_fields = target("deepseek-mini")
     config = transformers.DeepseekV2Config(
         **token_fields, hidden_size=1024, intermediate_size=2816, moe_intermediate_size=512,
         num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None,
@@ -30,17 +24,7 @@ def main() -> None:
         norm_topk_prob=False, routed_scaling_factor=1.0, max_position_embeddings=4096, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, mscale=0.707, mscale_all_dim=0.707,
                              beta_fast=32.0, beta_slow=1.0, original_max_position_embeddings=1024))
-    config.architectures = ["DeepseekV2ForCausalLM"]
-    torch.manual_seed(0)
-    model = transformers.DeepseekV2ForCausalLM(config)
-    with torch.no_grad():  # fan-in scaled weights (the default init is far smaller)
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, p.shape[-1] ** -0.5)  # [out, in], the experts' [experts, out, in]
-    model.to(torch.bfloat16).save_pretrained(out)
-    copy_tokenizer(tokenizer, out)
+    save_random(transformers.DeepseekV2ForCausalLM, config, out, tokenizer)  # the experts' [experts, out, in]
     print(out)
 
 

@@ -9,38 +9,21 @@ model's tokenizer (its vocabulary of 49152), so that the shared workload's promp
   python benchmarks/make_gemma4.py MODELS_DIR   # writes MODELS_DIR/gemma4-mini from MODELS_DIR/llama-135m
 """
 
-import sys
-from pathlib import Path
+from scaled_checkpoint import save_random, target  # before transformers (see there)
 
-from scaled_checkpoint import copy_tokenizer, shared_tokenizer  # before transformers (see there)
-
-import torch  # noqa: E402
-import transformers  # noqa: E402
+import transformers
 
 
 def main() -> None:
-    models = Path(sys.argv[1])
-    out = models / "gemma4-mini"
-    tokenizer, token_fields = shared_tokenizer(models)
+    _, out, tokenizer, token_fields = target("gemma4-mini")
     config = transformers.Gemma4TextConfig(
         **token_fields, hidden_size=768, intermediate_size=3072, num_hidden_layers=10, num_attention_heads=4,
         num_key_value_heads=1, head_dim=256, global_head_dim=512, sliding_window=512,
         layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 2, hidden_size_per_layer_input=256,
         vocab_size_per_layer_input=token_fields["vocab_size"], num_kv_shared_layers=4, use_double_wide_mlp=True,
         final_logit_softcapping=30.0, max_position_embeddings=4096, tie_word_embeddings=True)
-    config.architectures = ["Gemma4ForCausalLM"]
-    torch.manual_seed(0)
-    model = transformers.Gemma4ForCausalLM(config)
-    with torch.no_grad():  # fan-in scaled weights (the default init is far smaller)
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("scale"):
-                p.fill_(1.0)
-            elif "embed" in name:
-                p.normal_(0.0, 0.05)
-            else:
-                p.normal_(0.0, p.shape[-1] ** -0.5)  # [out, in]
-    model.to(torch.bfloat16).save_pretrained(out)
-    copy_tokenizer(tokenizer, out)
+    save_random(transformers.Gemma4ForCausalLM, config, out, tokenizer,
+                lambda name, p: 0.05 if "embed" in name and "norm" not in name else None)
     print(out)
 
 

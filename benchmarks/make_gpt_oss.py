@@ -14,15 +14,14 @@ value rounded to the nearest e2m1 one).
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
-from scaled_checkpoint import copy_tokenizer, shared_tokenizer  # before transformers (see there)
+from scaled_checkpoint import save_random, target  # before transformers (see there)
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+import numpy as np
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
 
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)  # float4 e2m1's magnitudes, by code
 
@@ -58,33 +57,24 @@ def write_mxfp4(source: Path, out: Path) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
+def _spread(name: str, p) -> float | None:
+    """Biases and sinks spread; the experts' weights ([experts, in, out]) fan-in scaled by their middle axis."""
+    if "norm" in name:
+        return None
+    if name.endswith(("bias", "sinks")):
+        return 0.1
+    return p.shape[-2] ** -0.5 if name.endswith(("experts.down_proj", "experts.gate_up_proj")) else None
+
+
 def main() -> None:
-    models = Path(sys.argv[1])
-    out = models / "gpt-oss-mini"
-    tokenizer, token_fields = shared_tokenizer(models)
+    models, out, tokenizer, token_fields = target("gpt-oss-mini")
     config = transformers.GptOssConfig(
         **token_fields, hidden_size=640, intermediate_size=640, num_hidden_layers=12, head_dim=64,
         num_attention_heads=16, num_key_value_heads=2, num_local_experts=32, num_experts_per_tok=4,
         sliding_window=128, max_position_embeddings=4096, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0,
                              truncate=False, original_max_position_embeddings=4096))
-    config.architectures = ["GptOssForCausalLM"]
-    torch.manual_seed(0)
-    model = transformers.GptOssForCausalLM(config)
-    with torch.no_grad():  # fan-in scaled weights (the default init is far smaller), biases and sinks spread
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.fill_(1.0)
-            elif name.endswith(("bias", "sinks")):
-                p.normal_(0.0, 0.1)
-            elif name.endswith("experts.down_proj"):
-                p.normal_(0.0, p.shape[-2] ** -0.5)  # [experts, in, out]
-            elif name.endswith("experts.gate_up_proj"):
-                p.normal_(0.0, p.shape[-2] ** -0.5)
-            else:
-                p.normal_(0.0, p.shape[-1] ** -0.5)  # [out, in]
-    model.to(torch.bfloat16).save_pretrained(out)
-    copy_tokenizer(tokenizer, out)
+    save_random(transformers.GptOssForCausalLM, config, out, tokenizer, _spread)
     write_mxfp4(out, models / "gpt-oss-mini-mxfp4")
     print(out)
 

@@ -11,13 +11,12 @@ to 2^-5; others fan-in scaled), so its text means nothing; its work per token is
 
 import json
 import sys
-from pathlib import Path
 
-from scaled_checkpoint import copy_tokenizer, shared_tokenizer  # before transformers (see there)
+from scaled_checkpoint import copy_tokenizer, target  # before transformers (see there)
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
+import numpy as np
+import torch
+from safetensors.torch import save_file
 
 LAYERS, HIDDEN, INTER, EXPERTS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 24, 2880, 2880, 32, 64, 8, 64, 201088
 LAYERS_PER_SHARD = 5
@@ -45,10 +44,8 @@ def config(token_fields: dict) -> dict:
 
 
 def main() -> None:
-    models = Path(sys.argv[1])
-    out = models / "gpt-oss-20b-shape"
+    _, out, tokenizer, token_fields = target("gpt-oss-20b-shape")
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer, token_fields = shared_tokenizer(models)
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
 

@@ -800,18 +800,7 @@ def _gemma4_value(text: str, at: int):
     if text.startswith("{", at):
         return _gemma4_object(text, at + 1)
     if text.startswith("[", at):
-        items, at = [], _skip_space(text, at + 1)
-        if text.startswith("]", at):
-            return items, at + 1
-        while True:
-            item, at = _gemma4_value(text, at)
-            items.append(item)
-            at = _skip_space(text, at)
-            if not text.startswith((",", "]"), at):
-                raise ValueError("an unterminated array")
-            if text[at] == "]":
-                return items, at + 1
-            at += 1
+        return _gemma4_items(text, at + 1, "]", _gemma4_value)
     word = _GEMMA4_BARE.match(text, at).group(0)
     if at + len(word) >= len(text):
         raise ValueError("an unterminated value")
@@ -825,30 +814,42 @@ def _gemma4_value(text: str, at: int):
     return (number if isinstance(number, (int, float)) and _finite(number) else bare), at + len(word)
 
 
+def _gemma4_items(text: str, at: int, close: str, item) -> tuple[list, int]:
+    """The items `item(text, at) -> (item, the index after it)` reads from `at` on, separated by commas up to `close`:
+    (their list, the index after `close`)."""
+    items, at = [], _skip_space(text, at)
+    if text.startswith(close, at):
+        return items, at + 1
+    while True:
+        value, at = item(text, at)
+        items.append(value)
+        at = _skip_space(text, at)
+        if not text.startswith((",", close), at):
+            raise ValueError(f"no {close!r} after the items")
+        if text[at] == close:
+            return items, at + 1
+        at += 1
+
+
+def _gemma4_pair(text: str, at: int) -> tuple[tuple, int]:
+    """An object's `key:value` at `at` (the key bare or quoted), and the index after it."""
+    at = _skip_space(text, at)
+    if text.startswith(_GEMMA4_QUOTE, at):
+        key, at = _gemma4_value(text, at)
+        at = _skip_space(text, at)
+    else:
+        colon = text.find(":", at)
+        key, at = text[at:colon].strip(), colon if colon >= 0 else len(text)
+    if not text.startswith(":", at):
+        raise ValueError("a key without a value")
+    value, at = _gemma4_value(text, at + 1)
+    return (key, value), at
+
+
 def _gemma4_object(text: str, at: int) -> tuple[dict, int]:
     """The object whose "{" ends before `at` (`_gemma4_value`), and the index after its "}"."""
-    result, at = {}, _skip_space(text, at)
-    if text.startswith("}", at):
-        return result, at + 1
-    while True:
-        at = _skip_space(text, at)
-        if text.startswith(_GEMMA4_QUOTE, at):
-            key, at = _gemma4_value(text, at)
-            at = _skip_space(text, at)
-            if not text.startswith(":", at):
-                raise ValueError("a key without a value")
-        else:
-            colon = text.find(":", at)
-            if colon < 0:
-                raise ValueError("a key without a value")
-            key, at = text[at:colon].strip(), colon
-        result[key], at = _gemma4_value(text, at + 1)
-        at = _skip_space(text, at)
-        if not text.startswith((",", "}"), at):
-            raise ValueError("an unterminated object")
-        if text[at] == "}":
-            return result, at + 1
-        at += 1
+    pairs, at = _gemma4_items(text, at, "}", _gemma4_pair)
+    return dict(pairs), at
 
 
 def _parse_gemma4(text: str) -> tuple[str | None, list[ToolCall]]:
