@@ -937,8 +937,8 @@ class LlamaForCausalLM(nnx.Module):
 
     def per_layer_inputs(self, embedded, input_ids):
         """Gemma 4's per-layer embeddings: each token's input to every layer [layers, T, per_layer_input_size], the
-        mean of its row of the per-layer table (times sqrt(width)) and the normed projection of its embedding (times
-        hidden_size ** -0.5), as transformers combines them (times 2 ** -0.5)."""
+        sum of its row of the per-layer table (times sqrt(width)) and the normed projection of its embedding (times
+        hidden_size ** -0.5), times 2 ** -0.5, as transformers combines them."""
         cfg = self.cfg
         L, P = cfg.num_layers, cfg.per_layer_input_size
         table = self.ple_embed[...]
