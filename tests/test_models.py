@@ -269,6 +269,11 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("mistral", dict(cls="MinistralForCausalLM", head_dim=16, layer_types=["sliding_attention", "full_attention"])),
     ("llama", dict(cls="CwmForCausalLM", sliding_window=24)),
     ("llama", dict(cls="HeliumForCausalLM", head_dim=16, attention_bias=True)),
+    # EXAONE MoE (K-EXAONE): EXAONE 4's attention (a sliding layer rotating, the full one not) under input norms,
+    # a dense first layer, then top 2 of 8 experts by DeepSeek V3's router (its correction bias beside it) in 2 groups
+    # and a shared expert
+    ("exaone4", dict(cls="ExaoneMoeForCausalLM", num_hidden_layers=3, moe_intermediate_size=32, num_experts=8,
+                     num_experts_per_tok=2, num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1)),
     # VaultGemma: Gemma 2's layer without the norms on the attention's and MLP's outputs
     ("gemma2", dict(cls="VaultGemmaForCausalLM")),
     # ERNIE 4.5: interleaved pairs rotated over the whole head

@@ -1027,6 +1027,17 @@ def dots1_config_from_hf(hf: dict) -> ModelConfig:
     return _deepseek_experts(hf, model_config_from_hf(hf, qk_norm=True), first_dense=0, renormalize=False)
 
 
+def exaone_moe_config_from_hf(hf: dict) -> ModelConfig:
+    """EXAONE MoE (`ExaoneMoeForCausalLM`: K-EXAONE): EXAONE 4's attention (per-head q/k norms; sliding-window layers by
+    `layer_types` or `sliding_window_pattern`, the full-attention ones then without rotary embedding) under norms on
+    the attention's and MLP's inputs, over DeepSeek V3's mixture of experts (`num_experts` routed by sigmoid scores with
+    a correction bias, groups, `routed_scaling_factor` (2.5 by default), renormalised; `num_shared_experts` shared;
+    dense layers by `mlp_layer_types` or `first_k_dense_replace`)."""
+    cfg = dataclasses.replace(exaone4_config_from_hf(hf), pre_norms=True, sandwich_norms=False)
+    hf = hf | {"n_routed_experts": hf.get("num_experts") or 64, "n_shared_experts": hf.get("num_shared_experts", 1)}
+    return _deepseek_experts(hf, cfg, first_dense=1, renormalize=True, scaling=2.5)
+
+
 def _deepseek_experts(hf: dict, cfg: ModelConfig, first_dense: int, renormalize: bool, scoring: str = "sigmoid",
                       scaling: float = 1.0) -> ModelConfig:
     """`cfg` with DeepSeek's mixture of experts as its config gives it (`first_dense`, `renormalize` and `scaling`:

@@ -10,17 +10,17 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES,
                                      GRANITE_MOE_ARCHITECTURES, QWEN_VL_ARCHITECTURES, ModelConfig,
                                      arcee_config_from_hf, cohere_config_from_hf, deepseek_config_from_hf,
                                      dots1_config_from_hf, ernie4_5_config_from_hf, ernie4_5_moe_config_from_hf,
-                                     exaone4_config_from_hf, exaone_config_from_hf, falcon_config_from_hf,
-                                     gemma3_language_config_from_hf, gemma4_config_from_hf, gemma_config_from_hf,
-                                     glm4_moe_config_from_hf, glm_config_from_hf, gpt2_config_from_hf,
-                                     gpt_neox_config_from_hf, gpt_oss_config_from_hf, gptj_config_from_hf,
-                                     granite_config_from_hf, granite_moe_config_from_hf, helium_config_from_hf,
-                                     llama4_config_from_hf, ministral3_config_from_hf, ministral_config_from_hf,
-                                     mistral3_language_config_from_hf, model_config_from_hf, moe_config_from_hf,
-                                     nemotron_config_from_hf, olmo2_config_from_hf, olmoe_config_from_hf,
-                                     opt_config_from_hf, phi_config_from_hf, qwen_vl_language_config_from_hf,
-                                     seed_oss_config_from_hf, smollm3_config_from_hf, stablelm_config_from_hf,
-                                     starcoder2_config_from_hf, vaultgemma_config_from_hf)
+                                     exaone4_config_from_hf, exaone_config_from_hf, exaone_moe_config_from_hf,
+                                     falcon_config_from_hf, gemma3_language_config_from_hf, gemma4_config_from_hf,
+                                     gemma_config_from_hf, glm4_moe_config_from_hf, glm_config_from_hf,
+                                     gpt2_config_from_hf, gpt_neox_config_from_hf, gpt_oss_config_from_hf,
+                                     gptj_config_from_hf, granite_config_from_hf, granite_moe_config_from_hf,
+                                     helium_config_from_hf, llama4_config_from_hf, ministral3_config_from_hf,
+                                     ministral_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
+                                     moe_config_from_hf, nemotron_config_from_hf, olmo2_config_from_hf,
+                                     olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
+                                     qwen_vl_language_config_from_hf, seed_oss_config_from_hf, smollm3_config_from_hf,
+                                     stablelm_config_from_hf, starcoder2_config_from_hf, vaultgemma_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
 from jaxengine.models.quantization import dequantize_mxfp4
 
@@ -449,6 +449,9 @@ _REGISTRY = {
     "OlmoeForCausalLM": Architecture(LlamaForCausalLM, olmoe_config_from_hf),
     "Glm4MoeForCausalLM": Architecture(LlamaForCausalLM, glm4_moe_config_from_hf, split_tensor=_without_mtp_layers),
     "Dots1ForCausalLM": Architecture(LlamaForCausalLM, dots1_config_from_hf),
+    # EXAONE MoE: its correction bias beside its router (DeepSeek V3's is the router's)
+    "ExaoneMoeForCausalLM": Architecture(LlamaForCausalLM, exaone_moe_config_from_hf, _renaming(
+        ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),))),
     # DeepSeek V2/V3 (Kimi K2, Moonlight): multi-head latent attention; V3's MTP layers skipped
     "DeepseekV2ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
     "DeepseekV3ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
