@@ -274,6 +274,7 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     # and a shared expert
     ("exaone4", dict(cls="ExaoneMoeForCausalLM", num_hidden_layers=3, moe_intermediate_size=32, num_experts=8,
                      num_experts_per_tok=2, num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1)),
+    ("solar_open", dict(cls="SolarOpenForCausalLM")),
     # VaultGemma: Gemma 2's layer without the norms on the attention's and MLP's outputs
     ("gemma2", dict(cls="VaultGemmaForCausalLM")),
     # ERNIE 4.5: interleaved pairs rotated over the whole head

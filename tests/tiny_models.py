@@ -150,6 +150,13 @@ SPECS = {
 # layers (tests/test_engine.py also decodes it through the engine); the LayerNorm models StarCoder2, StableLM 2,
 # GPT-NeoX and Command R7B (SPECS' Cohere and Phi check their parts in depth).
 LIGHT_SPECS = {
+    # Solar Open: Llama's attention (q/k/v biases) over top 3 of 8 experts by DeepSeek V3's router in 4 groups (the
+    # best 2), times 2.5, and a shared expert, in every layer
+    "solar_open": dict(
+        cls="SolarOpenForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_bias=True,
+        moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, n_group=4,
+        topk_group=2, routed_scaling_factor=2.5, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     # Gemma 4 31B's layout: SPECS["gemma4"] without its experts
     "gemma4dense": {k: v for k, v in SPECS["gemma4"].items()
                     if k not in ("enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size")},

@@ -1027,6 +1027,12 @@ def dots1_config_from_hf(hf: dict) -> ModelConfig:
     return _deepseek_experts(hf, model_config_from_hf(hf, qk_norm=True), first_dense=0, renormalize=False)
 
 
+def solar_open_config_from_hf(hf: dict) -> ModelConfig:
+    """Solar Open (`SolarOpenForCausalLM`, Upstage's): Llama's attention (q/k/v biases by `attention_bias`, none on
+    o_proj) over GLM-4.5's mixture of experts in every layer (DeepSeek V3's router, shared experts)."""
+    return _deepseek_experts(hf, model_config_from_hf(hf, o_bias=False), first_dense=0, renormalize=True)
+
+
 def exaone_moe_config_from_hf(hf: dict) -> ModelConfig:
     """EXAONE MoE (`ExaoneMoeForCausalLM`: K-EXAONE): EXAONE 4's attention (per-head q/k norms; sliding-window layers by
     `layer_types` or `sliding_window_pattern`, the full-attention ones then without rotary embedding) under norms on

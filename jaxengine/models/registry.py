@@ -20,7 +20,8 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES,
                                      moe_config_from_hf, nemotron_config_from_hf, olmo2_config_from_hf,
                                      olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
                                      qwen_vl_language_config_from_hf, seed_oss_config_from_hf, smollm3_config_from_hf,
-                                     stablelm_config_from_hf, starcoder2_config_from_hf, vaultgemma_config_from_hf)
+                                     solar_open_config_from_hf, stablelm_config_from_hf, starcoder2_config_from_hf,
+                                     vaultgemma_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
 from jaxengine.models.quantization import dequantize_mxfp4
 
@@ -449,6 +450,7 @@ _REGISTRY = {
     "OlmoeForCausalLM": Architecture(LlamaForCausalLM, olmoe_config_from_hf),
     "Glm4MoeForCausalLM": Architecture(LlamaForCausalLM, glm4_moe_config_from_hf, split_tensor=_without_mtp_layers),
     "Dots1ForCausalLM": Architecture(LlamaForCausalLM, dots1_config_from_hf),
+    "SolarOpenForCausalLM": Architecture(LlamaForCausalLM, solar_open_config_from_hf),
     # EXAONE MoE: its correction bias beside its router (DeepSeek V3's is the router's)
     "ExaoneMoeForCausalLM": Architecture(LlamaForCausalLM, exaone_moe_config_from_hf, _renaming(
         ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),))),
