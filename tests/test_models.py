@@ -275,6 +275,10 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("exaone4", dict(cls="ExaoneMoeForCausalLM", num_hidden_layers=3, moe_intermediate_size=32, num_experts=8,
                      num_experts_per_tok=2, num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1)),
     ("solar_open", dict(cls="SolarOpenForCausalLM")),
+    # HyperCLOVA X SEED: Granite's multipliers (the logits' a multiplier) with post-norms on the attention's and MLP's
+    # outputs (Peri-LN), and without them
+    ("granite", dict(cls="HyperCLOVAXForCausalLM")),
+    ("granite", dict(cls="HyperCLOVAXForCausalLM", use_post_norm=False)),
     # VaultGemma: Gemma 2's layer without the norms on the attention's and MLP's outputs
     ("gemma2", dict(cls="VaultGemmaForCausalLM")),
     # ERNIE 4.5: interleaved pairs rotated over the whole head

@@ -431,6 +431,17 @@ def granite_config_from_hf(hf: dict) -> ModelConfig:
                                logits_scaling=multipliers["logits_scaling"])
 
 
+def hyperclovax_config_from_hf(hf: dict) -> ModelConfig:
+    """HyperCLOVA X SEED (`HyperCLOVAXForCausalLM`): Granite's multipliers (but the logits *times* `logits_scaling`, and
+    `attention_multiplier` by default head_dim ** -0.5) and, with `use_post_norm` (the default), a norm on each of the
+    attention's and MLP's outputs before they join the residual (Peri-LN: sandwich norms; the residual multiplier is
+    then folded into those norms' weights at load, registry._hyperclovax_tensors)."""
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    cfg = granite_config_from_hf(hf | {"attention_multiplier": hf.get("attention_multiplier") or head_dim ** -0.5,
+                                       "logits_scaling": 1 / _positive(hf, "logits_scaling", 1.0)})
+    return dataclasses.replace(cfg, sandwich_norms=bool(hf.get("use_post_norm", True)))
+
+
 GRANITE_MOE_ARCHITECTURES = ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
 
 

@@ -15,13 +15,13 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES,
                                      gemma_config_from_hf, glm4_moe_config_from_hf, glm_config_from_hf,
                                      gpt2_config_from_hf, gpt_neox_config_from_hf, gpt_oss_config_from_hf,
                                      gptj_config_from_hf, granite_config_from_hf, granite_moe_config_from_hf,
-                                     helium_config_from_hf, llama4_config_from_hf, ministral3_config_from_hf,
-                                     ministral_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
-                                     moe_config_from_hf, nemotron_config_from_hf, olmo2_config_from_hf,
-                                     olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
-                                     qwen_vl_language_config_from_hf, seed_oss_config_from_hf, smollm3_config_from_hf,
-                                     solar_open_config_from_hf, stablelm_config_from_hf, starcoder2_config_from_hf,
-                                     vaultgemma_config_from_hf)
+                                     helium_config_from_hf, hyperclovax_config_from_hf, llama4_config_from_hf,
+                                     ministral3_config_from_hf, ministral_config_from_hf,
+                                     mistral3_language_config_from_hf, model_config_from_hf, moe_config_from_hf,
+                                     nemotron_config_from_hf, olmo2_config_from_hf, olmoe_config_from_hf,
+                                     opt_config_from_hf, phi_config_from_hf, qwen_vl_language_config_from_hf,
+                                     seed_oss_config_from_hf, smollm3_config_from_hf, solar_open_config_from_hf,
+                                     stablelm_config_from_hf, starcoder2_config_from_hf, vaultgemma_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
 from jaxengine.models.quantization import dequantize_mxfp4
 
@@ -79,6 +79,26 @@ def _granite_scaled(name: str, array, cfg: ModelConfig) -> list:
     """Granite's multipliers folded into its weights: each layer's o_proj and down_proj times residual_multiplier
     (their products join the residual scaled by it), the final norm's over logits_scaling (`_logits_scaled`)."""
     if name.endswith(_RESIDUAL_OUTPUTS):
+        return [(name, np.asarray(array, np.float32) * np.float32(cfg.residual_scale))]
+    return _logits_scaled(name, array, cfg)
+
+
+# HyperCLOVA X's norms under Gemma's names: its MLP's input norm, its post-norms on the attention's and MLP's outputs
+_HYPERCLOVAX_NORMS = ((".post_attention_layernorm.", ".pre_feedforward_layernorm."),
+                      (".post_norm1.", ".post_attention_layernorm."), (".post_norm2.", ".post_feedforward_layernorm."))
+
+
+def _hyperclovax_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """HyperCLOVA X's multipliers folded as Granite's (`_granite_scaled`), but with its post-norms (ModelConfig
+    sandwich_norms) the residual multiplier goes into their weights (their outputs join the residual times it), the
+    norms renamed as Gemma's."""
+    if not cfg.sandwich_norms:
+        return _granite_scaled(name, array, cfg)
+    for theirs, ours in _HYPERCLOVAX_NORMS:
+        if theirs in name:
+            name = name.replace(theirs, ours)
+            break
+    if name.endswith((".post_attention_layernorm.weight", ".post_feedforward_layernorm.weight")):
         return [(name, np.asarray(array, np.float32) * np.float32(cfg.residual_scale))]
     return _logits_scaled(name, array, cfg)
 
@@ -430,6 +450,8 @@ _REGISTRY = {
     # Phi-3 / Phi-3.5 (the Llama layer, q/k/v and gate/up fused in the checkpoint; LongRoPE)
     "Phi3ForCausalLM": Architecture(LlamaForCausalLM, model_config_from_hf, split_tensor=_phi3_split),
     "GraniteForCausalLM": Architecture(LlamaForCausalLM, granite_config_from_hf, split_tensor=_granite_scaled),
+    "HyperCLOVAXForCausalLM": Architecture(LlamaForCausalLM, hyperclovax_config_from_hf,
+                                           split_tensor=_hyperclovax_tensors),
     "SmolLM3ForCausalLM": Architecture(LlamaForCausalLM, smollm3_config_from_hf),
     "SeedOssForCausalLM": Architecture(LlamaForCausalLM, seed_oss_config_from_hf),
     "ArceeForCausalLM": Architecture(LlamaForCausalLM, arcee_config_from_hf),
