@@ -830,6 +830,14 @@ def nemotron_config_from_hf(hf: dict) -> ModelConfig:
                               gated_mlp=False, mlp_bias=bool(hf.get("mlp_bias")))
 
 
+def jais2_config_from_hf(hf: dict) -> ModelConfig:
+    """Jais 2 (`Jais2ForCausalLM`): the Llama layer under LayerNorms with biases, an ungated MLP (ReLU^2 by default),
+    biases on the projections where `attention_bias` / `mlp_bias` (both by default, as transformers' Jais2Config)."""
+    bias = bool(hf.get("attention_bias", True))
+    return _layer_norm_config(hf | {"hidden_act": hf.get("hidden_act", "relu2")}, "layer_norm_eps", qkv_bias=bias,
+                              o_bias=bias, norm_bias=True, gated_mlp=False, mlp_bias=bool(hf.get("mlp_bias", True)))
+
+
 def phi_config_from_hf(hf: dict) -> ModelConfig:
     """Phi-1, Phi-1.5, Phi-2 (`PhiForCausalLM`): one LayerNorm with a bias before the attention and the MLP side by
     side, biases on every projection and on the logits, an MLP without a gate (fc1, fc2), a partial rotary embedding
