@@ -73,8 +73,9 @@ def check_supported(cfg) -> None:
     if cfg.full_attention_heads:
         raise ValueError(f"enable_lora: LoRA adapters on {cfg.architecture} (layers of two shapes) are not supported "
                          f"yet")
-    if cfg.layer_norm or cfg.mlp_bias:
-        kind = "a LayerNorm model" if cfg.layer_norm else "a model with MLP biases (mlp_bias)"
+    if cfg.layer_norm or cfg.mlp_bias or not cfg.gated_mlp:
+        kind = ("a LayerNorm model" if cfg.layer_norm else "a model with MLP biases (mlp_bias)" if cfg.mlp_bias
+                else "a model with an ungated MLP")
         raise ValueError(f"enable_lora: LoRA adapters on {kind} ({cfg.architecture}) are not supported yet")
     if cfg.quant_act_order:
         raise ValueError("enable_lora: LoRA adapters on a quantized checkpoint in activation order (g_idx) are not "

@@ -128,11 +128,24 @@ def test_adapters_that_do_not_fit_are_refused(engines, adapters, model_dirs, tmp
     with pytest.raises(ValueError, match="this engine was started without enable_lora"):
         engines("llama").add_request("x", [5, 6], SamplingParams(max_tokens=1), lora_request=adapters["all"][0])
     for arch, match in (("mixtral", "mixture of experts are not supported"),
-                        ("phi", r"LayerNorm model \(PhiForCausalLM\) are not supported")):
+                        ("phi", r"LayerNorm model \(PhiForCausalLM\) are not supported"),
+                        ("gemma4e", r"Gemma4ForCausalLM \(layers of two shapes\) are not supported")):
         with pytest.raises(ValueError, match=match):
             LLMEngine(EngineConfig(model=str(model_dirs[arch]), dtype="float32", warmup=False, enable_lora=True,
                                    kv_cache_gib=0.01, max_num_seqs=2, max_num_batched_tokens=8), progress=False)
     assert not engine.has_unfinished_requests()
+
+
+def test_lora_on_an_ungated_mlp_is_refused():
+    """Arcee's and Apertus's MLP has no gate projection (the adapted MLP's path has one): refused by name."""
+    from jaxengine.lora import check_supported
+    from jaxengine.models.registry import get_architecture
+
+    for arch in ("ArceeForCausalLM", "ApertusForCausalLM"):
+        hf = dict(architectures=[arch], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, vocab_size=100, hidden_act="relu2")
+        with pytest.raises(ValueError, match=rf"a model with an ungated MLP \({arch}\) are not supported"):
+            check_supported(get_architecture(hf).read_config(hf))
 
 
 def test_add_list_and_remove_adapters(engines, adapters):

@@ -275,6 +275,10 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("exaone4", dict(cls="ExaoneMoeForCausalLM", num_hidden_layers=3, moe_intermediate_size=32, num_experts=8,
                      num_experts_per_tok=2, num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1)),
     ("solar_open", dict(cls="SolarOpenForCausalLM")),
+    # Apertus: per-head q/k norms, an ungated MLP through xIELU (each layer's parameters its own), norms of its names
+    ("llama", dict(cls="ApertusForCausalLM", rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
+                                                                  low_freq_factor=1.0, high_freq_factor=4.0,
+                                                                  original_max_position_embeddings=32))),
     # Jais 2: LayerNorms with biases, an ungated ReLU^2 MLP, biases on every projection
     ("nemotron", dict(cls="Jais2ForCausalLM", layer_norm_eps=1e-5, attention_bias=True, mlp_bias=True,
                       rope_parameters=dict(rope_type="default", rope_theta=10000.0))),

@@ -452,6 +452,8 @@ def _randomise(model) -> None:
                 p.uniform_(0.5, 1.5)
             elif name.endswith(("router.scale", "per_expert_scale")):  # Gemma 4's router: scales near 1
                 p.uniform_(0.5, 1.5)
+            elif ".act_fn." in name:  # Apertus's xIELU parameters (before their softplus)
+                p.uniform_(-1.0, 1.0)
             elif name.endswith("sinks"):  # GPT-OSS: logits beside the scores, some above them
                 p.normal_(1.0, 1.5)
             elif name.endswith("bias"):

@@ -830,6 +830,17 @@ def nemotron_config_from_hf(hf: dict) -> ModelConfig:
                               gated_mlp=False, mlp_bias=bool(hf.get("mlp_bias")))
 
 
+def apertus_config_from_hf(hf: dict) -> ModelConfig:
+    """Apertus (`ApertusForCausalLM`): the Llama layer with per-head q/k norms and an ungated MLP whose activation is
+    xIELU (`hidden_act: xielu`, its parameters each layer's own: layers.activations.xielu), or another transformers
+    activation; its norms' names its own (registry's renaming)."""
+    act = hf.get("hidden_act", "xielu")
+    cfg = model_config_from_hf(hf | {"hidden_act": "silu" if act == "xielu" else act}, qk_norm=True)
+    if hf.get("mlp_bias"):
+        raise ValueError("mlp_bias=true is not supported for Apertus")
+    return dataclasses.replace(cfg, gated_mlp=False, hidden_act="xielu" if act == "xielu" else cfg.hidden_act)
+
+
 def jais2_config_from_hf(hf: dict) -> ModelConfig:
     """Jais 2 (`Jais2ForCausalLM`): the Llama layer under LayerNorms with biases, an ungated MLP (ReLU^2 by default),
     biases on the projections where `attention_bias` / `mlp_bias` (both by default, as transformers' Jais2Config)."""

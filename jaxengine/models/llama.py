@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxengine.layers.activations import ACTIVATIONS
+from jaxengine.layers.activations import ACTIVATIONS, xielu
 from jaxengine.layers.attention import (FP8_DTYPES, attention, kv_writer, latent_attention, reference_body,
                                         select_body, token_slots, write_kv, write_latent)
 from jaxengine.layers.moe import SWIGLU_OAI, Mxfp4Experts, Routing, moe_mlp
@@ -35,6 +35,9 @@ from jaxengine.runner.batch import RaggedBatch
 _STACKED_EXPERTS = {name: ("feed_forward", "feed_forward.router.weight") for name in LLAMA4_ARCHITECTURES} | {
     name: ("block_sparse_moe", "block_sparse_moe.router.weight") for name in GRANITE_MOE_ARCHITECTURES} | {
     "Qwen3VLMoeForConditionalGeneration": ("mlp", "mlp.gate.weight")}
+
+
+XIELU_PARAMS = ("act_alpha_p", "act_alpha_n", "act_beta", "act_eps")  # xIELU's, a layer's (checkpoint: mlp.act_fn.*)
 
 
 def _param(shape, dtype, axes: tuple[str, ...]) -> nnx.Param:
@@ -460,6 +463,9 @@ class DecoderLayers(nnx.Module):
             self.shared_expert_gate = _param((L, D, 1), dtype, ("layers", "embed", "unit"))
         if cfg.layer_scale:
             self.layer_scale = _param((L,), dtype, ("layers",))
+        if cfg.hidden_act == "xielu":  # its parameters (layers.activations.xielu), float32 as it computes
+            for name in XIELU_PARAMS:
+                setattr(self, name, _param((L,), jnp.float32, ("layers",)))
         if cfg.per_layer_input_size:  # Gemma 4's per-layer input branch: its gate, its projection, the output's norm
             P = cfg.per_layer_input_size
             self.ple_gate = _param((L, D, P), dtype, ("layers", "embed", "per_layer"))
@@ -752,7 +758,9 @@ class DecoderLayers(nnx.Module):
                 hidden = ACTIVATIONS[cfg.hidden_act](gate) * up
             else:  # down(act(up(x)))
                 up = _normed_dot(src, mlp_norm, eps, self.linear("up_proj"), I, live, layer)
-                hidden = ACTIVATIONS[cfg.hidden_act](up + self.up_bias[...] if cfg.mlp_bias else up)
+                up = up + self.up_bias[...] if cfg.mlp_bias else up
+                hidden = (xielu(up, *(getattr(self, name)[...] for name in XIELU_PARAMS)) if cfg.hidden_act == "xielu"
+                          else ACTIVATIONS[cfg.hidden_act](up))
             down_bias = self.down_bias[...] if cfg.mlp_bias else None
             if not (cfg.sandwich_norms or cfg.num_experts):
                 return _dot(hidden, self.linear("down_proj"), D, residual=_plus(h, down_bias), live_rows=live,
@@ -1112,6 +1120,8 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
                       "post_per_layer_input_norm.weight": ("ple_norm", False)}
     if cfg.layer_scale:  # Gemma 4's buffer of one value (registry._gemma4_tensors: a scalar)
         per_layer["layer_scalar"] = ("layer_scale", False)
+    if cfg.hidden_act == "xielu":  # Apertus's activation's parameters (registry._apertus_tensors: scalars)
+        per_layer |= {f"mlp.act_fn.{name.removeprefix('act_')}": (name, False) for name in XIELU_PARAMS}
     if cfg.latent_attention:  # DeepSeek V2/V3 (DecoderLayers._latent_attention_params)
         query = ({"q_a_proj.weight": ("q_a_proj", True), "q_a_layernorm.weight": ("q_a_norm", False),
                   "q_b_proj.weight": ("q_b_proj", True)} if cfg.q_lora_rank else {"q_proj.weight": ("q_proj", True)})

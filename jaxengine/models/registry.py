@@ -8,20 +8,21 @@ import numpy as np
 
 from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES,
                                      GRANITE_MOE_ARCHITECTURES, QWEN_VL_ARCHITECTURES, ModelConfig,
-                                     arcee_config_from_hf, cohere_config_from_hf, deepseek_config_from_hf,
-                                     dots1_config_from_hf, ernie4_5_config_from_hf, ernie4_5_moe_config_from_hf,
-                                     exaone4_config_from_hf, exaone_config_from_hf, exaone_moe_config_from_hf,
-                                     falcon_config_from_hf, gemma3_language_config_from_hf, gemma4_config_from_hf,
-                                     gemma_config_from_hf, glm4_moe_config_from_hf, glm_config_from_hf,
-                                     gpt2_config_from_hf, gpt_neox_config_from_hf, gpt_oss_config_from_hf,
-                                     gptj_config_from_hf, granite_config_from_hf, granite_moe_config_from_hf,
-                                     helium_config_from_hf, hyperclovax_config_from_hf, jais2_config_from_hf,
-                                     llama4_config_from_hf, ministral3_config_from_hf, ministral_config_from_hf,
-                                     mistral3_language_config_from_hf, model_config_from_hf, moe_config_from_hf,
-                                     nemotron_config_from_hf, olmo2_config_from_hf, olmoe_config_from_hf,
-                                     opt_config_from_hf, phi_config_from_hf, qwen_vl_language_config_from_hf,
-                                     seed_oss_config_from_hf, smollm3_config_from_hf, solar_open_config_from_hf,
-                                     stablelm_config_from_hf, starcoder2_config_from_hf, vaultgemma_config_from_hf)
+                                     apertus_config_from_hf, arcee_config_from_hf, cohere_config_from_hf,
+                                     deepseek_config_from_hf, dots1_config_from_hf, ernie4_5_config_from_hf,
+                                     ernie4_5_moe_config_from_hf, exaone4_config_from_hf, exaone_config_from_hf,
+                                     exaone_moe_config_from_hf, falcon_config_from_hf, gemma3_language_config_from_hf,
+                                     gemma4_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
+                                     glm_config_from_hf, gpt2_config_from_hf, gpt_neox_config_from_hf,
+                                     gpt_oss_config_from_hf, gptj_config_from_hf, granite_config_from_hf,
+                                     granite_moe_config_from_hf, helium_config_from_hf, hyperclovax_config_from_hf,
+                                     jais2_config_from_hf, llama4_config_from_hf, ministral3_config_from_hf,
+                                     ministral_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
+                                     moe_config_from_hf, nemotron_config_from_hf, olmo2_config_from_hf,
+                                     olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
+                                     qwen_vl_language_config_from_hf, seed_oss_config_from_hf, smollm3_config_from_hf,
+                                     solar_open_config_from_hf, stablelm_config_from_hf, starcoder2_config_from_hf,
+                                     vaultgemma_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
 from jaxengine.models.quantization import dequantize_mxfp4
 
@@ -428,6 +429,17 @@ def _gemma4_tensors(name: str, array, cfg: ModelConfig) -> list:
     return _split_experts(name, array, cfg, held=True)
 
 
+_APERTUS_NORMS = ((".attention_layernorm.", ".input_layernorm."),
+                  (".feedforward_layernorm.", ".post_attention_layernorm."))
+
+
+def _apertus_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """Apertus's norms under Llama's names; its xIELU parameters (one value each) as scalars."""
+    for theirs, ours in _APERTUS_NORMS:
+        name = name.replace(theirs, ours)
+    return [(name, np.asarray(array, np.float32).reshape(()) if ".mlp.act_fn." in name else array)]
+
+
 def _language_model_tensor(name: str) -> str | None:
     """A vision-language checkpoint's tensor (Gemma 3's, Mistral 3's) under its causal LM's name (hub checkpoints
     name the language model `language_model.model.*`, transformers 5's own layout `model.language_model.*`); the
@@ -497,6 +509,7 @@ _REGISTRY = {
     "FalconForCausalLM": Architecture(LlamaForCausalLM, falcon_config_from_hf,
                                       _renaming(_FALCON_NAMES, (), _FALCON_PREFIXES), split_tensor=_grouped_qkv_split),
     "Jais2ForCausalLM": Architecture(LlamaForCausalLM, jais2_config_from_hf),
+    "ApertusForCausalLM": Architecture(LlamaForCausalLM, apertus_config_from_hf, split_tensor=_apertus_tensors),
     "NemotronForCausalLM": Architecture(LlamaForCausalLM, nemotron_config_from_hf, split_tensor=_nemotron_tensors),
     "GPTJForCausalLM": Architecture(LlamaForCausalLM, gptj_config_from_hf,
                                     _renaming(_GPTJ_NAMES, _GPT2_BUFFERS, _GPT2_PREFIXES)),
