@@ -36,9 +36,10 @@ def greedy_tokens(engine, prompts):
     return [finals[f"p{i}"].outputs[0].token_ids for i in range(len(prompts))]
 
 
+# gemma4 at 4: its sliding layers' 4 KV heads split, its full layers' one cannot (their cache stays whole: _forward)
 CASES = [("llama8", 2), ("llama8", 4), ("llama8", 8), ("mistral", 2), ("mistral", 4), ("qwen2", 4), ("qwen3", 2),
          ("gemma3", 2), ("qwen2moe", 2), ("mixtral", 2), ("gptoss", 2), ("olmo2", 4), ("glm4moe", 2),
-         ("deepseekv3", 2), ("cohere", 4), ("phi", 2), ("gemma4", 2), ("gemma4", 4)]
+         ("deepseekv3", 2), ("cohere", 4), ("phi", 2), ("gemma4", 4)]
 
 
 @pytest.mark.parametrize("name,tp", CASES)
