@@ -672,8 +672,8 @@ PYTHIA_1B = dict(  # EleutherAI/pythia-1b (GPT-NeoX's older rotary keys)
     (STABLELM_2_1_6B, "StableLmConfig", 0, "gated"), (PYTHIA_1B, "GPTNeoXConfig", 2, "ungated")])
 def test_layer_norm_hub_configs_read_as_transformers(hf, config_class, parallel, mlp):
     """Each LayerNorm family's hub config against transformers' reading of it: the rotary dimensions and base
-    (GPT-NeoX's rotary_pct and rotary_emb_base, Phi's and StableLM's partial factors), the epsilon, the sliding-window layers and
-    the layers that rotate (Command R7B's every 4th layer: full attention without rotary embedding), with the
+    (GPT-NeoX's rotary_pct and rotary_emb_base, Phi's and StableLM's partial factors), the epsilon, the sliding-window
+    layers and the layers that rotate (Command R7B's every 4th layer: full attention without rotary embedding), with the
     block's layout each family's modelling code hard-wires."""
     cfg = read(hf)
     theirs = getattr(transformers, config_class)(**{k: v for k, v in hf.items() if k != "architectures"})

@@ -1118,9 +1118,9 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         per_layer |= {"per_layer_input_gate.weight": ("ple_gate", True),
                       "per_layer_projection.weight": ("ple_proj", True),
                       "post_per_layer_input_norm.weight": ("ple_norm", False)}
-    if cfg.layer_scale:  # Gemma 4's buffer of one value (registry._gemma4_tensors: a scalar)
+    if cfg.layer_scale:  # Gemma 4's buffer of one value (the loader takes it as the layer's scalar)
         per_layer["layer_scalar"] = ("layer_scale", False)
-    if cfg.hidden_act == "xielu":  # Apertus's activation's parameters (registry._apertus_tensors: scalars)
+    if cfg.hidden_act == "xielu":  # Apertus's activation's parameters (one value each: the layer's scalars)
         per_layer |= {f"mlp.act_fn.{name.removeprefix('act_')}": (name, False) for name in XIELU_PARAMS}
     if cfg.latent_attention:  # DeepSeek V2/V3 (DecoderLayers._latent_attention_params)
         query = ({"q_a_proj.weight": ("q_a_proj", True), "q_a_layernorm.weight": ("q_a_norm", False),

@@ -366,6 +366,9 @@ def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, *, te
                     if source.shape == expected:
                         source = _repeat_kv_heads(np.asarray(source), kv_heads, repeats)
                         expected = source.shape
+                if source.shape == (1,) and expected == ():  # a one-value tensor (transformers' scalar parameters
+                    # and buffers: Gemma 4's layer_scalar, Apertus's xIELU alphas) into a per-layer scalar
+                    source = np.asarray(source).reshape(())
                 if source.shape != tuple(expected):
                     hf_shape = tuple(reversed(expected)) if transpose else tuple(expected)
                     raise ValueError(f"tensor {stored_name} has shape {tuple(array.shape)}, expected {hf_shape}")

@@ -414,16 +414,13 @@ _GEMMA4_SHARED_KV = re.compile(r"model\.layers\.(\d+)\.self_attn\.(k_proj|v_proj
 
 
 def _gemma4_tensors(name: str, array, cfg: ModelConfig) -> list:
-    """Gemma 4's tensors as the weight map knows them: its `layer_scalar` buffer (one value) as the scalar each
-    layer's slice of `layer_scale` is; a mixture of experts' router scale times hidden_size ** -0.5 (as the router
-    multiplies its normed input by both: the router's norm weight), its stacked experts (`_stacked_experts`). A
-    shared-KV layer's K/V projections and norms, where a checkpoint has them, are unused (as transformers leaves
-    them)."""
+    """Gemma 4's tensors as the weight map knows them: a mixture of experts' router scale times hidden_size ** -0.5 (as
+    the router multiplies its normed input by both: the router's norm weight), its stacked experts
+    (`_stacked_experts`). A shared-KV layer's K/V projections and norms, where a checkpoint has them, are unused (as
+    transformers leaves them)."""
     shared = _GEMMA4_SHARED_KV.match(name)
     if shared and int(shared.group(1)) >= cfg.kv_cache_layers:
         return []
-    if name.endswith(".layer_scalar"):
-        return [(name, np.asarray(array).reshape(()))]
     if name.endswith(".router.scale"):
         return [(name, np.asarray(array, np.float32) * cfg.hidden_size ** -0.5)]
     return _split_experts(name, array, cfg, held=True)
@@ -431,13 +428,6 @@ def _gemma4_tensors(name: str, array, cfg: ModelConfig) -> list:
 
 _APERTUS_NORMS = ((".attention_layernorm.", ".input_layernorm."),
                   (".feedforward_layernorm.", ".post_attention_layernorm."))
-
-
-def _apertus_tensors(name: str, array, cfg: ModelConfig) -> list:
-    """Apertus's norms under Llama's names; its xIELU parameters (one value each) as scalars."""
-    for theirs, ours in _APERTUS_NORMS:
-        name = name.replace(theirs, ours)
-    return [(name, np.asarray(array, np.float32).reshape(()) if ".mlp.act_fn." in name else array)]
 
 
 def _language_model_tensor(name: str) -> str | None:
@@ -509,7 +499,8 @@ _REGISTRY = {
     "FalconForCausalLM": Architecture(LlamaForCausalLM, falcon_config_from_hf,
                                       _renaming(_FALCON_NAMES, (), _FALCON_PREFIXES), split_tensor=_grouped_qkv_split),
     "Jais2ForCausalLM": Architecture(LlamaForCausalLM, jais2_config_from_hf),
-    "ApertusForCausalLM": Architecture(LlamaForCausalLM, apertus_config_from_hf, split_tensor=_apertus_tensors),
+    # Apertus: its norms under Llama's names
+    "ApertusForCausalLM": Architecture(LlamaForCausalLM, apertus_config_from_hf, _renaming(_APERTUS_NORMS)),
     "NemotronForCausalLM": Architecture(LlamaForCausalLM, nemotron_config_from_hf, split_tensor=_nemotron_tensors),
     "GPTJForCausalLM": Architecture(LlamaForCausalLM, gptj_config_from_hf,
                                     _renaming(_GPTJ_NAMES, _GPT2_BUFFERS, _GPT2_PREFIXES)),
