@@ -34,8 +34,8 @@ class Routing:
     """How a router chooses: by the `softmax` of its logits (Mixtral, Qwen MoE, GPT-OSS, DeepSeek V2; ERNIE 4.5's
     plus a correction bias) or by DeepSeek V3's `sigmoid` scores (GLM-4.5's) plus a correction bias; among the
     `groups` = (n_group, topk_group) groups with the best group scores (every group where none): a softmax group's
-    best score (DeepSeek V2's group_limited_greedy), a sigmoid group's top two summed; weighted by their scores (renormalised where asked),
-    times `scale` (routed_scaling_factor)."""
+    best score (DeepSeek V2's group_limited_greedy), a sigmoid group's top two summed; weighted by their scores
+    (renormalised where asked), times `scale` (routed_scaling_factor)."""
 
     scoring: str = "softmax"
     groups: tuple = ()
