@@ -70,9 +70,9 @@ def check_supported(cfg) -> None:
                          "yet")
     if cfg.num_experts:
         raise ValueError("enable_lora: LoRA adapters on a mixture of experts are not supported yet")
-    if cfg.full_attention_heads:
-        raise ValueError(f"enable_lora: LoRA adapters on {cfg.architecture} (layers of two shapes) are not supported "
-                         f"yet")
+    if cfg.full_attention_heads or cfg.linear_layers:
+        kind = "linear-attention layers" if cfg.linear_layers else "layers of two shapes"
+        raise ValueError(f"enable_lora: LoRA adapters on {cfg.architecture} ({kind}) are not supported yet")
     if cfg.layer_norm or cfg.mlp_bias or not cfg.gated_mlp:
         kind = ("a LayerNorm model" if cfg.layer_norm else "a model with MLP biases (mlp_bias)" if cfg.mlp_bias
                 else "a model with an ungated MLP")

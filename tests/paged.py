@@ -17,6 +17,11 @@ class PagedModel:
         shape = model.kv_cache_shape(num_pages, page_size)  # Gemma 4's: one per kind of layer
         self.kv = (tuple(jnp.zeros(s, model.kv_dtype) for s in shape) if isinstance(shape[0], tuple)
                    else jnp.zeros(shape, model.kv_dtype))
+        self.max_seqs = 16  # a linear-attention model's state rows: sequence i's is row i, padding's the last
+        state = model.state_shapes(self.max_seqs + 1)
+        self.recurrent = state is not None
+        if self.recurrent:
+            self.kv = (self.kv, tuple(jnp.zeros(s, dtype) for s, dtype in state))
         self.page_size, self.pages_per_seq = page_size, pages_per_seq
         self.free_pages = np.random.default_rng(seed).permutation(num_pages).tolist()
         self.seqs = []  # per sequence: [tokens in cache, page ids]
@@ -34,7 +39,7 @@ class PagedModel:
             chunks.append((tokens, seq[0], list(seq[1])))
             seq[0] = total
         batch = pack_batch(chunks, num_tokens=num_tokens, num_reqs=max(8, len(chunks)),
-                           pages_per_seq=self.pages_per_seq)
+                           pages_per_seq=self.pages_per_seq, state_rows=self.max_seqs if self.recurrent else None)
         if all_logits:
             batch.logits_indices = np.arange(num_tokens, dtype=np.int32)
         logits, self.kv = self.forward(self.state, self.kv, jax.tree.map(jnp.asarray, batch))
@@ -51,8 +56,10 @@ def pack_batch(
     num_tokens: int,
     num_reqs: int,
     pages_per_seq: int,
+    state_rows: int | None = None,
 ) -> RaggedBatch:
-    """Packs chunks into a padded host batch the way the runner does, but with every logit row selectable."""
+    """Packs chunks into a padded host batch the way the runner does, but with every logit row selectable. `state_rows`:
+    a linear-attention model's scratch row (its sequences' rows are their chunks' indices)."""
     if len(chunks) > num_reqs or sum(len(c[0]) for c in chunks) > num_tokens:
         raise ValueError(f"{len(chunks)} requests do not fit the bucket of {num_tokens} tokens, {num_reqs} requests")
     input_ids = np.zeros(num_tokens, np.int32)
@@ -72,4 +79,9 @@ def pack_batch(
         cu_q_lens[i + 1] = end
         start = end
     cu_q_lens[len(chunks) + 1:] = start
-    return RaggedBatch(input_ids, positions, cu_q_lens, kv_lens, block_tables, np.int32(len(chunks)), logits_indices)
+    state_slots = None
+    if state_rows is not None:  # a linear-attention model's: chunk i's sequence's row i, padding's the scratch row
+        state_slots = np.full(num_reqs, state_rows, np.int32)
+        state_slots[:len(chunks)] = np.arange(len(chunks))
+    return RaggedBatch(input_ids, positions, cu_q_lens, kv_lens, block_tables, np.int32(len(chunks)), logits_indices,
+                       state_slots)

@@ -8,6 +8,7 @@ import transformers
 
 from jaxengine import SamplingParams
 from jaxengine.compile_counter import assert_no_compiles
+from jaxengine.engine.request import Status
 from tests.conftest import ARCHS
 from tests.engine_util import hf_greedy, random_prompts, run_to_completion
 
@@ -73,6 +74,42 @@ def test_chunked_prefill_with_preemption_matches_transformers(arch, engines, hf_
     before = engine.scheduler.num_preemptions
     check_greedy(engine, prompts, expected, "chunked")
     assert engine.scheduler.num_preemptions > before
+
+
+def test_linear_attention_model_recomputes_prompts_instead_of_sharing_them(engines, hf_expected):
+    """Qwen3.5 (SPECS: Gated DeltaNet layers, a state per sequence): no prefix caching (cached KV blocks cannot restore
+    a state), so a repeated prompt and the samples of n = 2 each compute the whole prompt, on state rows that other
+    sequences held before (a row is not cleared: a chunk that starts its sequence starts from zeros), and generate
+    what transformers does; every row and block is back afterwards."""
+    prompts, expected = hf_expected("qwen3_5")
+    engine = engines("qwen3_5")
+    assert not engine.block_manager.enable_prefix_caching
+    check_greedy(engine, prompts[3:6], expected[3:6], "recurrent-first")
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, n=2)
+    with assert_no_compiles("a linear-attention model's steps after warm-up"):
+        finals = run_to_completion(engine, [("recurrent-again", prompts[4], GREEDY),
+                                            ("recurrent-n", prompts[5], params)])
+    assert finals["recurrent-again"].outputs[0].token_ids == expected[4]
+    assert finals["recurrent-again"].num_cached_tokens == 0
+    assert [o.token_ids for o in finals["recurrent-n"].outputs] == [expected[5]] * 2
+    runner = engine.runner  # rows still held belong to finished sequences (given back at the next step)
+    assert sorted(runner.free_state_rows + list(runner.state_row_owners)) == list(range(engine.config.max_num_seqs))
+    assert all(seq.status != Status.RUNNING for seq in runner.state_row_owners.values())
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("setting, match", [
+    (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+     "speculative decoding on Qwen3_5ForCausalLM"),
+    (dict(enable_lora=True), r"LoRA adapters on Qwen3_5ForCausalLM \(linear-attention layers\)"),
+])
+def test_what_linear_attention_models_do_not_run_yet_is_refused(model_dirs, setting, match):
+    from jaxengine import LLMEngine
+    from jaxengine.config import EngineConfig
+
+    with pytest.raises(ValueError, match=match):
+        LLMEngine(EngineConfig(model=str(model_dirs["qwen3_5"]), dtype="float32", max_model_len=256, max_num_seqs=4,
+                               max_num_batched_tokens=32, kv_cache_gib=0.01, warmup=False, **setting), progress=False)
 
 
 def test_shared_prefix_is_served_from_the_cache(engines, hf_expected, model_dirs):

@@ -896,3 +896,87 @@ def test_nemotron_hub_config_rotates_half_of_each_head_under_biased_layer_norms(
     assert (cfg.head_dim, cfg.rope.rotary_dim(cfg.head_dim), cfg.num_kv_heads) == (128, 64, 8)
     assert cfg.layer_norm and cfg.norm_bias and not cfg.gated_mlp and cfg.hidden_act == "relu2"
     assert not (cfg.qkv_bias or cfg.mlp_bias) and cfg.parallel_block == 0
+
+
+# Qwen3.5 in the hub's form (a multimodal checkpoint: text_config with Qwen3.5's keys, M-RoPE, the MTP layer's count),
+# 27B's and 35B-A3B's shapes, and Qwen3-Next-80B-A3B's (a causal LM)
+QWEN3_5_27B = dict(
+    architectures=["Qwen3_5ForConditionalGeneration"], model_type="qwen3_5", tie_word_embeddings=False,
+    image_token_id=248056, video_token_id=248057,
+    text_config=dict(model_type="qwen3_5_text", attn_output_gate=True, dtype="bfloat16", eos_token_id=248044,
+                     full_attention_interval=4, head_dim=256, hidden_act="silu", hidden_size=5120,
+                     intermediate_size=17408, linear_conv_kernel_dim=4, linear_key_head_dim=128,
+                     linear_num_key_heads=16, linear_num_value_heads=48, linear_value_head_dim=128,
+                     max_position_embeddings=262144,
+                     mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False, num_attention_heads=24,
+                     num_hidden_layers=64, num_key_value_heads=4, rms_norm_eps=1e-6, vocab_size=248320,
+                     rope_parameters=dict(mrope_interleaved=True, mrope_section=[11, 11, 10], rope_type="default",
+                                          rope_theta=10000000, partial_rotary_factor=0.25)),
+    vision_config=dict(model_type="qwen3_5", depth=27, hidden_size=1152, out_hidden_size=5120))
+QWEN3_5_35B_A3B = QWEN3_5_27B | dict(architectures=["Qwen3_5MoeForConditionalGeneration"], model_type="qwen3_5_moe",
+                                     text_config={k: v for k, v in QWEN3_5_27B["text_config"].items()
+                                                  if k != "intermediate_size"} | dict(
+    model_type="qwen3_5_moe_text", hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+    num_key_value_heads=2, linear_num_value_heads=32, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+    shared_expert_intermediate_size=512))
+QWEN3_NEXT_80B = dict(
+    architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", decoder_sparse_step=1, eos_token_id=151645,
+    full_attention_interval=4, head_dim=256, hidden_size=2048, intermediate_size=5120, linear_conv_kernel_dim=4,
+    linear_key_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32, linear_value_head_dim=128,
+    max_position_embeddings=262144, mlp_only_layers=[], moe_intermediate_size=512, norm_topk_prob=True,
+    num_attention_heads=16, num_experts=512, num_experts_per_tok=10, num_hidden_layers=48, num_key_value_heads=2,
+    partial_rotary_factor=0.25, rms_norm_eps=1e-6, rope_theta=10000000, shared_expert_intermediate_size=512,
+    tie_word_embeddings=False, torch_dtype="bfloat16", vocab_size=151936)
+
+
+@pytest.mark.parametrize("hf", [QWEN3_5_27B, QWEN3_5_35B_A3B, QWEN3_NEXT_80B])
+def test_qwen3_5_hub_configs_read_their_linear_layers_as_transformers(hf):
+    """Every fourth layer full attention (transformers' layer types from full_attention_interval), the others Gated
+    DeltaNet with their heads; stacks alternating between the two, the KV cache for the full layers only; M-RoPE as the
+    plain rope on a quarter of each head; gated attention output, 1 + weight norms; the MoE's experts."""
+    from jaxengine.models.llama import layer_groups
+
+    cfg = read(hf)
+    text = hf.get("text_config", hf)
+    config_class = {"qwen3_5_text": transformers.Qwen3_5TextConfig, "qwen3_next": transformers.Qwen3NextConfig,
+                    "qwen3_5_moe_text": transformers.Qwen3_5MoeTextConfig}[text["model_type"]]
+    theirs = config_class(**{k: v for k, v in text.items() if k != "model_type"})
+    assert cfg.linear_layers == tuple(i for i, t in enumerate(theirs.layer_types) if t == "linear_attention")
+    assert len(cfg.linear_layers) == 3 * cfg.num_layers // 4 and cfg.kv_cache_layers == cfg.num_layers // 4
+    assert cfg.linear_heads == (16, text["linear_num_value_heads"], 128, 128, 4)
+    groups = layer_groups(cfg)
+    assert len(groups) == cfg.num_layers // 2 and [g.linear_attention for _, _, g in groups[:2]] == [True, False]
+    assert [(first, g.num_layers, g.kv_first) for _, first, g in groups[:4]] == [(0, 3, 0), (3, 1, 0), (4, 3, 3),
+                                                                                 (7, 1, 1)]
+    assert (cfg.rope.rope_type, cfg.rope.theta, cfg.rope.rotary_dim(cfg.head_dim)) == ("default", 10000000, 64)
+    assert cfg.attn_output_gate and cfg.norm_offset and cfg.qk_norm and not cfg.tie_word_embeddings
+    assert (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads) == (256, text["num_attention_heads"],
+                                                               text["num_key_value_heads"])
+    assert cfg.eos_token_ids == (text["eos_token_id"],) and cfg.torch_dtype == "bfloat16"
+    experts = (text.get("num_experts", 0), text.get("num_experts_per_tok", 0), text.get("moe_intermediate_size", 0))
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size) == experts
+    if cfg.num_experts:
+        assert cfg.shared_expert_gate and cfg.norm_topk_prob and cfg.intermediate_size == 512
+        assert cfg.dense_mlp_layers == ()
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(layer_types=["linear_attention"] * 63 + ["sliding_attention"]), "sliding_attention"),
+    (dict(sliding_window=4096), "sliding_window"),
+    (dict(linear_num_value_heads=40, linear_num_key_heads=16), "not a multiple"),
+])
+def test_qwen3_5_settings_we_do_not_run_are_refused(change, match):
+    with pytest.raises(ValueError, match=match):
+        read(QWEN3_5_27B | dict(text_config=QWEN3_5_27B["text_config"] | change))
+
+
+def test_quantized_qwen3_5_checkpoints_are_refused():
+    with pytest.raises(ValueError, match="quantized Qwen3_5ForConditionalGeneration checkpoints are not supported"):
+        read(QWEN3_5_27B | dict(quantization_config=dict(quant_method="fp8", weight_block_size=[128, 128])))
+
+
+def test_tensor_parallelism_over_linear_attention_is_refused():
+    from jaxengine.parallel.sharding import check_layout
+
+    with pytest.raises(ValueError, match="linear-attention layers run on one device"):
+        check_layout(read(QWEN3_5_27B), 2, 1, 8)

@@ -291,6 +291,13 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # Qwen3.5 MoE: SPECS' Qwen3.5 over the top 2 of 4 experts (renormalised) and a gated shared expert
+    ("qwen3_5", dict(cls="Qwen3_5MoeForCausalLM", config_cls="Qwen3_5MoeTextConfig", num_experts=4,
+                     num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)),
+    # Qwen3-Next: Qwen3.5's layers with each linear layer's projections fused per key head in the checkpoint
+    # (in_proj_qkvz, in_proj_ba), experts in the first and last layers, a dense one between (mlp_only_layers)
+    ("qwen3_5", dict(cls="Qwen3NextForCausalLM", config_cls="Qwen3NextConfig", num_experts=4, num_experts_per_tok=2,
+                     moe_intermediate_size=32, shared_expert_intermediate_size=48, mlp_only_layers=[1])),
 ])
 def test_llama_layer_relatives_match_transformers(tmp_path, tokenizer_dir, spec, overrides):
     """Architectures made of parts that SPECS' models check in depth, each checked on one prefill (unrolled, so
@@ -364,7 +371,8 @@ def test_qwen_vl_checkpoints_serve_their_language_model(tmp_path, tokenizer_dir,
     multimodal model on text, whose M-RoPE positions are each token's own on every axis."""
     out = tiny_models.make_qwen_vl(tmp_path / kind, tokenizer_dir, kind)
     cfg = prefill_matches_transformers(out, slice(1, 3), 256, transformers.AutoModelForImageTextToText)
-    assert cfg.architecture == tiny_models.QWEN_VL[kind][0] and cfg.sliding_windows == (0, 0)
+    assert cfg.architecture == tiny_models.QWEN_VL[kind][0] and not any(cfg.sliding_windows)
+    assert cfg.linear_layers == ((0, 2) if kind == "qwen3_5" else ())
     assert cfg.num_experts == (6 if kind == "qwen3_vl_moe" else 0)
 
 

@@ -72,6 +72,15 @@ SPECS = {
         rope_parameters=dict(full_attention=dict(rope_type="proportional", rope_theta=10000.0,
                                                  partial_rotary_factor=0.25),
                              sliding_attention=dict(rope_type="default", rope_theta=1000.0))),
+    # Qwen3.5: Gated DeltaNet linear-attention layers (2 key heads of 16, each serving 2 of the 4 value heads of 16;
+    # a causal convolution 4 wide: a state per sequence) on both sides of a full-attention layer whose q_proj also
+    # gates its output per head; q/k norms, norms of 1 + weight, a quarter of each head rotated
+    "qwen3_5": dict(
+        cls="Qwen3_5ForCausalLM", config_cls="Qwen3_5TextConfig", num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention"], tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25)),
     # Phi-3 / Phi-4-mini: q/k/v and gate/up fused in the checkpoint, LongRoPE (its short factors, and the attention
     # factor of a context twice the original) over a partial rotary embedding (Phi-4-mini's 0.75: 12 of 16
     # dimensions), a sliding window.
@@ -386,6 +395,8 @@ QWEN_VL = {
     "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig", "qwen2", [2, 3, 3]),
     "qwen3_vl": ("Qwen3VLForConditionalGeneration", "Qwen3VLConfig", "qwen3", [4, 4, 4]),
     "qwen3_vl_moe": ("Qwen3VLMoeForConditionalGeneration", "Qwen3VLMoeConfig", "qwen3moe", [4, 4, 4]),
+    # Qwen3.5's interleaved M-RoPE over its quarter of each head rotated (2 pairs)
+    "qwen3_5": ("Qwen3_5ForConditionalGeneration", "Qwen3_5Config", "qwen3_5", [1, 1, 0]),
 }
 
 
@@ -397,9 +408,11 @@ def make_qwen_vl(out_dir: Path, tokenizer_dir: Path, kind: str) -> Path:
     cls, config_cls, spec, sections = QWEN_VL[kind]
     text = {k: v for k, v in (dict(COMMON) | SPECS[spec]).items()
             if k not in ("cls", "use_sliding_window", "sliding_window", "max_window_layers")}
-    rope = dict(text.pop("rope_parameters"), mrope_section=sections)
+    text.pop("config_cls", None)
+    rope = dict(text.pop("rope_parameters"), mrope_section=sections) | (
+        {"mrope_interleaved": True} if kind == "qwen3_5" else {})
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"])
-    if kind != "qwen2_5_vl":
+    if kind not in ("qwen2_5_vl", "qwen3_5"):
         vision["deepstack_visual_indexes"] = []
     config = getattr(transformers, config_cls)(
         text_config=text | {"rope_parameters": rope}, vision_config=vision, image_token_id=VOCAB_SIZE - 1,
@@ -454,6 +467,9 @@ def _randomise(model) -> None:
                 p.uniform_(0.5, 1.5)
             elif ".act_fn." in name:  # Apertus's xIELU parameters (before their softplus)
                 p.uniform_(-1.0, 1.0)
+            elif name.endswith("A_log"):  # Gated DeltaNet's decay rates: slow enough that a state remembers (its
+                # decay per token exp(-exp(A_log) softplus(.)) mostly above 0.8)
+                p.uniform_(-3.0, -1.0)
             elif name.endswith("sinks"):  # GPT-OSS: logits beside the scores, some above them
                 p.normal_(1.0, 1.5)
             elif name.endswith("bias"):

@@ -215,7 +215,14 @@ class LLMEngine:
             logger.warning("Requests that leave them unset sample with the model's generation config: %s "
                            "(--generation-config vllm turns this off)", self.default_sampling)
         num_blocks = self._num_kv_blocks(model)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        # A linear-attention model's state covers its whole sequence: a prefix's KV blocks alone cannot resume it
+        # (as vLLM, no prefix caching for such models; n > 1 samples compute their prompts apart)
+        self.recurrent = bool(self.model_config.linear_layers)
+        if self.recurrent and config.enable_prefix_caching:
+            logger.info("prefix caching is off: %s's linear-attention layers keep a state per sequence that cached KV "
+                        "blocks cannot restore", self.model_config.architecture)
+        self.block_manager = BlockManager(num_blocks, config.block_size,
+                                          config.enable_prefix_caching and not self.recurrent)
         self.speculation = self._speculation(config)
         self.reasoning = self._reasoning(config)
         self.lora_slots = self._lora_slots(config, checkpoint_config)
@@ -287,6 +294,10 @@ class LLMEngine:
         if self.runner_type == "pooling":
             raise ValueError("speculative_config applies to generation; a pooling model (runner 'pooling') decodes "
                              "nothing")
+        if self.model_config.linear_layers:
+            raise ValueError(f"speculative_config: speculative decoding on {self.model_config.architecture} "
+                             f"(linear-attention layers, whose state cannot take back rejected guesses) is not "
+                             f"supported yet")
         return SpeculativeConfig.of(config.speculative_config)
 
     def _lora_slots(self, config: EngineConfig, checkpoint_config) -> LoRASlots | None:
@@ -479,6 +490,17 @@ class LLMEngine:
             budget = int(free * cfg.kv_cache_memory_fraction)
         else:
             budget = int(cfg.kv_cache_gib * (1 << 30))
+        state = model.state_shapes(cfg.max_num_seqs + 1)  # a linear-attention model's: from the same budget
+        if state is not None:
+            state_bytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in state)
+            logger.info("linear-attention state: %.1f MiB for %d sequences (max_num_seqs)", state_bytes / (1 << 20),
+                        cfg.max_num_seqs)
+            if state_bytes >= budget:
+                raise ValueError(f"the linear-attention state of max_num_seqs={cfg.max_num_seqs} sequences "
+                                 f"({state_bytes / (1 << 30):.2f} GiB) leaves nothing of the KV cache budget "
+                                 f"({budget / (1 << 30):.2f} GiB); lower max_num_seqs or raise kv_cache_gib / "
+                                 f"kv_cache_memory_fraction")
+            budget -= state_bytes
         num_blocks = budget // per_block
         if num_blocks * cfg.block_size < self.max_model_len:
             raise ValueError(f"the KV cache ({num_blocks} blocks of {cfg.block_size} tokens) cannot hold one "
@@ -598,7 +620,7 @@ class LLMEngine:
         for i in range(params.n):
             seed = int(np.random.SeedSequence([base_seed & ((1 << 63) - 1), i]).generate_state(1)[0])
             seq = Sequence(request_id, i, token_ids, params, seed, priority, arrival_time, cache_salt)
-            seq.fork_parent = seqs[0] if i else None
+            seq.fork_parent = seqs[0] if i and not self.recurrent else None
             seq.min_tokens_banned = min_tokens_banned
             seq.bad_words = bad_words
             matcher = self.grammars.matcher(grammar) if grammar is not None else None

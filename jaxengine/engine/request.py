@@ -45,6 +45,7 @@ class Sequence:
         self.cumulative_logprob = 0.0
         self.min_tokens_banned: list[int] = []  # EOS and stop ids, banned until min_tokens are generated
         self.bad_words: list[list[int]] = []  # token sequences that must never be completed
+        self.state_row: int | None = None  # its row of a linear-attention model's state (ModelRunner)
         self.fork_parent: "Sequence | None" = None  # n > 1: waits for this sequence's prompt, then shares it
         self.slot: int | None = None  # the runner's device-state row, for penalties / allowed_token_ids
         self.grammar = None  # structured outputs: its engine.structured_outputs.Matcher

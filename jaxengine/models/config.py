@@ -164,11 +164,20 @@ class ModelConfig:
     # its first layer's there (-1: the model's one cache, the stack's first layer's own index)
     kv_cache_index: int = 0
     kv_first: int = -1
+    # Gated DeltaNet linear attention (Qwen3.5, Qwen3-Next): these layers mix tokens through a recurrent state per
+    # sequence and a short causal convolution (jaxengine/layers/linear_attention.py), not attention over the KV cache;
+    # `linear_heads`: (key heads, value heads, key head_dim, value head_dim, convolution width). A stack of them
+    # (llama.layer_groups) has `linear_attention`; its state is the model's second cache (kv_cache_index 1)
+    linear_layers: tuple = ()
+    linear_heads: tuple = ()
+    linear_attention: bool = False
+    attn_output_gate: bool = False  # Qwen3.5, Qwen3-Next: the attention's output times sigmoid(x @ its gate), per head
 
     @property
     def kv_cache_layers(self) -> int:
-        """The KV cache's layers: one per layer but those that share an earlier one's (`kv_shared_layers`)."""
-        return self.num_layers - self.kv_shared_layers
+        """The KV cache's layers: one per layer but those that share an earlier one's (`kv_shared_layers`) and the
+        linear-attention ones (`linear_layers`: a state instead)."""
+        return self.num_layers - self.kv_shared_layers - len(self.linear_layers)
 
     @property
     def q_per_kv(self) -> int:
@@ -1000,6 +1009,61 @@ def gemma4_config_from_hf(hf: dict) -> ModelConfig:
         per_layer_input_size=hf.get("hidden_size_per_layer_input") or 0,
         per_layer_vocab_size=hf["vocab_size_per_layer_input"] if hf.get("hidden_size_per_layer_input") else 0,
         kv_shared_layers=shared, double_wide_mlp=bool(shared and hf.get("use_double_wide_mlp")))
+
+
+# Qwen's hybrid models (Gated DeltaNet linear-attention layers among gated full-attention ones): architecture -> its
+# text config's transformers model_type (the multimodal checkpoints served on text, as Qwen-VL's are)
+QWEN3_5_ARCHITECTURES = {
+    "Qwen3_5ForCausalLM": "qwen3_5_text", "Qwen3_5ForConditionalGeneration": "qwen3_5_text",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe_text", "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe_text",
+    "Qwen3NextForCausalLM": "qwen3_next",
+}
+
+
+def qwen3_5_config_from_hf(hf: dict) -> ModelConfig:
+    """Qwen3.5 (dense and MoE; `*ForConditionalGeneration`: its language model, from `text_config`) and Qwen3-Next: by
+    `layer_types`, Gated DeltaNet linear-attention layers (`linear_layers`, `linear_heads`) among full-attention ones
+    whose q_proj also gives a gate on their output per head (`attn_output_gate`), q/k norms, a partial rotary
+    embedding (M-RoPE in Qwen3.5: the plain one on text, as Qwen3-VL's); RMSNorms scaling by 1 + weight; MoE: Qwen2
+    MoE's experts with a gated shared expert (renormalised top k; Qwen3-Next's dense layers by `mlp_only_layers` /
+    `decoder_sparse_step`). The checkpoints' multi-token-prediction layers (`mtp.*`) are not loaded."""
+    import transformers
+
+    arch = hf["architectures"][0]
+    if hf.get("quantization_config"):
+        raise ValueError(f"quantized {arch} checkpoints are not supported yet (their linear-attention layers' "
+                         f"projections are float only)")
+    text = hf.get("text_config") or {} if arch.endswith("ForConditionalGeneration") else hf
+    given = {k: v for k, v in text.items() if k not in ("architectures", "model_type", "transformers_version")}
+    text = transformers.AutoConfig.for_model(QWEN3_5_ARCHITECTURES[arch], **given).to_dict()
+    text["rope_parameters"] = {k: v for k, v in (text.get("rope_parameters") or {}).items() if k not in _MROPE_KEYS}
+    text = _language_model_config(hf, text, arch, ("eos_token_id", "bos_token_id", "dtype", "torch_dtype"))
+    layer_types = text.pop("layer_types")
+    unknown = sorted(set(layer_types) - {"linear_attention", "full_attention"})
+    if unknown:
+        raise ValueError(f"layer_types {unknown} are not supported; only linear_attention and full_attention")
+    if text.get("sliding_window"):
+        raise ValueError(f"sliding_window={text['sliding_window']!r} is not supported for {arch} (its full-attention "
+                         f"layers attend to the whole context)")
+    cfg = model_config_from_hf(text | {"intermediate_size": text.get("intermediate_size") or 0}, qk_norm=True)
+    heads = tuple(int(text[f"linear_{name}"]) for name in ("num_key_heads", "num_value_heads", "key_head_dim",
+                                                             "value_head_dim", "conv_kernel_dim"))
+    if heads[1] % heads[0]:
+        raise ValueError(f"linear_num_value_heads={heads[1]} is not a multiple of linear_num_key_heads={heads[0]}")
+    experts = {}
+    if text.get("num_experts"):
+        only, step = set(text.get("mlp_only_layers") or ()), text.get("decoder_sparse_step", 1)
+        dense = tuple(i for i in range(cfg.num_layers) if i in only or (i + 1) % step)
+        shared = text.get("shared_expert_intermediate_size") or 0
+        experts = dict(num_experts=text["num_experts"], experts_per_token=text["num_experts_per_tok"],
+                       moe_intermediate_size=text["moe_intermediate_size"], intermediate_size=shared,
+                       shared_expert_gate=shared > 0, norm_topk_prob=bool(text.get("norm_topk_prob", True)),
+                       dense_mlp_layers=dense, dense_intermediate_size=cfg.intermediate_size if dense else 0)
+    tied = bool(hf.get("tie_word_embeddings", cfg.tie_word_embeddings))
+    return dataclasses.replace(
+        cfg, **experts, architecture=arch, tie_word_embeddings=tied, norm_offset=True,
+        attn_output_gate=bool(text.get("attn_output_gate", True)),
+        linear_layers=tuple(i for i, kind in enumerate(layer_types) if kind == "linear_attention"), linear_heads=heads)
 
 
 def moe_config_from_hf(hf: dict) -> ModelConfig:

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxengine.layers import linear_attention
 from jaxengine.layers.activations import ACTIVATIONS, xielu
 from jaxengine.layers.attention import (FP8_DTYPES, attention, kv_writer, latent_attention, reference_body,
                                         select_body, token_slots, write_kv, write_latent)
@@ -225,7 +226,8 @@ def _plus(y, delta):
 
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "expert_gate", "expert_up",
-           "expert_down", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_k", "kv_b_v", "ple_gate", "ple_proj")
+           "expert_down", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_k", "kv_b_v", "ple_gate", "ple_proj", "o_gate",
+           "lin_qkv", "lin_z", "lin_b", "lin_a", "lin_out")
 
 
 def _norm_scale(cfg: ModelConfig, weight: jax.Array) -> jax.Array:
@@ -268,9 +270,10 @@ def _pack_layer(layer) -> None:
         delattr(layer, name)
         return value
 
-    lead = layer.o_proj.get_metadata()["logical_axes"][:-2]  # ("layers",) when stacked
-    parts = tuple(part for part in ("q_proj", "k_proj", "v_proj") if hasattr(layer, part))  # k_eq_v: no v_proj
     cfg = layer.cfg
+    lead = (layer.lin_out if cfg.linear_attention else layer.o_proj).get_metadata()["logical_axes"][:-2]  # ("layers",)
+    # when stacked
+    parts = tuple(part for part in ("q_proj", "k_proj", "v_proj") if hasattr(layer, part))  # k_eq_v: no v_proj
     gated = cfg.hidden_act in cpu.GATED_ACTIVATIONS
     if cfg.quantization is not None:  # its projections; a mixture of experts' experts are float (dequantized at load)
         _pack_quantized_layer(layer, lead)
@@ -381,7 +384,9 @@ class DecoderLayers(nnx.Module):
             self.attn_norm = _param((L, D), dtype, ("layers", "embed"))
             if cfg.norm_bias:
                 self.attn_norm_bias = _param((L, D), dtype, ("layers", "embed"))
-        if cfg.latent_attention:
+        if cfg.linear_attention:
+            self._linear_attention_params(dtype)
+        elif cfg.latent_attention:
             self._latent_attention_params(dtype)
         else:
             self.q_proj = _param((L, D, q_width), linear, ("layers", "embed", "heads"))
@@ -390,6 +395,8 @@ class DecoderLayers(nnx.Module):
             if not cfg.k_eq_v and cfg.kv_source < 0:
                 self.v_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
             self.o_proj = _param((L, q_width, D), linear, ("layers", "heads", "embed"))
+        if cfg.attn_output_gate:  # Qwen3.5: each head's output gate (its half of the checkpoint's q_proj)
+            self.o_gate = _param((L, D, q_width), linear, ("layers", "embed", "heads"))
         if cfg.qkv_bias:
             self.q_bias = _param((L, q_width), dtype, ("layers", "heads"))
             if cfg.kv_source < 0:
@@ -489,6 +496,23 @@ class DecoderLayers(nnx.Module):
                 if cfg.quant_act_order:  # each input's group
                     setattr(self, name + "_g_idx", _param((L, width), jnp.int32, axes[:2]))
 
+    def _linear_attention_params(self, dtype) -> None:
+        """Gated DeltaNet's (ModelConfig.linear_heads; jaxengine/layers/linear_attention.py): the input's projections
+        to the convolved q/k/v (`lin_qkv`), the output gate (`lin_z`), the update rate's and the decay's logits
+        (`lin_b`, `lin_a`); the depthwise convolution [width, channels]; each value head's decay parameters (A_log,
+        dt_bias: float32, as the decay is computed); the output's gated norm [value head_dim]; `lin_out`."""
+        cfg = self.cfg
+        L, D = cfg.num_layers, cfg.hidden_size
+        num_k, num_v, dk, dv, width = cfg.linear_heads
+        channels = 2 * num_k * dk + num_v * dv
+        for name, n in (("lin_qkv", channels), ("lin_z", num_v * dv), ("lin_b", num_v), ("lin_a", num_v)):
+            setattr(self, name, _param((L, D, n), dtype, ("layers", "embed", "linear")))
+        self.lin_conv = _param((L, width, channels), dtype, ("layers", "conv", "linear"))
+        self.lin_a_log = _param((L, num_v), jnp.float32, ("layers", "linear"))
+        self.lin_dt_bias = _param((L, num_v), jnp.float32, ("layers", "linear"))
+        self.lin_norm = _param((L, dv), dtype, ("layers", "head_dim"))
+        self.lin_out = _param((L, num_v * dv, D), dtype, ("layers", "linear", "embed"))
+
     def _latent_attention_params(self, dtype) -> None:
         """Multi-head latent attention's projections (DeepSeek V2/V3; ModelConfig.kv_lora_rank): the queries from the
         hidden state (`q_proj`) or through a normed latent (`q_a_proj`, `q_a_norm`, `q_b_proj`), each head's
@@ -577,13 +601,20 @@ class DecoderLayers(nnx.Module):
         live = batch.cu_q_lens[batch.num_seqs]  # tokens from here on are the bucket's padding
         layer_input = h
         x = self.input_norm(h, "attn_norm") if cfg.layer_norm else h  # RMSNorms: the projections' prologues
-        if cfg.latent_attention:
+        D = cfg.hidden_size
+        if cfg.linear_attention:
+            o, kv_cache = self._linear_attention(x, kv_cache, layer, weights_layer, batch, live)
+        elif cfg.latent_attention:
             o, kv_cache = self._latent_attention(x, kv_cache, layer, weights_layer, batch, slots, rope, live)
         else:
             o, kv_cache = self._attention(x, kv_cache, layer, weights_layer, window, batch, slots, rope, live, lora)
-        D = cfg.hidden_size
+        if cfg.attn_output_gate:
+            gate = _normed_dot(x, self.norm("attn_norm"), eps, self.linear("o_gate"), o.shape[-1], live, weights_layer)
+            o = o * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(o.dtype)
         o_delta = _lora_delta(o, lora, "o_proj")
-        if cfg.sandwich_norms:
+        if cfg.linear_attention:
+            h = _dot(o, self.lin_out[...], D, residual=h, live_rows=live, layer=weights_layer)
+        elif cfg.sandwich_norms:
             out = _plus(_dot(o, self.linear("o_proj"), D, live_rows=live, layer=weights_layer), o_delta)
             if cfg.o_bias:
                 out = out + self.o_bias[...]
@@ -684,6 +715,30 @@ class DecoderLayers(nnx.Module):
                       soft_cap=cfg.attn_logit_softcap, backend=backend, scales=scales,
                       sinks=self.sinks[...] if cfg.attn_sinks else None).reshape(T, -1)
         return o, kv_cache
+
+    def _linear_attention(self, h, state, layer, weights_layer, batch, live):
+        """Gated DeltaNet over the normed h (jaxengine/layers/linear_attention.py): (its gated, normed output [T, value
+        heads x dv] before lin_out, the (convolution, recurrent) state with each request's row updated)."""
+        cfg = self.cfg
+        num_k, num_v, dk, dv, _ = cfg.linear_heads
+        T = h.shape[0]
+        x = _pre_norm(h, self.norm("attn_norm"), cfg.rms_norm_eps)
+        mixed, z, b, a = (_dot(x, getattr(self, name)[...], n, live_rows=live, layer=weights_layer) for name, n in (
+            ("lin_qkv", 2 * num_k * dk + num_v * dv), ("lin_z", num_v * dv), ("lin_b", num_v), ("lin_a", num_v)))
+        conv_state, rec_state = state
+        fresh = batch.kv_lens == batch.cu_q_lens[1:] - batch.cu_q_lens[:-1]  # the chunk starts its sequence
+        rows = batch.state_slots
+        mixed, conv_state = linear_attention.causal_conv(mixed, self.lin_conv[...], conv_state, layer, rows, fresh,
+                                                         batch, ACTIVATIONS[cfg.hidden_act])
+        q, k, v = jnp.split(mixed, [num_k * dk, 2 * num_k * dk], -1)
+        beta = jax.nn.sigmoid(b.astype(jnp.float32))
+        g = -jnp.exp(self.lin_a_log[...]) * jax.nn.softplus(a.astype(jnp.float32) + self.lin_dt_bias[...])
+        o, rec_state = linear_attention.gated_delta_rule(
+            q.reshape(T, num_k, dk), k.reshape(T, num_k, dk), v.reshape(T, num_v, dv), g, beta, rec_state, layer,
+            rows, fresh, batch)
+        o = linear_attention.gated_rms_norm(o.astype(h.dtype), z.reshape(T, num_v, dv), self.lin_norm[...],
+                                            cfg.rms_norm_eps)
+        return o.reshape(T, num_v * dv), (conv_state, rec_state)
 
     def _latent_attention(self, h, kv_cache, layer, weights_layer, batch, slots, rope, live):
         """Multi-head latent attention (`_latent_attention_params`) absorbed, as vLLM's MLA decodes: each head's
@@ -821,30 +876,38 @@ def layer_groups(cfg: ModelConfig) -> tuple[tuple[str, int, ModelConfig], ...]:
     (DecoderLayers) and runs as one loop: all layers (`layers`), or each run of dense or of expert layers in a mixture
     of experts with dense layers among its expert ones (`dense_mlp_layers`), of sliding-window or full-attention
     layers where the latter have a shape and KV cache of their own (Gemma 4's `full_attention_heads`, their rope the
-    model's, the sliding ones' `local_rope`: `kv_cache_kinds`), and of shared-KV layers (`kv_shared_layers`):
+    model's, the sliding ones' `local_rope`: `kv_cache_kinds`), of shared-KV layers (`kv_shared_layers`), and of
+    linear-attention or attention layers (`linear_layers`: the former's state is the model's second cache):
     `layers`, `layers1`, ..."""
-    if not (cfg.dense_mlp_layers or cfg.full_attention_heads or cfg.kv_shared_layers):
+    if not (cfg.dense_mlp_layers or cfg.full_attention_heads or cfg.kv_shared_layers or cfg.linear_layers):
         return (("layers", 0, cfg),)
-    runs = []  # [first, count, (dense, full attention of its own shape, the cache layer it reads or -1), its cache]
-    cached = {}  # each KV cache's layers so far
+    runs = []  # [first, count, (dense, its cache, the cache layer it reads or -1), its cache's first layer]
+    cached = {}  # each cache's layers so far
     sources = {}  # Gemma 4's shared-KV layers: each kind's last layer before them, in its cache
+    shared_from = cfg.num_layers - cfg.kv_shared_layers
     for i in range(cfg.num_layers):
         full = cfg.sliding_windows[i] == 0
-        cache = int(full and bool(cfg.full_attention_heads))  # Gemma 4: each kind its own cache
-        if i < cfg.kv_cache_layers:
+        # Gemma 4: each kind of attention its own cache; linear attention: its state
+        cache = 1 if i in cfg.linear_layers else int(full and bool(cfg.full_attention_heads))
+        if i < shared_from:
             sources[full] = cached[cache] = cached.get(cache, -1) + 1
-        kind = (i in cfg.dense_mlp_layers, cache == 1, -1 if i < cfg.kv_cache_layers else sources[full])
+        kind = (i in cfg.dense_mlp_layers, cache, -1 if i < shared_from else sources[full])
         if runs and runs[-1][2] == kind:
             runs[-1][1] += 1
         else:
-            runs.append([i, 1, kind, (cache, cached[cache] if kind[2] < 0 else -1)])
+            runs.append([i, 1, kind, cached[cache] if kind[2] < 0 else -1])
     groups = []
-    for n, (first, count, (dense, full, source), (cache, kv_first)) in enumerate(runs):
+    for n, (first, count, (dense, cache, source), kv_first) in enumerate(runs):
         group = dataclasses.replace(cfg, num_layers=count, dense_mlp_layers=(), full_attention_heads=(),
-                                    kv_shared_layers=0, kv_source=source, kv_cache_index=cache, kv_first=kv_first)
+                                    kv_shared_layers=0, kv_source=source, kv_cache_index=cache, kv_first=kv_first,
+                                    linear_layers=())
         if source >= 0 and cfg.double_wide_mlp:
             group = dataclasses.replace(group, intermediate_size=2 * cfg.intermediate_size)
-        if full:
+        if cfg.linear_layers:  # no attention parameters in a linear-attention stack
+            if cache == 1:
+                group = dataclasses.replace(group, linear_attention=True, qkv_bias=False, o_bias=False, qk_norm=False,
+                                            attn_output_gate=False)
+        elif cache == 1:
             head_dim, kv_heads, k_eq_v = cfg.full_attention_heads
             group = dataclasses.replace(group, head_dim=head_dim, num_kv_heads=kv_heads, k_eq_v=k_eq_v,
                                         local_rope=None)
@@ -961,11 +1024,18 @@ class LlamaForCausalLM(nnx.Module):
         """One stack's layers (the model's `first` to `first + count`) over h: unrolled where unstacked, else a
         scan. `weights`: every layer's LoRA weights ({} for none), sliced to this stack's here; `layer_inputs`: every
         layer's per-layer input (per_layer_inputs) or None, likewise."""
-        if isinstance(kv_cache, tuple):  # Gemma 4: the stack's kind's cache, the others passed through
+        if isinstance(kv_cache, tuple):  # Gemma 4: the stack's kind's cache, the others passed through (a linear-
+            # attention model: the KV cache, the linear layers' state)
             index = (layers[0] if self.layers_unstacked else layers).cfg.kv_cache_index
-            h, cache = self._run_layers(layers, first, count, h, kv_cache[index], batch, slots, ropes, weights,
-                                        onehot, active, layer_inputs)
+            h, cache = self._run_stack(layers, first, count, h, kv_cache[index], batch, slots, ropes, weights,
+                                       onehot, active, layer_inputs)
             return h, kv_cache[:index] + (cache,) + kv_cache[index + 1:]
+        return self._run_stack(layers, first, count, h, kv_cache, batch, slots, ropes, weights, onehot, active,
+                               layer_inputs)
+
+    def _run_stack(self, layers, first: int, count: int, h, kv_cache, batch, slots, ropes, weights, onehot, active,
+                   layer_inputs):
+        """`_run_layers` over the stack's own cache."""
         windows = jnp.asarray(self.cfg.sliding_windows[first:first + count], jnp.int32)
         weights = {p: (a[first:first + count], b[first:first + count]) for p, (a, b) in weights.items()}
         inputs = None if layer_inputs is None else layer_inputs[first:first + count]
@@ -1059,6 +1129,14 @@ class LlamaForCausalLM(nnx.Module):
 
     KV_CACHE_AXES = ("layers", "pages", "page", "kv_heads", "head_dim")  # K/V interleaved on kv_heads
 
+    def state_shapes(self, num_rows: int) -> tuple | None:
+        """A linear-attention model's per-sequence state (layers.linear_attention.state_shapes: (shape, dtype) of the
+        convolution's and of the recurrent state, `num_rows` rows each); None for the others."""
+        cfg = self.cfg
+        if not cfg.linear_layers:
+            return None
+        return linear_attention.state_shapes(len(cfg.linear_layers), num_rows, cfg.linear_heads, self.dtype)
+
     def kv_cache_shape(self, num_pages: int, page_size: int) -> tuple:
         """K/V interleaved on the fourth axis; multi-head latent attention's one row per token there (its latent and
         rotary key: layers.attention.write_latent). Gemma 4: a tuple of such shapes, one per kind of layer
@@ -1110,6 +1188,15 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         "self_attn.v_proj.weight": ("v_proj", True),
         "self_attn.o_proj.weight": ("o_proj", True),
     }
+    if cfg.linear_attention:  # Gated DeltaNet (DecoderLayers._linear_attention_params; the convolution's [channels,
+        # 1, width] squeezed at load: registry._qwen3_5_tensors)
+        per_layer = {f"linear_attn.{name}": ours for name, ours in (
+            ("in_proj_qkv.weight", ("lin_qkv", True)), ("in_proj_z.weight", ("lin_z", True)),
+            ("in_proj_b.weight", ("lin_b", True)), ("in_proj_a.weight", ("lin_a", True)),
+            ("conv1d.weight", ("lin_conv", True)), ("A_log", ("lin_a_log", False)), ("dt_bias", ("lin_dt_bias", False)),
+            ("norm.weight", ("lin_norm", False)), ("out_proj.weight", ("lin_out", True)))}
+    if cfg.attn_output_gate:  # its half of the checkpoint's q_proj (registry._qwen3_5_tensors)
+        per_layer["self_attn.q_gate.weight"] = ("o_gate", True)
     if cfg.k_eq_v or cfg.kv_source >= 0:  # the keys' projection gives the values too, or neither is the layer's
         del per_layer["self_attn.v_proj.weight"]
     if cfg.kv_source >= 0:

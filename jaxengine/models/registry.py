@@ -7,8 +7,8 @@ import re
 import numpy as np
 
 from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES,
-                                     GRANITE_MOE_ARCHITECTURES, QWEN_VL_ARCHITECTURES, ModelConfig,
-                                     apertus_config_from_hf, arcee_config_from_hf, cohere_config_from_hf,
+                                     GRANITE_MOE_ARCHITECTURES, QWEN3_5_ARCHITECTURES, QWEN_VL_ARCHITECTURES,
+                                     ModelConfig, apertus_config_from_hf, arcee_config_from_hf, cohere_config_from_hf,
                                      deepseek_config_from_hf, dots1_config_from_hf, ernie4_5_config_from_hf,
                                      ernie4_5_moe_config_from_hf, exaone4_config_from_hf, exaone_config_from_hf,
                                      exaone_moe_config_from_hf, falcon_config_from_hf, gemma3_language_config_from_hf,
@@ -20,9 +20,9 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES,
                                      ministral_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
                                      moe_config_from_hf, nemotron_config_from_hf, olmo2_config_from_hf,
                                      olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
-                                     qwen_vl_language_config_from_hf, seed_oss_config_from_hf, smollm3_config_from_hf,
-                                     solar_open_config_from_hf, stablelm_config_from_hf, starcoder2_config_from_hf,
-                                     vaultgemma_config_from_hf)
+                                     qwen3_5_config_from_hf, qwen_vl_language_config_from_hf, seed_oss_config_from_hf,
+                                     smollm3_config_from_hf, solar_open_config_from_hf, stablelm_config_from_hf,
+                                     starcoder2_config_from_hf, vaultgemma_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
 from jaxengine.models.quantization import dequantize_mxfp4
 
@@ -426,6 +426,39 @@ def _gemma4_tensors(name: str, array, cfg: ModelConfig) -> list:
     return _split_experts(name, array, cfg, held=True)
 
 
+def _qwen3_5_tensor(name: str) -> str | None:
+    """A Qwen3.5 / Qwen3-Next tensor under the causal LM's name (the multimodal checkpoints' language model: see
+    `_language_model_tensor`); the multi-token-prediction layers (`mtp.*`) are not loaded."""
+    return None if name.startswith("mtp.") else _language_model_tensor(name)
+
+
+def _qwen3_5_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """Qwen3.5's and Qwen3-Next's tensors as the weight map knows them: a gated attention's q_proj (each head's
+    queries then its output gate) split into q_proj and `q_gate`; the convolution's [channels, 1, width] squeezed;
+    Qwen3-Next's fused projections (per key head: its q, k, then its value heads' v and z; b and a likewise) split
+    into Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b and in_proj_a; experts as Qwen2 MoE's."""
+    array = np.asarray(array)
+    if name.endswith(".self_attn.q_proj.weight") and cfg.attn_output_gate:
+        both = array.reshape(cfg.num_heads, 2, cfg.head_dim, -1)
+        stem = name.removesuffix("q_proj.weight")
+        return [(name, both[:, 0].reshape(-1, array.shape[-1])),
+                (stem + "q_gate.weight", both[:, 1].reshape(-1, array.shape[-1]))]
+    if name.endswith(".linear_attn.conv1d.weight"):
+        return [(name, array[:, 0, :])]
+    num_k, num_v, dk, dv, _ = cfg.linear_heads or (1, 1, 0, 0, 0)
+    per_k = num_v // num_k
+    stem = name.rsplit(".", 2)[0] + "."
+    if name.endswith(".linear_attn.in_proj_qkvz.weight"):
+        grouped = array.reshape(num_k, 2 * dk + 2 * per_k * dv, -1)
+        q, k, v, z = np.split(grouped, np.cumsum([dk, dk, per_k * dv]), axis=1)
+        qkv = np.concatenate([part.reshape(-1, array.shape[-1]) for part in (q, k, v)])
+        return [(stem + "in_proj_qkv.weight", qkv), (stem + "in_proj_z.weight", z.reshape(-1, array.shape[-1]))]
+    if name.endswith(".linear_attn.in_proj_ba.weight"):
+        b, a = np.split(array.reshape(num_k, 2 * per_k, -1), 2, axis=1)
+        return [(stem + "in_proj_b.weight", b.reshape(num_v, -1)), (stem + "in_proj_a.weight", a.reshape(num_v, -1))]
+    return [(name, array)]
+
+
 _APERTUS_NORMS = ((".attention_layernorm.", ".input_layernorm."),
                   (".feedforward_layernorm.", ".post_attention_layernorm."))
 
@@ -528,7 +561,9 @@ _REGISTRY = {
     "Llama4ForCausalLM": Architecture(LlamaForCausalLM, llama4_config_from_hf, split_tensor=_stacked_experts),
     "Llama4ForConditionalGeneration": Architecture(LlamaForCausalLM, llama4_config_from_hf, _language_model_tensor,
                                                    split_tensor=_stacked_experts),
-} | {  # Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), served as text models likewise
+} | {  # Qwen3.5 (dense, MoE; the multimodal checkpoints served as text models likewise), Qwen3-Next
+    name: Architecture(LlamaForCausalLM, qwen3_5_config_from_hf, _qwen3_5_tensor, split_tensor=_qwen3_5_tensors)
+    for name in QWEN3_5_ARCHITECTURES} | {  # Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), served as text models likewise
     name: Architecture(LlamaForCausalLM, qwen_vl_language_config_from_hf, _language_model_tensor,
                        split_tensor=_stacked_experts) for name in QWEN_VL_ARCHITECTURES}
 

@@ -30,6 +30,8 @@ LOGICAL_TO_MESH = {
     "positions": None,  # learned absolute positions' table (GPT-2, OPT)
     "latent": None,  # multi-head latent attention's latents (replicated, as its KV cache's one row per token)
     "per_layer": None,  # Gemma 4's per-layer inputs' width (replicated; their table is split by vocab)
+    "linear": None,  # Gated DeltaNet's projections and convolution (linear attention: one device only)
+    "conv": None,  # its convolution's width
 }
 
 
@@ -47,6 +49,10 @@ def check_layout(cfg: ModelConfig, tensor_parallel_size: int, data_parallel_size
     if tp * dp > num_devices:
         raise ValueError(f"tensor_parallel_size x data_parallel_size = {tp * dp} devices, but only {num_devices} "
                          f"exist; use tp x dp <= {num_devices}")
+    if tp > 1 and cfg.linear_layers:
+        raise ValueError(f"tensor_parallel_size={tp}: {cfg.architecture}'s linear-attention layers run on one device "
+                         f"(tensor parallelism over their state is not supported yet); use tensor_parallel_size=1 "
+                         f"(data_parallel_size may be larger)")
     valid = [t for t in range(1, num_devices + 1) if _fits(cfg, t)]
     if not _fits(cfg, tp):
         raise ValueError(f"tensor_parallel_size={tp} does not fit the model: num_attention_heads="

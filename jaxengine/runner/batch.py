@@ -17,6 +17,9 @@ class RaggedBatch:
     block_tables: jax.Array  # i32[R, pages_per_seq]
     num_seqs: jax.Array  # i32[]: real requests; rows beyond are padding
     logits_indices: jax.Array  # i32[R]: flat token index whose logits each request samples
+    # i32[R]: each request's row of the per-sequence state (linear-attention models only: layers.linear_attention;
+    # padding requests' the scratch row), else None
+    state_slots: jax.Array | None = None
 
 
 _BUFFER = {"int32": "int32", "uint32": "int32", "float32": "float32"}  # a field's dtype -> its buffer's

@@ -102,6 +102,17 @@ class ModelRunner:
 
         kv_shape = model.kv_cache_shape(num_blocks, block_size)  # one array's, or (Gemma 4) one per kind of layer
         self.kv_cache = tuple(map(zeros, kv_shape)) if isinstance(kv_shape[0], tuple) else zeros(kv_shape)
+        # A linear-attention model's per-sequence state: a row per running sequence and a scratch row (the last) for
+        # padding requests, passed with the KV cache as (KV cache, state) (LlamaForCausalLM._run_layers)
+        self.state_rows = None
+        state = model.state_shapes(max_num_seqs + 1)
+        if state is not None:
+            self.kv_cache = (self.kv_cache, tuple(jnp.zeros(shape, dtype, device=self.replicated)
+                                                  for shape, dtype in state))
+            self.state_rows = max_num_seqs  # the scratch row's index
+            self.free_state_rows = list(range(max_num_seqs))
+            self.state_row_owners: dict[int, Sequence] = {}
+            self.state_slots = np.full(max_num_seqs, max_num_seqs, np.int32)
         self.token_buckets = power_of_two_buckets(min(min_token_bucket, max_num_batched_tokens), max_num_batched_tokens)
         self.req_buckets = power_of_two_buckets(min(self.token_buckets[0], max_num_seqs), max_num_seqs)
         self.pages_per_seq = -(-max_model_len // block_size)
@@ -242,6 +253,23 @@ class ModelRunner:
                 self.free_slots.append(slot)
                 seq.slot = None
 
+    def _assign_state_rows(self, chunks: list[ScheduledChunk], num_reqs: int) -> None:
+        """Each chunk's sequence's row of the linear-attention state (taken when it first runs; given back once it no
+        longer runs: a preempted sequence recomputes from its start, on a fresh row), padding requests' the scratch
+        row. A row that changes hands needs no clearing: a chunk that starts its sequence starts from zeros."""
+        for row, seq in list(self.state_row_owners.items()):
+            if seq.status != Status.RUNNING:
+                del self.state_row_owners[row]
+                self.free_state_rows.append(row)
+                seq.state_row = None
+        for i, chunk in enumerate(chunks):
+            seq = chunk.seq
+            if seq.state_row is None:
+                seq.state_row = self.free_state_rows.pop()
+                self.state_row_owners[seq.state_row] = seq
+            self.state_slots[i] = seq.state_row
+        self.state_slots[len(chunks):num_reqs] = self.state_rows
+
     def _assign_slot(self, seq: Sequence) -> None:
         seq.slot = self.free_slots.pop()
         self.slot_owners[seq.slot] = seq
@@ -294,7 +322,8 @@ class ModelRunner:
     def _host_inputs(self, num_tokens: int, num_reqs: int, num_seqs: int = 0):
         t, r = num_tokens, num_reqs
         batch = RaggedBatch(self.input_ids[:t], self.positions[:t], self.cu_q_lens[: r + 1], self.kv_lens[:r],
-                            self.block_tables[:r], np.int32(num_seqs), self.logits_indices[:r])
+                            self.block_tables[:r], np.int32(num_seqs), self.logits_indices[:r],
+                            None if self.state_rows is None else self.state_slots[:r])
         sampling = jax.tree.map(lambda a: a[:r], self.sampling)
         adapters = (self.adapter_slots[:t],) if self.lora_weights is not None else ()  # each token's LoRA slot
         return batch, sampling, self.prompt_targets[:t], self.token_sources[:t], *adapters
@@ -396,6 +425,8 @@ class ModelRunner:
             self.cu_q_lens[i + 1] = start
         if draft_row > num_reqs:
             raise AssertionError(f"{draft_row} sampling rows in a step of {num_reqs}")
+        if self.state_rows is not None:
+            self._assign_state_rows(chunks, num_reqs)
         self.cu_q_lens[len(chunks) + 1: num_reqs + 1] = start
         self.kv_lens[len(chunks):num_reqs] = 0
         self._clear_padding_rows(draft_row, num_reqs)

@@ -1,0 +1,115 @@
+"""Gated DeltaNet (Qwen3.5, Qwen3-Next's linear-attention layers) over a ragged batch.
+
+Each sequence carries a state instead of a KV cache: the last `width - 1` inputs of a short causal convolution and,
+per value head, a [key head_dim, value head_dim] matrix that every token decays (exp(g)), corrects towards its value
+along its key (the delta rule, at rate beta) and reads with its query. The states of the running sequences live in
+per-layer arrays of rows (`state_shapes`); the batch names each request's row (`RaggedBatch.state_slots`), and a
+request whose chunk starts its sequence (no context before it) starts from zeros, so rows need no clearing when they
+change hands and a preempted sequence recomputes from its start. Padding requests' rows are the arrays' last, a
+scratch row.
+
+The recurrence runs token by token, as transformers' recurrent form: every request's first token of the step at once
+(one token per request: a decode step is only this), then the others in order (a prefill chunk's), each on its
+request's state. Sequential over a prompt, but exact; a chunked form (the state updated once per block of tokens
+through a triangular solve) would make long prefills matmul-bound and is the next step on accelerators.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from jaxengine.runner.batch import RaggedBatch
+
+L2_NORM_EPS = 1e-6  # the queries' and keys' L2 norms' (transformers' and FLA's)
+
+
+def state_shapes(num_layers: int, num_rows: int, heads: tuple, dtype) -> tuple:
+    """(shape, dtype) of the convolution's state [layers, rows, width - 1, channels] (in the activations' dtype, as
+    its inputs) and of the recurrent state [layers, rows, value heads, key head_dim, value head_dim] (float32)."""
+    num_k, num_v, dk, dv, width = heads
+    channels = 2 * num_k * dk + num_v * dv
+    return ((num_layers, num_rows, width - 1, channels), dtype), ((num_layers, num_rows, num_v, dk, dv), jnp.float32)
+
+
+def _token_requests(batch: RaggedBatch, num_tokens: int):
+    """Each token's request i32[T] (padding tokens: the last request) and its index within the request's chunk."""
+    starts = batch.cu_q_lens[:-1]
+    t = jnp.arange(num_tokens, dtype=jnp.int32)
+    req = jnp.minimum(jnp.searchsorted(batch.cu_q_lens[1:], t, side="right"), starts.shape[0] - 1).astype(jnp.int32)
+    return req, t - starts[req]
+
+
+def causal_conv(x, weight, conv_state, layer, rows, fresh, batch: RaggedBatch, activation):
+    """The depthwise causal convolution of x [T, channels] (weight [width, channels]): each token's output from its
+    own and its `width - 1` predecessors in its sequence (those before the step from the request's state row, zeros
+    before the sequence's start), through `activation`. Returns (the outputs in x's dtype, the state with each
+    request's last `width - 1` inputs written to its row)."""
+    T, C = x.shape
+    width = weight.shape[0]
+    q_lens = batch.cu_q_lens[1:] - batch.cu_q_lens[:-1]
+    prev = jnp.where(fresh[:, None, None], 0, conv_state[layer][rows]).astype(x.dtype)  # [R, width - 1, C]
+    req, index = _token_requests(batch, T)
+    out = jnp.zeros((T, C), jnp.float32)
+    for tap in range(width):  # tap j reads the input d = width - 1 - j tokens back
+        d = width - 1 - tap
+        earlier = prev[req, jnp.clip(width - 1 - d + index, 0, width - 2)]
+        taken = jnp.where((index >= d)[:, None], x[jnp.maximum(jnp.arange(T) - d, 0)], earlier)
+        out = out + taken.astype(jnp.float32) * weight[tap].astype(jnp.float32)
+    # each request's last width - 1 inputs: from the chunk, or (a chunk shorter than that) the state before it
+    back = q_lens[:, None] - (width - 1) + jnp.arange(width - 1)[None, :]  # [R, width - 1], relative to the chunk
+    from_chunk = x[jnp.clip(batch.cu_q_lens[:-1, None] + back, 0, T - 1)]
+    from_prev = prev[jnp.arange(rows.shape[0])[:, None], jnp.clip(width - 1 + back, 0, width - 2)]
+    kept = jnp.where((back >= 0)[..., None], from_chunk, from_prev)
+    conv_state = conv_state.at[layer, rows].set(kept.astype(conv_state.dtype))
+    return activation(out).astype(x.dtype), conv_state
+
+
+def _l2_normed(x):
+    return x * jax.lax.rsqrt(jnp.sum(x * x, -1, keepdims=True) + L2_NORM_EPS)
+
+
+def _delta_step(state, q, k, v, g, beta):
+    """One token on one state [heads, dk, dv]: decay, the delta-rule correction along k, the read along q."""
+    state = state * jnp.exp(g)[:, None, None]
+    predicted = jnp.einsum("hkv,hk->hv", state, k)
+    state = state + k[:, :, None] * ((v - predicted) * beta[:, None])[:, None, :]
+    return state, jnp.einsum("hkv,hk->hv", state, q)
+
+
+def gated_delta_rule(q, k, v, g, beta, rec_state, layer, rows, fresh, batch: RaggedBatch):
+    """The gated delta rule over the batch's tokens: q, k [T, key heads, dk], v [T, value heads, dv], g and beta [T,
+    value heads] (float32). q and k are L2-normalised here (q then scaled by dk ** -0.5) and each key head serves
+    value_heads / key_heads consecutive value heads. Returns (outputs f32[T, value heads, dv], the state with each
+    request's final state written to its row)."""
+    T = q.shape[0]
+    repeat = v.shape[1] // k.shape[1]
+    q = jnp.repeat(_l2_normed(q.astype(jnp.float32)) * q.shape[-1] ** -0.5, repeat, axis=1)
+    k = jnp.repeat(_l2_normed(k.astype(jnp.float32)), repeat, axis=1)
+    v = v.astype(jnp.float32)
+    starts, q_lens = batch.cu_q_lens[:-1], batch.cu_q_lens[1:] - batch.cu_q_lens[:-1]
+    states = jnp.where(fresh[:, None, None, None], 0.0, rec_state[layer][rows])  # [R, heads, dk, dv]
+    # every request's first token at once
+    first = jnp.minimum(starts, T - 1)
+    states, first_out = jax.vmap(_delta_step)(states, q[first], k[first], v[first], g[first], beta[first])
+    out = jnp.zeros(v.shape, jnp.float32).at[jnp.where(q_lens > 0, first, T)].set(first_out, mode="drop")
+    # then the rest of each chunk, token by token in order
+    req, index = _token_requests(batch, T)
+    later = (index > 0) & (jnp.arange(T) < batch.cu_q_lens[batch.num_seqs])
+    (order,) = jnp.nonzero(later, size=T, fill_value=0)
+
+    def one_token(j, carry):
+        states, out = carry
+        t = order[j]
+        r = req[t]
+        state, o = _delta_step(states[r], q[t], k[t], v[t], g[t], beta[t])
+        return states.at[r].set(state), out.at[t].set(o)
+
+    states, out = jax.lax.fori_loop(0, jnp.sum(later, dtype=jnp.int32), one_token, (states, out))
+    return out, rec_state.at[layer, rows].set(states)
+
+
+def gated_rms_norm(x, gate, weight, eps: float):
+    """Each head's output [T, heads, dv] RMS-normalised, times `weight` (in x's dtype), times silu(gate) in float32
+    (transformers' Qwen3.5 RMSNormGated)."""
+    xf = x.astype(jnp.float32)
+    normed = (xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + eps)).astype(x.dtype) * weight.astype(x.dtype)
+    return (normed.astype(jnp.float32) * jax.nn.silu(gate.astype(jnp.float32))).astype(x.dtype)

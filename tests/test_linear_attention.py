@@ -1,0 +1,93 @@
+"""Gated DeltaNet's ragged-batch pieces (jaxengine/layers/linear_attention.py) against transformers' Qwen3.5 ones, on a
+batch that mixes a sequence's first chunk, a decode step, chunks that continue a state (one shorter than the
+convolution's memory), padding requests and padding tokens."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+
+from jaxengine.layers import linear_attention
+from jaxengine.runner.batch import RaggedBatch
+
+NUM_K, NUM_V, DK, DV, WIDTH = 2, 4, 8, 6, 4
+CHANNELS = 2 * NUM_K * DK + NUM_V * DV
+# (new tokens, tokens before them): a first chunk, a decode step, a 3-token and a 2-token continuation
+REQUESTS = [(5, 0), (1, 9), (3, 4), (2, 7)]
+NUM_TOKENS, NUM_REQS, NUM_ROWS = 16, 6, 8  # padding tokens and requests; rows: 7 sequences' and the scratch row
+ROWS = [3, 0, 6, 2]  # each request's state row (padding requests: the scratch row, 7)
+
+
+def ragged_batch():
+    q_lens = [n for n, _ in REQUESTS] + [0] * (NUM_REQS - len(REQUESTS))
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    kv_lens = np.array([n + before for n, before in REQUESTS] + [0] * (NUM_REQS - len(REQUESTS)), np.int32)
+    rows = np.array(ROWS + [NUM_ROWS - 1] * (NUM_REQS - len(REQUESTS)), np.int32)
+    zeros = np.zeros(NUM_TOKENS, np.int32)
+    batch = RaggedBatch(zeros, zeros, cu, kv_lens, np.zeros((NUM_REQS, 1), np.int32), np.int32(len(REQUESTS)),
+                        np.zeros(NUM_REQS, np.int32), rows)
+    fresh = kv_lens == cu[1:] - cu[:-1]
+    return jax.tree.map(jnp.asarray, batch), jnp.asarray(fresh)
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    rng = np.random.default_rng(0)
+    return dict(
+        x=rng.normal(size=(NUM_TOKENS, CHANNELS)).astype(np.float32),
+        weight=rng.normal(size=(WIDTH, CHANNELS)).astype(np.float32) * 0.5,
+        conv_state=rng.normal(size=(2, NUM_ROWS, WIDTH - 1, CHANNELS)).astype(np.float32),
+        q=rng.normal(size=(NUM_TOKENS, NUM_K, DK)).astype(np.float32),
+        k=rng.normal(size=(NUM_TOKENS, NUM_K, DK)).astype(np.float32),
+        v=rng.normal(size=(NUM_TOKENS, NUM_V, DV)).astype(np.float32),
+        g=-rng.uniform(0.01, 0.5, size=(NUM_TOKENS, NUM_V)).astype(np.float32),
+        beta=rng.uniform(0.1, 0.9, size=(NUM_TOKENS, NUM_V)).astype(np.float32),
+        rec_state=rng.normal(size=(2, NUM_ROWS, NUM_V, DK, DV)).astype(np.float32),
+    )
+
+
+def spans():
+    start = 0
+    for (n, before), row in zip(REQUESTS, ROWS):
+        yield slice(start, start + n), before == 0, row
+        start += n
+
+
+def test_causal_conv_matches_transformers_per_sequence(inputs):
+    batch, fresh = ragged_batch()
+    layer = 1
+    out, state = linear_attention.causal_conv(jnp.asarray(inputs["x"]), jnp.asarray(inputs["weight"]),
+                                              jnp.asarray(inputs["conv_state"]), jnp.int32(layer), batch.state_slots,
+                                              fresh, batch, jax.nn.silu)
+    out, state = np.asarray(out), np.asarray(state)
+    for tokens, first, row in spans():
+        before = np.zeros((WIDTH - 1, CHANNELS), np.float32) if first else inputs["conv_state"][layer, row]
+        conv_state = torch.tensor(before.T[None].copy())  # transformers': [batch, channels, width - 1]
+        want = hf.causal_conv1d_update(torch.tensor(inputs["x"][tokens].T[None].copy()), conv_state,
+                                       torch.tensor(inputs["weight"].T.copy()), None, activation="silu")
+        np.testing.assert_allclose(out[tokens], want[0].T.numpy(), atol=1e-5)
+        np.testing.assert_allclose(state[layer, row], conv_state[0].T.numpy(), atol=1e-6)
+    untouched = [r for r in range(NUM_ROWS - 1) if r not in ROWS]
+    np.testing.assert_array_equal(state[layer, untouched], inputs["conv_state"][layer, untouched])
+    np.testing.assert_array_equal(state[0], inputs["conv_state"][0])  # another layer's
+
+
+def test_gated_delta_rule_matches_transformers_recurrence_per_sequence(inputs):
+    batch, fresh = ragged_batch()
+    layer = 0
+    out, state = linear_attention.gated_delta_rule(
+        *(jnp.asarray(inputs[name]) for name in ("q", "k", "v", "g", "beta", "rec_state")), jnp.int32(layer),
+        batch.state_slots, fresh, batch)
+    out, state = np.asarray(out), np.asarray(state)
+    for tokens, first, row in spans():
+        initial = None if first else torch.tensor(inputs["rec_state"][layer, row][None].copy())
+        want, final = hf.torch_recurrent_gated_delta_rule(
+            *(torch.tensor(inputs[name][tokens][None].copy()) for name in ("q", "k", "v", "g", "beta")),
+            initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        np.testing.assert_allclose(out[tokens], want[0].numpy(), atol=1e-5)
+        np.testing.assert_allclose(state[layer, row], final[0].numpy(), atol=1e-5)
+    untouched = [r for r in range(NUM_ROWS - 1) if r not in ROWS]
+    np.testing.assert_array_equal(state[layer, untouched], inputs["rec_state"][layer, untouched])
+    np.testing.assert_array_equal(state[1], inputs["rec_state"][1])
