@@ -4,7 +4,7 @@ layers of 256-wide heads beside full-attention ones of 512 with proportional rop
 256 wide; the last layers reading earlier layers' KV cache through MLPs twice as wide) at width 768, 10 layers (4
 sliding to 1 full; the last 4 sharing K/V), 4 query heads and an MLP of 3072 (~0.16 B parameters that compute, and a
 per-layer embedding table of ~0.13 B that is only read by token), random bfloat16 weights (seed 0), with the shared
-model's tokenizer (its vocabulary of 49152), so that the shared workload's prompts (random token ids) run on it.
+model's tokenizer (its vocabulary of 32000), so that the shared workload's prompts (random token ids) run on it.
 
   python benchmarks/make_gemma4.py MODELS_DIR   # writes MODELS_DIR/gemma4-mini from MODELS_DIR/llama-135m
 """

@@ -1,7 +1,8 @@
 """Native CPU kernels, XLA FFI custom calls: the ragged paged attention (`cpu_attention.cc`), a float32 x
 bfloat16 matmul (`cpu_matmul.cc`, with a layer's RMSNorm applied to its input rows, and a residual added to its
 output or the gated MLP's activation applied to it), the sampler's argmax, random draw and logprobs
-(`cpu_sampling.cc`) and a fusion barrier.
+(`cpu_sampling.cc`), Gated DeltaNet's recurrence over per-sequence states updated in place
+(`cpu_linear_attention.cc`) and a fusion barrier.
 
 XLA:CPU runs the reference attention's gathers and many tiny batched dots far from memory bandwidth; the
 native body reads each request's K/V straight from its pages (float32 q; float32, bfloat16 or float8 pages), and
@@ -31,7 +32,8 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 _SOURCES = tuple(Path(__file__).with_name(name)
-                 for name in ("cpu_attention.cc", "cpu_matmul.cc", "cpu_int8.cc", "cpu_sampling.cc"))
+                 for name in ("cpu_attention.cc", "cpu_matmul.cc", "cpu_int8.cc", "cpu_sampling.cc",
+                              "cpu_linear_attention.cc"))
 # The headers the sources include: part of the build's key.
 _HEADERS = tuple(Path(__file__).with_name(name)
                  for name in ("cpu_gated.h", "cpu_pool.h", "cpu_tiles.h", "cpu_vector.h"))
@@ -48,6 +50,7 @@ _BARRIER_TARGET = "jaxengine_cpu_fusion_barrier"
 _ARGMAX_TARGET = "jaxengine_cpu_first_argmax"
 _SAMPLE_TARGET = "jaxengine_cpu_sample"
 _LOGPROBS_TARGET = "jaxengine_cpu_token_logprobs"
+_DELTA_TARGET = "jaxengine_cpu_gated_delta_rule"
 
 
 def cpu_flags() -> str:
@@ -104,6 +107,7 @@ def _library() -> ctypes.CDLL:
     jax.ffi.register_ffi_target(_ARGMAX_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuFirstArgmax), platform="cpu")
     jax.ffi.register_ffi_target(_SAMPLE_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuSample), platform="cpu")
     jax.ffi.register_ffi_target(_LOGPROBS_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuTokenLogprobs), platform="cpu")
+    jax.ffi.register_ffi_target(_DELTA_TARGET, jax.ffi.pycapsule(lib.JaxengineCpuGatedDeltaRule), platform="cpu")
     return lib
 
 
@@ -779,6 +783,30 @@ def rope_write_kv(qkv, cos, sin, kv_pages, layer, pages, offsets, num_heads: int
     return call(qkv, cos.reshape(T, D).astype(jnp.float32), sin.reshape(T, D).astype(jnp.float32), kv_pages,
                 jnp.asarray(layer, jnp.int32).reshape(1), pages.astype(jnp.int32), offsets.astype(jnp.int32),
                 _kv_scales(scales))
+
+
+def gated_delta_rule(q, k, v, g, beta, state, layer, cu_q_lens, kv_lens, rows, num_seqs):
+    """Gated DeltaNet's recurrence (cpu_linear_attention.cc; jaxengine/layers/linear_attention.gated_delta_rule's
+    contract): q, k float32 [T, Hk, dk] (L2-normalised, q scaled), v [T, Hv, dv], g (log decay) and beta [T, Hv]; each
+    request's state row of `state` [L, rows, Hv, dk, dv] (float32) at `layer` updated in place token by token (from
+    zeros where its chunk starts its sequence: kv_lens equal to its chunk's length). Returns (out f32[T, Hv, dv],
+    the state: aliased, donate it)."""
+    T, Hk, dk = q.shape
+    Hv, dv = v.shape[1:]
+    if (k.shape != q.shape or v.shape[0] != T or Hv % Hk or state.ndim != 5 or state.shape[2:] != (Hv, dk, dv)
+            or g.shape != (T, Hv) or beta.shape != (T, Hv)):
+        raise ValueError(f"gated_delta_rule: q, k [T, Hk, dk], v [T, Hv, dv], g and beta [T, Hv] and the state "
+                         f"[L, rows, Hv, dk, dv] disagree: {q.shape}, {k.shape}, {v.shape}, {g.shape}, {beta.shape}, "
+                         f"{state.shape}")
+    if state.dtype != jnp.float32:
+        raise ValueError(f"gated_delta_rule: the state must be float32, not {state.dtype}")
+    _library()
+    call = jax.ffi.ffi_call(_DELTA_TARGET, (jax.ShapeDtypeStruct(v.shape, jnp.float32),
+                                            jax.ShapeDtypeStruct(state.shape, jnp.float32)),
+                            input_output_aliases={5: 1})
+    f32, i32 = (lambda x: jnp.asarray(x, jnp.float32)), (lambda x: jnp.asarray(x, jnp.int32))
+    return call(f32(q), f32(k), f32(v), f32(g), f32(beta), state, i32(layer).reshape(1), i32(cu_q_lens),
+                i32(kv_lens), i32(rows), i32(num_seqs).reshape(1))
 
 
 def fusion_barrier(x):

@@ -2,6 +2,8 @@
 batch that mixes a sequence's first chunk, a decode step, chunks that continue a state (one shorter than the
 convolution's memory), padding requests and padding tokens."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,7 @@ import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
 from jaxengine.layers import linear_attention
+from pallas_kernels import cpu
 from jaxengine.runner.batch import RaggedBatch
 
 NUM_K, NUM_V, DK, DV, WIDTH = 2, 4, 8, 6, 4
@@ -74,10 +77,13 @@ def test_causal_conv_matches_transformers_per_sequence(inputs):
     np.testing.assert_array_equal(state[0], inputs["conv_state"][0])  # another layer's
 
 
-def test_gated_delta_rule_matches_transformers_recurrence_per_sequence(inputs):
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not cpu.available(), reason="the native CPU kernels need a C++ compiler"))])
+def test_gated_delta_rule_matches_transformers_recurrence_per_sequence(inputs, native):
+    """XLA's form (accelerators') and the native CPU kernel, which updates each request's row in place."""
     batch, fresh = ragged_batch()
     layer = 0
-    out, state = linear_attention.gated_delta_rule(
+    out, state = jax.jit(functools.partial(linear_attention.gated_delta_rule, native=native))(
         *(jnp.asarray(inputs[name]) for name in ("q", "k", "v", "g", "beta", "rec_state")), jnp.int32(layer),
         batch.state_slots, fresh, batch)
     out, state = np.asarray(out), np.asarray(state)

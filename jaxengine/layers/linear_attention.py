@@ -75,16 +75,33 @@ def _delta_step(state, q, k, v, g, beta):
     return state, jnp.einsum("hkv,hk->hv", state, q)
 
 
-def gated_delta_rule(q, k, v, g, beta, rec_state, layer, rows, fresh, batch: RaggedBatch):
+def native(backend: str, one_device: bool) -> bool:
+    """Whether the native CPU recurrence runs (pallas_kernels/cpu_linear_attention.cc): on one CPU device where the
+    kernels build, unless the attention backend is "reference" (XLA's ops throughout: the form accelerators run)."""
+    if backend == "reference" or not one_device or jax.default_backend() != "cpu":
+        return False
+    from pallas_kernels import cpu
+
+    return cpu.available()
+
+
+def gated_delta_rule(q, k, v, g, beta, rec_state, layer, rows, fresh, batch: RaggedBatch, native: bool = False):
     """The gated delta rule over the batch's tokens: q, k [T, key heads, dk], v [T, value heads, dv], g and beta [T,
     value heads] (float32). q and k are L2-normalised here (q then scaled by dk ** -0.5) and each key head serves
-    value_heads / key_heads consecutive value heads. Returns (outputs f32[T, value heads, dv], the state with each
-    request's final state written to its row)."""
+    value_heads / key_heads consecutive value heads. Returns (outputs f32[T, value heads, dv], zeros for tokens of no
+    request; the state with each request's final state written to its row). `native`: the CPU kernel updates each
+    request's row in place (`fresh` is then its kv_lens equal to its chunk's length, as here)."""
     T = q.shape[0]
-    repeat = v.shape[1] // k.shape[1]
-    q = jnp.repeat(_l2_normed(q.astype(jnp.float32)) * q.shape[-1] ** -0.5, repeat, axis=1)
-    k = jnp.repeat(_l2_normed(k.astype(jnp.float32)), repeat, axis=1)
+    q = _l2_normed(q.astype(jnp.float32)) * q.shape[-1] ** -0.5
+    k = _l2_normed(k.astype(jnp.float32))
     v = v.astype(jnp.float32)
+    if native:
+        from pallas_kernels import cpu
+
+        return cpu.gated_delta_rule(q, k, v, g, beta, rec_state, layer, batch.cu_q_lens, batch.kv_lens, rows,
+                                    batch.num_seqs)
+    repeat = v.shape[1] // k.shape[1]
+    q, k = jnp.repeat(q, repeat, axis=1), jnp.repeat(k, repeat, axis=1)
     starts, q_lens = batch.cu_q_lens[:-1], batch.cu_q_lens[1:] - batch.cu_q_lens[:-1]
     states = jnp.where(fresh[:, None, None, None], 0.0, rec_state[layer][rows])  # [R, heads, dk, dv]
     # every request's first token at once

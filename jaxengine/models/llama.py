@@ -735,7 +735,7 @@ class DecoderLayers(nnx.Module):
         g = -jnp.exp(self.lin_a_log[...]) * jax.nn.softplus(a.astype(jnp.float32) + self.lin_dt_bias[...])
         o, rec_state = linear_attention.gated_delta_rule(
             q.reshape(T, num_k, dk), k.reshape(T, num_k, dk), v.reshape(T, num_v, dv), g, beta, rec_state, layer,
-            rows, fresh, batch)
+            rows, fresh, batch, native=linear_attention.native(self.attention_backend, self.one_device))
         o = linear_attention.gated_rms_norm(o.astype(h.dtype), z.reshape(T, num_v, dv), self.lin_norm[...],
                                             cfg.rms_norm_eps)
         return o.reshape(T, num_v * dv), (conv_state, rec_state)
