@@ -15,8 +15,7 @@ from jaxengine.layers import linear_attention
 from pallas_kernels import cpu
 from jaxengine.runner.batch import RaggedBatch
 
-NUM_K, NUM_V, DK, DV, WIDTH = 2, 4, 8, 6, 4
-CHANNELS = 2 * NUM_K * DK + NUM_V * DV
+NUM_K, NUM_V, WIDTH, CHANNELS = 2, 4, 4, 40
 # (new tokens, tokens before them): a first chunk, a decode step, a 3-token and a 2-token continuation
 REQUESTS = [(5, 0), (1, 9), (3, 4), (2, 7)]
 NUM_TOKENS, NUM_REQS, NUM_ROWS = 16, 6, 8  # padding tokens and requests; rows: 7 sequences' and the scratch row
@@ -35,8 +34,11 @@ def ragged_batch():
     return jax.tree.map(jnp.asarray, batch), jnp.asarray(fresh)
 
 
-@pytest.fixture(scope="module")
-def inputs():
+# (key head_dim, value head_dim): the native kernel's whole-head path (value heads not a multiple of its 32-column
+# blocks), and its blocked path over two blocks with an odd key head_dim
+@pytest.fixture(scope="module", params=[(8, 6), (9, 64)], ids=["whole-heads", "column-blocks"])
+def inputs(request):
+    DK, DV = request.param
     rng = np.random.default_rng(0)
     return dict(
         x=rng.normal(size=(NUM_TOKENS, CHANNELS)).astype(np.float32),

@@ -227,7 +227,7 @@ def _plus(y, delta):
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "expert_gate", "expert_up",
            "expert_down", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_k", "kv_b_v", "ple_gate", "ple_proj", "o_gate",
-           "lin_qkv", "lin_z", "lin_b", "lin_a", "lin_out")
+           "lin_out")
 
 
 def _norm_scale(cfg: ModelConfig, weight: jax.Array) -> jax.Array:
@@ -282,6 +282,9 @@ def _pack_layer(layer) -> None:
                 getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
             value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
             layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
+        if cfg.linear_attention:  # Gated DeltaNet's four input projections as one (DecoderLayers._linear_attention)
+            value = cpu.pack_bf16(np.concatenate([take(name) for name in ("lin_qkv", "lin_z", "lin_b", "lin_a")], -1))
+            layer.lin_in = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
         if (gated and cfg.gated_mlp and not (cfg.num_experts or cfg.mlp_bias) and cfg.intermediate_size
                 and layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0):
             layer.gate_up_proj = nnx.Param(jax.device_put(cpu.pack_gated(take("gate_proj"), take("up_proj"))),
@@ -722,9 +725,15 @@ class DecoderLayers(nnx.Module):
         cfg = self.cfg
         num_k, num_v, dk, dv, _ = cfg.linear_heads
         T = h.shape[0]
-        x = _pre_norm(h, self.norm("attn_norm"), cfg.rms_norm_eps)
-        mixed, z, b, a = (_dot(x, getattr(self, name)[...], n, live_rows=live, layer=weights_layer) for name, n in (
-            ("lin_qkv", 2 * num_k * dk + num_v * dv), ("lin_z", num_v * dv), ("lin_b", num_v), ("lin_a", num_v)))
+        widths = (2 * num_k * dk + num_v * dv, num_v * dv, num_v, num_v)  # q/k/v, z, b, a
+        if hasattr(self, "lin_in"):  # the four fused at packing, the input norm the matmul's prologue
+            both = _normed_dot(h, self.norm("attn_norm"), cfg.rms_norm_eps, self.lin_in[...], sum(widths), live,
+                               weights_layer)
+            mixed, z, b, a = jnp.split(both, np.cumsum(widths)[:-1].tolist(), -1)
+        else:
+            x = _pre_norm(h, self.norm("attn_norm"), cfg.rms_norm_eps)
+            mixed, z, b, a = (_dot(x, getattr(self, name)[...], n, live_rows=live, layer=weights_layer)
+                              for name, n in zip(("lin_qkv", "lin_z", "lin_b", "lin_a"), widths))
         conv_state, rec_state = state
         fresh = batch.kv_lens == batch.cu_q_lens[1:] - batch.cu_q_lens[:-1]  # the chunk starts its sequence
         rows = batch.state_slots

@@ -104,12 +104,12 @@ class ModelRunner:
         self.kv_cache = tuple(map(zeros, kv_shape)) if isinstance(kv_shape[0], tuple) else zeros(kv_shape)
         # A linear-attention model's per-sequence state: a row per running sequence and a scratch row (the last) for
         # padding requests, passed with the KV cache as (KV cache, state) (LlamaForCausalLM._run_layers)
-        self.state_rows = None
+        self.scratch_state_row = None
         state = model.state_shapes(max_num_seqs + 1)
         if state is not None:
             self.kv_cache = (self.kv_cache, tuple(jnp.zeros(shape, dtype, device=self.replicated)
                                                   for shape, dtype in state))
-            self.state_rows = max_num_seqs  # the scratch row's index
+            self.scratch_state_row = max_num_seqs
             self.free_state_rows = list(range(max_num_seqs))
             self.state_row_owners: dict[int, Sequence] = {}
             self.state_slots = np.full(max_num_seqs, max_num_seqs, np.int32)
@@ -268,7 +268,7 @@ class ModelRunner:
                 seq.state_row = self.free_state_rows.pop()
                 self.state_row_owners[seq.state_row] = seq
             self.state_slots[i] = seq.state_row
-        self.state_slots[len(chunks):num_reqs] = self.state_rows
+        self.state_slots[len(chunks):num_reqs] = self.scratch_state_row
 
     def _assign_slot(self, seq: Sequence) -> None:
         seq.slot = self.free_slots.pop()
@@ -323,7 +323,7 @@ class ModelRunner:
         t, r = num_tokens, num_reqs
         batch = RaggedBatch(self.input_ids[:t], self.positions[:t], self.cu_q_lens[: r + 1], self.kv_lens[:r],
                             self.block_tables[:r], np.int32(num_seqs), self.logits_indices[:r],
-                            None if self.state_rows is None else self.state_slots[:r])
+                            None if self.scratch_state_row is None else self.state_slots[:r])
         sampling = jax.tree.map(lambda a: a[:r], self.sampling)
         adapters = (self.adapter_slots[:t],) if self.lora_weights is not None else ()  # each token's LoRA slot
         return batch, sampling, self.prompt_targets[:t], self.token_sources[:t], *adapters
@@ -425,7 +425,7 @@ class ModelRunner:
             self.cu_q_lens[i + 1] = start
         if draft_row > num_reqs:
             raise AssertionError(f"{draft_row} sampling rows in a step of {num_reqs}")
-        if self.state_rows is not None:
+        if self.scratch_state_row is not None:
             self._assign_state_rows(chunks, num_reqs)
         self.cu_q_lens[len(chunks) + 1: num_reqs + 1] = start
         self.kv_lens[len(chunks):num_reqs] = 0
