@@ -980,3 +980,48 @@ def test_tensor_parallelism_over_linear_attention_is_refused():
 
     with pytest.raises(ValueError, match="linear-attention layers run on one device"):
         check_layout(read(QWEN3_5_27B), 2, 1, 8)
+
+
+# LFM2 in the hub's form: LFM2-1.2B's (transformers 4.x keys: full_attn_idxs, rope_theta, norm_eps) and LFM2-8B-A1B's
+LFM2_1_2B = dict(
+    architectures=["Lfm2ForCausalLM"], model_type="lfm2", block_auto_adjust_ff_dim=True, block_dim=2048,
+    block_ff_dim=12288, block_ffn_dim_multiplier=1.0, block_multiple_of=256, block_norm_eps=1e-5, conv_L_cache=3,
+    conv_bias=False, eos_token_id=7, full_attn_idxs=[2, 5, 8, 10, 12, 14], hidden_size=2048, intermediate_size=12288,
+    max_position_embeddings=128000, norm_eps=1e-5, num_attention_heads=32, num_heads=32, num_hidden_layers=16,
+    num_key_value_heads=8, rope_theta=1000000.0, torch_dtype="bfloat16", vocab_size=65536, tie_embedding=True)
+LFM2_8B_A1B = dict(
+    architectures=["Lfm2MoeForCausalLM"], model_type="lfm2_moe", conv_L_cache=3, conv_bias=False, eos_token_id=7,
+    hidden_size=2048, intermediate_size=7168, layer_types=["conv", "conv", "full_attention"] * 8,
+    moe_intermediate_size=1792, norm_eps=1e-5, norm_topk_prob=True, num_attention_heads=32, num_dense_layers=2,
+    num_experts=32, num_experts_per_tok=4, num_hidden_layers=24, num_key_value_heads=8, routed_scaling_factor=1.0,
+    rope_theta=1000000.0, use_expert_bias=True, vocab_size=65536, dtype="bfloat16")
+
+
+@pytest.mark.parametrize("hf", [LFM2_1_2B, LFM2_8B_A1B])
+def test_lfm2_hub_configs_read_as_transformers_builds_them(hf):
+    """The convolution layers where transformers puts them (its layer types, from full_attn_idxs in LFM2-1.2B's), the
+    MLP's width as transformers adjusts it (built on the meta device), LFM2-MoE's dense layers and sigmoid router."""
+    import torch
+
+    from jaxengine.models.llama import layer_groups
+
+    cfg = read(hf)
+    config_class, model_class = {"lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
+                                 "lfm2_moe": (transformers.Lfm2MoeConfig, transformers.Lfm2MoeForCausalLM)}[
+        hf["model_type"]]
+    theirs = config_class(**{k: v for k, v in hf.items() if k not in ("architectures", "model_type")})
+    assert cfg.linear_layers == tuple(i for i, t in enumerate(theirs.layer_types) if t == "conv")
+    assert cfg.short_conv_width == 3 and cfg.kv_cache_layers == cfg.num_layers - len(cfg.linear_layers)
+    with torch.device("meta"):
+        layers = model_class(theirs).model.layers
+    mlp = layers[0].feed_forward
+    width = cfg.dense_intermediate_size if cfg.num_experts else cfg.intermediate_size
+    assert width == mlp.w1.out_features
+    assert (cfg.head_dim, cfg.rope.theta, cfg.rms_norm_eps, cfg.qk_norm) == (64, 1000000.0, 1e-5, True)
+    assert [g.linear_attention for _, _, g in layer_groups(cfg)][:2] == [True, False]
+    if cfg.num_experts:
+        moe = layers[-1].feed_forward
+        assert cfg.dense_mlp_layers == (0, 1) and cfg.moe_intermediate_size == moe.experts.intermediate_dim
+        assert (cfg.num_experts, cfg.experts_per_token, cfg.router_scoring, cfg.router_correction) == (
+            32, 4, "sigmoid", True)
+        assert cfg.norm_topk_prob and cfg.router_renorm_eps == 1e-6 and cfg.intermediate_size == 0

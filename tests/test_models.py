@@ -291,6 +291,10 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # LFM2-MoE: LFM2's layers (tiny_models.LIGHT_SPECS), a dense first layer, then the top 2 of 4 experts by sigmoid
+    # scores chosen with their bias, renormalised, times 2
+    ("lfm2", dict(cls="Lfm2MoeForCausalLM", intermediate_size=80, moe_intermediate_size=32, num_experts=4,
+                  num_experts_per_tok=2, num_dense_layers=1, routed_scaling_factor=2.0)),
     # Qwen3.5 MoE: SPECS' Qwen3.5 over the top 2 of 4 experts (renormalised) and a gated shared expert
     ("qwen3_5", dict(cls="Qwen3_5MoeForCausalLM", config_cls="Qwen3_5MoeTextConfig", num_experts=4,
                      num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)),

@@ -166,6 +166,12 @@ LIGHT_SPECS = {
         moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, n_group=4,
         topk_group=2, routed_scaling_factor=2.5, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # LFM2: gated short convolutions (3 wide) on both sides of an attention layer with per-head q/k norms; the MLP's
+    # width adjusted as transformers adjusts it (112: two thirds, rounded up to a multiple of 32: 96)
+    "lfm2": dict(
+        cls="Lfm2ForCausalLM", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, norm_eps=1e-5,
+        layer_types=["conv", "full_attention", "conv"], block_multiple_of=32, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     # Gemma 4 31B's layout: SPECS["gemma4"] without its experts
     "gemma4dense": {k: v for k, v in SPECS["gemma4"].items()
                     if k not in ("enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size")},
@@ -482,7 +488,8 @@ def _randomise(model) -> None:
             if type(module).__name__ == "Conv1D":
                 module.weight.normal_(0.0, 1.0 / module.weight.shape[0] ** 0.5)
         for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):  # a sigmoid router's: large enough to change choices
+            if name.endswith(("e_score_correction_bias", "expert_bias")):  # a sigmoid router's: large enough to
+                # change choices
                 b.normal_(0.0, 0.3)
             elif name.endswith("layer_scalar"):  # Gemma 4's scale of each layer's output
                 b.uniform_(0.5, 1.5)

@@ -30,6 +30,11 @@ def state_shapes(num_layers: int, num_rows: int, heads: tuple, dtype) -> tuple:
     return ((num_layers, num_rows, width - 1, channels), dtype), ((num_layers, num_rows, num_v, dk, dv), jnp.float32)
 
 
+def starts_sequence(batch: RaggedBatch):
+    """bool[R]: each request's chunk starts its sequence (no context before it: its state starts from zeros)."""
+    return batch.kv_lens == batch.cu_q_lens[1:] - batch.cu_q_lens[:-1]
+
+
 def _token_requests(batch: RaggedBatch, num_tokens: int):
     """Each token's request i32[T] (padding tokens: the last request) and its index within the request's chunk."""
     starts = batch.cu_q_lens[:-1]

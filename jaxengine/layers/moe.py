@@ -35,11 +35,12 @@ class Routing:
     plus a correction bias) or by DeepSeek V3's `sigmoid` scores (GLM-4.5's) plus a correction bias; among the
     `groups` = (n_group, topk_group) groups with the best group scores (every group where none): a softmax group's
     best score (DeepSeek V2's group_limited_greedy), a sigmoid group's top two summed; weighted by their scores
-    (renormalised where asked), times `scale` (routed_scaling_factor)."""
+    (renormalised where asked: over their sum plus `renorm_eps`), times `scale` (routed_scaling_factor)."""
 
     scoring: str = "softmax"
     groups: tuple = ()
     scale: float = 1.0
+    renorm_eps: float = 1e-20  # DeepSeek V3's (transformers'); LFM2-MoE's 1e-6
 
 
 def route(x, router, top_k: int, renormalize: bool, bias=None, routing: Routing = Routing(), correction=None):
@@ -69,7 +70,7 @@ def route(x, router, top_k: int, renormalize: bool, bias=None, routing: Routing 
     _, experts = jax.lax.top_k(choice, top_k)
     weights = jnp.take_along_axis(scores, experts, axis=-1)
     if renormalize:
-        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + routing.renorm_eps)
     return weights * routing.scale, experts
 
 

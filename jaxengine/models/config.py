@@ -107,6 +107,7 @@ class ModelConfig:
     router_float32: bool = False  # DeepSeek's routers (GLM-4.5's, dots'): the logits from float32 weights
     router_correction: bool = False  # DeepSeek V3's and ERNIE 4.5's routers: a correction bias on the scores for the
     # choice
+    router_renorm_eps: float = 1e-20  # added to the top experts' weights' sum where renormalised (LFM2-MoE: 1e-6)
     moe_input_scaled: bool = False  # Llama 4: each routed token's input times its router weight, not the output
     # Gemma 4 (26B-A4B): the experts beside the dense MLP, each reading the residual through a norm of its own (the
     # router too: a scaled norm; its weights times a scale per expert), their outputs normed apart, then summed
@@ -172,6 +173,10 @@ class ModelConfig:
     linear_heads: tuple = ()
     linear_attention: bool = False
     attn_output_gate: bool = False  # Qwen3.5, Qwen3-Next: the attention's output times sigmoid(x @ its gate), per head
+    # LFM2: the state layers (`linear_layers`) are gated short convolutions of this width instead (C * conv(B * x),
+    # B, C and x from one projection; their state the convolution's only), with biases where `conv_bias`
+    short_conv_width: int = 0
+    conv_bias: bool = False
 
     @property
     def kv_cache_layers(self) -> int:
@@ -1064,6 +1069,57 @@ def qwen3_5_config_from_hf(hf: dict) -> ModelConfig:
         cfg, **experts, architecture=arch, tie_word_embeddings=tied, norm_offset=True,
         attn_output_gate=bool(text.get("attn_output_gate", True)),
         linear_layers=tuple(i for i, kind in enumerate(layer_types) if kind == "linear_attention"), linear_heads=heads)
+
+
+LFM2_ARCHITECTURES = ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM")
+
+
+def lfm2_config_from_hf(hf: dict) -> ModelConfig:
+    """LFM2 (`Lfm2ForCausalLM`: LFM2-350M to 2.6B) and LFM2-MoE (`Lfm2MoeForCausalLM`: LFM2-8B-A1B): by `layer_types`
+    (or `full_attn_idxs`), gated short convolutions (`short_conv_width`: conv_L_cache; biases by `conv_bias`) among
+    attention layers with per-head q/k norms; SwiGLU MLPs, LFM2's width adjusted as transformers adjusts it
+    (`block_auto_adjust_ff_dim`: two thirds, times `block_ffn_dim_multiplier`, rounded up to `block_multiple_of`);
+    LFM2-MoE's first `num_dense_layers` dense (intermediate_size), the others the top `num_experts_per_tok` experts by
+    sigmoid scores (chosen with its `expert_bias` where `use_expert_bias`), renormalised, times
+    `routed_scaling_factor`."""
+    arch = hf["architectures"][0]
+    if hf.get("quantization_config"):
+        raise ValueError(f"quantized {arch} checkpoints are not supported yet (their convolution layers' projections "
+                         f"are float only)")
+    num_layers = hf["num_hidden_layers"]
+    layer_types = hf.get("layer_types")
+    if layer_types is None:
+        full = hf.get("full_attn_idxs")
+        full = range(num_layers) if full is None else full
+        layer_types = ["full_attention" if i in full else "conv" for i in range(num_layers)]
+    unknown = sorted(set(layer_types) - {"conv", "full_attention"})
+    if unknown or len(layer_types) != num_layers:
+        raise ValueError(f"layer_types must give each of the {num_layers} layers conv or full_attention, got "
+                         f"{layer_types!r}")
+    width = hf.get("intermediate_size", 12288)
+    if arch == "Lfm2ForCausalLM" and hf.get("block_auto_adjust_ff_dim", True):
+        width = int(2 * width / 3)
+        multiplier = hf.get("block_ffn_dim_multiplier", 1.0)
+        if multiplier is not None:
+            multiple = hf.get("block_multiple_of", 256)
+            width = multiple * ((int(multiplier * width) + multiple - 1) // multiple)
+    text = {k: v for k, v in hf.items() if k != "layer_types"} | {
+        "intermediate_size": width, "rms_norm_eps": hf.get("norm_eps", 1e-5),
+        "rope_theta": hf.get("rope_theta", 1000000.0)}
+    cfg = dataclasses.replace(
+        model_config_from_hf(text, qk_norm=True), architecture=arch,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        linear_layers=tuple(i for i, kind in enumerate(layer_types) if kind == "conv"),
+        short_conv_width=int(hf.get("conv_L_cache", 3)), conv_bias=bool(hf.get("conv_bias", False)))
+    if arch == "Lfm2MoeForCausalLM":
+        cfg = _deepseek_experts(hf | {"n_routed_experts": hf.get("num_experts", 32), "n_shared_experts": 0,
+                                      "first_k_dense_replace": hf.get("num_dense_layers", 2), "n_group": 1,
+                                      "topk_group": 1, "num_experts_per_tok": hf.get("num_experts_per_tok", 4),
+                                      "moe_intermediate_size": hf.get("moe_intermediate_size", 1792)},
+                                cfg, first_dense=2, renormalize=True)
+        cfg = dataclasses.replace(cfg, router_float32=False, router_renorm_eps=1e-6,
+                                  router_correction=bool(hf.get("use_expert_bias", True)))
+    return cfg
 
 
 def moe_config_from_hf(hf: dict) -> ModelConfig:

@@ -227,7 +227,7 @@ def _plus(y, delta):
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "expert_gate", "expert_up",
            "expert_down", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_k", "kv_b_v", "ple_gate", "ple_proj", "o_gate",
-           "lin_out")
+           "lin_out", "conv_in")
 
 
 def _norm_scale(cfg: ModelConfig, weight: jax.Array) -> jax.Array:
@@ -282,7 +282,8 @@ def _pack_layer(layer) -> None:
                 getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
             value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
             layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
-        if cfg.linear_attention:  # Gated DeltaNet's four input projections as one (DecoderLayers._linear_attention)
+        if cfg.linear_attention and not cfg.short_conv_width:  # Gated DeltaNet's four input projections as one
+            # (DecoderLayers._linear_attention)
             value = cpu.pack_bf16(np.concatenate([take(name) for name in ("lin_qkv", "lin_z", "lin_b", "lin_a")], -1))
             layer.lin_in = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
         if (gated and cfg.gated_mlp and not (cfg.num_experts or cfg.mlp_bias) and cfg.intermediate_size
@@ -387,7 +388,9 @@ class DecoderLayers(nnx.Module):
             self.attn_norm = _param((L, D), dtype, ("layers", "embed"))
             if cfg.norm_bias:
                 self.attn_norm_bias = _param((L, D), dtype, ("layers", "embed"))
-        if cfg.linear_attention:
+        if cfg.linear_attention and cfg.short_conv_width:
+            self._short_conv_params(dtype)
+        elif cfg.linear_attention:
             self._linear_attention_params(dtype)
         elif cfg.latent_attention:
             self._latent_attention_params(dtype)
@@ -516,6 +519,19 @@ class DecoderLayers(nnx.Module):
         self.lin_norm = _param((L, dv), dtype, ("layers", "head_dim"))
         self.lin_out = _param((L, num_v * dv, D), dtype, ("layers", "linear", "embed"))
 
+    def _short_conv_params(self, dtype) -> None:
+        """LFM2's gated short convolution (ModelConfig.short_conv_width): the input's projection to B, C and x
+        (`conv_in`, [D, 3 D]), the depthwise convolution [width, D], `lin_out`; their biases where `conv_bias`."""
+        cfg = self.cfg
+        L, D = cfg.num_layers, cfg.hidden_size
+        self.conv_in = _param((L, D, 3 * D), dtype, ("layers", "embed", "linear"))
+        self.conv_w = _param((L, cfg.short_conv_width, D), dtype, ("layers", "conv", "embed"))
+        self.lin_out = _param((L, D, D), dtype, ("layers", "linear", "embed"))
+        if cfg.conv_bias:
+            self.conv_in_bias = _param((L, 3 * D), dtype, ("layers", "linear"))
+            self.conv_w_bias = _param((L, D), dtype, ("layers", "embed"))
+            self.lin_out_bias = _param((L, D), dtype, ("layers", "embed"))
+
     def _latent_attention_params(self, dtype) -> None:
         """Multi-head latent attention's projections (DeepSeek V2/V3; ModelConfig.kv_lora_rank): the queries from the
         hidden state (`q_proj`) or through a normed latent (`q_a_proj`, `q_a_norm`, `q_b_proj`), each head's
@@ -605,7 +621,9 @@ class DecoderLayers(nnx.Module):
         layer_input = h
         x = self.input_norm(h, "attn_norm") if cfg.layer_norm else h  # RMSNorms: the projections' prologues
         D = cfg.hidden_size
-        if cfg.linear_attention:
+        if cfg.linear_attention and cfg.short_conv_width:
+            o, kv_cache = self._short_conv(x, kv_cache, layer, weights_layer, batch, live)
+        elif cfg.linear_attention:
             o, kv_cache = self._linear_attention(x, kv_cache, layer, weights_layer, batch, live)
         elif cfg.latent_attention:
             o, kv_cache = self._latent_attention(x, kv_cache, layer, weights_layer, batch, slots, rope, live)
@@ -616,7 +634,8 @@ class DecoderLayers(nnx.Module):
             o = o * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(o.dtype)
         o_delta = _lora_delta(o, lora, "o_proj")
         if cfg.linear_attention:
-            h = _dot(o, self.lin_out[...], D, residual=h, live_rows=live, layer=weights_layer)
+            h = _dot(o, self.lin_out[...], D, residual=h + self.lin_out_bias[...] if cfg.conv_bias else h,
+                     live_rows=live, layer=weights_layer)
         elif cfg.sandwich_norms:
             out = _plus(_dot(o, self.linear("o_proj"), D, live_rows=live, layer=weights_layer), o_delta)
             if cfg.o_bias:
@@ -735,7 +754,7 @@ class DecoderLayers(nnx.Module):
             mixed, z, b, a = (_dot(x, getattr(self, name)[...], n, live_rows=live, layer=weights_layer)
                               for name, n in zip(("lin_qkv", "lin_z", "lin_b", "lin_a"), widths))
         conv_state, rec_state = state
-        fresh = batch.kv_lens == batch.cu_q_lens[1:] - batch.cu_q_lens[:-1]  # the chunk starts its sequence
+        fresh = linear_attention.starts_sequence(batch)
         rows = batch.state_slots
         mixed, conv_state = linear_attention.causal_conv(mixed, self.lin_conv[...], conv_state, layer, rows, fresh,
                                                          batch, ACTIVATIONS[cfg.hidden_act])
@@ -748,6 +767,23 @@ class DecoderLayers(nnx.Module):
         o = linear_attention.gated_rms_norm(o.astype(h.dtype), z.reshape(T, num_v, dv), self.lin_norm[...],
                                             cfg.rms_norm_eps)
         return o.reshape(T, num_v * dv), (conv_state, rec_state)
+
+    def _short_conv(self, h, state, layer, weights_layer, batch, live):
+        """LFM2's gated short convolution over the normed h: (C * conv(B * x) [T, D] before lin_out, the convolution's
+        state (a one-array tuple) with each request's row updated; layers.linear_attention.causal_conv)."""
+        cfg = self.cfg
+        bcx = _normed_dot(h, self.norm("attn_norm"), cfg.rms_norm_eps, self.linear("conv_in"), 3 * cfg.hidden_size,
+                          live, weights_layer)
+        if cfg.conv_bias:
+            bcx = bcx + self.conv_in_bias[...]
+        b, c, x = jnp.split(bcx, 3, -1)
+        (conv_state,) = state
+        fresh = linear_attention.starts_sequence(batch)
+        y, conv_state = linear_attention.causal_conv(b * x, self.conv_w[...], conv_state, layer, batch.state_slots,
+                                                     fresh, batch, lambda v: v)
+        if cfg.conv_bias:
+            y = y + self.conv_w_bias[...]
+        return c * y, (conv_state,)
 
     def _latent_attention(self, h, kv_cache, layer, weights_layer, batch, slots, rope, live):
         """Multi-head latent attention (`_latent_attention_params`) absorbed, as vLLM's MLA decodes: each head's
@@ -855,7 +891,8 @@ class DecoderLayers(nnx.Module):
                 down = Mxfp4Experts(down, self.expert_down_exponents[...])
             correction = self.router_correction[...] if hasattr(self, "router_correction") else None
             experts = moe_mlp(x, self.router[...], down=down, top_k=cfg.experts_per_token,
-                              routing=Routing(cfg.router_scoring, cfg.router_groups, cfg.routed_scaling),
+                              routing=Routing(cfg.router_scoring, cfg.router_groups, cfg.routed_scaling,
+                                              cfg.router_renorm_eps),
                               router_correction=correction,
                               renormalize=cfg.norm_topk_prob, activation=cfg.hidden_act, layer=layer, live_rows=live,
                               swiglu=(cfg.swiglu_alpha, cfg.swiglu_limit),
@@ -1144,6 +1181,8 @@ class LlamaForCausalLM(nnx.Module):
         cfg = self.cfg
         if not cfg.linear_layers:
             return None
+        if cfg.short_conv_width:  # LFM2: the convolutions' only
+            return (((len(cfg.linear_layers), num_rows, cfg.short_conv_width - 1, cfg.hidden_size), self.dtype),)
         return linear_attention.state_shapes(len(cfg.linear_layers), num_rows, cfg.linear_heads, self.dtype)
 
     def kv_cache_shape(self, num_pages: int, page_size: int) -> tuple:
@@ -1204,6 +1243,11 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
             ("in_proj_b.weight", ("lin_b", True)), ("in_proj_a.weight", ("lin_a", True)),
             ("conv1d.weight", ("lin_conv", True)), ("A_log", ("lin_a_log", False)), ("dt_bias", ("lin_dt_bias", False)),
             ("norm.weight", ("lin_norm", False)), ("out_proj.weight", ("lin_out", True)))}
+    if cfg.linear_attention and cfg.short_conv_width:  # LFM2's (its convolution's [D, 1, width] squeezed at load)
+        parts = (("in_proj", "conv_in", True), ("conv", "conv_w", True), ("out_proj", "lin_out", True))
+        per_layer = {f"conv.{name}.weight": (ours, t) for name, ours, t in parts}
+        if cfg.conv_bias:
+            per_layer |= {f"conv.{name}.bias": (ours + "_bias", False) for name, ours, _ in parts}
     if cfg.attn_output_gate:  # its half of the checkpoint's q_proj (registry._qwen3_5_tensors)
         per_layer["self_attn.q_gate.weight"] = ("o_gate", True)
     if cfg.k_eq_v or cfg.kv_source >= 0:  # the keys' projection gives the values too, or neither is the layer's

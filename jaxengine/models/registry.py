@@ -7,22 +7,23 @@ import re
 import numpy as np
 
 from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES,
-                                     GRANITE_MOE_ARCHITECTURES, QWEN3_5_ARCHITECTURES, QWEN_VL_ARCHITECTURES,
-                                     ModelConfig, apertus_config_from_hf, arcee_config_from_hf, cohere_config_from_hf,
-                                     deepseek_config_from_hf, dots1_config_from_hf, ernie4_5_config_from_hf,
-                                     ernie4_5_moe_config_from_hf, exaone4_config_from_hf, exaone_config_from_hf,
-                                     exaone_moe_config_from_hf, falcon_config_from_hf, gemma3_language_config_from_hf,
-                                     gemma4_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
-                                     glm_config_from_hf, gpt2_config_from_hf, gpt_neox_config_from_hf,
-                                     gpt_oss_config_from_hf, gptj_config_from_hf, granite_config_from_hf,
-                                     granite_moe_config_from_hf, helium_config_from_hf, hyperclovax_config_from_hf,
-                                     jais2_config_from_hf, llama4_config_from_hf, ministral3_config_from_hf,
-                                     ministral_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
-                                     moe_config_from_hf, nemotron_config_from_hf, olmo2_config_from_hf,
-                                     olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
-                                     qwen3_5_config_from_hf, qwen_vl_language_config_from_hf, seed_oss_config_from_hf,
-                                     smollm3_config_from_hf, solar_open_config_from_hf, stablelm_config_from_hf,
-                                     starcoder2_config_from_hf, vaultgemma_config_from_hf)
+                                     GRANITE_MOE_ARCHITECTURES, LFM2_ARCHITECTURES, QWEN3_5_ARCHITECTURES,
+                                     QWEN_VL_ARCHITECTURES, ModelConfig, apertus_config_from_hf, arcee_config_from_hf,
+                                     cohere_config_from_hf, deepseek_config_from_hf, dots1_config_from_hf,
+                                     ernie4_5_config_from_hf, ernie4_5_moe_config_from_hf, exaone4_config_from_hf,
+                                     exaone_config_from_hf, exaone_moe_config_from_hf, falcon_config_from_hf,
+                                     gemma3_language_config_from_hf, gemma4_config_from_hf, gemma_config_from_hf,
+                                     glm4_moe_config_from_hf, glm_config_from_hf, gpt2_config_from_hf,
+                                     gpt_neox_config_from_hf, gpt_oss_config_from_hf, gptj_config_from_hf,
+                                     granite_config_from_hf, granite_moe_config_from_hf, helium_config_from_hf,
+                                     hyperclovax_config_from_hf, jais2_config_from_hf, lfm2_config_from_hf,
+                                     llama4_config_from_hf, ministral3_config_from_hf, ministral_config_from_hf,
+                                     mistral3_language_config_from_hf, model_config_from_hf, moe_config_from_hf,
+                                     nemotron_config_from_hf, olmo2_config_from_hf, olmoe_config_from_hf,
+                                     opt_config_from_hf, phi_config_from_hf, qwen3_5_config_from_hf,
+                                     qwen_vl_language_config_from_hf, seed_oss_config_from_hf, smollm3_config_from_hf,
+                                     solar_open_config_from_hf, stablelm_config_from_hf, starcoder2_config_from_hf,
+                                     vaultgemma_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
 from jaxengine.models.quantization import dequantize_mxfp4
 
@@ -459,6 +460,20 @@ def _qwen3_5_tensors(name: str, array, cfg: ModelConfig) -> list:
     return [(name, array)]
 
 
+# LFM2's names as the weight map knows them (its convolutions' own: DecoderLayers._short_conv_params)
+_LFM2_NAMES = ((".self_attn.out_proj.", ".self_attn.o_proj."), (".self_attn.q_layernorm.", ".self_attn.q_norm."),
+               (".self_attn.k_layernorm.", ".self_attn.k_norm."), (".feed_forward.", ".mlp."),
+               (".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj."),
+               (".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),
+               (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"))
+
+
+def _lfm2_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """LFM2's convolutions' [D, 1, width] weights squeezed (the weight map's transpose makes them [width, D])."""
+    array = np.asarray(array)
+    return [(name, array[:, 0, :] if name.endswith(".conv.conv.weight") else array)]
+
+
 _APERTUS_NORMS = ((".attention_layernorm.", ".input_layernorm."),
                   (".feedforward_layernorm.", ".post_attention_layernorm."))
 
@@ -561,7 +576,11 @@ _REGISTRY = {
     "Llama4ForCausalLM": Architecture(LlamaForCausalLM, llama4_config_from_hf, split_tensor=_stacked_experts),
     "Llama4ForConditionalGeneration": Architecture(LlamaForCausalLM, llama4_config_from_hf, _language_model_tensor,
                                                    split_tensor=_stacked_experts),
-} | {  # Qwen3.5 (dense, MoE; the multimodal checkpoints served as text models likewise), Qwen3-Next
+} | {  # LFM2 and LFM2-MoE: gated short convolutions among attention layers
+    name: Architecture(LlamaForCausalLM, lfm2_config_from_hf,
+                       _renaming(_LFM2_NAMES, (), (("model.embedding_norm.", "model.norm."),)),
+                       split_tensor=_lfm2_tensors) for name in LFM2_ARCHITECTURES} | {
+    # Qwen3.5 (dense, MoE; the multimodal checkpoints served as text models likewise), Qwen3-Next
     name: Architecture(LlamaForCausalLM, qwen3_5_config_from_hf, _qwen3_5_tensor, split_tensor=_qwen3_5_tensors)
     for name in QWEN3_5_ARCHITECTURES} | {  # Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), served as text models likewise
     name: Architecture(LlamaForCausalLM, qwen_vl_language_config_from_hf, _language_model_tensor,
