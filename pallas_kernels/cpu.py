@@ -785,12 +785,12 @@ def rope_write_kv(qkv, cos, sin, kv_pages, layer, pages, offsets, num_heads: int
                 _kv_scales(scales))
 
 
-def gated_delta_rule(q, k, v, g, beta, state, layer, cu_q_lens, kv_lens, rows, num_seqs):
-    """Gated DeltaNet's recurrence (cpu_linear_attention.cc; jaxengine/layers/linear_attention.gated_delta_rule's
-    contract): q, k float32 [T, Hk, dk] (L2-normalised, q scaled), v [T, Hv, dv], g (log decay) and beta [T, Hv]; each
-    request's state row of `state` [L, rows, Hv, dk, dv] (float32) at `layer` updated in place token by token (from
-    zeros where its chunk starts its sequence: kv_lens equal to its chunk's length). Returns (out f32[T, Hv, dv],
-    the state: aliased, donate it)."""
+def gated_delta_rule(q, k, v, g, beta, state, layer, cu_q_lens, kv_lens, rows, num_seqs, delta: bool = True):
+    """Gated DeltaNet's recurrence, or (not `delta`) Mamba2's (cpu_linear_attention.cc; jaxengine/layers/
+    linear_attention.recurrence's contract): q, k float32 [T, Hk, dk], v [T, Hv, dv], g (log decay) and beta [T, Hv];
+    each request's state row of `state` [L, rows, Hv, dk, dv] (float32) at `layer` updated in place token by token
+    (from zeros where its chunk starts its sequence: kv_lens equal to its chunk's length). Returns (out f32[T, Hv,
+    dv], the state: aliased, donate it)."""
     T, Hk, dk = q.shape
     Hv, dv = v.shape[1:]
     if (k.shape != q.shape or v.shape[0] != T or Hv % Hk or state.ndim != 5 or state.shape[2:] != (Hv, dk, dv)
@@ -806,7 +806,7 @@ def gated_delta_rule(q, k, v, g, beta, state, layer, cu_q_lens, kv_lens, rows, n
                             input_output_aliases={5: 1})
     f32, i32 = (lambda x: jnp.asarray(x, jnp.float32)), (lambda x: jnp.asarray(x, jnp.int32))
     return call(f32(q), f32(k), f32(v), f32(g), f32(beta), state, i32(layer).reshape(1), i32(cu_q_lens),
-                i32(kv_lens), i32(rows), i32(num_seqs).reshape(1))
+                i32(kv_lens), i32(rows), i32(num_seqs).reshape(1), np.full(1, delta, np.int32))
 
 
 def fusion_barrier(x):

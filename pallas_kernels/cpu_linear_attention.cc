@@ -1,15 +1,16 @@
-// Gated DeltaNet's recurrence for XLA:CPU (Qwen3.5, Qwen3-Next), called through the XLA FFI (see cpu.py, which builds
-// and registers it; jaxengine/layers/linear_attention.py holds the contract and the XLA form).
+// Gated DeltaNet's recurrence (Qwen3.5, Qwen3-Next) and Mamba2's (Granite 4.0-H: `delta` off) for XLA:CPU, called
+// through the XLA FFI (see cpu.py, which builds and registers it; jaxengine/layers/linear_attention.py holds the
+// contract and the XLA form).
 //
 // Each request's state row [Hv, dk, dv] (float32) is updated in place, token after token of its chunk: decayed by
-// exp(g), corrected along k towards v at rate beta (the delta rule), then read along q. A request whose chunk starts
-// its sequence (kv_len == its chunk's length) starts from zeros. Work items are (request, value head, block of 32
-// columns), shared with XLA's intra-op pool: a chunk of several tokens runs on its block in L1 (`columns`), a decode
-// step's one token on the whole head in place (`step`). Where XLA's form gathered every request's state, computed a
-// new one and scattered it back (a decode step of 64 sequences moved ~4 copies of their states), this reads and
-// writes each state once a step. On the 2-core EPYC, 6 heads of 128 x 128 (qwen3-next-mini's layer): a decode step
-// of 64 sequences ~2.1 ms (the states' 25 MiB read and written: memory bound), a 512-token chunk of 4 prompts
-// ~2.9 ms (5.7 ms whole-head: the 64 KiB states' passes ran from L2).
+// exp(g), corrected along k towards v at rate beta (the delta rule; Mamba2: beta v written along k), then read along
+// q. A request whose chunk starts its sequence (kv_len == its chunk's length) starts from zeros. Work items are
+// (request, value head, block of 32 columns), shared with XLA's intra-op pool: a chunk of several tokens runs on its
+// block in L1 (`columns`), a decode step's one token on the whole head in place (`step`). Where XLA's form gathered
+// every request's state, computed a new one and scattered it back (a decode step of 64 sequences moved ~4 copies of
+// their states), this reads and writes each state once a step. On the 2-core EPYC, 6 heads of 128 x 128
+// (qwen3-next-mini's layer): a decode step of 64 sequences ~2.1 ms (the states' 25 MiB read and written: memory
+// bound), a 512-token chunk of 4 prompts ~2.9 ms (5.7 ms whole-head: the 64 KiB states' passes ran from L2).
 
 #include <algorithm>
 #include <atomic>
@@ -40,6 +41,7 @@ struct DeltaShared {
   float *state, *out;
   const int32_t *cu_q_lens, *kv_lens, *rows;
   int64_t Hk, Hv, dk, dv, num_rows, blocks, items;
+  bool delta;  // the delta rule's correction (Gated DeltaNet); else Mamba2's plain write of beta v along k
   std::atomic<int64_t> next{0}, done{0};
 
   void work() {
@@ -79,6 +81,9 @@ struct DeltaShared {
       const float* __restrict kt = k + (t * Hk + kh) * dk;
       const v16 decay = splat(std::exp(g[t * Hv + h])), rate = splat(beta[t * Hv + h]);
       v16 p0{}, p1{}, r0{}, r1{};  // the prediction along k: columns 0-15 and 16-31, even rows (p) and odd (r)
+      if (!delta) {
+        for (int64_t a = 0; a < 2 * dk; ++a) b[a] = b[a] * decay;
+      } else {
       for (int64_t a = 0; a < even; a += 2) {
         const v16 x0 = b[2 * a] * decay, x1 = b[2 * a + 1] * decay;
         const v16 y0 = b[2 * a + 2] * decay, y1 = b[2 * a + 3] * decay;
@@ -89,6 +94,7 @@ struct DeltaShared {
         const v16 x0 = b[2 * even] * decay, x1 = b[2 * even + 1] * decay;
         b[2 * even] = x0, b[2 * even + 1] = x1;
         p0 += x0 * kt[even], p1 += x1 * kt[even];
+      }
       }
       v16 v0, v1;
       std::memcpy(&v0, v + (t * Hv + h) * dv + j0, sizeof(v16));
@@ -113,31 +119,32 @@ struct DeltaShared {
     for (int64_t a = 0; a < dk; ++a) std::memcpy(s + a * dv, &b[2 * a], sizeof(float) * kColumns);
   }
 
-  // One token on one head's whole state s [dk, dv]: s *= exp(g); s += k (beta (v - s^T k))^T; out = s^T q.
+  // One token on one head's whole state s [dk, dv]: s *= exp(g); s += k (beta (v - s^T k))^T (Mamba2: k (beta v)^T);
+  // out = s^T q.
   void step(float* s, int64_t t, int64_t h, int64_t kh) const {
     const float* qt = q + (t * Hk + kh) * dk;
     const float* kt = k + (t * Hk + kh) * dk;
     const float* vt = v + (t * Hv + h) * dv;
     const float decay = std::exp(g[t * Hv + h]), rate = beta[t * Hv + h];
-    float delta[kMaxDv], o[kMaxDv];
-    for (int64_t j = 0; j < dv; ++j) delta[j] = 0.0f;
+    float update[kMaxDv], o[kMaxDv];
+    for (int64_t j = 0; j < dv; ++j) update[j] = 0.0f;
     for (int64_t a = 0; a < dk; ++a) {  // decay, and the state's prediction of v along k
       float* sa = s + a * dv;
       const float ka = kt[a];
       for (int64_t j = 0; j < dv; ++j) {
         sa[j] *= decay;
-        delta[j] += sa[j] * ka;
+        update[j] += sa[j] * ka;
       }
     }
     for (int64_t j = 0; j < dv; ++j) {
-      delta[j] = (vt[j] - delta[j]) * rate;
+      update[j] = (vt[j] - (delta ? update[j] : 0.0f)) * rate;
       o[j] = 0.0f;
     }
     for (int64_t a = 0; a < dk; ++a) {  // the correction, and the read along q
       float* sa = s + a * dv;
       const float ka = kt[a], qa = qt[a];
       for (int64_t j = 0; j < dv; ++j) {
-        sa[j] += ka * delta[j];
+        sa[j] += ka * update[j];
         o[j] += sa[j] * qa;
       }
     }
@@ -154,7 +161,8 @@ ffi::Error GatedDeltaRule(ffi::ThreadPool thread_pool, ffi::Buffer<ffi::F32> q, 
                           ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> beta,
                           ffi::Buffer<ffi::F32> pool, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> cu_q_lens,
                           ffi::Buffer<ffi::S32> kv_lens, ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::S32> num_seqs,
-                          ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> pool_out) {
+                          ffi::Buffer<ffi::S32> delta, ffi::ResultBuffer<ffi::F32> out,
+                          ffi::ResultBuffer<ffi::F32> pool_out) {
   const auto q_dims = q.dimensions(), k_dims = k.dimensions(), v_dims = v.dimensions(), p_dims = pool.dimensions();
   if (q_dims.size() != 3 || k_dims.size() != 3 || !std::equal(q_dims.begin(), q_dims.end(), k_dims.begin()) ||
       v_dims.size() != 3 || p_dims.size() != 5 ||
@@ -165,9 +173,9 @@ ffi::Error GatedDeltaRule(ffi::ThreadPool thread_pool, ffi::Buffer<ffi::F32> q, 
   const size_t R = rows.element_count();
   if (Hv % Hk || dv > DeltaShared::kMaxDv || dk > kMaxDk || g.element_count() != static_cast<size_t>(T * Hv) ||
       beta.element_count() != static_cast<size_t>(T * Hv) || cu_q_lens.element_count() != R + 1 ||
-      kv_lens.element_count() != R || num_seqs.element_count() != 1)
-    return ffi::Error::InvalidArgument("cpu gated_delta_rule: Hv must be a multiple of Hk, dk and dv <= 512, g and beta "
-                                       "[T, Hv], cu_q_lens [R + 1], kv_lens and rows [R]");
+      kv_lens.element_count() != R || num_seqs.element_count() != 1 || delta.element_count() != 1)
+    return ffi::Error::InvalidArgument("cpu gated_delta_rule: Hv must be a multiple of Hk, dk and dv <= 512, g and "
+                                       "beta [T, Hv], cu_q_lens [R + 1], kv_lens and rows [R], delta [1]");
   const int64_t l = std::clamp<int64_t>(layer.typed_data()[0], 0, p_dims[0] - 1);
   float* state = pool_out->typed_data();
   if (state != pool.typed_data()) std::memcpy(state, pool.typed_data(), pool.size_bytes());
@@ -178,7 +186,7 @@ ffi::Error GatedDeltaRule(ffi::ThreadPool thread_pool, ffi::Buffer<ffi::F32> q, 
   s.beta = beta.typed_data(), s.out = out->typed_data();
   s.state = state + l * p_dims[1] * Hv * dk * dv;
   s.cu_q_lens = cu_q_lens.typed_data(), s.kv_lens = kv_lens.typed_data(), s.rows = rows.typed_data();
-  s.Hk = Hk, s.Hv = Hv, s.dk = dk, s.dv = dv, s.num_rows = p_dims[1];
+  s.Hk = Hk, s.Hv = Hv, s.dk = dk, s.dv = dv, s.num_rows = p_dims[1], s.delta = delta.typed_data()[0] != 0;
   const int64_t live = std::clamp<int64_t>(num_seqs.typed_data()[0], 0, static_cast<int64_t>(R));
   bool one_token = true;  // a decode step: whole heads in place, one item each
   for (int64_t r = 0; r < live; ++r) one_token = one_token && s.cu_q_lens[r + 1] - s.cu_q_lens[r] <= 1;
@@ -204,5 +212,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuGatedDeltaRule, GatedDeltaRule,
                                   .Arg<ffi::Buffer<ffi::S32>>()   // kv_lens [R]
                                   .Arg<ffi::Buffer<ffi::S32>>()   // state rows [R]
                                   .Arg<ffi::Buffer<ffi::S32>>()   // num_seqs
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // delta: 1 the delta rule, 0 Mamba2's write
                                   .Ret<ffi::Buffer<ffi::F32>>()   // out [T, Hv, dv]
                                   .Ret<ffi::Buffer<ffi::F32>>());  // the state pool

@@ -1,6 +1,6 @@
-"""Gated DeltaNet's ragged-batch pieces (jaxengine/layers/linear_attention.py) against transformers' Qwen3.5 ones, on a
-batch that mixes a sequence's first chunk, a decode step, chunks that continue a state (one shorter than the
-convolution's memory), padding requests and padding tokens."""
+"""The ragged-batch pieces of Gated DeltaNet and Mamba2 (jaxengine/layers/linear_attention.py) against transformers'
+Qwen3.5 and Granite 4.0-H ones, on a batch that mixes a sequence's first chunk, a decode step, chunks that continue a
+state (one shorter than the convolution's memory), padding requests and padding tokens."""
 
 import functools
 
@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from transformers.models.granitemoehybrid import modeling_granitemoehybrid as hf_granite
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
 from jaxengine.layers import linear_attention
@@ -99,3 +100,30 @@ def test_gated_delta_rule_matches_transformers_recurrence_per_sequence(inputs, n
     untouched = [r for r in range(NUM_ROWS - 1) if r not in ROWS]
     np.testing.assert_array_equal(state[layer, untouched], inputs["rec_state"][layer, untouched])
     np.testing.assert_array_equal(state[1], inputs["rec_state"][1])
+
+
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not cpu.available(), reason="the native CPU kernels need a C++ compiler"))])
+def test_mamba2_recurrence_matches_transformers_state_update_per_sequence(inputs, native):
+    """Mamba2's recurrence (`delta` off: x times its time step written along B, read along C; our state [heads,
+    state size, head_dim], transformers' transposed) against transformers' Granite 4.0-H state update, token by
+    token: B and C per group (2) serving 2 heads each, A per head, the decay exp(dt A)."""
+    batch, fresh = ragged_batch()
+    layer = 1
+    A = -np.linspace(0.2, 1.5, NUM_V).astype(np.float32)
+    dt = inputs["beta"]
+    out, state = jax.jit(functools.partial(linear_attention.recurrence, native=native, delta=False))(
+        *(jnp.asarray(x) for x in (inputs["q"], inputs["k"], inputs["v"], dt * A, dt, inputs["rec_state"])),
+        jnp.int32(layer), batch.state_slots, fresh, batch)
+    out, state = np.asarray(out), np.asarray(state)
+    dk, dv = inputs["q"].shape[-1], inputs["v"].shape[-1]
+    for tokens, first, row in spans():
+        theirs = torch.zeros(1, NUM_V, dv, dk) if first else torch.tensor(
+            inputs["rec_state"][layer, row].swapaxes(-1, -2)[None].copy())
+        for t in range(tokens.start, tokens.stop):
+            got = hf_granite.mamba2_selective_state_update(
+                theirs, torch.tensor(inputs["v"][t][None]), torch.tensor(np.repeat(dt[t][None, :, None], dv, -1)),
+                torch.tensor(np.broadcast_to(A[:, None, None], (NUM_V, dv, dk)).copy()),
+                torch.tensor(inputs["k"][t][None]), torch.tensor(inputs["q"][t][None]))
+            np.testing.assert_allclose(out[t], got[0].numpy(), atol=1e-5)
+        np.testing.assert_allclose(state[layer, row], theirs[0].numpy().swapaxes(-1, -2), atol=1e-5)

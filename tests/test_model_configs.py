@@ -1025,3 +1025,46 @@ def test_lfm2_hub_configs_read_as_transformers_builds_them(hf):
         assert (cfg.num_experts, cfg.experts_per_token, cfg.router_scoring, cfg.router_correction) == (
             32, 4, "sigmoid", True)
         assert cfg.norm_topk_prob and cfg.router_renorm_eps == 1e-6 and cfg.intermediate_size == 0
+
+
+# Granite 4.0 in the hub's form: 4.0-H-Tiny's (Mamba2 mixers and 4 attention layers of 40, 64 experts beside a shared
+# MLP, NoPE) and 4.0-H-Micro's (dense)
+_GRANITE4_TYPES = (["mamba"] * 5 + ["attention"] + ["mamba"] * 4) * 4
+GRANITE4_H_TINY = dict(
+    architectures=["GraniteMoeHybridForCausalLM"], model_type="granitemoehybrid", attention_multiplier=0.0078125,
+    embedding_multiplier=12, hidden_size=1536, intermediate_size=512, layer_types=_GRANITE4_TYPES, logits_scaling=6,
+    mamba_chunk_size=256, mamba_conv_bias=True, mamba_d_conv=4, mamba_d_head=64, mamba_d_state=128, mamba_expand=2,
+    mamba_n_groups=1, mamba_n_heads=48, mamba_proj_bias=False, max_position_embeddings=131072, num_attention_heads=12,
+    num_experts_per_tok=6, num_hidden_layers=40, num_key_value_heads=4, num_local_experts=64,
+    position_embedding_type="nope", residual_multiplier=0.22, rms_norm_eps=1e-5, rope_theta=10000,
+    shared_intermediate_size=1024, tie_word_embeddings=True, vocab_size=100352, torch_dtype="bfloat16",
+    eos_token_id=100257)
+GRANITE4_H_MICRO = GRANITE4_H_TINY | dict(hidden_size=2048, intermediate_size=8192, shared_intermediate_size=8192,
+                                          num_local_experts=0, mamba_n_heads=64, num_attention_heads=32,
+                                          num_key_value_heads=8)
+
+
+@pytest.mark.parametrize("hf", [GRANITE4_H_TINY, GRANITE4_H_MICRO])
+def test_granite4_hub_configs_read_as_transformers_builds_them(hf):
+    """The Mamba2 mixers where transformers puts them and of the shape it builds (on the meta device), NoPE attention
+    layers, Granite's multipliers, the experts beside the shared MLP (or the shared MLP alone)."""
+    import torch
+
+    cfg = read(hf)
+    theirs = transformers.GraniteMoeHybridConfig(**{k: v for k, v in hf.items() if k not in ("architectures",
+                                                                                               "model_type")})
+    with torch.device("meta"):
+        layers = transformers.GraniteMoeHybridForCausalLM(theirs).model.layers
+    assert cfg.linear_layers == tuple(i for i, layer in enumerate(layers) if layer.mamba is not None)
+    mixer = layers[0].mamba
+    assert cfg.ssm_heads == (mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, mixer.n_groups,
+                             mixer.conv_kernel_size)
+    assert cfg.ssm_conv_bias and not cfg.ssm_proj_bias and cfg.ssm_dt_limit == ()
+    assert cfg.rope_layers == (False,) * 40 and cfg.kv_cache_layers == 4
+    assert (cfg.embed_scale, cfg.attn_scale, cfg.residual_scale, cfg.logits_scaling) == (12, 0.0078125, 0.22, 6)
+    shared = layers[0].shared_mlp.output_linear.in_features
+    if hf["num_local_experts"]:
+        assert (cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size, cfg.intermediate_size) == (
+            64, 6, layers[0].block_sparse_moe.experts.intermediate_dim, shared)
+    else:
+        assert cfg.num_experts == 0 and cfg.intermediate_size == shared

@@ -291,6 +291,12 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # Granite 4.0-H-Tiny's form: tiny_models.LIGHT_SPECS' Granite 4.0-H with the top 2 of 4 experts beside the shared
+    # MLP, the embeddings' and residual multipliers too (the latter folded into the mixers' output), here rotating
+    # (rope) and with biases on the mixers' projections
+    ("granite4h", dict(cls="GraniteMoeHybridForCausalLM", num_local_experts=4, num_experts_per_tok=2,
+                       intermediate_size=48, position_embedding_type="rope", mamba_proj_bias=True,
+                       embedding_multiplier=3.0, residual_multiplier=0.6)),
     # LFM2-MoE: LFM2's layers (tiny_models.LIGHT_SPECS), a dense first layer, then the top 2 of 4 experts by sigmoid
     # scores chosen with their bias, renormalised, times 2
     ("lfm2", dict(cls="Lfm2MoeForCausalLM", intermediate_size=80, moe_intermediate_size=32, num_experts=4,

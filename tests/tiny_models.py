@@ -172,6 +172,14 @@ LIGHT_SPECS = {
         cls="Lfm2ForCausalLM", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, norm_eps=1e-5,
         layer_types=["conv", "full_attention", "conv"], block_multiple_of=32, tie_word_embeddings=True,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # Granite 4.0-H: Mamba2 mixers (8 heads of 16, states of 8 per row, B and C in 2 groups, a convolution 4 wide) on
+    # both sides of an attention layer without rotary embedding, Granite's scores' scale and logits' divisor, a dense
+    # shared MLP
+    "granite4h": dict(
+        cls="GraniteMoeHybridForCausalLM", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        layer_types=["mamba", "attention", "mamba"], mamba_n_heads=8, mamba_d_head=16, mamba_d_state=8,
+        mamba_n_groups=2, mamba_d_conv=4, num_local_experts=0, shared_intermediate_size=112,
+        position_embedding_type="nope", attention_multiplier=0.2, logits_scaling=2.5, tie_word_embeddings=False),
     # Gemma 4 31B's layout: SPECS["gemma4"] without its experts
     "gemma4dense": {k: v for k, v in SPECS["gemma4"].items()
                     if k not in ("enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size")},

@@ -14,6 +14,8 @@ request's state. Sequential over a prompt, but exact; a chunked form (the state 
 through a triangular solve) would make long prefills matmul-bound and is the next step on accelerators.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -43,11 +45,11 @@ def _token_requests(batch: RaggedBatch, num_tokens: int):
     return req, t - starts[req]
 
 
-def causal_conv(x, weight, conv_state, layer, rows, fresh, batch: RaggedBatch, activation):
-    """The depthwise causal convolution of x [T, channels] (weight [width, channels]): each token's output from its
-    own and its `width - 1` predecessors in its sequence (those before the step from the request's state row, zeros
-    before the sequence's start), through `activation`. Returns (the outputs in x's dtype, the state with each
-    request's last `width - 1` inputs written to its row)."""
+def causal_conv(x, weight, conv_state, layer, rows, fresh, batch: RaggedBatch, activation, bias=None):
+    """The depthwise causal convolution of x [T, channels] (weight [width, channels], `bias` [channels] or None):
+    each token's output from its own and its `width - 1` predecessors in its sequence (those before the step from the
+    request's state row, zeros before the sequence's start), through `activation`. Returns (the outputs in x's dtype,
+    the state with each request's last `width - 1` inputs written to its row)."""
     T, C = x.shape
     width = weight.shape[0]
     q_lens = batch.cu_q_lens[1:] - batch.cu_q_lens[:-1]
@@ -65,6 +67,8 @@ def causal_conv(x, weight, conv_state, layer, rows, fresh, batch: RaggedBatch, a
     from_prev = prev[jnp.arange(rows.shape[0])[:, None], jnp.clip(width - 1 + back, 0, width - 2)]
     kept = jnp.where((back >= 0)[..., None], from_chunk, from_prev)
     conv_state = conv_state.at[layer, rows].set(kept.astype(conv_state.dtype))
+    if bias is not None:
+        out = out + bias.astype(jnp.float32)
     return activation(out).astype(x.dtype), conv_state
 
 
@@ -72,11 +76,13 @@ def _l2_normed(x):
     return x * jax.lax.rsqrt(jnp.sum(x * x, -1, keepdims=True) + L2_NORM_EPS)
 
 
-def _delta_step(state, q, k, v, g, beta):
-    """One token on one state [heads, dk, dv]: decay, the delta-rule correction along k, the read along q."""
+def _step(state, q, k, v, g, beta, delta: bool):
+    """One token on one state [heads, dk, dv]: decay, then the delta rule's correction along k (`delta`; else
+    Mamba2's plain write of beta v along k), then the read along q."""
     state = state * jnp.exp(g)[:, None, None]
-    predicted = jnp.einsum("hkv,hk->hv", state, k)
-    state = state + k[:, :, None] * ((v - predicted) * beta[:, None])[:, None, :]
+    if delta:
+        v = v - jnp.einsum("hkv,hk->hv", state, k)
+    state = state + k[:, :, None] * (v * beta[:, None])[:, None, :]
     return state, jnp.einsum("hkv,hk->hv", state, q)
 
 
@@ -92,26 +98,36 @@ def native(backend: str, one_device: bool) -> bool:
 
 def gated_delta_rule(q, k, v, g, beta, rec_state, layer, rows, fresh, batch: RaggedBatch, native: bool = False):
     """The gated delta rule over the batch's tokens: q, k [T, key heads, dk], v [T, value heads, dv], g and beta [T,
-    value heads] (float32). q and k are L2-normalised here (q then scaled by dk ** -0.5) and each key head serves
-    value_heads / key_heads consecutive value heads. Returns (outputs f32[T, value heads, dv], zeros for tokens of no
-    request; the state with each request's final state written to its row). `native`: the CPU kernel updates each
-    request's row in place (`fresh` is then its kv_lens equal to its chunk's length, as here)."""
-    T = q.shape[0]
+    value heads] (float32). q and k are L2-normalised here (q then scaled by dk ** -0.5). Returns `recurrence`'s."""
     q = _l2_normed(q.astype(jnp.float32)) * q.shape[-1] ** -0.5
     k = _l2_normed(k.astype(jnp.float32))
-    v = v.astype(jnp.float32)
+    return recurrence(q, k, v, g, beta, rec_state, layer, rows, fresh, batch, native)
+
+
+def recurrence(q, k, v, g, beta, rec_state, layer, rows, fresh, batch: RaggedBatch, native: bool = False,
+               delta: bool = True):
+    """Each request's state [value heads, dk, dv] over its tokens in order: decayed by exp(g), then (`delta`) the delta
+    rule's correction k (beta (v - state^T k))^T (Gated DeltaNet) or (not `delta`) k (beta v)^T (Mamba2: k its B, v
+    its x, beta its time step), then read along q: out = state^T q. q, k [T, key heads, dk] (each key head serves
+    value_heads / key_heads consecutive value heads), v [T, value heads, dv], g and beta [T, value heads]. Returns
+    (out f32[T, value heads, dv], zeros for tokens of no request; the state with each request's final state written to
+    its row). `native`: the CPU kernel updates each request's row in place (`fresh` is then its kv_lens equal to its
+    chunk's length, as `starts_sequence` gives it)."""
+    T = q.shape[0]
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     if native:
         from pallas_kernels import cpu
 
         return cpu.gated_delta_rule(q, k, v, g, beta, rec_state, layer, batch.cu_q_lens, batch.kv_lens, rows,
-                                    batch.num_seqs)
+                                    batch.num_seqs, delta=delta)
     repeat = v.shape[1] // k.shape[1]
     q, k = jnp.repeat(q, repeat, axis=1), jnp.repeat(k, repeat, axis=1)
+    step = functools.partial(_step, delta=delta)
     starts, q_lens = batch.cu_q_lens[:-1], batch.cu_q_lens[1:] - batch.cu_q_lens[:-1]
     states = jnp.where(fresh[:, None, None, None], 0.0, rec_state[layer][rows])  # [R, heads, dk, dv]
     # every request's first token at once
     first = jnp.minimum(starts, T - 1)
-    states, first_out = jax.vmap(_delta_step)(states, q[first], k[first], v[first], g[first], beta[first])
+    states, first_out = jax.vmap(step)(states, q[first], k[first], v[first], g[first], beta[first])
     out = jnp.zeros(v.shape, jnp.float32).at[jnp.where(q_lens > 0, first, T)].set(first_out, mode="drop")
     # then the rest of each chunk, token by token in order
     req, index = _token_requests(batch, T)
@@ -122,7 +138,7 @@ def gated_delta_rule(q, k, v, g, beta, rec_state, layer, rows, fresh, batch: Rag
         states, out = carry
         t = order[j]
         r = req[t]
-        state, o = _delta_step(states[r], q[t], k[t], v[t], g[t], beta[t])
+        state, o = step(states[r], q[t], k[t], v[t], g[t], beta[t])
         return states.at[r].set(state), out.at[t].set(o)
 
     states, out = jax.lax.fori_loop(0, jnp.sum(later, dtype=jnp.int32), one_token, (states, out))

@@ -177,6 +177,13 @@ class ModelConfig:
     # B, C and x from one projection; their state the convolution's only), with biases where `conv_bias`
     short_conv_width: int = 0
     conv_bias: bool = False
+    # Granite 4.0-H: the state layers are Mamba2 mixers instead: (heads, head_dim, state size, groups, convolution
+    # width); biases on the convolution and on the in/out projections where given; the time step's clamp (min, max)
+    # where not (0, inf)
+    ssm_heads: tuple = ()
+    ssm_conv_bias: bool = False
+    ssm_proj_bias: bool = False
+    ssm_dt_limit: tuple = ()
 
     @property
     def kv_cache_layers(self) -> int:
@@ -469,6 +476,51 @@ def granite_moe_config_from_hf(hf: dict) -> ModelConfig:
     return dataclasses.replace(cfg, num_experts=hf["num_local_experts"], experts_per_token=hf["num_experts_per_tok"],
                                moe_intermediate_size=cfg.intermediate_size, intermediate_size=shared,
                                norm_topk_prob=True)
+
+
+def granite_moe_hybrid_config_from_hf(hf: dict) -> ModelConfig:
+    """Granite 4.0 (`GraniteMoeHybridForCausalLM`: granite-4.0-h-micro, -h-tiny, -h-small; granite-4.0-micro, whose
+    layers are all attention): by `layer_types` (the hub's mamba / attention, transformers' linear_attention /
+    full_attention), Mamba2 mixers (`ssm_heads`: mamba_n_heads of mamba_d_head (by default mamba_expand x hidden_size
+    split among them), mamba_d_state, mamba_n_groups, mamba_d_conv) among Granite's attention layers (its four
+    multipliers, the residual one folded into the mixers' output projections too; no rotary embedding where
+    `position_embedding_type` is nope, 4.0-H's), each layer's MLP GraniteMoe's experts (`num_local_experts`; 0: none)
+    beside a shared MLP of `shared_intermediate_size`."""
+    arch = hf["architectures"][0]
+    if hf.get("quantization_config"):
+        raise ValueError(f"quantized {arch} checkpoints are not supported yet (their Mamba2 layers' projections are "
+                         f"float only)")
+    num_layers = hf["num_hidden_layers"]
+    types = hf.get("layer_types") or hf.get("layers_block_type") or ["mamba"] * num_layers
+    kinds = {"mamba": True, "linear_attention": True, "attention": False, "full_attention": False}
+    if len(types) != num_layers or not set(types) <= set(kinds):
+        raise ValueError(f"layer_types must give each of the {num_layers} layers mamba or attention, got {types!r}")
+    position = hf.get("position_embedding_type") or "rope"
+    if position not in ("rope", "nope"):
+        raise ValueError(f"position_embedding_type must be rope or nope, got {position!r}")
+    experts, shared = hf.get("num_local_experts") or 0, hf.get("shared_intermediate_size") or 0
+    text = {k: v for k, v in hf.items() if k not in ("layer_types", "layers_block_type")}
+    cfg = granite_config_from_hf(text | {"intermediate_size": hf.get("intermediate_size") if experts else shared})
+    if experts:
+        cfg = dataclasses.replace(cfg, num_experts=experts, experts_per_token=hf["num_experts_per_tok"],
+                                  moe_intermediate_size=cfg.intermediate_size, intermediate_size=shared,
+                                  norm_topk_prob=True)
+    heads = hf.get("mamba_n_heads", 128)
+    head_dim = hf.get("mamba_d_head", "auto")
+    if head_dim in (None, "auto"):
+        head_dim = hf.get("mamba_expand", 2) * cfg.hidden_size // heads
+    groups = hf.get("mamba_n_groups", 1)
+    if heads % groups:
+        raise ValueError(f"mamba_n_heads={heads} is not a multiple of mamba_n_groups={groups}")
+    # transformers 5 writes an infinite float as {"__float__": "Infinity"}
+    limit = tuple(float(v["__float__"]) if isinstance(v, dict) else float(v)
+                  for v in hf.get("time_step_limit") or (0.0, float("inf")))
+    return dataclasses.replace(
+        cfg, architecture=arch, linear_layers=tuple(i for i, t in enumerate(types) if kinds[t]),
+        ssm_heads=(heads, head_dim, hf.get("mamba_d_state", 256), groups, hf.get("mamba_d_conv", 4)),
+        ssm_conv_bias=bool(hf.get("mamba_conv_bias", True)), ssm_proj_bias=bool(hf.get("mamba_proj_bias", False)),
+        ssm_dt_limit=() if limit == (0.0, float("inf")) else limit,
+        rope_layers=(False,) * num_layers if position == "nope" else ())
 
 
 def smollm3_config_from_hf(hf: dict) -> ModelConfig:

@@ -34,7 +34,8 @@ from jaxengine.runner.batch import RaggedBatch
 # Architectures whose checkpoints stack each layer's experts in one tensor per projection ([E, in, out]: gate/up split
 # apart at load, registry._stacked_experts, registry._granite_moe_tensors): their experts' module and router tensor
 _STACKED_EXPERTS = {name: ("feed_forward", "feed_forward.router.weight") for name in LLAMA4_ARCHITECTURES} | {
-    name: ("block_sparse_moe", "block_sparse_moe.router.weight") for name in GRANITE_MOE_ARCHITECTURES} | {
+    name: ("block_sparse_moe", "block_sparse_moe.router.weight")
+    for name in GRANITE_MOE_ARCHITECTURES + ("GraniteMoeHybridForCausalLM",)} | {
     "Qwen3VLMoeForConditionalGeneration": ("mlp", "mlp.gate.weight")}
 
 
@@ -227,7 +228,7 @@ def _plus(y, delta):
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "expert_gate", "expert_up",
            "expert_down", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_k", "kv_b_v", "ple_gate", "ple_proj", "o_gate",
-           "lin_out", "conv_in")
+           "lin_out", "conv_in", "ssm_in")
 
 
 def _norm_scale(cfg: ModelConfig, weight: jax.Array) -> jax.Array:
@@ -282,7 +283,7 @@ def _pack_layer(layer) -> None:
                 getattr(layer, part).get_value().shape[-1] % cpu.PANEL == 0 for part in parts):
             value = np.concatenate([cpu.pack_bf16(take(part)) for part in parts], axis=-3)
             layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
-        if cfg.linear_attention and not cfg.short_conv_width:  # Gated DeltaNet's four input projections as one
+        if cfg.linear_attention and cfg.linear_heads:  # Gated DeltaNet's four input projections as one
             # (DecoderLayers._linear_attention)
             value = cpu.pack_bf16(np.concatenate([take(name) for name in ("lin_qkv", "lin_z", "lin_b", "lin_a")], -1))
             layer.lin_in = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
@@ -390,6 +391,8 @@ class DecoderLayers(nnx.Module):
                 self.attn_norm_bias = _param((L, D), dtype, ("layers", "embed"))
         if cfg.linear_attention and cfg.short_conv_width:
             self._short_conv_params(dtype)
+        elif cfg.linear_attention and cfg.ssm_heads:
+            self._mamba_params(dtype)
         elif cfg.linear_attention:
             self._linear_attention_params(dtype)
         elif cfg.latent_attention:
@@ -532,6 +535,27 @@ class DecoderLayers(nnx.Module):
             self.conv_w_bias = _param((L, D), dtype, ("layers", "embed"))
             self.lin_out_bias = _param((L, D), dtype, ("layers", "embed"))
 
+    def _mamba_params(self, dtype) -> None:
+        """A Mamba2 mixer's (ModelConfig.ssm_heads): the input's projection to the gate z, the convolved x, B and C and
+        the time steps (`ssm_in`), the depthwise convolution [width, channels] and its bias, each head's time-step
+        bias, A_log and skip D (float32, as they are computed), the gated norm's weight, `lin_out`; the projections'
+        biases where `ssm_proj_bias`."""
+        cfg = self.cfg
+        L, D = cfg.num_layers, cfg.hidden_size
+        H, P, N, G, width = cfg.ssm_heads
+        channels = H * P + 2 * G * N
+        self.ssm_in = _param((L, D, H * P + channels + H), dtype, ("layers", "embed", "linear"))
+        self.ssm_conv = _param((L, width, channels), dtype, ("layers", "conv", "linear"))
+        if cfg.ssm_conv_bias:
+            self.ssm_conv_bias = _param((L, channels), dtype, ("layers", "linear"))
+        for name in ("ssm_dt_bias", "ssm_a_log", "ssm_d"):
+            setattr(self, name, _param((L, H), jnp.float32, ("layers", "linear")))
+        self.ssm_norm = _param((L, H * P), dtype, ("layers", "linear"))
+        self.lin_out = _param((L, H * P, D), dtype, ("layers", "linear", "embed"))
+        if cfg.ssm_proj_bias:
+            self.ssm_in_bias = _param((L, H * P + channels + H), dtype, ("layers", "linear"))
+            self.lin_out_bias = _param((L, D), dtype, ("layers", "embed"))
+
     def _latent_attention_params(self, dtype) -> None:
         """Multi-head latent attention's projections (DeepSeek V2/V3; ModelConfig.kv_lora_rank): the queries from the
         hidden state (`q_proj`) or through a normed latent (`q_a_proj`, `q_a_norm`, `q_b_proj`), each head's
@@ -623,6 +647,8 @@ class DecoderLayers(nnx.Module):
         D = cfg.hidden_size
         if cfg.linear_attention and cfg.short_conv_width:
             o, kv_cache = self._short_conv(x, kv_cache, layer, weights_layer, batch, live)
+        elif cfg.linear_attention and cfg.ssm_heads:
+            o, kv_cache = self._mamba(x, kv_cache, layer, weights_layer, batch, live)
         elif cfg.linear_attention:
             o, kv_cache = self._linear_attention(x, kv_cache, layer, weights_layer, batch, live)
         elif cfg.latent_attention:
@@ -634,8 +660,8 @@ class DecoderLayers(nnx.Module):
             o = o * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(o.dtype)
         o_delta = _lora_delta(o, lora, "o_proj")
         if cfg.linear_attention:
-            h = _dot(o, self.lin_out[...], D, residual=h + self.lin_out_bias[...] if cfg.conv_bias else h,
-                     live_rows=live, layer=weights_layer)
+            h = _dot(o, self.lin_out[...], D, residual=h + self.lin_out_bias[...] if hasattr(self, "lin_out_bias")
+                     else h, live_rows=live, layer=weights_layer)
         elif cfg.sandwich_norms:
             out = _plus(_dot(o, self.linear("o_proj"), D, live_rows=live, layer=weights_layer), o_delta)
             if cfg.o_bias:
@@ -784,6 +810,39 @@ class DecoderLayers(nnx.Module):
         if cfg.conv_bias:
             y = y + self.conv_w_bias[...]
         return c * y, (conv_state,)
+
+    def _mamba(self, h, state, layer, weights_layer, batch, live):
+        """A Mamba2 mixer over the normed h (Granite 4.0-H; transformers' GraniteMoeHybridMambaLayer): the convolved x,
+        B and C, each head's state [state size, head_dim] decayed by exp(dt A) and written dt x along B, read along C
+        (layers.linear_attention.recurrence), plus D x; then times silu(z), RMS-normed per group. Returns (that [T,
+        heads x head_dim] before lin_out, the (convolution, recurrent) state with each request's row updated)."""
+        cfg = self.cfg
+        H, P, N, G, _ = cfg.ssm_heads
+        T, inner = h.shape[0], H * P
+        channels = inner + 2 * G * N
+        proj = _normed_dot(h, self.norm("attn_norm"), cfg.rms_norm_eps, self.linear("ssm_in"), inner + channels + H,
+                           live, weights_layer)
+        if cfg.ssm_proj_bias:
+            proj = proj + self.ssm_in_bias[...]
+        z, xbc, dt = jnp.split(proj, [inner, inner + channels], -1)
+        conv_state, ssm_state = state
+        fresh = linear_attention.starts_sequence(batch)
+        xbc, conv_state = linear_attention.causal_conv(
+            xbc, self.ssm_conv[...], conv_state, layer, batch.state_slots, fresh, batch, ACTIVATIONS[cfg.hidden_act],
+            self.ssm_conv_bias[...] if cfg.ssm_conv_bias else None)
+        x, b, c = jnp.split(xbc, [inner, inner + G * N], -1)
+        dt = jax.nn.softplus(dt.astype(jnp.float32) + self.ssm_dt_bias[...])
+        if cfg.ssm_dt_limit:
+            dt = jnp.clip(dt, *cfg.ssm_dt_limit)
+        x = x.reshape(T, H, P)
+        y, ssm_state = linear_attention.recurrence(
+            c.reshape(T, G, N), b.reshape(T, G, N), x, dt * -jnp.exp(self.ssm_a_log[...]), dt, ssm_state, layer,
+            batch.state_slots, fresh, batch, linear_attention.native(self.attention_backend, self.one_device),
+            delta=False)
+        y = (y + self.ssm_d[...][:, None] * x.astype(jnp.float32)).reshape(T, G, inner // G)
+        y = y * jax.nn.silu(z.astype(jnp.float32)).reshape(T, G, inner // G)
+        y = (y * jax.lax.rsqrt(jnp.mean(y * y, -1, keepdims=True) + cfg.rms_norm_eps)).reshape(T, inner)
+        return self.ssm_norm[...].astype(h.dtype) * y.astype(h.dtype), (conv_state, ssm_state)
 
     def _latent_attention(self, h, kv_cache, layer, weights_layer, batch, slots, rope, live):
         """Multi-head latent attention (`_latent_attention_params`) absorbed, as vLLM's MLA decodes: each head's
@@ -1183,6 +1242,9 @@ class LlamaForCausalLM(nnx.Module):
             return None
         if cfg.short_conv_width:  # LFM2: the convolutions' only
             return (((len(cfg.linear_layers), num_rows, cfg.short_conv_width - 1, cfg.hidden_size), self.dtype),)
+        if cfg.ssm_heads:  # Mamba2: its convolution's, each head's [state size, head_dim]
+            H, P, N, G, width = cfg.ssm_heads
+            return linear_attention.state_shapes(len(cfg.linear_layers), num_rows, (G, H, N, P, width), self.dtype)
         return linear_attention.state_shapes(len(cfg.linear_layers), num_rows, cfg.linear_heads, self.dtype)
 
     def kv_cache_shape(self, num_pages: int, page_size: int) -> tuple:
@@ -1248,6 +1310,15 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         per_layer = {f"conv.{name}.weight": (ours, t) for name, ours, t in parts}
         if cfg.conv_bias:
             per_layer |= {f"conv.{name}.bias": (ours + "_bias", False) for name, ours, _ in parts}
+    if cfg.linear_attention and cfg.ssm_heads:  # Granite 4.0-H's Mamba2 mixers (their convolution squeezed at load)
+        per_layer = {f"mamba.{name}": ours for name, ours in (
+            ("in_proj.weight", ("ssm_in", True)), ("conv1d.weight", ("ssm_conv", True)),
+            ("dt_bias", ("ssm_dt_bias", False)), ("A_log", ("ssm_a_log", False)), ("D", ("ssm_d", False)),
+            ("norm.weight", ("ssm_norm", False)), ("out_proj.weight", ("lin_out", True)))}
+        if cfg.ssm_conv_bias:
+            per_layer["mamba.conv1d.bias"] = ("ssm_conv_bias", False)
+        if cfg.ssm_proj_bias:
+            per_layer |= {"mamba.in_proj.bias": ("ssm_in_bias", False), "mamba.out_proj.bias": ("lin_out_bias", False)}
     if cfg.attn_output_gate:  # its half of the checkpoint's q_proj (registry._qwen3_5_tensors)
         per_layer["self_attn.q_gate.weight"] = ("o_gate", True)
     if cfg.k_eq_v or cfg.kv_source >= 0:  # the keys' projection gives the values too, or neither is the layer's

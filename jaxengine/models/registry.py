@@ -15,7 +15,8 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES,
                                      gemma3_language_config_from_hf, gemma4_config_from_hf, gemma_config_from_hf,
                                      glm4_moe_config_from_hf, glm_config_from_hf, gpt2_config_from_hf,
                                      gpt_neox_config_from_hf, gpt_oss_config_from_hf, gptj_config_from_hf,
-                                     granite_config_from_hf, granite_moe_config_from_hf, helium_config_from_hf,
+                                     granite_config_from_hf, granite_moe_config_from_hf,
+                                     granite_moe_hybrid_config_from_hf, helium_config_from_hf,
                                      hyperclovax_config_from_hf, jais2_config_from_hf, lfm2_config_from_hf,
                                      llama4_config_from_hf, ministral3_config_from_hf, ministral_config_from_hf,
                                      mistral3_language_config_from_hf, model_config_from_hf, moe_config_from_hf,
@@ -138,6 +139,21 @@ def _granite_moe_tensors(name: str, array, cfg: ModelConfig) -> list:
         return [(head + "gate_proj.weight", gate), (head + "up_proj.weight", up)]
     down = np.asarray(array, np.float32) * np.float32(cfg.residual_scale)
     return [(head + "down_proj", down.swapaxes(-1, -2))] if experts else [(head + "down_proj.weight", down)]
+
+
+def _granite_moe_hybrid_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """Granite 4.0's tensors: GraniteMoe's (`_granite_moe_tensors`; the shared MLP a dense one where there are no
+    experts), each Mamba2 mixer's convolution [channels, 1, width] squeezed and its output projection times
+    residual_multiplier (as the attention's and the MLP's outputs)."""
+    if ".mamba." in name:
+        array = np.asarray(array)
+        if name.endswith(".mamba.conv1d.weight"):
+            return [(name, array[:, 0, :])]
+        if name.endswith((".mamba.out_proj.weight", ".mamba.out_proj.bias")):
+            return [(name, np.asarray(array, np.float32) * np.float32(cfg.residual_scale))]
+        return [(name, array)]
+    pieces = _granite_moe_tensors(name, array, cfg)
+    return pieces if cfg.num_experts else [(n.replace(".mlp.shared_experts.", ".mlp."), a) for n, a in pieces]
 
 
 def _logits_scaled(name: str, array, cfg: ModelConfig) -> list:
@@ -533,6 +549,9 @@ _REGISTRY = {
     # Granite 3.x mixtures of experts (and with a shared expert)
     **{name: Architecture(LlamaForCausalLM, granite_moe_config_from_hf, split_tensor=_granite_moe_tensors)
        for name in GRANITE_MOE_ARCHITECTURES},
+    # Granite 4.0 (-H: Mamba2 mixers among its attention layers)
+    "GraniteMoeHybridForCausalLM": Architecture(LlamaForCausalLM, granite_moe_hybrid_config_from_hf,
+                                                split_tensor=_granite_moe_hybrid_tensors),
     # LayerNorm models (ModelConfig.layer_norm)
     "Starcoder2ForCausalLM": Architecture(LlamaForCausalLM, starcoder2_config_from_hf, _renaming(_STARCODER2_NAMES)),
     "PhiForCausalLM": Architecture(LlamaForCausalLM, phi_config_from_hf, _renaming(_PHI_NAMES)),
