@@ -98,25 +98,6 @@ def test_linear_attention_model_recomputes_prompts_instead_of_sharing_them(engin
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
-def test_lfm2_short_convolutions_decode_as_transformers(engines, hf_expected):
-    """LFM2 (tiny_models.LIGHT_SPECS: gated short convolutions, a state per sequence, around an attention layer):
-    prompts up to 200 tokens chunked in 32-token steps (each chunk's convolution reading the end of the one before
-    from its state) and 32 tokens decoded, as transformers decodes them."""
-    prompts, expected = hf_expected("lfm2")
-    check_greedy(engines("lfm2", max_num_batched_tokens=32), prompts, expected, "lfm2")
-
-
-def test_granite4h_mamba2_mixers_decode_as_transformers(engines, hf_expected):
-    """Granite 4.0-H (tiny_models.LIGHT_SPECS: Mamba2 mixers, a convolution and a recurrent state per sequence, around
-    a NoPE attention layer): prompts up to 200 tokens chunked in 32-token steps and 32 tokens decoded, with
-    preemption (30 blocks), as transformers decodes them."""
-    prompts, expected = hf_expected("granite4h")
-    engine = engines("granite4h", max_num_batched_tokens=32, num_kv_blocks=30)
-    before = engine.scheduler.num_preemptions
-    check_greedy(engine, prompts, expected, "granite4h")
-    assert engine.scheduler.num_preemptions > before
-
-
 @pytest.mark.parametrize("setting, match", [
     (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
      "speculative decoding on Qwen3_5ForCausalLM"),

@@ -189,14 +189,27 @@ def test_gated_mlp_over_a_pack_gated_weight(dtype, activation, post_norm):
 
 def prefill_matches_transformers(out, prompts=slice(0, 2), num_tokens=64, hf_class=transformers.AutoModelForCausalLM):
     """One ragged prefill of a one-off checkpoint (unrolled, so that it compiles quickly) against transformers' logits
-    on `sequences()[prompts]`; returns the model's config."""
+    on `sequences()[prompts]`; returns the model's config. A model with state layers (`linear_layers`) also runs the
+    prompts again in chunks of 7 tokens, step after step in the same program (each chunk's state from the one
+    before, a decode step's one token at the end), against the same logits."""
     model, cfg = load_model(out, "float32", progress=False, unstacked=True)
     chosen = sequences(cfg.vocab_size)[prompts]
     paged = PagedModel(model)
     paged.add_sequences(len(chosen))
     hf = hf_class.from_pretrained(out, dtype=torch.float32).eval()
-    for prompt, logits in zip(chosen, paged.step(chosen, num_tokens=num_tokens, all_logits=True)):
-        np.testing.assert_allclose(logits, hf_logits(hf, prompt), atol=1e-4, rtol=0)
+    expected = [hf_logits(hf, prompt) for prompt in chosen]
+    for logits, want in zip(paged.step(chosen, num_tokens=num_tokens, all_logits=True), expected):
+        np.testing.assert_allclose(logits, want, atol=1e-4, rtol=0)
+    if cfg.linear_layers:
+        paged = PagedModel(model)
+        paged.add_sequences(len(chosen))
+        chunks = [[] for _ in chosen]  # a prompt that has ended takes empty chunks
+        for start in range(0, max(map(len, chosen)), 7):
+            step = paged.step([p[start:start + 7] for p in chosen], num_tokens=num_tokens, all_logits=True)
+            for logits, got in zip(step, chunks):
+                got.append(logits)
+        for got, want in zip(chunks, expected):
+            np.testing.assert_allclose(np.concatenate(got), want, atol=1e-4, rtol=0)
     return cfg
 
 
@@ -291,6 +304,10 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     # ERNIE 4.5: interleaved pairs rotated over the whole head
     ("qwen2", dict(cls="Ernie4_5ForCausalLM", head_dim=16, tie_word_embeddings=True,
                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # Granite 4.0-H and LFM2 (tiny_models.LIGHT_SPECS): Mamba2 mixers, and gated short convolutions, around an
+    # attention layer
+    ("granite4h", dict(cls="GraniteMoeHybridForCausalLM")),
+    ("lfm2", dict(cls="Lfm2ForCausalLM")),
     # Granite 4.0-H-Tiny's form: tiny_models.LIGHT_SPECS' Granite 4.0-H with the top 2 of 4 experts beside the shared
     # MLP, the embeddings' and residual multipliers too (the latter folded into the mixers' output), here rotating
     # (rope) and with biases on the mixers' projections

@@ -127,7 +127,8 @@ def recurrence(q, k, v, g, beta, rec_state, layer, rows, fresh, batch: RaggedBat
     states = jnp.where(fresh[:, None, None, None], 0.0, rec_state[layer][rows])  # [R, heads, dk, dv]
     # every request's first token at once
     first = jnp.minimum(starts, T - 1)
-    states, first_out = jax.vmap(step)(states, q[first], k[first], v[first], g[first], beta[first])
+    stepped, first_out = jax.vmap(step)(states, q[first], k[first], v[first], g[first], beta[first])
+    states = jnp.where((q_lens > 0)[:, None, None, None], stepped, states)  # a request without tokens keeps its state
     out = jnp.zeros(v.shape, jnp.float32).at[jnp.where(q_lens > 0, first, T)].set(first_out, mode="drop")
     # then the rest of each chunk, token by token in order
     req, index = _token_requests(batch, T)
