@@ -1,17 +1,20 @@
-"""Gated DeltaNet (Qwen3.5, Qwen3-Next's linear-attention layers) over a ragged batch.
+"""State layers over a ragged batch: Gated DeltaNet (Qwen3.5, Qwen3-Next), Mamba2 (Granite 4.0-H) and the short
+convolution LFM2's layers gate.
 
-Each sequence carries a state instead of a KV cache: the last `width - 1` inputs of a short causal convolution and,
-per value head, a [key head_dim, value head_dim] matrix that every token decays (exp(g)), corrects towards its value
-along its key (the delta rule, at rate beta) and reads with its query. The states of the running sequences live in
-per-layer arrays of rows (`state_shapes`); the batch names each request's row (`RaggedBatch.state_slots`), and a
-request whose chunk starts its sequence (no context before it) starts from zeros, so rows need no clearing when they
-change hands and a preempted sequence recomputes from its start. Padding requests' rows are the arrays' last, a
-scratch row.
+Each sequence carries a state instead of a KV cache: the last `width - 1` inputs of a short causal convolution and
+(but for LFM2), per value head, a [key head_dim, value head_dim] matrix that every token decays (exp(g)), corrects
+towards its value along its key (the delta rule, at rate beta; Mamba2: writes beta v along k) and reads with its query
+(`recurrence`). The states of the running sequences live in per-layer arrays of rows (`state_shapes`); the batch
+names each request's row (`RaggedBatch.state_slots`), and a request whose chunk starts its sequence (no context before
+it: `starts_sequence`) starts from zeros, so rows need no clearing when they change hands and a preempted sequence
+recomputes from its start. Padding requests' rows are the arrays' last, a scratch row.
 
-The recurrence runs token by token, as transformers' recurrent form: every request's first token of the step at once
-(one token per request: a decode step is only this), then the others in order (a prefill chunk's), each on its
-request's state. Sequential over a prompt, but exact; a chunked form (the state updated once per block of tokens
-through a triangular solve) would make long prefills matmul-bound and is the next step on accelerators.
+On one CPU device the recurrence is a native kernel that updates each row in place (pallas_kernels/
+cpu_linear_attention.cc). XLA's form runs token by token, as transformers' recurrent form: every request's first
+token of the step at once (one token per request: a decode step is only this), then the others in order (a prefill
+chunk's), each on its request's state. Sequential over a prompt, but exact; a chunked form (the state updated once per
+block of tokens through a triangular solve) would make long prefills matmul-bound and is the next step on
+accelerators.
 """
 
 import functools
