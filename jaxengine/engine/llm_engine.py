@@ -294,7 +294,7 @@ class LLMEngine:
         if self.runner_type == "pooling":
             raise ValueError("speculative_config applies to generation; a pooling model (runner 'pooling') decodes "
                              "nothing")
-        if self.model_config.linear_layers:
+        if self.recurrent:
             raise ValueError(f"speculative_config: speculative decoding on {self.model_config.architecture} "
                              f"(linear-attention layers, whose state cannot take back rejected guesses) is not "
                              f"supported yet")

@@ -1298,19 +1298,13 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         "self_attn.v_proj.weight": ("v_proj", True),
         "self_attn.o_proj.weight": ("o_proj", True),
     }
-    if cfg.linear_attention:  # Gated DeltaNet (DecoderLayers._linear_attention_params; the convolution's [channels,
-        # 1, width] squeezed at load: registry._qwen3_5_tensors)
-        per_layer = {f"linear_attn.{name}": ours for name, ours in (
-            ("in_proj_qkv.weight", ("lin_qkv", True)), ("in_proj_z.weight", ("lin_z", True)),
-            ("in_proj_b.weight", ("lin_b", True)), ("in_proj_a.weight", ("lin_a", True)),
-            ("conv1d.weight", ("lin_conv", True)), ("A_log", ("lin_a_log", False)), ("dt_bias", ("lin_dt_bias", False)),
-            ("norm.weight", ("lin_norm", False)), ("out_proj.weight", ("lin_out", True)))}
-    if cfg.linear_attention and cfg.short_conv_width:  # LFM2's (its convolution's [D, 1, width] squeezed at load)
+    if cfg.linear_attention and cfg.short_conv_width:  # LFM2's (the convolutions' [D, 1, width] as [width, D]: the
+        # loader drops the axis of 1)
         parts = (("in_proj", "conv_in", True), ("conv", "conv_w", True), ("out_proj", "lin_out", True))
         per_layer = {f"conv.{name}.weight": (ours, t) for name, ours, t in parts}
         if cfg.conv_bias:
             per_layer |= {f"conv.{name}.bias": (ours + "_bias", False) for name, ours, _ in parts}
-    if cfg.linear_attention and cfg.ssm_heads:  # Granite 4.0-H's Mamba2 mixers (their convolution squeezed at load)
+    elif cfg.linear_attention and cfg.ssm_heads:  # Granite 4.0-H's Mamba2 mixers (their convolutions likewise)
         per_layer = {f"mamba.{name}": ours for name, ours in (
             ("in_proj.weight", ("ssm_in", True)), ("conv1d.weight", ("ssm_conv", True)),
             ("dt_bias", ("ssm_dt_bias", False)), ("A_log", ("ssm_a_log", False)), ("D", ("ssm_d", False)),
@@ -1319,6 +1313,12 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
             per_layer["mamba.conv1d.bias"] = ("ssm_conv_bias", False)
         if cfg.ssm_proj_bias:
             per_layer |= {"mamba.in_proj.bias": ("ssm_in_bias", False), "mamba.out_proj.bias": ("lin_out_bias", False)}
+    elif cfg.linear_attention:  # Gated DeltaNet (DecoderLayers._linear_attention_params; its convolution likewise)
+        per_layer = {f"linear_attn.{name}": ours for name, ours in (
+            ("in_proj_qkv.weight", ("lin_qkv", True)), ("in_proj_z.weight", ("lin_z", True)),
+            ("in_proj_b.weight", ("lin_b", True)), ("in_proj_a.weight", ("lin_a", True)),
+            ("conv1d.weight", ("lin_conv", True)), ("A_log", ("lin_a_log", False)), ("dt_bias", ("lin_dt_bias", False)),
+            ("norm.weight", ("lin_norm", False)), ("out_proj.weight", ("lin_out", True)))}
     if cfg.attn_output_gate:  # its half of the checkpoint's q_proj (registry._qwen3_5_tensors)
         per_layer["self_attn.q_gate.weight"] = ("o_gate", True)
     if cfg.k_eq_v or cfg.kv_source >= 0:  # the keys' projection gives the values too, or neither is the layer's

@@ -268,6 +268,10 @@ def _reorder_heads(array, order: np.ndarray) -> np.ndarray:
     return heads[:, order].reshape(array.shape)
 
 
+def _without_ones(shape: tuple) -> tuple:
+    return tuple(d for d in shape if d != 1)
+
+
 def _repeat_kv_heads(array: np.ndarray, kv_heads: int, repeats: int) -> np.ndarray:
     """[..., kv_heads * head_dim] -> [..., kv_heads * repeats * head_dim], each head copied `repeats` times."""
     *lead, width = array.shape
@@ -366,9 +370,11 @@ def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, *, te
                     if source.shape == expected:
                         source = _repeat_kv_heads(np.asarray(source), kv_heads, repeats)
                         expected = source.shape
-                if source.shape == (1,) and expected == ():  # a one-value tensor (transformers' scalar parameters
-                    # and buffers: Gemma 4's layer_scalar, Apertus's xIELU alphas) into a per-layer scalar
-                    source = np.asarray(source).reshape(())
+                if source.shape != expected and _without_ones(source.shape) == _without_ones(expected):
+                    # the same values but for axes of size 1: a one-value tensor (transformers' scalar parameters and
+                    # buffers: Gemma 4's layer_scalar, Apertus's xIELU alphas) into a per-layer scalar, a depthwise
+                    # convolution's [channels, 1, width] (Qwen3.5's, LFM2's, Mamba2's) into [width, channels]
+                    source = np.asarray(source).reshape(expected)
                 if source.shape != tuple(expected):
                     hf_shape = tuple(reversed(expected)) if transpose else tuple(expected)
                     raise ValueError(f"tensor {stored_name} has shape {tuple(array.shape)}, expected {hf_shape}")

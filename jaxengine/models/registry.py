@@ -75,12 +75,13 @@ def _phi3_split(name: str, array, cfg: ModelConfig) -> list:
 
 
 _RESIDUAL_OUTPUTS = (".self_attn.o_proj.weight", ".self_attn.o_proj.bias", ".mlp.down_proj.weight",
-                     ".mlp.down_proj.bias")
+                     ".mlp.down_proj.bias", ".mamba.out_proj.weight", ".mamba.out_proj.bias")
 
 
 def _granite_scaled(name: str, array, cfg: ModelConfig) -> list:
-    """Granite's multipliers folded into its weights: each layer's o_proj and down_proj times residual_multiplier
-    (their products join the residual scaled by it), the final norm's over logits_scaling (`_logits_scaled`)."""
+    """Granite's multipliers folded into its weights: each layer's o_proj and down_proj (and Granite 4.0-H's Mamba2
+    mixers' out_proj) times residual_multiplier (their products join the residual scaled by it), the final norm's over
+    logits_scaling (`_logits_scaled`)."""
     if name.endswith(_RESIDUAL_OUTPUTS):
         return [(name, np.asarray(array, np.float32) * np.float32(cfg.residual_scale))]
     return _logits_scaled(name, array, cfg)
@@ -142,16 +143,8 @@ def _granite_moe_tensors(name: str, array, cfg: ModelConfig) -> list:
 
 
 def _granite_moe_hybrid_tensors(name: str, array, cfg: ModelConfig) -> list:
-    """Granite 4.0's tensors: GraniteMoe's (`_granite_moe_tensors`; the shared MLP a dense one where there are no
-    experts), each Mamba2 mixer's convolution [channels, 1, width] squeezed and its output projection times
-    residual_multiplier (as the attention's and the MLP's outputs)."""
-    if ".mamba." in name:
-        array = np.asarray(array)
-        if name.endswith(".mamba.conv1d.weight"):
-            return [(name, array[:, 0, :])]
-        if name.endswith((".mamba.out_proj.weight", ".mamba.out_proj.bias")):
-            return [(name, np.asarray(array, np.float32) * np.float32(cfg.residual_scale))]
-        return [(name, array)]
+    """Granite 4.0's tensors: GraniteMoe's (`_granite_moe_tensors`: its mixers' output projections scaled as the
+    attention's), the shared MLP a dense one where there are no experts."""
     pieces = _granite_moe_tensors(name, array, cfg)
     return pieces if cfg.num_experts else [(n.replace(".mlp.shared_experts.", ".mlp."), a) for n, a in pieces]
 
@@ -451,17 +444,15 @@ def _qwen3_5_tensor(name: str) -> str | None:
 
 def _qwen3_5_tensors(name: str, array, cfg: ModelConfig) -> list:
     """Qwen3.5's and Qwen3-Next's tensors as the weight map knows them: a gated attention's q_proj (each head's
-    queries then its output gate) split into q_proj and `q_gate`; the convolution's [channels, 1, width] squeezed;
-    Qwen3-Next's fused projections (per key head: its q, k, then its value heads' v and z; b and a likewise) split
-    into Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b and in_proj_a; experts as Qwen2 MoE's."""
+    queries then its output gate) split into q_proj and `q_gate`; Qwen3-Next's fused projections (per key head: its
+    q, k, then its value heads' v and z; b and a likewise) split into Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b and
+    in_proj_a; experts as Qwen2 MoE's."""
     array = np.asarray(array)
     if name.endswith(".self_attn.q_proj.weight") and cfg.attn_output_gate:
         both = array.reshape(cfg.num_heads, 2, cfg.head_dim, -1)
         stem = name.removesuffix("q_proj.weight")
         return [(name, both[:, 0].reshape(-1, array.shape[-1])),
                 (stem + "q_gate.weight", both[:, 1].reshape(-1, array.shape[-1]))]
-    if name.endswith(".linear_attn.conv1d.weight"):
-        return [(name, array[:, 0, :])]
     num_k, num_v, dk, dv, _ = cfg.linear_heads or (1, 1, 0, 0, 0)
     per_k = num_v // num_k
     stem = name.rsplit(".", 2)[0] + "."
@@ -482,12 +473,6 @@ _LFM2_NAMES = ((".self_attn.out_proj.", ".self_attn.o_proj."), (".self_attn.q_la
                (".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj."),
                (".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),
                (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"))
-
-
-def _lfm2_tensors(name: str, array, cfg: ModelConfig) -> list:
-    """LFM2's convolutions' [D, 1, width] weights squeezed (the weight map's transpose makes them [width, D])."""
-    array = np.asarray(array)
-    return [(name, array[:, 0, :] if name.endswith(".conv.conv.weight") else array)]
 
 
 _APERTUS_NORMS = ((".attention_layernorm.", ".input_layernorm."),
@@ -597,8 +582,8 @@ _REGISTRY = {
                                                    split_tensor=_stacked_experts),
 } | {  # LFM2 and LFM2-MoE: gated short convolutions among attention layers
     name: Architecture(LlamaForCausalLM, lfm2_config_from_hf,
-                       _renaming(_LFM2_NAMES, (), (("model.embedding_norm.", "model.norm."),)),
-                       split_tensor=_lfm2_tensors) for name in LFM2_ARCHITECTURES} | {
+                       _renaming(_LFM2_NAMES, (), (("model.embedding_norm.", "model.norm."),)))
+    for name in LFM2_ARCHITECTURES} | {
     # Qwen3.5 (dense, MoE; the multimodal checkpoints served as text models likewise), Qwen3-Next
     name: Architecture(LlamaForCausalLM, qwen3_5_config_from_hf, _qwen3_5_tensor, split_tensor=_qwen3_5_tensors)
     for name in QWEN3_5_ARCHITECTURES} | {  # Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), served as text models likewise

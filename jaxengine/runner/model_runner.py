@@ -246,22 +246,20 @@ class ModelRunner:
         # keeps the arrays it was given).
         self.lora_weights = jax.device_put(jax.tree.map(np.copy, self._lora_host), self.replicated)
 
-    def _release_slots(self) -> None:
-        for slot, seq in list(self.slot_owners.items()):
+    @staticmethod
+    def _release(owners: dict, free: list, attribute: str) -> None:
+        """Rows of `owners` ({row: Sequence}) whose sequence no longer runs back to `free`, its `attribute` cleared."""
+        for row, seq in list(owners.items()):
             if seq.status != Status.RUNNING:
-                del self.slot_owners[slot]
-                self.free_slots.append(slot)
-                seq.slot = None
+                del owners[row]
+                free.append(row)
+                setattr(seq, attribute, None)
 
     def _assign_state_rows(self, chunks: list[ScheduledChunk], num_reqs: int) -> None:
         """Each chunk's sequence's row of the linear-attention state (taken when it first runs; given back once it no
         longer runs: a preempted sequence recomputes from its start, on a fresh row), padding requests' the scratch
         row. A row that changes hands needs no clearing: a chunk that starts its sequence starts from zeros."""
-        for row, seq in list(self.state_row_owners.items()):
-            if seq.status != Status.RUNNING:
-                del self.state_row_owners[row]
-                self.free_state_rows.append(row)
-                seq.state_row = None
+        self._release(self.state_row_owners, self.free_state_rows, "state_row")
         for i, chunk in enumerate(chunks):
             seq = chunk.seq
             if seq.state_row is None:
@@ -378,7 +376,7 @@ class ModelRunner:
 
     def dispatch(self, chunks: list[ScheduledChunk]):
         """Packs and launches the step without waiting for it (JAX dispatch is asynchronous)."""
-        self._release_slots()
+        self._release(self.slot_owners, self.free_slots, "slot")
         for chunk in chunks:
             if chunk.seq.params.needs_slot_state and chunk.seq.slot is None:
                 self._assign_slot(chunk.seq)
