@@ -1068,3 +1068,70 @@ def test_granite4_hub_configs_read_as_transformers_builds_them(hf):
             64, 6, layers[0].block_sparse_moe.experts.intermediate_dim, shared)
     else:
         assert cfg.num_experts == 0 and cfg.intermediate_size == shared
+
+
+# Nemotron-H in the hub's form: NVIDIA Nemotron Nano 9B v2 (Mamba2 mixers, 4 attention layers, ReLU^2 MLP blocks, two
+# mixers in a row twice) and Nemotron 3 Nano 30B-A3B (each mixer followed by a mixture of experts)
+NEMOTRON_NANO_9B_V2 = dict(
+    architectures=["NemotronHForCausalLM"], model_type="nemotron_h", attention_bias=False, attention_head_dim=128,
+    chunk_size=128, conv_kernel=4, expand=2, hidden_size=4480, intermediate_size=15680,
+    hybrid_override_pattern="M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-", layer_norm_epsilon=1e-5,
+    mamba_head_dim=80, mamba_hidden_act="silu", mamba_num_heads=128, mamba_proj_bias=False,
+    max_position_embeddings=131072, mlp_bias=False, mlp_hidden_act="relu2", n_groups=8, num_attention_heads=40,
+    num_hidden_layers=56, num_key_value_heads=8, ssm_state_size=128, tie_word_embeddings=False,
+    time_step_limit=[0.0, float("inf")], use_bias=False, use_conv_bias=True, vocab_size=131072,
+    torch_dtype="bfloat16", eos_token_id=12)
+NEMOTRON3_NANO = NEMOTRON_NANO_9B_V2 | dict(
+    attention_head_dim=None, head_dim=128, hidden_size=2688, intermediate_size=1856,
+    hybrid_override_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", mamba_head_dim=64,
+    mamba_num_heads=64, moe_intermediate_size=1856, moe_shared_expert_intermediate_size=3712, n_group=1,
+    n_routed_experts=128, n_shared_experts=1, norm_topk_prob=True, num_attention_heads=32, num_experts_per_tok=6,
+    num_hidden_layers=52, num_key_value_heads=2, routed_scaling_factor=2.5, topk_group=1)
+
+
+@pytest.mark.parametrize("hf", [NEMOTRON_NANO_9B_V2, NEMOTRON3_NANO])
+def test_nemotron_h_hub_configs_read_as_transformers_builds_them(hf):
+    """Each of our layers a mixer block and the MLP block after it (none where another mixer follows), the Mamba2
+    mixers of the shape transformers builds (on the meta device), attention without rotary embedding, the ungated
+    MLPs, and Nemotron 3 Nano's experts (DeepSeek V3's router, a shared expert)."""
+    import torch
+
+    cfg = read(hf)
+    theirs = transformers.NemotronHConfig(**{k: v for k, v in hf.items()
+                                             if k not in ("architectures", "model_type", "attention_head_dim")})
+    with torch.device("meta"):
+        layers = transformers.NemotronHForCausalLM(theirs).model.layers
+    kinds = [layer.block_type for layer in layers]
+    mixers = [i for i, kind in enumerate(kinds) if kind in ("linear_attention", "full_attention")]
+    assert cfg.num_layers == len(mixers) and [m for m, _ in cfg.layer_sources] == mixers
+    assert cfg.linear_layers == tuple(j for j, i in enumerate(mixers) if kinds[i] == "linear_attention")
+    assert cfg.no_mlp_layers == tuple(j for j, i in enumerate(mixers) if i + 1 >= len(kinds) or i + 1 in mixers)
+    mixer = layers[0].mixer
+    assert cfg.ssm_heads == (mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, mixer.n_groups,
+                             mixer.conv_kernel_size)
+    attention = layers[kinds.index("full_attention")].mixer
+    assert (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads) == (
+        attention.head_dim, attention.q_proj.out_features // attention.head_dim,
+        attention.k_proj.out_features // attention.head_dim)
+    assert cfg.rope_layers == (False,) * cfg.num_layers and cfg.kv_cache_layers == 4 + 2 * bool(cfg.num_experts)
+    assert not cfg.gated_mlp and cfg.hidden_act == "relu2" and cfg.ssm_activation == "silu"
+    assert cfg.ssm_conv_bias and not cfg.ssm_proj_bias and cfg.ssm_dt_limit == () and cfg.rms_norm_eps == 1e-5
+    if "E" in hf["hybrid_override_pattern"]:
+        moe = layers[kinds.index("moe")].mixer
+        assert (cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size, cfg.intermediate_size) == (
+            128, 6, moe.experts.intermediate_dim, moe.shared_experts.up_proj.out_features)
+        assert (cfg.router_scoring, cfg.router_correction, cfg.router_groups, cfg.routed_scaling) == (
+            "sigmoid", True, (), 2.5)
+        assert cfg.norm_topk_prob and cfg.dense_mlp_layers == () and cfg.moe_latent_size == 0
+    else:
+        assert cfg.num_experts == 0 and cfg.intermediate_size == layers[1].mixer.up_proj.out_features
+
+
+def test_nemotron_h_refuses_mlp_blocks_without_a_mixer_before_them():
+    """An MLP block after another MLP block (or first) has no layer of ours to join: refused by name."""
+    with pytest.raises(ValueError, match="layer 2's mlp block follows another MLP block"):
+        read(NEMOTRON_NANO_9B_V2 | dict(hybrid_override_pattern="M--M", num_hidden_layers=4))
+    with pytest.raises(ValueError, match="layer 0's moe block follows no mixer"):
+        read(NEMOTRON3_NANO | dict(hybrid_override_pattern="EM", num_hidden_layers=2))
+    with pytest.raises(ValueError, match="hybrid_override_pattern"):
+        read(NEMOTRON_NANO_9B_V2 | dict(hybrid_override_pattern="M-X"))

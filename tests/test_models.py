@@ -99,17 +99,23 @@ def test_bfloat16_error_is_within_twice_transformers_own_bfloat16_error(arch, ma
     native kernels (transformers keeps its K/V in bfloat16 too). A mixture of experts' router takes each token's
     top experts by probabilities that bfloat16 rounding can reorder (transformers' own bfloat16 run moves some
     tokens to other experts, logits then off by units): there at most 5% of the tokens may exceed the bound."""
-    model, cfg = load_model(model_dirs[arch], "bfloat16", progress=False, native_matmul=matmul == "native")
-    assert model.native_matmul == (matmul == "native")
-    if matmul == "native":
+    bfloat16_within_transformers_error(model_dirs[arch], matmul == "native", lambda dtype: hf_models(arch, dtype))
+
+
+def bfloat16_within_transformers_error(model_dir, native: bool, hf_model):
+    """test_bfloat16_error_is_within_twice_transformers_own_bfloat16_error's check of the checkpoint at `model_dir`
+    (`hf_model(dtype)`: transformers' model of it in that dtype)."""
+    model, cfg = load_model(model_dir, "bfloat16", progress=False, native_matmul=native)
+    assert model.native_matmul == native
+    if native:
         model.kv_dtype = jnp.bfloat16
     seqs = sequences(cfg.vocab_size, extra=DECODE_STEPS, seed=2)
     prefill, decoded = prefill_and_decode(model, seqs)
     agree = total = over = 0
     for seq, pre, dec in zip(seqs, prefill, decoded):
         ours = np.concatenate([pre, dec])
-        exact = hf_logits(hf_models(arch), seq)
-        hf_bf16 = hf_logits(hf_models(arch, torch.bfloat16), seq)
+        exact = hf_logits(hf_model(torch.float32), seq)
+        hf_bf16 = hf_logits(hf_model(torch.bfloat16), seq)
         hf_error = np.abs(hf_bf16 - exact).max()
         ulp = np.abs(exact).max() * 2.0 ** -8
         errors = np.abs(ours - exact).max(-1)  # per token
@@ -318,6 +324,13 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     # scores chosen with their bias, renormalised, times 2
     ("lfm2", dict(cls="Lfm2MoeForCausalLM", intermediate_size=80, moe_intermediate_size=32, num_experts=4,
                   num_experts_per_tok=2, num_dense_layers=1, routed_scaling_factor=2.0)),
+    # Nemotron-H (tiny_models.LIGHT_SPECS: the mixers' and MLP blocks' pairs, a mixer without one); Nemotron 3 Nano's
+    # form: each mixer followed by ungated ReLU^2 experts (the top 2 of 4 by DeepSeek V3's sigmoid router, times 2.5)
+    # beside a shared expert, the last mixer by none
+    ("nemotron_h", dict(cls="NemotronHForCausalLM")),
+    ("nemotron_h", dict(cls="NemotronHForCausalLM", hybrid_override_pattern="ME*EM", n_routed_experts=4,
+                        num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
+                        routed_scaling_factor=2.5)),
     # Qwen3.5 MoE: SPECS' Qwen3.5 over the top 2 of 4 experts (renormalised) and a gated shared expert
     ("qwen3_5", dict(cls="Qwen3_5MoeForCausalLM", config_cls="Qwen3_5MoeTextConfig", num_experts=4,
                      num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)),
@@ -332,6 +345,22 @@ def test_llama_layer_relatives_match_transformers(tmp_path, tokenizer_dir, spec,
     rotations."""
     out = tiny_models.make_model(spec, tmp_path / "model", tokenizer_dir, **overrides)
     assert prefill_matches_transformers(out).architecture == overrides["cls"]
+
+
+@pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+def test_nemotron_h_native_bfloat16_within_twice_transformers_error(tmp_path, tokenizer_dir):
+    """Nemotron 3 Super's form in bfloat16 on the native kernels (test_bfloat16_error_is_within_twice_transformers_own_
+    bfloat16_error's check): its experts (ungated, packed apart) over a latent of 24 (the projections in and out
+    packed too, the router reading the hidden state) in 2 groups (the best 1), a dense MLP block after the last
+    mixer, Mamba2 mixers on the native recurrence."""
+    out = tiny_models.make_model("nemotron_h", tmp_path / "nemotron-h", tokenizer_dir,
+                                 hybrid_override_pattern="ME*EM-", n_routed_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=2,
+                                 topk_group=1, routed_scaling_factor=2.0, moe_latent_size=24)
+    hf = {dtype: transformers.AutoModelForCausalLM.from_pretrained(out, dtype=dtype).eval()
+          for dtype in (torch.float32, torch.bfloat16)}
+    prefill_matches_transformers(out)
+    bfloat16_within_transformers_error(out, True, hf.__getitem__)
 
 
 def test_gemma3_multimodal_checkpoint_serves_its_language_model(tmp_path, tokenizer_dir):
@@ -405,7 +434,7 @@ def test_qwen_vl_checkpoints_serve_their_language_model(tmp_path, tokenizer_dir,
 
 @pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
 @pytest.mark.parametrize("intermediate, activation", [(48, "silu"), (40, "silu"), (45, "swigluoai"),
-                                                      (48, "swigluoai")])
+                                                      (48, "swigluoai"), (48, "relu2")])
 @pytest.mark.parametrize("stacked", [True, False])
 def test_packed_experts_match_the_grouped_dot_over_the_same_weights(intermediate, activation, stacked):
     """The native grouped matmul over packed experts (gate/up packed together where the width is a multiple of
@@ -413,8 +442,8 @@ def test_packed_experts_match_the_grouped_dot_over_the_same_weights(intermediate
     experts (the scanned loop's) or one layer's, against `lax.ragged_dot` over the unpacked bfloat16 weights.
     GPT-OSS's experts (swigluoai) with biases on the router and on each projection: over an odd width (packed apart:
     the pairs' extra column), and packed together (the kernel's clamped SwiGLU, the gate/up biases folded in as one
-    more input row), x large enough that the clamps bind. A bucket's padding rows (the last 3) take no expert: they
-    come out zero."""
+    more input row), x large enough that the clamps bind. Nemotron-H's ungated experts (relu2: act(up), no gate),
+    each projection packed alone. A bucket's padding rows (the last 3) take no expert: they come out zero."""
     from jaxengine.layers.moe import moe_mlp
     from pallas_kernels import cpu
 
@@ -434,10 +463,13 @@ def test_packed_experts_match_the_grouped_dot_over_the_same_weights(intermediate
         common |= dict(swiglu=cpu.SWIGLU_OAI_CONSTANTS, router_bias=weight(1, E)[0], down_bias=weight(E, 2, D)[:, 0])
         biases = dict(gate_bias=weight(L, E, 2, intermediate)[:, :, 0], up_bias=weight(L, E, 2, intermediate)[:, :, 0])
     layer = 1
-    want = moe_mlp(x, router, gate=gate[layer], up=up[layer], down=down[layer], **common,
+    ungated = activation == "relu2"
+    want = moe_mlp(x, router, gate=None if ungated else gate[layer], up=up[layer], down=down[layer], **common,
                    **{k: b[layer] for k, b in biases.items()})
     pick = (lambda w: w) if stacked else (lambda w: w[layer])
-    if intermediate % cpu.GATED == 0:
+    if ungated:
+        packed = dict(up=pick(cpu.pack_bf16(up)))
+    elif intermediate % cpu.GATED == 0:
         if oai:  # as the loader packs GPT-OSS's experts: each bias one more input row
             gate = jnp.concatenate([gate, biases["gate_bias"][..., None, :]], axis=-2)
             up = jnp.concatenate([up, biases.pop("up_bias")[..., None, :]], axis=-2)

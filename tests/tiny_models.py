@@ -180,6 +180,13 @@ LIGHT_SPECS = {
         layer_types=["mamba", "attention", "mamba"], mamba_n_heads=8, mamba_d_head=16, mamba_d_state=8,
         mamba_n_groups=2, mamba_d_conv=4, num_local_experts=0, shared_intermediate_size=112,
         position_embedding_type="nope", attention_multiplier=0.2, logits_scaling=2.5, tie_word_embeddings=False),
+    # Nemotron-H (the hub's pattern form): Mamba2 mixers (8 heads of 16, states of 8, B and C in 2 groups) and an
+    # attention layer without rotary embedding, each block its own layer: ungated ReLU^2 MLP blocks after three of
+    # the mixers, none after the third mixer (another follows it)
+    "nemotron_h": dict(
+        cls="NemotronHForCausalLM", hybrid_override_pattern="M-*-MM-", num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, layer_norm_epsilon=1e-5, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=8, n_groups=2,
+        conv_kernel=4, tie_word_embeddings=False),
     # Gemma 4 31B's layout: SPECS["gemma4"] without its experts
     "gemma4dense": {k: v for k, v in SPECS["gemma4"].items()
                     if k not in ("enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size")},

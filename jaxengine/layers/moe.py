@@ -1,4 +1,4 @@
-"""Mixture-of-experts MLP: each token through its top-k experts' gated MLPs, weighted by the router."""
+"""Mixture-of-experts MLP: each token through its top-k experts' (gated) MLPs, weighted by the router."""
 
 import dataclasses
 from typing import NamedTuple
@@ -82,7 +82,8 @@ def moe_mlp(
     top_k: int,
     renormalize: bool,
     activation: str,  # a name of jaxengine.layers.activations.ACTIVATIONS
-    gate: jax.Array | None = None,  # [E, D, I], or packed
+    gate: jax.Array | None = None,  # [E, D, I], or packed; None (and no gate_up): the experts are ungated,
+    # act(up) (Nemotron-H's)
     up: jax.Array | None = None,  # [E, D, I], or packed
     gate_up: jax.Array | Mxfp4Experts | None = None,  # packed by pallas_kernels.cpu.pack_gated (or MXFP4 in its
     # column order), in place of gate and up
@@ -143,6 +144,11 @@ def moe_mlp(
         bias = bias.astype(jnp.float32)
         return y + jnp.pad(bias, ((0, 0), (0, y.shape[-1] - bias.shape[-1])))[sorted_experts]
 
+    def mlp(product):  # the experts' hidden activations from `product` (a projection's grouped products)
+        if gate is None:  # ungated: act(up)
+            return ACTIVATIONS[activation](biased(product(up), up_bias))
+        return glu(biased(product(gate), gate_bias), biased(product(up), up_bias))
+
     if native:
         from pallas_kernels import cpu
 
@@ -167,13 +173,13 @@ def moe_mlp(
             out = grouped(pairs, down, D, prologue="rounded")
         else:
             n = 2 * down.shape[-2]  # the intermediate width (one more, zero, where it is odd: pack_bf16's pairs)
-            hidden = glu(biased(grouped(a, gate, n), gate_bias), biased(grouped(a, up, n), up_bias))
+            hidden = mlp(lambda w: grouped(a, w, n))
             out = grouped(hidden, down, D)
     else:
         def grouped(a, w):
             return jax.lax.ragged_dot(a.astype(w.dtype), w, sizes, preferred_element_type=jnp.float32)
 
-        out = grouped(glu(biased(grouped(xs, gate), gate_bias), biased(grouped(xs, up), up_bias)), down)
+        out = grouped(mlp(lambda w: grouped(xs, w)), down)
     if scale_inputs:  # weighted on the way in (padding's weight 0 too)
         pair_weights = jnp.where(pair_experts < E, 1.0, 0.0)
     out = biased(out, down_bias) * pair_weights[:, None]  # [T * top_k, D] f32

@@ -184,6 +184,14 @@ class ModelConfig:
     ssm_conv_bias: bool = False
     ssm_proj_bias: bool = False
     ssm_dt_limit: tuple = ()
+    ssm_activation: str = "silu"  # the Mamba2 convolution's (Granite's hidden_act, Nemotron-H's mamba_hidden_act)
+    # Nemotron-H: layers without an MLP (a stack of them has intermediate_size 0 and no experts: llama.layer_groups);
+    # and where a checkpoint's layers are single blocks, each of our layers' (its mixer's, its MLP's or -1)
+    no_mlp_layers: tuple = ()
+    layer_sources: tuple = ()
+    # Nemotron 3 Super: the experts read and write a latent of this width, projected from and back to the hidden
+    # state (the router and shared expert read the hidden state itself)
+    moe_latent_size: int = 0
 
     @property
     def kv_cache_layers(self) -> int:
@@ -202,8 +210,8 @@ class ModelConfig:
     @property
     def mlp_input_norm(self) -> bool:
         """The MLP's input has a norm of its own (`mlp_norm`): not in a model with output norms only, nor where a
-        parallel block's attention and MLP share one."""
-        return self.pre_norms and self.parallel_block != 1
+        parallel block's attention and MLP share one, nor in a layer without an MLP."""
+        return self.pre_norms and self.parallel_block != 1 and bool(self.intermediate_size or self.num_experts)
 
     @property
     def latent_attention(self) -> bool:
@@ -512,15 +520,95 @@ def granite_moe_hybrid_config_from_hf(hf: dict) -> ModelConfig:
     groups = hf.get("mamba_n_groups", 1)
     if heads % groups:
         raise ValueError(f"mamba_n_heads={heads} is not a multiple of mamba_n_groups={groups}")
-    # transformers 5 writes an infinite float as {"__float__": "Infinity"}
-    limit = tuple(float(v["__float__"]) if isinstance(v, dict) else float(v)
-                  for v in hf.get("time_step_limit") or (0.0, float("inf")))
     return dataclasses.replace(
         cfg, architecture=arch, linear_layers=tuple(i for i, t in enumerate(types) if kinds[t]),
         ssm_heads=(heads, head_dim, hf.get("mamba_d_state", 256), groups, hf.get("mamba_d_conv", 4)),
         ssm_conv_bias=bool(hf.get("mamba_conv_bias", True)), ssm_proj_bias=bool(hf.get("mamba_proj_bias", False)),
-        ssm_dt_limit=() if limit == (0.0, float("inf")) else limit,
+        ssm_dt_limit=_dt_limit(hf.get("time_step_limit")), ssm_activation=cfg.hidden_act,
         rope_layers=(False,) * num_layers if position == "nope" else ())
+
+
+def _dt_limit(limit) -> tuple:
+    """A Mamba2 config's time_step_limit as ModelConfig.ssm_dt_limit: () where it clamps nothing."""
+    # transformers 5 writes an infinite float as {"__float__": "Infinity"}
+    limit = tuple(float(v["__float__"]) if isinstance(v, dict) else float(v) for v in limit or (0.0, float("inf")))
+    if len(limit) != 2 or not limit[0] <= limit[1]:
+        raise ValueError(f"time_step_limit must be (min, max), got {limit!r}")
+    return () if limit == (0.0, float("inf")) else limit
+
+
+# Nemotron-H's blocks: the hub's hybrid_override_pattern letters, transformers' layers_block_type names (and their
+# older ones) -> mixer (M: Mamba2, *: attention) or MLP (-: dense, E: mixture of experts)
+_NEMOTRON_H_BLOCKS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe", "mamba": "mamba",
+                      "linear_attention": "mamba", "attention": "attention", "full_attention": "attention",
+                      "mlp": "mlp", "moe": "moe"}
+
+
+def nemotron_h_config_from_hf(hf: dict) -> ModelConfig:
+    """Nemotron-H (`NemotronHForCausalLM`: Nemotron-H 4B-56B, NVIDIA Nemotron Nano 2 9B/12B, Nemotron 3 Nano 30B-A3B
+    and Super): each checkpoint layer is one block under its own RMSNorm (`layers_block_type`, or the hub's
+    `hybrid_override_pattern`): a Mamba2 mixer (M; Granite 4.0-H's, `ssm_heads`: mamba_num_heads of
+    mamba_head_dim, ssm_state_size, n_groups, conv_kernel), attention without rotary embedding or biases (*), an
+    ungated MLP (-: `mlp_hidden_act`, ReLU^2) or a mixture of experts (E: DeepSeek V3's sigmoid router over ungated
+    experts, a shared expert of `moe_shared_expert_intermediate_size`; through a latent of `moe_latent_size` where
+    given). Each of our layers is a mixer and the MLP block after it (`layer_sources`; none where another mixer
+    follows: `no_mlp_layers`); an MLP block that follows no mixer is refused. The multi-token-prediction layers are
+    not loaded."""
+    arch = hf["architectures"][0]
+    if hf.get("quantization_config"):
+        raise ValueError(f"quantized {arch} checkpoints are not supported yet (their Mamba2 layers' projections are "
+                         f"float only)")
+    types = hf.get("layers_block_type") or hf.get("layer_types") or hf.get("hybrid_override_pattern")
+    if not types or not isinstance(types, (str, list)) or not set(types) <= set(_NEMOTRON_H_BLOCKS):
+        raise ValueError(f"layers_block_type (or hybrid_override_pattern) must name each layer's block (M, *, -, E; "
+                         f"mamba, attention, mlp, moe), got {types!r}")
+    types = [_NEMOTRON_H_BLOCKS[t] for t in types]
+    sources = []  # each of our layers' [mixer, MLP block or -1]
+    for i, kind in enumerate(types):
+        if kind in ("mamba", "attention"):
+            sources.append([i, -1])
+        elif sources and sources[-1][1] < 0:
+            sources[-1][1] = i
+        else:
+            raise ValueError(f"layer {i}'s {kind} block follows {'another MLP block' if sources else 'no mixer'}; "
+                             f"only an MLP block after a Mamba2 or attention block is supported")
+    act = hf.get("mamba_hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        raise ValueError(f"mamba_hidden_act {act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
+    mlp_act = hf.get("mlp_hidden_act", "relu2")
+    heads = hf.get("mamba_num_heads", 128)
+    groups = hf.get("n_groups", hf.get("mamba_n_groups", 8))
+    if heads % groups:
+        raise ValueError(f"mamba_num_heads={heads} is not a multiple of n_groups={groups}")
+    num_heads = hf.get("num_attention_heads", 32)
+    text = hf | {"num_hidden_layers": len(sources), "hidden_act": mlp_act, "sliding_window": None,
+                 "layer_types": None, "num_attention_heads": num_heads,
+                 "intermediate_size": hf.get("intermediate_size", 21504),
+                 "head_dim": hf.get("head_dim") or hf.get("attention_head_dim") or hf["hidden_size"] // num_heads,
+                 "rms_norm_eps": hf.get("layer_norm_epsilon", 1e-5), "attention_bias": False,
+                 "partial_rotary_factor": None, "rope_parameters": None, "rope_scaling": None}
+    cfg = dataclasses.replace(
+        model_config_from_hf(text), gated_mlp=False, rope_layers=(False,) * len(sources),
+        linear_layers=tuple(j for j, (mixer, _) in enumerate(sources) if types[mixer] == "mamba"),
+        no_mlp_layers=tuple(j for j, (_, mlp) in enumerate(sources) if mlp < 0),
+        layer_sources=tuple(tuple(pair) for pair in sources),
+        ssm_heads=(heads, hf.get("mamba_head_dim", 64), hf.get("ssm_state_size", 128), groups,
+                   hf.get("conv_kernel", hf.get("mamba_d_conv", 4))),
+        ssm_conv_bias=bool(hf.get("use_conv_bias", hf.get("mamba_conv_bias", True))),
+        ssm_proj_bias=bool(hf.get("use_bias", False)),
+        ssm_dt_limit=_dt_limit(hf.get("time_step_limit", hf.get("mamba_dt_limit"))), ssm_activation=ACTIVATIONS[act])
+    if "moe" not in types:
+        return cfg
+    latent = hf.get("moe_latent_size") or 0
+    if not isinstance(latent, int) or latent < 0:
+        raise ValueError(f"moe_latent_size must be a positive integer or null, got {latent!r}")
+    moe = {"n_routed_experts": hf.get("n_routed_experts", hf.get("num_local_experts", 8)), "n_shared_experts": 1,
+           "moe_intermediate_size": hf.get("moe_intermediate_size", 7688), "first_k_dense_replace": 0,
+           "mlp_layer_types": None, "topk_method": None, "scoring_func": None}
+    cfg = _deepseek_experts(hf | moe, cfg, first_dense=0, renormalize=True)
+    return dataclasses.replace(
+        cfg, intermediate_size=hf.get("moe_shared_expert_intermediate_size", 7688), moe_latent_size=latent,
+        dense_mlp_layers=tuple(j for j, (_, mlp) in enumerate(sources) if mlp >= 0 and types[mlp] == "mlp"))
 
 
 def smollm3_config_from_hf(hf: dict) -> ModelConfig:

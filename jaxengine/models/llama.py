@@ -228,7 +228,7 @@ def _plus(y, delta):
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "expert_gate", "expert_up",
            "expert_down", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_k", "kv_b_v", "ple_gate", "ple_proj", "o_gate",
-           "lin_out", "conv_in", "ssm_in")
+           "lin_out", "conv_in", "ssm_in", "moe_latent_in", "moe_latent_out")
 
 
 def _norm_scale(cfg: ModelConfig, weight: jax.Array) -> jax.Array:
@@ -461,10 +461,15 @@ class DecoderLayers(nnx.Module):
                     axes = _packed_axes(("layers", "experts"))
                     setattr(self, name, _param((L, E, -(-n // PANEL), k // 2, PANEL), jnp.uint8, axes))
                     setattr(self, name + "_exponents", _param((L, E, -(-n // PANEL), k // 32, PANEL), jnp.uint8, axes))
-            else:
-                self.expert_gate = _param((L, E, D, M), dtype, ("layers", "experts", "embed", "mlp"))
-                self.expert_up = _param((L, E, D, M), dtype, ("layers", "experts", "embed", "mlp"))
-                self.expert_down = _param((L, E, M, D), dtype, ("layers", "experts", "mlp", "embed"))
+            else:  # ungated where the model's MLPs are (Nemotron-H's); over a latent where moe_latent_size
+                X = cfg.moe_latent_size or D
+                if cfg.gated_mlp:
+                    self.expert_gate = _param((L, E, X, M), dtype, ("layers", "experts", "embed", "mlp"))
+                self.expert_up = _param((L, E, X, M), dtype, ("layers", "experts", "embed", "mlp"))
+                self.expert_down = _param((L, E, M, X), dtype, ("layers", "experts", "mlp", "embed"))
+            if cfg.moe_latent_size:
+                self.moe_latent_in = _param((L, D, cfg.moe_latent_size), dtype, ("layers", "embed", "latent"))
+                self.moe_latent_out = _param((L, cfg.moe_latent_size, D), dtype, ("layers", "latent", "embed"))
         if cfg.moe_bias:
             self.router_bias = _param((L, E), dtype, ("layers", "experts"))
             if cfg.mxfp4_experts:  # gate's and up's in pack_gated's column order, in float32 as the kernel adds them
@@ -812,10 +817,11 @@ class DecoderLayers(nnx.Module):
         return c * y, (conv_state,)
 
     def _mamba(self, h, state, layer, weights_layer, batch, live):
-        """A Mamba2 mixer over the normed h (Granite 4.0-H; transformers' GraniteMoeHybridMambaLayer): the convolved x,
-        B and C, each head's state [state size, head_dim] decayed by exp(dt A) and written dt x along B, read along C
-        (layers.linear_attention.recurrence), plus D x; then times silu(z), RMS-normed per group. Returns (that [T,
-        heads x head_dim] before lin_out, the (convolution, recurrent) state with each request's row updated)."""
+        """A Mamba2 mixer over the normed h (Granite 4.0-H, Nemotron-H; transformers' GraniteMoeHybridMambaLayer): the
+        convolved x, B and C (through `ssm_activation`), each head's state [state size, head_dim] decayed by exp(dt A)
+        and written dt x along B, read along C (layers.linear_attention.recurrence), plus D x; then times silu(z),
+        RMS-normed per group. Returns (that [T, heads x head_dim] before lin_out, the (convolution, recurrent) state
+        with each request's row updated)."""
         cfg = self.cfg
         H, P, N, G, _ = cfg.ssm_heads
         T, inner = h.shape[0], H * P
@@ -828,8 +834,8 @@ class DecoderLayers(nnx.Module):
         conv_state, ssm_state = state
         fresh = linear_attention.starts_sequence(batch)
         xbc, conv_state = linear_attention.causal_conv(
-            xbc, self.ssm_conv[...], conv_state, layer, batch.state_slots, fresh, batch, ACTIVATIONS[cfg.hidden_act],
-            self.ssm_conv_bias[...] if cfg.ssm_conv_bias else None)
+            xbc, self.ssm_conv[...], conv_state, layer, batch.state_slots, fresh, batch,
+            ACTIVATIONS[cfg.ssm_activation], self.ssm_conv_bias[...] if cfg.ssm_conv_bias else None)
         x, b, c = jnp.split(xbc, [inner, inner + G * N], -1)
         dt = jax.nn.softplus(dt.astype(jnp.float32) + self.ssm_dt_bias[...])
         if cfg.ssm_dt_limit:
@@ -909,6 +915,8 @@ class DecoderLayers(nnx.Module):
                               live, layer, cfg.hidden_act, out_norm, x)
         src = h if x is None else x
         out = None
+        if not (I or cfg.num_experts):  # a layer without an MLP (Nemotron-H's mixer before another)
+            return h
         if I:
             if cfg.gated_mlp:
                 gate, up = self._gate_up(src, mlp_norm, live, layer)
@@ -938,6 +946,9 @@ class DecoderLayers(nnx.Module):
                 shared_gate = self.shared_expert_gate[...]
                 out = out * jax.nn.sigmoid(jnp.dot(x.astype(shared_gate.dtype), shared_gate,
                                                    preferred_element_type=jnp.float32)).astype(out.dtype)
+            if cfg.moe_latent_size:  # Nemotron 3 Super: the router reads x, the experts its latent
+                router_input = x
+                x = _dot(x, self.moe_latent_in[...], cfg.moe_latent_size, live_rows=live, layer=layer)
             projections = {name: getattr(self, name)[...] for name in ("expert_gate", "expert_up", "expert_gate_up",
                                                                         "expert_gate_bias", "expert_up_bias",
                                                                         "expert_down_bias", "router_bias")
@@ -961,6 +972,8 @@ class DecoderLayers(nnx.Module):
                               **{name.removeprefix("expert_"): w for name, w in projections.items()})
             if cfg.experts_beside_mlp:
                 experts = rms_norm(experts, self.norm("post_expert_norm"), eps)
+            if cfg.moe_latent_size:
+                experts = _dot(experts, self.moe_latent_out[...], D, live_rows=live, layer=layer)
             out = experts if out is None else out + experts
         if cfg.sandwich_norms:
             out = rms_norm(out, self.norm("post_mlp_norm"), eps)
@@ -982,9 +995,10 @@ def layer_groups(cfg: ModelConfig) -> tuple[tuple[str, int, ModelConfig], ...]:
     of experts with dense layers among its expert ones (`dense_mlp_layers`), of sliding-window or full-attention
     layers where the latter have a shape and KV cache of their own (Gemma 4's `full_attention_heads`, their rope the
     model's, the sliding ones' `local_rope`: `kv_cache_kinds`), of shared-KV layers (`kv_shared_layers`), and of
-    linear-attention or attention layers (`linear_layers`: the former's state is the model's second cache):
-    `layers`, `layers1`, ..."""
-    if not (cfg.dense_mlp_layers or cfg.full_attention_heads or cfg.kv_shared_layers or cfg.linear_layers):
+    linear-attention or attention layers (`linear_layers`: the former's state is the model's second cache), and of
+    layers with or without an MLP (`no_mlp_layers`): `layers`, `layers1`, ..."""
+    if not (cfg.dense_mlp_layers or cfg.full_attention_heads or cfg.kv_shared_layers or cfg.linear_layers
+            or cfg.no_mlp_layers):
         return (("layers", 0, cfg),)
     runs = []  # [first, count, (dense, its cache, the cache layer it reads or -1), its cache's first layer]
     cached = {}  # each cache's layers so far
@@ -996,16 +1010,17 @@ def layer_groups(cfg: ModelConfig) -> tuple[tuple[str, int, ModelConfig], ...]:
         cache = 1 if i in cfg.linear_layers else int(full and bool(cfg.full_attention_heads))
         if i < shared_from:
             sources[full] = cached[cache] = cached.get(cache, -1) + 1
-        kind = (i in cfg.dense_mlp_layers, cache, -1 if i < shared_from else sources[full])
+        mlp = "none" if i in cfg.no_mlp_layers else "dense" if i in cfg.dense_mlp_layers else ""
+        kind = (mlp, cache, -1 if i < shared_from else sources[full])
         if runs and runs[-1][2] == kind:
             runs[-1][1] += 1
         else:
             runs.append([i, 1, kind, cached[cache] if kind[2] < 0 else -1])
     groups = []
-    for n, (first, count, (dense, cache, source), kv_first) in enumerate(runs):
+    for n, (first, count, (mlp, cache, source), kv_first) in enumerate(runs):
         group = dataclasses.replace(cfg, num_layers=count, dense_mlp_layers=(), full_attention_heads=(),
                                     kv_shared_layers=0, kv_source=source, kv_cache_index=cache, kv_first=kv_first,
-                                    linear_layers=())
+                                    linear_layers=(), no_mlp_layers=(), layer_sources=())
         if source >= 0 and cfg.double_wide_mlp:
             group = dataclasses.replace(group, intermediate_size=2 * cfg.intermediate_size)
         if cfg.linear_layers:  # no attention parameters in a linear-attention stack
@@ -1018,12 +1033,13 @@ def layer_groups(cfg: ModelConfig) -> tuple[tuple[str, int, ModelConfig], ...]:
                                         local_rope=None)
         elif cfg.full_attention_heads:
             group = dataclasses.replace(group, rope=cfg.local_rope or cfg.rope, local_rope=None)
-        if dense:
+        if mlp:  # a dense MLP (of dense_intermediate_size), or none
             group = dataclasses.replace(group, num_experts=0, experts_per_token=0, moe_intermediate_size=0,
-                                        intermediate_size=cfg.dense_intermediate_size, shared_expert_gate=False,
-                                        moe_bias=False, router_scoring="softmax", router_groups=(), routed_scaling=1.0,
-                                        router_float32=False, router_correction=False, moe_input_scaled=False,
-                                        experts_beside_mlp=False)
+                                        intermediate_size=cfg.dense_intermediate_size if mlp == "dense" else 0,
+                                        shared_expert_gate=False, moe_bias=False, router_scoring="softmax",
+                                        router_groups=(), routed_scaling=1.0, router_float32=False,
+                                        router_correction=False, moe_input_scaled=False, experts_beside_mlp=False,
+                                        moe_latent_size=0, mlp_bias=cfg.mlp_bias and mlp == "dense")
         groups.append(("layers" if n == 0 else f"layers{n}", first, group))
     return tuple(groups)
 
@@ -1385,8 +1401,11 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         if cfg.router_correction:
             per_layer[f"{moe}.gate.e_score_correction_bias"] = ("router_correction", False)
         projections = (("w1", "gate"), ("w3", "up"), ("w2", "down")) if mixtral else (
-            (f"{p}_proj", p) for p in ("gate", "up", "down"))
+            (f"{p}_proj", p) for p in (("gate", "up", "down") if cfg.gated_mlp else ("up", "down")))
         experts = {f"{moe}.experts.{{}}.{hf}.weight": f"expert_{ours}" for hf, ours in projections}
+        if cfg.moe_latent_size:  # Nemotron 3 Super's
+            per_layer |= {f"{moe}.fc1_latent_proj.weight": ("moe_latent_in", True),
+                          f"{moe}.fc2_latent_proj.weight": ("moe_latent_out", True)}
     if cfg.qkv_bias:
         per_layer |= {f"self_attn.{p}_proj.bias": (f"{p}_bias", False)
                       for p in ("q" if cfg.kv_source >= 0 else "qk" if cfg.k_eq_v else "qkv")}

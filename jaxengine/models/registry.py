@@ -20,8 +20,9 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES,
                                      hyperclovax_config_from_hf, jais2_config_from_hf, lfm2_config_from_hf,
                                      llama4_config_from_hf, ministral3_config_from_hf, ministral_config_from_hf,
                                      mistral3_language_config_from_hf, model_config_from_hf, moe_config_from_hf,
-                                     nemotron_config_from_hf, olmo2_config_from_hf, olmoe_config_from_hf,
-                                     opt_config_from_hf, phi_config_from_hf, qwen3_5_config_from_hf,
+                                     nemotron_config_from_hf, nemotron_h_config_from_hf, olmo2_config_from_hf,
+                                     olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
+                                     qwen3_5_config_from_hf,
                                      qwen_vl_language_config_from_hf, seed_oss_config_from_hf, smollm3_config_from_hf,
                                      solar_open_config_from_hf, stablelm_config_from_hf, starcoder2_config_from_hf,
                                      vaultgemma_config_from_hf)
@@ -475,6 +476,41 @@ _LFM2_NAMES = ((".self_attn.out_proj.", ".self_attn.o_proj."), (".self_attn.q_la
                (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"))
 
 
+def _nemotron_h_tensor(name: str) -> str | None:
+    """A Nemotron-H tensor under the names of transformers' model (the hub's `backbone.*`, its `embeddings` and
+    `norm_f`); the multi-token-prediction layers (`mtp.*`) are not loaded."""
+    if name.startswith(("mtp.", "model.mtp.", "backbone.mtp.")):
+        return None
+    name = "model." + name.removeprefix("backbone.") if name.startswith("backbone.") else name
+    return name.replace("model.embeddings.", "model.embed_tokens.").replace("model.norm_f.", "model.norm.")
+
+
+def _nemotron_h_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """Nemotron-H's blocks as the layers the weight map knows (ModelConfig.layer_sources: each of ours a mixer and
+    the MLP block after it): a mixer block's norm as the layer's input norm, its Mamba2 mixer or attention under
+    Granite 4.0-H's and Llama's names; an MLP block's norm as the MLP's, its MLP or experts under Qwen2 MoE's names
+    (`mlp.*`; experts stacked per layer, as transformers saves them, [E, out, in], split per expert)."""
+    match = re.fullmatch(r"model\.layers\.(\d+)\.(norm|mixer)\.(.+)", name)
+    if match is None:
+        return [(name, array)]
+    i, part, rest = int(match[1]), match[2], match[3]
+    for j, (mixer, mlp) in enumerate(cfg.layer_sources):
+        if i in (mixer, mlp):
+            break
+    else:
+        raise ValueError(f"{name}: the checkpoint has no layer {i} in its layer pattern")
+    head = f"model.layers.{j}."
+    if part == "norm":
+        return [(head + ("input_layernorm." if i == mixer else "post_attention_layernorm.") + rest, array)]
+    if i == mixer:
+        return [(head + ("mamba." if j in cfg.linear_layers else "self_attn.") + rest, array)]
+    if rest in ("experts.up_proj", "experts.down_proj"):
+        array = np.asarray(array)
+        return [(f"{head}mlp.experts.{e}.{rest.removeprefix('experts.')}.weight", array[e])
+                for e in range(array.shape[0])]
+    return [(head + "mlp." + rest, array)]
+
+
 _APERTUS_NORMS = ((".attention_layernorm.", ".input_layernorm."),
                   (".feedforward_layernorm.", ".post_attention_layernorm."))
 
@@ -537,6 +573,9 @@ _REGISTRY = {
     # Granite 4.0 (-H: Mamba2 mixers among its attention layers)
     "GraniteMoeHybridForCausalLM": Architecture(LlamaForCausalLM, granite_moe_hybrid_config_from_hf,
                                                 split_tensor=_granite_moe_hybrid_tensors),
+    # Nemotron-H: Mamba2 mixers, attention, MLP and mixture-of-experts blocks each a layer of their own
+    "NemotronHForCausalLM": Architecture(LlamaForCausalLM, nemotron_h_config_from_hf, _nemotron_h_tensor,
+                                         split_tensor=_nemotron_h_tensors),
     # LayerNorm models (ModelConfig.layer_norm)
     "Starcoder2ForCausalLM": Architecture(LlamaForCausalLM, starcoder2_config_from_hf, _renaming(_STARCODER2_NAMES)),
     "PhiForCausalLM": Architecture(LlamaForCausalLM, phi_config_from_hf, _renaming(_PHI_NAMES)),
