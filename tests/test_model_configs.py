@@ -1135,3 +1135,32 @@ def test_nemotron_h_refuses_mlp_blocks_without_a_mixer_before_them():
         read(NEMOTRON3_NANO | dict(hybrid_override_pattern="EM", num_hidden_layers=2))
     with pytest.raises(ValueError, match="hybrid_override_pattern"):
         read(NEMOTRON_NANO_9B_V2 | dict(hybrid_override_pattern="M-X"))
+
+
+# Bamba-9B v2 in the hub's form
+BAMBA_9B = dict(
+    architectures=["BambaForCausalLM"], model_type="bamba", attn_layer_indices=[9, 18, 27], attention_bias=False,
+    hidden_act="silu", hidden_size=4096, intermediate_size=14336, mamba_chunk_size=256, mamba_conv_bias=True,
+    mamba_d_conv=4, mamba_d_head=64, mamba_d_state=128, mamba_expand=2, mamba_n_groups=1, mamba_n_heads=128,
+    mamba_proj_bias=False, max_position_embeddings=262144, num_attention_heads=32, num_hidden_layers=32,
+    num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, vocab_size=128256,
+    torch_dtype="bfloat16")
+
+
+def test_bamba_hub_config_reads_as_transformers_builds_it():
+    """The Mamba2 mixers where transformers puts them and of the shape it builds (on the meta device), attention
+    layers rotating half of each head (transformers' hard-wired factor, which the hub's config does not give)."""
+    import torch
+
+    cfg = read(BAMBA_9B)
+    theirs = transformers.BambaConfig(**{k: v for k, v in BAMBA_9B.items() if k not in ("architectures",
+                                                                                         "model_type")})
+    with torch.device("meta"):
+        model = transformers.BambaForCausalLM(theirs).model
+    assert cfg.linear_layers == tuple(i for i, layer in enumerate(model.layers) if layer.block_type != "full_attention")
+    mixer = model.layers[0].mamba
+    assert cfg.ssm_heads == (mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, mixer.n_groups,
+                             mixer.conv_kernel_size)
+    assert cfg.ssm_conv_bias and not cfg.ssm_proj_bias and cfg.ssm_dt_limit == () and cfg.ssm_activation == "silu"
+    assert cfg.rope.rotary_dim(cfg.head_dim) == model.rotary_emb.inv_freq.shape[0] * 2 == 64
+    assert cfg.kv_cache_layers == 3 and cfg.gated_mlp and cfg.intermediate_size == 14336

@@ -187,6 +187,12 @@ LIGHT_SPECS = {
         cls="NemotronHForCausalLM", hybrid_override_pattern="M-*-MM-", num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, layer_norm_epsilon=1e-5, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=8, n_groups=2,
         conv_kernel=4, tie_word_embeddings=False),
+    # Bamba: Mamba2 mixers (4 heads of 32: mamba_expand 2 x hidden, states of 8, B and C in 2 groups) around an
+    # attention layer rotating half of each head (transformers' hard-wired partial_rotary_factor), gated MLPs
+    "bamba": dict(
+        cls="BambaForCausalLM", num_hidden_layers=3, attn_layer_indices=[1], num_attention_heads=4,
+        num_key_value_heads=2, mamba_n_heads=4, mamba_d_state=8, mamba_n_groups=2, mamba_d_conv=4,
+        tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     # Gemma 4 31B's layout: SPECS["gemma4"] without its experts
     "gemma4dense": {k: v for k, v in SPECS["gemma4"].items()
                     if k not in ("enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size")},

@@ -513,6 +513,15 @@ def granite_moe_hybrid_config_from_hf(hf: dict) -> ModelConfig:
         cfg = dataclasses.replace(cfg, num_experts=experts, experts_per_token=hf["num_experts_per_tok"],
                                   moe_intermediate_size=cfg.intermediate_size, intermediate_size=shared,
                                   norm_topk_prob=True)
+    return dataclasses.replace(_with_mamba2_mixers(hf, cfg, types, kinds), architecture=arch,
+                               rope_layers=(False,) * num_layers if position == "nope" else ())
+
+
+def _with_mamba2_mixers(hf: dict, cfg: ModelConfig, types: list[str], kinds: dict[str, bool]) -> ModelConfig:
+    """`cfg` with Mamba2 mixers in the layers whose `types` are state ones by `kinds`, as Granite 4.0-H's and Bamba's
+    configs give them: mamba_n_heads of mamba_d_head (by default mamba_expand x hidden_size split among them),
+    mamba_d_state, mamba_n_groups, mamba_d_conv; biases by mamba_conv_bias and mamba_proj_bias; time_step_limit; the
+    convolution through the model's hidden_act."""
     heads = hf.get("mamba_n_heads", 128)
     head_dim = hf.get("mamba_d_head", "auto")
     if head_dim in (None, "auto"):
@@ -521,11 +530,27 @@ def granite_moe_hybrid_config_from_hf(hf: dict) -> ModelConfig:
     if heads % groups:
         raise ValueError(f"mamba_n_heads={heads} is not a multiple of mamba_n_groups={groups}")
     return dataclasses.replace(
-        cfg, architecture=arch, linear_layers=tuple(i for i, t in enumerate(types) if kinds[t]),
+        cfg, linear_layers=tuple(i for i, t in enumerate(types) if kinds[t]),
         ssm_heads=(heads, head_dim, hf.get("mamba_d_state", 256), groups, hf.get("mamba_d_conv", 4)),
         ssm_conv_bias=bool(hf.get("mamba_conv_bias", True)), ssm_proj_bias=bool(hf.get("mamba_proj_bias", False)),
-        ssm_dt_limit=_dt_limit(hf.get("time_step_limit")), ssm_activation=cfg.hidden_act,
-        rope_layers=(False,) * num_layers if position == "nope" else ())
+        ssm_dt_limit=_dt_limit(hf.get("time_step_limit")), ssm_activation=cfg.hidden_act)
+
+
+def bamba_config_from_hf(hf: dict) -> ModelConfig:
+    """Bamba (`BambaForCausalLM`: Bamba-9B v1/v2): Granite 4.0-H's Mamba2 mixers (`_with_mamba2_mixers`) in every layer
+    but `attn_layer_indices`, which are Llama attention layers rotating half of each head (transformers hard-wires
+    partial_rotary_factor 0.5), a gated MLP in every layer."""
+    num_layers = hf["num_hidden_layers"]
+    attention = hf.get("attn_layer_indices") or []
+    if not all(isinstance(i, int) and 0 <= i < num_layers for i in attention):
+        raise ValueError(f"attn_layer_indices must be layers of the {num_layers}, got {attention!r}")
+    if hf.get("quantization_config"):
+        raise ValueError("quantized BambaForCausalLM checkpoints are not supported yet (their Mamba2 layers' "
+                         "projections are float only)")
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {}) | {"partial_rotary_factor": 0.5}
+    cfg = model_config_from_hf(hf | {"rope_parameters": rope, "rope_scaling": None})
+    types = ["attention" if i in attention else "mamba" for i in range(num_layers)]
+    return _with_mamba2_mixers(hf, cfg, types, {"mamba": True, "attention": False})
 
 
 def _dt_limit(limit) -> tuple:

@@ -9,6 +9,7 @@ import numpy as np
 from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES,
                                      GRANITE_MOE_ARCHITECTURES, LFM2_ARCHITECTURES, QWEN3_5_ARCHITECTURES,
                                      QWEN_VL_ARCHITECTURES, ModelConfig, apertus_config_from_hf, arcee_config_from_hf,
+                                     bamba_config_from_hf,
                                      cohere_config_from_hf, deepseek_config_from_hf, dots1_config_from_hf,
                                      ernie4_5_config_from_hf, ernie4_5_moe_config_from_hf, exaone4_config_from_hf,
                                      exaone_config_from_hf, exaone_moe_config_from_hf, falcon_config_from_hf,
@@ -573,6 +574,10 @@ _REGISTRY = {
     # Granite 4.0 (-H: Mamba2 mixers among its attention layers)
     "GraniteMoeHybridForCausalLM": Architecture(LlamaForCausalLM, granite_moe_hybrid_config_from_hf,
                                                 split_tensor=_granite_moe_hybrid_tensors),
+    # Bamba: Granite 4.0-H's mixers among Llama attention layers, its names its own
+    "BambaForCausalLM": Architecture(LlamaForCausalLM, bamba_config_from_hf, _renaming(
+        ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm.")), (),
+        (("model.final_layernorm.", "model.norm."),))),
     # Nemotron-H: Mamba2 mixers, attention, MLP and mixture-of-experts blocks each a layer of their own
     "NemotronHForCausalLM": Architecture(LlamaForCausalLM, nemotron_h_config_from_hf, _nemotron_h_tensor,
                                          split_tensor=_nemotron_h_tensors),
