@@ -98,6 +98,18 @@ def test_linear_attention_model_recomputes_prompts_instead_of_sharing_them(engin
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
+def test_attention_free_model_runs_without_a_kv_cache(engines, hf_expected):
+    """Mamba2 (tiny_models.LIGHT_SPECS: mixers only): no KV cache (its blocks count tokens only, every sequence's
+    longest fits), each sequence's state carried across 32-token prefill chunks and decode steps, as transformers'
+    greedy decoding; no compiles after warm-up."""
+    prompts, expected = hf_expected("mamba2")
+    engine = engines("mamba2", max_num_batched_tokens=32, min_token_bucket=32)
+    assert engine.model_config.kv_cache_layers == 0 and engine.runner.kv_cache[0].size == 0
+    assert engine.block_manager.num_blocks == 8 * 512 // 16
+    with assert_no_compiles("an attention-free model's steps after warm-up"):
+        check_greedy(engine, prompts, expected, "mamba2")
+
+
 @pytest.mark.parametrize("setting, match", [
     (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
      "speculative decoding on Qwen3_5ForCausalLM"),

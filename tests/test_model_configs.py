@@ -1164,3 +1164,30 @@ def test_bamba_hub_config_reads_as_transformers_builds_it():
     assert cfg.ssm_conv_bias and not cfg.ssm_proj_bias and cfg.ssm_dt_limit == () and cfg.ssm_activation == "silu"
     assert cfg.rope.rotary_dim(cfg.head_dim) == model.rotary_emb.inv_freq.shape[0] * 2 == 64
     assert cfg.kv_cache_layers == 3 and cfg.gated_mlp and cfg.intermediate_size == 14336
+
+
+# Mamba-Codestral-7B in the hub's form
+MAMBA_CODESTRAL = dict(
+    architectures=["Mamba2ForCausalLM"], model_type="mamba2", chunk_size=256, conv_kernel=4, expand=2, head_dim=64,
+    hidden_act="silu", hidden_size=4096, layer_norm_epsilon=1e-5, n_groups=8, num_heads=128, num_hidden_layers=64,
+    residual_in_fp32=True, state_size=128, tie_word_embeddings=False, time_step_limit=[0.0, float("inf")],
+    use_bias=False, use_conv_bias=True, vocab_size=32768, torch_dtype="bfloat16")
+
+
+def test_mamba2_hub_config_reads_as_transformers_builds_it():
+    """Mixers only, of the shape transformers builds (on the meta device): no attention layer, no MLP, no KV cache;
+    num_heads and head_dim the mixers'; 2048 positions where the config gives no length (vLLM's default)."""
+    import torch
+
+    cfg = read(MAMBA_CODESTRAL)
+    theirs = transformers.Mamba2Config(**{k: v for k, v in MAMBA_CODESTRAL.items() if k not in ("architectures",
+                                                                                                 "model_type")})
+    with torch.device("meta"):
+        mixer = transformers.Mamba2ForCausalLM(theirs).backbone.layers[0].mixer
+    assert cfg.ssm_heads == (mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, mixer.n_groups,
+                             mixer.conv_kernel_size)
+    assert cfg.linear_layers == cfg.no_mlp_layers == tuple(range(64)) and cfg.kv_cache_layers == 0
+    assert cfg.ssm_conv_bias and not cfg.ssm_proj_bias and cfg.ssm_activation == "silu"
+    assert cfg.max_position_embeddings == 2048 and not cfg.tie_word_embeddings
+    with pytest.raises(ValueError, match="num_heads x head_dim must be expand x hidden_size"):
+        read(MAMBA_CODESTRAL | dict(num_heads=64))

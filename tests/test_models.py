@@ -324,8 +324,9 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     # scores chosen with their bias, renormalised, times 2
     ("lfm2", dict(cls="Lfm2MoeForCausalLM", intermediate_size=80, moe_intermediate_size=32, num_experts=4,
                   num_experts_per_tok=2, num_dense_layers=1, routed_scaling_factor=2.0)),
-    # Bamba (tiny_models.LIGHT_SPECS): Mamba2 mixers around a half-rotating attention layer
+    # Bamba and Mamba2 (tiny_models.LIGHT_SPECS): Mamba2 mixers around a half-rotating attention layer, and alone
     ("bamba", dict(cls="BambaForCausalLM")),
+    ("mamba2", dict(cls="Mamba2ForCausalLM")),
     # Nemotron-H (tiny_models.LIGHT_SPECS: the mixers' and MLP blocks' pairs, a mixer without one); Nemotron 3 Nano's
     # form: each mixer followed by ungated ReLU^2 experts (the top 2 of 4 by DeepSeek V3's sigmoid router, times 2.5)
     # beside a shared expert, the last mixer by none

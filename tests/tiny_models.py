@@ -193,6 +193,11 @@ LIGHT_SPECS = {
         cls="BambaForCausalLM", num_hidden_layers=3, attn_layer_indices=[1], num_attention_heads=4,
         num_key_value_heads=2, mamba_n_heads=4, mamba_d_state=8, mamba_n_groups=2, mamba_d_conv=4,
         tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # Mamba2: mixers only (8 heads of 16, states of 8, B and C in 2 groups), tied embeddings: a model with no
+    # attention layer, so no KV cache
+    "mamba2": dict(
+        cls="Mamba2ForCausalLM", num_hidden_layers=3, num_heads=8, head_dim=16, state_size=8, n_groups=2,
+        conv_kernel=4, layer_norm_epsilon=1e-5, tie_word_embeddings=True),
     # Gemma 4 31B's layout: SPECS["gemma4"] without its experts
     "gemma4dense": {k: v for k, v in SPECS["gemma4"].items()
                     if k not in ("enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size")},

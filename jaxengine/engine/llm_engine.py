@@ -501,6 +501,8 @@ class LLMEngine:
                                  f"({budget / (1 << 30):.2f} GiB); lower max_num_seqs or raise kv_cache_gib / "
                                  f"kv_cache_memory_fraction")
             budget -= state_bytes
+        if not per_block:  # no attention layer (Mamba2; a Nemotron-H of mixers only): blocks only count tokens
+            return cfg.max_num_seqs * -(-self.max_model_len // cfg.block_size)
         num_blocks = budget // per_block
         if num_blocks * cfg.block_size < self.max_model_len:
             raise ValueError(f"the KV cache ({num_blocks} blocks of {cfg.block_size} tokens) cannot hold one "

@@ -562,6 +562,30 @@ def _dt_limit(limit) -> tuple:
     return () if limit == (0.0, float("inf")) else limit
 
 
+def mamba2_config_from_hf(hf: dict) -> ModelConfig:
+    """Mamba2 (`Mamba2ForCausalLM`: Mamba-Codestral-7B, mamba2-130m to 2.7b): a Mamba2 mixer under a norm in every
+    layer, no attention and no MLP; read as a Nemotron-H whose blocks are all mixers (its tensors have their names).
+    Its `num_heads` and `head_dim` are the mixers'; the model has no attention layer (nor KV cache) to give the
+    attention shape it is read with (one head of 64) any use. Its length limit is its config's max_position_embeddings
+    where given, else 2048 (vLLM's default where a config gives none)."""
+    layers = hf.get("num_hidden_layers", 64)
+    keys = {"hidden_act": "mamba_hidden_act", "num_heads": "mamba_num_heads", "head_dim": "mamba_head_dim",
+            "state_size": "ssm_state_size"}
+    same = ("architectures", "vocab_size", "hidden_size", "n_groups", "conv_kernel", "use_conv_bias", "use_bias",
+            "time_step_limit", "layer_norm_epsilon", "tie_word_embeddings", "max_position_embeddings", "dtype",
+            "torch_dtype", "eos_token_id", "bos_token_id", "quantization_config")
+    heads = hf.get("num_heads", 128)
+    if hf.get("head_dim", 64) * heads != hf.get("expand", 2) * hf.get("hidden_size", 4096):
+        raise ValueError(f"num_heads x head_dim must be expand x hidden_size, got {heads} x {hf.get('head_dim', 64)} "
+                         f"and {hf.get('expand', 2)} x {hf.get('hidden_size', 4096)}")
+    nemotron = {ours: hf[theirs] for theirs, ours in keys.items() if theirs in hf} | {
+        key: hf[key] for key in same if key in hf} | {
+        "hybrid_override_pattern": "M" * layers, "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 64,
+        "intermediate_size": 0,
+        "n_groups": hf.get("n_groups", 8), "max_position_embeddings": hf.get("max_position_embeddings", 2048)}
+    return nemotron_h_config_from_hf(nemotron)
+
+
 # Nemotron-H's blocks: the hub's hybrid_override_pattern letters, transformers' layers_block_type names (and their
 # older ones) -> mixer (M: Mamba2, *: attention) or MLP (-: dense, E: mixture of experts)
 _NEMOTRON_H_BLOCKS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe", "mamba": "mamba",
