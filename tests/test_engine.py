@@ -110,6 +110,17 @@ def test_attention_free_model_runs_without_a_kv_cache(engines, hf_expected):
         check_greedy(engine, prompts, expected, "mamba2")
 
 
+def test_parallel_hybrid_model_keeps_kv_cache_and_state_through_preemption(engines, hf_expected):
+    """Falcon-H1 (tiny_models.LIGHT_SPECS: a Mamba2 mixer beside every attention layer, in the scanned loop): each
+    layer writes the KV cache and its state row; 32-token prefill chunks and 30 blocks that cannot hold every
+    sequence (preempted ones recompute, their state from zeros) decode as transformers' greedy decoding."""
+    prompts, expected = hf_expected("falcon_h1")
+    engine = engines("falcon_h1", max_num_batched_tokens=32, min_token_bucket=32, num_kv_blocks=30)
+    before = engine.scheduler.num_preemptions
+    check_greedy(engine, prompts, expected, "falcon-h1")
+    assert engine.scheduler.num_preemptions > before and engine.model_config.kv_cache_layers == 2
+
+
 @pytest.mark.parametrize("setting, match", [
     (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
      "speculative decoding on Qwen3_5ForCausalLM"),

@@ -1191,3 +1191,40 @@ def test_mamba2_hub_config_reads_as_transformers_builds_it():
     assert cfg.max_position_embeddings == 2048 and not cfg.tie_word_embeddings
     with pytest.raises(ValueError, match="num_heads x head_dim must be expand x hidden_size"):
         read(MAMBA_CODESTRAL | dict(num_heads=64))
+
+
+# Falcon-H1-0.5B in the hub's form
+FALCON_H1_05B = dict(
+    architectures=["FalconH1ForCausalLM"], model_type="falcon_h1", attention_bias=False, attention_in_multiplier=1.0,
+    attention_out_multiplier=0.9375, embedding_multiplier=5.656854249492381, head_dim=64, hidden_act="silu",
+    hidden_size=1024, intermediate_size=2048, key_multiplier=0.39062499999999994, lm_head_multiplier=0.0390625,
+    mamba_chunk_size=128, mamba_conv_bias=True, mamba_d_conv=4, mamba_d_head=64, mamba_d_ssm=1536, mamba_d_state=128,
+    mamba_expand=2, mamba_n_groups=1, mamba_n_heads=24, mamba_norm_before_gate=False, mamba_proj_bias=False,
+    mamba_rms_norm=False, max_position_embeddings=16384, mlp_bias=False,
+    mlp_multipliers=[0.8838834764831844, 0.5859375], num_attention_heads=8, num_hidden_layers=36,
+    num_key_value_heads=2, projectors_bias=False, rms_norm_eps=1e-5, rope_theta=100000000000.0,
+    ssm_in_multiplier=1.25, ssm_multipliers=[0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738],
+    ssm_out_multiplier=0.23570226039551587, tie_word_embeddings=False, vocab_size=32784, torch_dtype="bfloat16")
+
+
+def test_falcon_h1_hub_config_reads_as_transformers_builds_it():
+    """A mixer beside the attention in every layer (the KV cache has every layer, the state too), of the shape
+    transformers builds (on the meta device: its inner width mamba_d_ssm, not expand x hidden), no output norm, the
+    multipliers kept for the load (the embeddings' and the logits' as the model's own scales)."""
+    import torch
+
+    cfg = read(FALCON_H1_05B)
+    theirs = transformers.FalconH1Config(**{k: v for k, v in FALCON_H1_05B.items() if k not in ("architectures",
+                                                                                                 "model_type")})
+    with torch.device("meta"):
+        mixer = transformers.FalconH1ForCausalLM(theirs).model.layers[0].mamba
+    assert cfg.ssm_heads == (mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, mixer.n_groups,
+                             mixer.conv_kernel_size) and mixer.intermediate_size == 1536
+    assert cfg.ssm_parallel and cfg.linear_layers == tuple(range(36)) and cfg.kv_cache_layers == 36
+    assert cfg.ssm_norm == "" and cfg.ssm_activation == "silu" and cfg.rope.theta == 1e11
+    assert cfg.embed_scale == FALCON_H1_05B["embedding_multiplier"] and cfg.logits_scaling == 1 / 0.0390625
+    multipliers = dict(cfg.mup_multipliers)
+    assert multipliers["ssm"] == tuple(FALCON_H1_05B["ssm_multipliers"]) and multipliers["key_multiplier"] == (
+        FALCON_H1_05B["key_multiplier"])
+    with pytest.raises(ValueError, match="mamba_proj_bias=True and projectors_bias=False differ"):
+        read(FALCON_H1_05B | dict(mamba_proj_bias=True))

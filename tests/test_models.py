@@ -327,6 +327,14 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     # Bamba and Mamba2 (tiny_models.LIGHT_SPECS): Mamba2 mixers around a half-rotating attention layer, and alone
     ("bamba", dict(cls="BambaForCausalLM")),
     ("mamba2", dict(cls="Mamba2ForCausalLM")),
+    # Falcon-H1 (tiny_models.LIGHT_SPECS: a mixer beside every attention layer, every muP multiplier, the mixers'
+    # output unnormed); its output normed per group before the gate, with biases on every projection; and after the
+    # gate, with tied embeddings
+    ("falcon_h1", dict(cls="FalconH1ForCausalLM")),
+    ("falcon_h1", dict(cls="FalconH1ForCausalLM", mamba_rms_norm=True, attention_bias=True, mamba_proj_bias=True,
+                       projectors_bias=True, mlp_bias=True)),
+    ("falcon_h1", dict(cls="FalconH1ForCausalLM", mamba_rms_norm=True, mamba_norm_before_gate=False,
+                       tie_word_embeddings=True)),
     # Nemotron-H (tiny_models.LIGHT_SPECS: the mixers' and MLP blocks' pairs, a mixer without one); Nemotron 3 Nano's
     # form: each mixer followed by ungated ReLU^2 experts (the top 2 of 4 by DeepSeek V3's sigmoid router, times 2.5)
     # beside a shared expert, the last mixer by none
@@ -351,15 +359,18 @@ def test_llama_layer_relatives_match_transformers(tmp_path, tokenizer_dir, spec,
 
 
 @pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
-def test_nemotron_h_native_bfloat16_within_twice_transformers_error(tmp_path, tokenizer_dir):
-    """Nemotron 3 Super's form in bfloat16 on the native kernels (test_bfloat16_error_is_within_twice_transformers_own_
-    bfloat16_error's check): its experts (ungated, packed apart) over a latent of 24 (the projections in and out
-    packed too, the router reading the hidden state) in 2 groups (the best 1), a dense MLP block after the last
-    mixer, Mamba2 mixers on the native recurrence."""
-    out = tiny_models.make_model("nemotron_h", tmp_path / "nemotron-h", tokenizer_dir,
-                                 hybrid_override_pattern="ME*EM-", n_routed_experts=4, num_experts_per_tok=2,
-                                 moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=2,
-                                 topk_group=1, routed_scaling_factor=2.0, moe_latent_size=24)
+@pytest.mark.parametrize("spec, overrides", [
+    ("nemotron_h", dict(hybrid_override_pattern="ME*EM-", n_routed_experts=4, num_experts_per_tok=2,
+                        moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1,
+                        routed_scaling_factor=2.0, moe_latent_size=24)),
+    ("falcon_h1", dict(mamba_rms_norm=True))])
+def test_mamba2_hybrids_native_bfloat16_within_twice_transformers_error(tmp_path, tokenizer_dir, spec, overrides):
+    """In bfloat16 on the native kernels (test_bfloat16_error_is_within_twice_transformers_own_bfloat16_error's
+    check), Mamba2 mixers on the native recurrence: Nemotron 3 Super's form, its experts (ungated, packed apart) over
+    a latent of 24 (the projections in and out packed too, the router reading the hidden state) in 2 groups (the
+    best 1), a dense MLP block after the last mixer; Falcon-H1's mixers beside the attention (fused q/k/v), its
+    multipliers folded into the packed weights. Both also in float32 against transformers first."""
+    out = tiny_models.make_model(spec, tmp_path / spec, tokenizer_dir, **overrides)
     hf = {dtype: transformers.AutoModelForCausalLM.from_pretrained(out, dtype=dtype).eval()
           for dtype in (torch.float32, torch.bfloat16)}
     prefill_matches_transformers(out)

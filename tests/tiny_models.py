@@ -198,6 +198,16 @@ LIGHT_SPECS = {
     "mamba2": dict(
         cls="Mamba2ForCausalLM", num_hidden_layers=3, num_heads=8, head_dim=16, state_size=8, n_groups=2,
         conv_kernel=4, layer_norm_epsilon=1e-5, tie_word_embeddings=True),
+    # Falcon-H1: a Mamba2 mixer (4 heads of 16 over mamba_d_ssm 64, states of 8, B and C in 2 groups) beside the
+    # attention in every layer, every muP multiplier other than 1 (ssm_multipliers' five apart), the mixers' output
+    # unnormed (mamba_rms_norm false, the default)
+    "falcon_h1": dict(
+        cls="FalconH1ForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=16, mamba_d_ssm=64,
+        mamba_n_heads=4, mamba_d_state=8, mamba_n_groups=2, mamba_d_conv=4, attention_in_multiplier=0.7,
+        attention_out_multiplier=1.3, key_multiplier=0.8, ssm_in_multiplier=1.2, ssm_out_multiplier=0.9,
+        ssm_multipliers=[0.5, 1.5, 0.75, 1.25, 2.0], mlp_multipliers=[0.6, 1.4], embedding_multiplier=2.0,
+        lm_head_multiplier=0.5, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=100000.0)),
     # Gemma 4 31B's layout: SPECS["gemma4"] without its experts
     "gemma4dense": {k: v for k, v in SPECS["gemma4"].items()
                     if k not in ("enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size")},

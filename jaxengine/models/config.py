@@ -185,6 +185,14 @@ class ModelConfig:
     ssm_proj_bias: bool = False
     ssm_dt_limit: tuple = ()
     ssm_activation: str = "silu"  # the Mamba2 convolution's (Granite's hidden_act, Nemotron-H's mamba_hidden_act)
+    # The Mamba2 output's norm (per group, with a weight): "gated" over y x silu(z) (Granite's, Nemotron-H's),
+    # "before_gate" over y, then times silu(z), or "" none (Falcon-H1's mamba_rms_norm false: y x silu(z))
+    ssm_norm: str = "gated"
+    # Falcon-H1: every layer is an attention layer with a Mamba2 mixer beside it, both over its normed input, their
+    # outputs summed into the residual (linear_layers: all of them, for the state; their stacks read and write both
+    # caches); its muP multipliers ((name, value) pairs) folded into the weights at load (registry._falcon_h1_tensors)
+    ssm_parallel: bool = False
+    mup_multipliers: tuple = ()
     # Nemotron-H: layers without an MLP (a stack of them has intermediate_size 0 and no experts: llama.layer_groups);
     # and where a checkpoint's layers are single blocks, each of our layers' (its mixer's, its MLP's or -1)
     no_mlp_layers: tuple = ()
@@ -196,8 +204,8 @@ class ModelConfig:
     @property
     def kv_cache_layers(self) -> int:
         """The KV cache's layers: one per layer but those that share an earlier one's (`kv_shared_layers`) and the
-        linear-attention ones (`linear_layers`: a state instead)."""
-        return self.num_layers - self.kv_shared_layers - len(self.linear_layers)
+        linear-attention ones (`linear_layers`: a state instead, unless beside the attention: `ssm_parallel`)."""
+        return self.num_layers - self.kv_shared_layers - (0 if self.ssm_parallel else len(self.linear_layers))
 
     @property
     def q_per_kv(self) -> int:
@@ -534,6 +542,47 @@ def _with_mamba2_mixers(hf: dict, cfg: ModelConfig, types: list[str], kinds: dic
         ssm_heads=(heads, head_dim, hf.get("mamba_d_state", 256), groups, hf.get("mamba_d_conv", 4)),
         ssm_conv_bias=bool(hf.get("mamba_conv_bias", True)), ssm_proj_bias=bool(hf.get("mamba_proj_bias", False)),
         ssm_dt_limit=_dt_limit(hf.get("time_step_limit")), ssm_activation=cfg.hidden_act)
+
+
+def falcon_h1_config_from_hf(hf: dict) -> ModelConfig:
+    """Falcon-H1 (`FalconH1ForCausalLM`: 0.5B to 34B, Falcon-H1R): in every layer a Mamba2 mixer beside the attention,
+    both over the layer's normed input and their outputs summed into the residual (`ssm_parallel`), then a gated MLP;
+    the mixers as `_with_mamba2_mixers` reads them (their inner width mamba_d_ssm where given), their output
+    projection's bias by `projectors_bias`, their output norm none (`mamba_rms_norm` false, the default) or per group
+    before or after the gate (`mamba_norm_before_gate`). Its muP multipliers are folded into the weights at load
+    (`mup_multipliers`: the attention's input and output, the keys, the mixer's input, each part of its input
+    projection (z, x, B, C, dt: `ssm_multipliers`) and its output, the MLP's gate and down projection); the
+    embeddings' is `embed_scale`, the logits' (`lm_head_multiplier`) folded into the final norm."""
+    if hf.get("quantization_config"):
+        raise ValueError("quantized FalconH1ForCausalLM checkpoints are not supported yet (their Mamba2 layers' "
+                         "projections are float only)")
+    if bool(hf.get("mamba_proj_bias", False)) != bool(hf.get("projectors_bias", False)):
+        raise ValueError(f"mamba_proj_bias={hf.get('mamba_proj_bias')} and projectors_bias={hf.get('projectors_bias')}"
+                         f" differ: biases on the mixers' input projection but not their output one (or the reverse) "
+                         f"are not supported")
+    num_layers = hf["num_hidden_layers"]
+    inner = hf.get("mamba_d_ssm") or hf.get("mamba_expand", 2) * hf["hidden_size"]
+    heads = hf.get("mamba_n_heads", 128)
+    head_dim = hf.get("mamba_d_head", "auto")
+    head_dim = inner // heads if head_dim in (None, "auto") else head_dim
+    if head_dim * heads != inner:
+        raise ValueError(f"mamba_n_heads x mamba_d_head must be the mixers' width {inner}, got {heads} x {head_dim}")
+    multipliers = {name: _positive(hf, name, 1.0) for name in (
+        "attention_in_multiplier", "attention_out_multiplier", "key_multiplier", "ssm_in_multiplier",
+        "ssm_out_multiplier", "embedding_multiplier", "lm_head_multiplier")}
+    mlp, ssm = hf.get("mlp_multipliers") or [1.0, 1.0], hf.get("ssm_multipliers") or [1.0] * 5
+    if len(mlp) != 2 or len(ssm) != 5:
+        raise ValueError(f"mlp_multipliers must give 2 values (gate, down) and ssm_multipliers 5 (z, x, B, C, dt), got "
+                         f"{mlp!r} and {ssm!r}")
+    cfg = model_config_from_hf(hf)
+    cfg = _with_mamba2_mixers(hf | {"mamba_d_head": head_dim}, cfg, ["hybrid"] * num_layers, {"hybrid": True})
+    norm = ("before_gate" if hf.get("mamba_norm_before_gate", True) else "gated") if hf.get("mamba_rms_norm") else ""
+    embedding = multipliers.pop("embedding_multiplier")
+    return dataclasses.replace(
+        cfg, ssm_parallel=True, ssm_norm=norm, embed_scale=None if embedding == 1 else embedding,
+        logits_scaling=1 / multipliers.pop("lm_head_multiplier"),
+        mup_multipliers=tuple(sorted(multipliers.items())) + (("mlp", tuple(map(float, mlp))),
+                                                              ("ssm", tuple(map(float, ssm)))))
 
 
 def bamba_config_from_hf(hf: dict) -> ModelConfig:

@@ -404,6 +404,8 @@ class DecoderLayers(nnx.Module):
             if not cfg.k_eq_v and cfg.kv_source < 0:
                 self.v_proj = _param((L, D, kv_width), linear, ("layers", "embed", "kv_heads"))
             self.o_proj = _param((L, q_width, D), linear, ("layers", "heads", "embed"))
+        if cfg.ssm_parallel:  # Falcon-H1: a Mamba2 mixer beside the attention
+            self._mamba_params(dtype)
         if cfg.attn_output_gate:  # Qwen3.5: each head's output gate (its half of the checkpoint's q_proj)
             self.o_gate = _param((L, D, q_width), linear, ("layers", "embed", "heads"))
         if cfg.qkv_bias:
@@ -555,7 +557,8 @@ class DecoderLayers(nnx.Module):
             self.ssm_conv_bias = _param((L, channels), dtype, ("layers", "linear"))
         for name in ("ssm_dt_bias", "ssm_a_log", "ssm_d"):
             setattr(self, name, _param((L, H), jnp.float32, ("layers", "linear")))
-        self.ssm_norm = _param((L, H * P), dtype, ("layers", "linear"))
+        if cfg.ssm_norm:
+            self.ssm_norm = _param((L, H * P), dtype, ("layers", "linear"))
         self.lin_out = _param((L, H * P, D), dtype, ("layers", "linear", "embed"))
         if cfg.ssm_proj_bias:
             self.ssm_in_bias = _param((L, H * P + channels + H), dtype, ("layers", "linear"))
@@ -650,6 +653,12 @@ class DecoderLayers(nnx.Module):
         layer_input = h
         x = self.input_norm(h, "attn_norm") if cfg.layer_norm else h  # RMSNorms: the projections' prologues
         D = cfg.hidden_size
+        if cfg.ssm_parallel:  # Falcon-H1: the mixer beside the attention, over the same normed input, its output
+            # into the residual first (the attention's joins it below)
+            kv_cache, state = kv_cache
+            y, state = self._mamba(x, state, layer, weights_layer, batch, live)
+            h = _dot(y, self.lin_out[...], D, residual=h + self.lin_out_bias[...] if cfg.ssm_proj_bias else h,
+                     live_rows=live, layer=weights_layer)
         if cfg.linear_attention and cfg.short_conv_width:
             o, kv_cache = self._short_conv(x, kv_cache, layer, weights_layer, batch, live)
         elif cfg.linear_attention and cfg.ssm_heads:
@@ -695,7 +704,7 @@ class DecoderLayers(nnx.Module):
                              self.norm("ple_norm"), eps)
         if cfg.layer_scale:  # Gemma 4: the whole residual stream
             h = h * self.layer_scale[...].astype(h.dtype)
-        return h, kv_cache
+        return h, (kv_cache, state) if cfg.ssm_parallel else kv_cache
 
     def _attention(self, h, kv_cache, layer, weights_layer, window, batch, slots, rope, live, lora):
         """(the attention's output [T, heads x head_dim] before o_proj, the KV cache with this step's K/V written) over
@@ -846,9 +855,15 @@ class DecoderLayers(nnx.Module):
             batch.state_slots, fresh, batch, linear_attention.native(self.attention_backend, self.one_device),
             delta=False)
         y = (y + self.ssm_d[...][:, None] * x.astype(jnp.float32)).reshape(T, G, inner // G)
-        y = y * jax.nn.silu(z.astype(jnp.float32)).reshape(T, G, inner // G)
-        y = (y * jax.lax.rsqrt(jnp.mean(y * y, -1, keepdims=True) + cfg.rms_norm_eps)).reshape(T, inner)
-        return self.ssm_norm[...].astype(h.dtype) * y.astype(h.dtype), (conv_state, ssm_state)
+        gate = jax.nn.silu(z.astype(jnp.float32)).reshape(T, G, inner // G)
+        if cfg.ssm_norm != "before_gate":
+            y = y * gate
+        if cfg.ssm_norm:
+            y = y * jax.lax.rsqrt(jnp.mean(y * y, -1, keepdims=True) + cfg.rms_norm_eps)
+            y = self.ssm_norm[...].astype(jnp.float32).reshape(G, inner // G) * y
+        if cfg.ssm_norm == "before_gate":
+            y = y * gate
+        return y.reshape(T, inner).astype(h.dtype), (conv_state, ssm_state)
 
     def _latent_attention(self, h, kv_cache, layer, weights_layer, batch, slots, rope, live):
         """Multi-head latent attention (`_latent_attention_params`) absorbed, as vLLM's MLA decodes: each head's
@@ -1007,7 +1022,7 @@ def layer_groups(cfg: ModelConfig) -> tuple[tuple[str, int, ModelConfig], ...]:
     for i in range(cfg.num_layers):
         full = cfg.sliding_windows[i] == 0
         # Gemma 4: each kind of attention its own cache; linear attention: its state
-        cache = 1 if i in cfg.linear_layers else int(full and bool(cfg.full_attention_heads))
+        cache = 1 if i in cfg.linear_layers and not cfg.ssm_parallel else int(full and bool(cfg.full_attention_heads))
         if i < shared_from:
             sources[full] = cached[cache] = cached.get(cache, -1) + 1
         mlp = "none" if i in cfg.no_mlp_layers else "dense" if i in cfg.dense_mlp_layers else ""
@@ -1145,9 +1160,11 @@ class LlamaForCausalLM(nnx.Module):
         """One stack's layers (the model's `first` to `first + count`) over h: unrolled where unstacked, else a
         scan. `weights`: every layer's LoRA weights ({} for none), sliced to this stack's here; `layer_inputs`: every
         layer's per-layer input (per_layer_inputs) or None, likewise."""
-        if isinstance(kv_cache, tuple):  # Gemma 4: the stack's kind's cache, the others passed through (a linear-
-            # attention model: the KV cache, the linear layers' state)
-            index = (layers[0] if self.layers_unstacked else layers).cfg.kv_cache_index
+        group = (layers[0] if self.layers_unstacked else layers).cfg
+        if isinstance(kv_cache, tuple) and not group.ssm_parallel:  # Gemma 4: the stack's kind's cache, the others
+            # passed through (a linear-attention model: the KV cache, the linear layers' state; Falcon-H1's layers
+            # read and write both)
+            index = group.kv_cache_index
             h, cache = self._run_stack(layers, first, count, h, kv_cache[index], batch, slots, ropes, weights,
                                        onehot, active, layer_inputs)
             return h, kv_cache[:index] + (cache,) + kv_cache[index + 1:]
@@ -1305,6 +1322,21 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
     return names
 
 
+def _mamba_weight_map(cfg: ModelConfig) -> dict:
+    """A Mamba2 mixer's tensors (DecoderLayers._mamba_params) under `mamba.*`, as `_layer_weight_map` gives them."""
+    per_layer = {f"mamba.{name}": ours for name, ours in (
+        ("in_proj.weight", ("ssm_in", True)), ("conv1d.weight", ("ssm_conv", True)),
+        ("dt_bias", ("ssm_dt_bias", False)), ("A_log", ("ssm_a_log", False)), ("D", ("ssm_d", False)),
+        ("out_proj.weight", ("lin_out", True)))}
+    if cfg.ssm_norm:
+        per_layer["mamba.norm.weight"] = ("ssm_norm", False)
+    if cfg.ssm_conv_bias:
+        per_layer["mamba.conv1d.bias"] = ("ssm_conv_bias", False)
+    if cfg.ssm_proj_bias:
+        per_layer |= {"mamba.in_proj.bias": ("ssm_in_bias", False), "mamba.out_proj.bias": ("lin_out_bias", False)}
+    return per_layer
+
+
 def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
     """A stack's layer's tensors: ({HF name within the layer: (our parameter, transpose)}, {an expert's HF name
     pattern: our stacked parameter})."""
@@ -1321,20 +1353,15 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         if cfg.conv_bias:
             per_layer |= {f"conv.{name}.bias": (ours + "_bias", False) for name, ours, _ in parts}
     elif cfg.linear_attention and cfg.ssm_heads:  # Granite 4.0-H's Mamba2 mixers (their convolutions likewise)
-        per_layer = {f"mamba.{name}": ours for name, ours in (
-            ("in_proj.weight", ("ssm_in", True)), ("conv1d.weight", ("ssm_conv", True)),
-            ("dt_bias", ("ssm_dt_bias", False)), ("A_log", ("ssm_a_log", False)), ("D", ("ssm_d", False)),
-            ("norm.weight", ("ssm_norm", False)), ("out_proj.weight", ("lin_out", True)))}
-        if cfg.ssm_conv_bias:
-            per_layer["mamba.conv1d.bias"] = ("ssm_conv_bias", False)
-        if cfg.ssm_proj_bias:
-            per_layer |= {"mamba.in_proj.bias": ("ssm_in_bias", False), "mamba.out_proj.bias": ("lin_out_bias", False)}
+        per_layer = _mamba_weight_map(cfg)
     elif cfg.linear_attention:  # Gated DeltaNet (DecoderLayers._linear_attention_params; its convolution likewise)
         per_layer = {f"linear_attn.{name}": ours for name, ours in (
             ("in_proj_qkv.weight", ("lin_qkv", True)), ("in_proj_z.weight", ("lin_z", True)),
             ("in_proj_b.weight", ("lin_b", True)), ("in_proj_a.weight", ("lin_a", True)),
             ("conv1d.weight", ("lin_conv", True)), ("A_log", ("lin_a_log", False)), ("dt_bias", ("lin_dt_bias", False)),
             ("norm.weight", ("lin_norm", False)), ("out_proj.weight", ("lin_out", True)))}
+    if cfg.ssm_parallel:  # Falcon-H1's mixers beside the attention
+        per_layer |= _mamba_weight_map(cfg)
     if cfg.attn_output_gate:  # its half of the checkpoint's q_proj (registry._qwen3_5_tensors)
         per_layer["self_attn.q_gate.weight"] = ("o_gate", True)
     if cfg.k_eq_v or cfg.kv_source >= 0:  # the keys' projection gives the values too, or neither is the layer's

@@ -12,16 +12,17 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES,
                                      bamba_config_from_hf, cohere_config_from_hf, deepseek_config_from_hf,
                                      dots1_config_from_hf, ernie4_5_config_from_hf, ernie4_5_moe_config_from_hf,
                                      exaone4_config_from_hf, exaone_config_from_hf, exaone_moe_config_from_hf,
-                                     falcon_config_from_hf, gemma3_language_config_from_hf, gemma4_config_from_hf,
-                                     gemma_config_from_hf, glm4_moe_config_from_hf, glm_config_from_hf,
-                                     gpt2_config_from_hf, gpt_neox_config_from_hf, gpt_oss_config_from_hf,
-                                     gptj_config_from_hf, granite_config_from_hf, granite_moe_config_from_hf,
-                                     granite_moe_hybrid_config_from_hf, helium_config_from_hf,
-                                     hyperclovax_config_from_hf, jais2_config_from_hf, lfm2_config_from_hf,
-                                     llama4_config_from_hf, mamba2_config_from_hf, ministral3_config_from_hf,
-                                     ministral_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
-                                     moe_config_from_hf, nemotron_config_from_hf, nemotron_h_config_from_hf,
-                                     olmo2_config_from_hf, olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
+                                     falcon_config_from_hf, falcon_h1_config_from_hf, gemma3_language_config_from_hf,
+                                     gemma4_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
+                                     glm_config_from_hf, gpt2_config_from_hf, gpt_neox_config_from_hf,
+                                     gpt_oss_config_from_hf, gptj_config_from_hf, granite_config_from_hf,
+                                     granite_moe_config_from_hf, granite_moe_hybrid_config_from_hf,
+                                     helium_config_from_hf, hyperclovax_config_from_hf, jais2_config_from_hf,
+                                     lfm2_config_from_hf, llama4_config_from_hf, mamba2_config_from_hf,
+                                     ministral3_config_from_hf, ministral_config_from_hf,
+                                     mistral3_language_config_from_hf, model_config_from_hf, moe_config_from_hf,
+                                     nemotron_config_from_hf, nemotron_h_config_from_hf, olmo2_config_from_hf,
+                                     olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
                                      qwen3_5_config_from_hf, qwen_vl_language_config_from_hf, seed_oss_config_from_hf,
                                      smollm3_config_from_hf, solar_open_config_from_hf, stablelm_config_from_hf,
                                      starcoder2_config_from_hf, vaultgemma_config_from_hf)
@@ -475,6 +476,43 @@ _LFM2_NAMES = ((".self_attn.out_proj.", ".self_attn.o_proj."), (".self_attn.q_la
                (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"))
 
 
+# Bamba's and Falcon-H1's names as the weight map knows them
+_BAMBA_NAMES = _renaming(((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm.")), (),
+                         (("model.final_layernorm.", "model.norm."),))
+
+
+def _falcon_h1_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """Falcon-H1's tensors with its muP multipliers (ModelConfig.mup_multipliers) folded in: q/k/v's weights times
+    the attention's input multiplier, the keys' (weight and bias) times key_multiplier, o_proj's times the
+    attention's output multiplier; the mixer's in_proj rows times its input multiplier and each part's of
+    ssm_multipliers (z, x, B, C, dt; its bias by the latter only), out_proj times its output multiplier; the MLP's
+    gate and down projections times mlp_multipliers; the final norm over the logits' divisor (`_logits_scaled`)."""
+    m = dict(cfg.mup_multipliers)
+    H, P, N, G, _ = cfg.ssm_heads
+    scale = None
+    if name.endswith(("q_proj.weight", "v_proj.weight")):
+        scale = m["attention_in_multiplier"]
+    elif name.endswith("k_proj.weight"):
+        scale = m["attention_in_multiplier"] * m["key_multiplier"]
+    elif name.endswith("k_proj.bias"):
+        scale = m["key_multiplier"]
+    elif name.endswith(("o_proj.weight", "o_proj.bias")):
+        scale = m["attention_out_multiplier"]
+    elif name.endswith(("mamba.out_proj.weight", "mamba.out_proj.bias")):
+        scale = m["ssm_out_multiplier"]
+    elif name.endswith(("gate_proj.weight", "gate_proj.bias")):
+        scale = m["mlp"][0]
+    elif name.endswith(("down_proj.weight", "down_proj.bias")):
+        scale = m["mlp"][1]
+    elif name.endswith(("mamba.in_proj.weight", "mamba.in_proj.bias")):
+        scale = np.repeat(np.asarray(m["ssm"], np.float32), [H * P, H * P, G * N, G * N, H])
+        if name.endswith(".weight"):
+            scale = scale[:, None] * np.float32(m["ssm_in_multiplier"])
+    if scale is None:
+        return _logits_scaled(name, array, cfg)
+    return [(name, np.asarray(array, np.float32) * np.asarray(scale, np.float32))]
+
+
 def _nemotron_h_tensor(name: str) -> str | None:
     """A Nemotron-H tensor under the names of transformers' model (the hub's `backbone.*`, its `embeddings` and
     `norm_f`); the multi-token-prediction layers (`mtp.*`) are not loaded."""
@@ -572,10 +610,11 @@ _REGISTRY = {
     # Granite 4.0 (-H: Mamba2 mixers among its attention layers)
     "GraniteMoeHybridForCausalLM": Architecture(LlamaForCausalLM, granite_moe_hybrid_config_from_hf,
                                                 split_tensor=_granite_moe_hybrid_tensors),
-    # Bamba: Granite 4.0-H's mixers among Llama attention layers, its names its own
-    "BambaForCausalLM": Architecture(LlamaForCausalLM, bamba_config_from_hf, _renaming(
-        ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm.")), (),
-        (("model.final_layernorm.", "model.norm."),))),
+    # Bamba: Granite 4.0-H's mixers among Llama attention layers, its names its own; Falcon-H1: such a mixer beside
+    # every attention layer, its multipliers folded in
+    "BambaForCausalLM": Architecture(LlamaForCausalLM, bamba_config_from_hf, _BAMBA_NAMES),
+    "FalconH1ForCausalLM": Architecture(LlamaForCausalLM, falcon_h1_config_from_hf, _BAMBA_NAMES,
+                                        split_tensor=_falcon_h1_tensors),
     # Nemotron-H: Mamba2 mixers, attention, MLP and mixture-of-experts blocks each a layer of their own
     "NemotronHForCausalLM": Architecture(LlamaForCausalLM, nemotron_h_config_from_hf, _nemotron_h_tensor,
                                          split_tensor=_nemotron_h_tensors),
