@@ -787,17 +787,17 @@ def rope_write_kv(qkv, cos, sin, kv_pages, layer, pages, offsets, num_heads: int
 
 def gated_delta_rule(q, k, v, g, beta, state, layer, cu_q_lens, kv_lens, rows, num_seqs, delta: bool = True):
     """Gated DeltaNet's recurrence, or (not `delta`) Mamba2's (cpu_linear_attention.cc; jaxengine/layers/
-    linear_attention.recurrence's contract): q, k float32 [T, Hk, dk], v [T, Hv, dv], g (log decay) and beta [T, Hv];
-    each request's state row of `state` [L, rows, Hv, dk, dv] (float32) at `layer` updated in place token by token
-    (from zeros where its chunk starts its sequence: kv_lens equal to its chunk's length). Returns (out f32[T, Hv,
-    dv], the state: aliased, donate it)."""
+    linear_attention.recurrence's contract): q, k float32 [T, Hk, dk], v [T, Hv, dv], g (log decay: [T, Hv], or
+    [T, Hv, dk]: a decay per key row, Kimi Delta Attention's) and beta [T, Hv]; each request's state row of `state`
+    [L, rows, Hv, dk, dv] (float32) at `layer` updated in place token by token (from zeros where its chunk starts its
+    sequence: kv_lens equal to its chunk's length). Returns (out f32[T, Hv, dv], the state: aliased, donate it)."""
     T, Hk, dk = q.shape
     Hv, dv = v.shape[1:]
     if (k.shape != q.shape or v.shape[0] != T or Hv % Hk or state.ndim != 5 or state.shape[2:] != (Hv, dk, dv)
-            or g.shape != (T, Hv) or beta.shape != (T, Hv)):
-        raise ValueError(f"gated_delta_rule: q, k [T, Hk, dk], v [T, Hv, dv], g and beta [T, Hv] and the state "
-                         f"[L, rows, Hv, dk, dv] disagree: {q.shape}, {k.shape}, {v.shape}, {g.shape}, {beta.shape}, "
-                         f"{state.shape}")
+            or g.shape not in ((T, Hv), (T, Hv, dk)) or beta.shape != (T, Hv)):
+        raise ValueError(f"gated_delta_rule: q, k [T, Hk, dk], v [T, Hv, dv], g [T, Hv] or [T, Hv, dk], beta [T, Hv] "
+                         f"and the state [L, rows, Hv, dk, dv] disagree: {q.shape}, {k.shape}, {v.shape}, {g.shape}, "
+                         f"{beta.shape}, {state.shape}")
     if state.dtype != jnp.float32:
         raise ValueError(f"gated_delta_rule: the state must be float32, not {state.dtype}")
     _library()

@@ -1,6 +1,6 @@
-// Gated DeltaNet's recurrence (Qwen3.5, Qwen3-Next) and Mamba2's (Granite 4.0-H: `delta` off) for XLA:CPU, called
-// through the XLA FFI (see cpu.py, which builds and registers it; jaxengine/layers/linear_attention.py holds the
-// contract and the XLA form).
+// Gated DeltaNet's recurrence (Qwen3.5, Qwen3-Next; Kimi Delta Attention's: a decay per key row) and Mamba2's
+// (Granite 4.0-H, Nemotron-H, Falcon-H1: `delta` off) for XLA:CPU, called through the XLA FFI (see cpu.py, which
+// builds and registers it; jaxengine/layers/linear_attention.py holds the contract and the XLA form).
 //
 // Each request's state row [Hv, dk, dv] (float32) is updated in place, token after token of its chunk: decayed by
 // exp(g), corrected along k towards v at rate beta (the delta rule; Mamba2: beta v written along k), then read along
@@ -42,6 +42,7 @@ struct DeltaShared {
   const int32_t *cu_q_lens, *kv_lens, *rows;
   int64_t Hk, Hv, dk, dv, num_rows, blocks, items;
   bool delta;  // the delta rule's correction (Gated DeltaNet); else Mamba2's plain write of beta v along k
+  bool per_key;  // g gives each key row its own decay ([T, Hv, dk]: Kimi Delta Attention's); else one per head
   std::atomic<int64_t> next{0}, done{0};
 
   void work() {
@@ -58,15 +59,19 @@ struct DeltaShared {
             if (fresh) std::memset(s, 0, sizeof(float) * dk * dv);
             for (int64_t t = first; t < last; ++t) step(s, t, h, kh);
           }
+        } else if (per_key) {
+          columns<true>(s + block * kColumns, fresh, first, last, h, kh, block * kColumns);
         } else {
-          columns(s + block * kColumns, fresh, first, last, h, kh, block * kColumns);
+          columns<false>(s + block * kColumns, fresh, first, last, h, kh, block * kColumns);
         }
       }
       done.fetch_add(1, std::memory_order_release);
     }
   }
 
-  // The tokens [first, last) on columns [j0, j0 + kColumns) of one head's state s (row stride dv).
+  // The tokens [first, last) on columns [j0, j0 + kColumns) of one head's state s (row stride dv); PerKey: each row
+  // decays by its own exp(g) (the token's g row [dk] exponentiated once into `decays`).
+  template <bool PerKey>
   void columns(float* s, bool fresh, int64_t first, int64_t last, int64_t h, int64_t kh, int64_t j0) const {
     alignas(64) v16 b[kMaxDk * 2];  // row a's columns: b[2a], b[2a + 1]
     for (int64_t a = 0; a < dk; ++a) {
@@ -79,19 +84,28 @@ struct DeltaShared {
     for (int64_t t = first; t < last; ++t) {
       const float* __restrict qt = q + (t * Hk + kh) * dk;
       const float* __restrict kt = k + (t * Hk + kh) * dk;
-      const v16 decay = splat(std::exp(g[t * Hv + h])), rate = splat(beta[t * Hv + h]);
+      const v16 rate = splat(beta[t * Hv + h]);
+      float decays[PerKey ? kMaxDk : 1];
+      const float* __restrict gt = g + (t * Hv + h) * (PerKey ? dk : 1);
+      for (int64_t a = 0; a < (PerKey ? dk : 1); ++a) decays[a] = std::exp(gt[a]);
+      auto decay = [&](int64_t a) { return splat(decays[PerKey ? a : 0]); };
       v16 p0{}, p1{}, r0{}, r1{};  // the prediction along k: columns 0-15 and 16-31, even rows (p) and odd (r)
       if (!delta) {
-        for (int64_t a = 0; a < 2 * dk; ++a) b[a] = b[a] * decay;
+        for (int64_t a = 0; a < dk; ++a) {
+          const v16 d = decay(a);
+          b[2 * a] = b[2 * a] * d, b[2 * a + 1] = b[2 * a + 1] * d;
+        }
       } else {
       for (int64_t a = 0; a < even; a += 2) {
-        const v16 x0 = b[2 * a] * decay, x1 = b[2 * a + 1] * decay;
-        const v16 y0 = b[2 * a + 2] * decay, y1 = b[2 * a + 3] * decay;
+        const v16 da = decay(a), db = decay(a + 1);
+        const v16 x0 = b[2 * a] * da, x1 = b[2 * a + 1] * da;
+        const v16 y0 = b[2 * a + 2] * db, y1 = b[2 * a + 3] * db;
         b[2 * a] = x0, b[2 * a + 1] = x1, b[2 * a + 2] = y0, b[2 * a + 3] = y1;
         p0 += x0 * kt[a], p1 += x1 * kt[a], r0 += y0 * kt[a + 1], r1 += y1 * kt[a + 1];
       }
       if (even < dk) {
-        const v16 x0 = b[2 * even] * decay, x1 = b[2 * even + 1] * decay;
+        const v16 d = decay(even);
+        const v16 x0 = b[2 * even] * d, x1 = b[2 * even + 1] * d;
         b[2 * even] = x0, b[2 * even + 1] = x1;
         p0 += x0 * kt[even], p1 += x1 * kt[even];
       }
@@ -119,18 +133,19 @@ struct DeltaShared {
     for (int64_t a = 0; a < dk; ++a) std::memcpy(s + a * dv, &b[2 * a], sizeof(float) * kColumns);
   }
 
-  // One token on one head's whole state s [dk, dv]: s *= exp(g); s += k (beta (v - s^T k))^T (Mamba2: k (beta v)^T);
-  // out = s^T q.
+  // One token on one head's whole state s [dk, dv]: s *= exp(g) (per row where per_key); s += k (beta (v - s^T k))^T
+  // (Mamba2: k (beta v)^T); out = s^T q.
   void step(float* s, int64_t t, int64_t h, int64_t kh) const {
     const float* qt = q + (t * Hk + kh) * dk;
     const float* kt = k + (t * Hk + kh) * dk;
     const float* vt = v + (t * Hv + h) * dv;
-    const float decay = std::exp(g[t * Hv + h]), rate = beta[t * Hv + h];
+    const float* gt = g + (t * Hv + h) * (per_key ? dk : 1);
+    const float head_decay = std::exp(gt[0]), rate = beta[t * Hv + h];
     float update[kMaxDv], o[kMaxDv];
     for (int64_t j = 0; j < dv; ++j) update[j] = 0.0f;
     for (int64_t a = 0; a < dk; ++a) {  // decay, and the state's prediction of v along k
       float* sa = s + a * dv;
-      const float ka = kt[a];
+      const float ka = kt[a], decay = per_key ? std::exp(gt[a]) : head_decay;
       for (int64_t j = 0; j < dv; ++j) {
         sa[j] *= decay;
         update[j] += sa[j] * ka;
@@ -154,9 +169,10 @@ struct DeltaShared {
   static constexpr int64_t kMaxDv = 512;
 };
 
-// q, k [T, Hk, dk] (L2-normalised, q scaled), v [T, Hv, dv], g (log decay) and beta [T, Hv]; the state pool [L, rows,
-// Hv, dk, dv] (aliased to the second result), its layer; the batch's cu_q_lens [R + 1], kv_lens [R], each request's
-// state row [R] and num_seqs. Returns out [T, Hv, dv] (tokens of no request: zeros) and the pool.
+// q, k [T, Hk, dk] (L2-normalised, q scaled), v [T, Hv, dv], g (log decay: [T, Hv], or [T, Hv, dk] a decay per key
+// row) and beta [T, Hv]; the state pool [L, rows, Hv, dk, dv] (aliased to the second result), its layer; the batch's
+// cu_q_lens [R + 1], kv_lens [R], each request's state row [R] and num_seqs. Returns out [T, Hv, dv] (tokens of no
+// request: zeros) and the pool.
 ffi::Error GatedDeltaRule(ffi::ThreadPool thread_pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                           ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> beta,
                           ffi::Buffer<ffi::F32> pool, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> cu_q_lens,
@@ -171,11 +187,14 @@ ffi::Error GatedDeltaRule(ffi::ThreadPool thread_pool, ffi::Buffer<ffi::F32> q, 
                                        "[L, rows, Hv, dk, dv] disagree");
   const int64_t T = q_dims[0], Hk = q_dims[1], dk = q_dims[2], Hv = v_dims[1], dv = v_dims[2];
   const size_t R = rows.element_count();
-  if (Hv % Hk || dv > DeltaShared::kMaxDv || dk > kMaxDk || g.element_count() != static_cast<size_t>(T * Hv) ||
+  const bool per_key = g.element_count() == static_cast<size_t>(T * Hv * dk) && dk > 1;
+  if (Hv % Hk || dv > DeltaShared::kMaxDv || dk > kMaxDk ||
+      (g.element_count() != static_cast<size_t>(T * Hv) && !per_key) ||
       beta.element_count() != static_cast<size_t>(T * Hv) || cu_q_lens.element_count() != R + 1 ||
       kv_lens.element_count() != R || num_seqs.element_count() != 1 || delta.element_count() != 1)
-    return ffi::Error::InvalidArgument("cpu gated_delta_rule: Hv must be a multiple of Hk, dk and dv <= 512, g and "
-                                       "beta [T, Hv], cu_q_lens [R + 1], kv_lens and rows [R], delta [1]");
+    return ffi::Error::InvalidArgument("cpu gated_delta_rule: Hv must be a multiple of Hk, dk and dv <= 512, g "
+                                       "[T, Hv] or [T, Hv, dk], beta [T, Hv], cu_q_lens [R + 1], kv_lens and rows "
+                                       "[R], delta [1]");
   const int64_t l = std::clamp<int64_t>(layer.typed_data()[0], 0, p_dims[0] - 1);
   float* state = pool_out->typed_data();
   if (state != pool.typed_data()) std::memcpy(state, pool.typed_data(), pool.size_bytes());
@@ -187,6 +206,7 @@ ffi::Error GatedDeltaRule(ffi::ThreadPool thread_pool, ffi::Buffer<ffi::F32> q, 
   s.state = state + l * p_dims[1] * Hv * dk * dv;
   s.cu_q_lens = cu_q_lens.typed_data(), s.kv_lens = kv_lens.typed_data(), s.rows = rows.typed_data();
   s.Hk = Hk, s.Hv = Hv, s.dk = dk, s.dv = dv, s.num_rows = p_dims[1], s.delta = delta.typed_data()[0] != 0;
+  s.per_key = per_key;
   const int64_t live = std::clamp<int64_t>(num_seqs.typed_data()[0], 0, static_cast<int64_t>(R));
   bool one_token = true;  // a decode step: whole heads in place, one item each
   for (int64_t r = 0; r < live; ++r) one_token = one_token && s.cu_q_lens[r + 1] - s.cu_q_lens[r] <= 1;
@@ -204,7 +224,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxengineCpuGatedDeltaRule, GatedDeltaRule,
                                   .Arg<ffi::Buffer<ffi::F32>>()   // q [T, Hk, dk]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // k [T, Hk, dk]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // v [T, Hv, dv]
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // g [T, Hv]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // g [T, Hv] or [T, Hv, dk]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // beta [T, Hv]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // state pool (aliased to the second result)
                                   .Arg<ffi::Buffer<ffi::S32>>()   // layer

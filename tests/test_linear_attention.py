@@ -1,6 +1,7 @@
-"""The ragged-batch pieces of Gated DeltaNet and Mamba2 (jaxengine/layers/linear_attention.py) against transformers'
-Qwen3.5 and Granite 4.0-H ones, on a batch that mixes a sequence's first chunk, a decode step, chunks that continue a
-state (one shorter than the convolution's memory), padding requests and padding tokens."""
+"""The ragged-batch pieces of Gated DeltaNet, Kimi Delta Attention and Mamba2 (jaxengine/layers/linear_attention.py)
+against transformers' Qwen3.5, Kimi Linear and Granite 4.0-H ones, on a batch that mixes a sequence's first chunk, a
+decode step, chunks that continue a state (one shorter than the convolution's memory), padding requests and padding
+tokens."""
 
 import functools
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from transformers.models.granitemoehybrid import modeling_granitemoehybrid as hf_granite
+from transformers.models.kimi_linear import modeling_kimi_linear as hf_kimi
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
 from jaxengine.layers import linear_attention
@@ -100,6 +102,33 @@ def test_gated_delta_rule_matches_transformers_recurrence_per_sequence(inputs, n
     untouched = [r for r in range(NUM_ROWS - 1) if r not in ROWS]
     np.testing.assert_array_equal(state[layer, untouched], inputs["rec_state"][layer, untouched])
     np.testing.assert_array_equal(state[1], inputs["rec_state"][1])
+
+
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not cpu.available(), reason="the native CPU kernels need a C++ compiler"))])
+def test_kimi_delta_rule_matches_transformers_recurrence_per_sequence(inputs, native):
+    """Kimi Delta Attention: the gated delta rule whose decay is each key row's own (g [T, heads, dk]), against
+    transformers' Kimi Linear recurrence (its q and k one per value head: ours repeated to them)."""
+    batch, fresh = ragged_batch()
+    layer = 1
+    dk = inputs["q"].shape[-1]
+    g = -np.random.default_rng(1).uniform(0.01, 0.5, size=(NUM_TOKENS, NUM_V, dk)).astype(np.float32)
+    out, state = jax.jit(functools.partial(linear_attention.gated_delta_rule, native=native))(
+        *(jnp.asarray(x) for x in (inputs["q"], inputs["k"], inputs["v"], g, inputs["beta"], inputs["rec_state"])),
+        jnp.int32(layer), batch.state_slots, fresh, batch)
+    out, state = np.asarray(out), np.asarray(state)
+    per_v = NUM_V // NUM_K
+    for tokens, first, row in spans():
+        initial = None if first else torch.tensor(inputs["rec_state"][layer, row][None].copy())
+        q, k = (torch.tensor(np.repeat(inputs[name][tokens], per_v, 1)[None].copy()) for name in ("q", "k"))
+        want, final = hf_kimi.recurrent_kimi_delta_attention(
+            q, k, torch.tensor(inputs["v"][tokens][None].copy()), torch.tensor(g[tokens][None].copy()),
+            torch.tensor(inputs["beta"][tokens][None].copy()), initial_state=initial, output_final_state=True,
+            use_qk_l2norm_in_kernel=True)
+        np.testing.assert_allclose(out[tokens], want[0].numpy(), atol=1e-5)
+        np.testing.assert_allclose(state[layer, row], final[0].numpy(), atol=1e-5)
+    untouched = [r for r in range(NUM_ROWS - 1) if r not in ROWS]
+    np.testing.assert_array_equal(state[layer, untouched], inputs["rec_state"][layer, untouched])
 
 
 @pytest.mark.parametrize("native", [False, pytest.param(True, marks=pytest.mark.skipif(

@@ -1228,3 +1228,46 @@ def test_falcon_h1_hub_config_reads_as_transformers_builds_it():
         FALCON_H1_05B["key_multiplier"])
     with pytest.raises(ValueError, match="mamba_proj_bias=True and projectors_bias=False differ"):
         read(FALCON_H1_05B | dict(mamba_proj_bias=True))
+
+
+# Kimi-Linear-48B-A3B in the hub's form
+_KIMI_FULL = [4, 8, 12, 16, 20, 24, 27]
+KIMI_LINEAR_48B = dict(
+    architectures=["KimiLinearForCausalLM"], model_type="kimi_linear", vocab_size=163840, hidden_size=2304,
+    intermediate_size=9216, moe_intermediate_size=1024, num_hidden_layers=27, num_attention_heads=32,
+    num_key_value_heads=32, head_dim=72, kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128,
+    qk_rope_head_dim=64, v_head_dim=128, mla_use_nope=True, num_experts=256, num_experts_per_token=8,
+    num_shared_experts=1, moe_renormalize=True, moe_router_activation_func="sigmoid", routed_scaling_factor=2.446,
+    num_expert_group=1, topk_group=1, first_k_dense_replace=1, moe_layer_freq=1, use_grouped_topk=True,
+    hidden_act="silu", rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, model_max_length=1048576,
+    bos_token_id=163584, eos_token_id=163586, pad_token_id=163839, torch_dtype="bfloat16",
+    linear_attn_config=dict(full_attn_layers=_KIMI_FULL, kda_layers=[i for i in range(1, 28) if i not in _KIMI_FULL],
+                            head_dim=128, num_heads=32, short_conv_kernel_size=4))
+
+
+def test_kimi_linear_hub_config_reads_as_transformers_builds_it():
+    """The delta attention layers where transformers puts them (the hub's 1-based lists) and of the shape it builds
+    (on the meta device), NoPE latent attention scaled by the query head's width, DeepSeek V3's experts after one
+    dense layer; another router, or rotary latent attention, refused by name."""
+    import torch
+
+    cfg = read(KIMI_LINEAR_48B)
+    theirs = transformers.KimiLinearConfig(**{k: v for k, v in KIMI_LINEAR_48B.items() if k not in ("architectures",
+                                                                                                     "model_type")})
+    with torch.device("meta"):
+        layers = transformers.KimiLinearForCausalLM(theirs).model.layers
+    kinds = [layer.block_type for layer in layers]
+    assert cfg.linear_layers == tuple(i for i, kind in enumerate(kinds) if kind == "linear_attention")
+    assert cfg.kv_cache_layers == 7 and cfg.linear_kda and cfg.rope_layers == (False,) * 27
+    delta = layers[0].self_attn
+    assert cfg.linear_heads == (delta.num_heads, delta.num_heads, delta.head_dim, delta.head_dim,
+                                delta.conv_kernel_size)
+    latent = layers[3].self_attn
+    assert cfg.sm_scale == latent.scaling and cfg.kv_lora_rank == 512 and cfg.max_position_embeddings == 1048576
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.dense_mlp_layers, cfg.router_scoring, cfg.routed_scaling) == (
+        256, 8, (0,), "sigmoid", 2.446)
+    assert cfg.intermediate_size == layers[1].mlp.shared_experts.up_proj.out_features
+    with pytest.raises(ValueError, match="moe_router_activation_func='softmax'"):
+        read(KIMI_LINEAR_48B | dict(moe_router_activation_func="softmax"))
+    with pytest.raises(ValueError, match="mla_use_nope=false"):
+        read(KIMI_LINEAR_48B | dict(mla_use_nope=False))

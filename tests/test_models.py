@@ -335,6 +335,8 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
                        projectors_bias=True, mlp_bias=True)),
     ("falcon_h1", dict(cls="FalconH1ForCausalLM", mamba_rms_norm=True, mamba_norm_before_gate=False,
                        tie_word_embeddings=True)),
+    # Kimi Linear (tiny_models.LIGHT_SPECS: Kimi Delta Attention around NoPE latent attention, DeepSeek V3's experts)
+    ("kimi_linear", dict(cls="KimiLinearForCausalLM")),
     # Nemotron-H (tiny_models.LIGHT_SPECS: the mixers' and MLP blocks' pairs, a mixer without one); Nemotron 3 Nano's
     # form: each mixer followed by ungated ReLU^2 experts (the top 2 of 4 by DeepSeek V3's sigmoid router, times 2.5)
     # beside a shared expert, the last mixer by none
@@ -363,13 +365,15 @@ def test_llama_layer_relatives_match_transformers(tmp_path, tokenizer_dir, spec,
     ("nemotron_h", dict(hybrid_override_pattern="ME*EM-", n_routed_experts=4, num_experts_per_tok=2,
                         moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1,
                         routed_scaling_factor=2.0, moe_latent_size=24)),
-    ("falcon_h1", dict(mamba_rms_norm=True))])
-def test_mamba2_hybrids_native_bfloat16_within_twice_transformers_error(tmp_path, tokenizer_dir, spec, overrides):
+    ("falcon_h1", dict(mamba_rms_norm=True)),
+    ("kimi_linear", {})])
+def test_state_hybrids_native_bfloat16_within_twice_transformers_error(tmp_path, tokenizer_dir, spec, overrides):
     """In bfloat16 on the native kernels (test_bfloat16_error_is_within_twice_transformers_own_bfloat16_error's
-    check), Mamba2 mixers on the native recurrence: Nemotron 3 Super's form, its experts (ungated, packed apart) over
+    check), state layers on the native recurrence: Nemotron 3 Super's form, its experts (ungated, packed apart) over
     a latent of 24 (the projections in and out packed too, the router reading the hidden state) in 2 groups (the
     best 1), a dense MLP block after the last mixer; Falcon-H1's mixers beside the attention (fused q/k/v), its
-    multipliers folded into the packed weights. Both also in float32 against transformers first."""
+    multipliers folded into the packed weights; Kimi Linear's delta attention (its decay per key row, its four input
+    projections packed as one, the low-rank halves after them). All also in float32 against transformers first."""
     out = tiny_models.make_model(spec, tmp_path / spec, tokenizer_dir, **overrides)
     hf = {dtype: transformers.AutoModelForCausalLM.from_pretrained(out, dtype=dtype).eval()
           for dtype in (torch.float32, torch.bfloat16)}

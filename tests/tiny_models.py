@@ -208,6 +208,16 @@ LIGHT_SPECS = {
         ssm_multipliers=[0.5, 1.5, 0.75, 1.25, 2.0], mlp_multipliers=[0.6, 1.4], embedding_multiplier=2.0,
         lm_head_multiplier=0.5, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=100000.0)),
+    # Kimi Linear in the hub's form (linear_attn_config): Kimi Delta Attention (4 heads of 16, q/k/v convolved 4 wide)
+    # around a latent attention layer without rotary embedding, a dense first layer, then the top 2 of 4 experts by
+    # DeepSeek V3's router beside a shared expert
+    "kimi_linear": dict(
+        cls="KimiLinearForCausalLM", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+        kv_lora_rank=32, q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        moe_intermediate_size=32, num_experts=4, num_experts_per_token=2, num_shared_experts=1,
+        routed_scaling_factor=2.5, first_k_dense_replace=1, tie_word_embeddings=False,
+        linear_attn_config=dict(full_attn_layers=[2], kda_layers=[1, 3], head_dim=16, num_heads=4,
+                                short_conv_kernel_size=4)),
     # Gemma 4 31B's layout: SPECS["gemma4"] without its experts
     "gemma4dense": {k: v for k, v in SPECS["gemma4"].items()
                     if k not in ("enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size")},

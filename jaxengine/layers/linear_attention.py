@@ -1,5 +1,5 @@
-"""State layers over a ragged batch: Gated DeltaNet (Qwen3.5, Qwen3-Next), Mamba2 (Granite 4.0-H) and the short
-convolution LFM2's layers gate.
+"""State layers over a ragged batch: Gated DeltaNet (Qwen3.5, Qwen3-Next; Kimi Delta Attention, whose decay is each
+key row's own), Mamba2 (Granite 4.0-H, Bamba, Nemotron-H, Falcon-H1) and the short convolution LFM2's layers gate.
 
 Each sequence carries a state instead of a KV cache: the last `width - 1` inputs of a short causal convolution and
 (but for LFM2), per value head, a [key head_dim, value head_dim] matrix that every token decays (exp(g)), corrects
@@ -80,9 +80,9 @@ def _l2_normed(x):
 
 
 def _step(state, q, k, v, g, beta, delta: bool):
-    """One token on one state [heads, dk, dv]: decay, then the delta rule's correction along k (`delta`; else
-    Mamba2's plain write of beta v along k), then the read along q."""
-    state = state * jnp.exp(g)[:, None, None]
+    """One token on one state [heads, dk, dv]: decay (g [heads], or [heads, dk]: per key row), then the delta rule's
+    correction along k (`delta`; else Mamba2's plain write of beta v along k), then the read along q."""
+    state = state * (jnp.exp(g)[:, :, None] if g.ndim == 2 else jnp.exp(g)[:, None, None])
     if delta:
         v = v - jnp.einsum("hkv,hk->hv", state, k)
     state = state + k[:, :, None] * (v * beta[:, None])[:, None, :]
@@ -112,7 +112,8 @@ def recurrence(q, k, v, g, beta, rec_state, layer, rows, fresh, batch: RaggedBat
     """Each request's state [value heads, dk, dv] over its tokens in order: decayed by exp(g), then (`delta`) the delta
     rule's correction k (beta (v - state^T k))^T (Gated DeltaNet) or (not `delta`) k (beta v)^T (Mamba2: k its B, v
     its x, beta its time step), then read along q: out = state^T q. q, k [T, key heads, dk] (each key head serves
-    value_heads / key_heads consecutive value heads), v [T, value heads, dv], g and beta [T, value heads]. Returns
+    value_heads / key_heads consecutive value heads), v [T, value heads, dv], g [T, value heads] (or [T, value
+    heads, dk]: each key row its own decay, Kimi Delta Attention's) and beta [T, value heads]. Returns
     (out f32[T, value heads, dv], zeros for tokens of no request; the state with each request's final state written to
     its row). `native`: the CPU kernel updates each request's row in place (`fresh` is then its kv_lens equal to its
     chunk's length, as `starts_sequence` gives it)."""
@@ -149,9 +150,9 @@ def recurrence(q, k, v, g, beta, rec_state, layer, rows, fresh, batch: RaggedBat
     return out, rec_state.at[layer, rows].set(states)
 
 
-def gated_rms_norm(x, gate, weight, eps: float):
-    """Each head's output [T, heads, dv] RMS-normalised, times `weight` (in x's dtype), times silu(gate) in float32
-    (transformers' Qwen3.5 RMSNormGated)."""
+def gated_rms_norm(x, gate, weight, eps: float, activation=jax.nn.silu):
+    """Each head's output [T, heads, dv] RMS-normalised, times `weight` (in x's dtype), times activation(gate) in
+    float32 (transformers' Qwen3.5 RMSNormGated; Kimi Linear's through a sigmoid)."""
     xf = x.astype(jnp.float32)
     normed = (xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + eps)).astype(x.dtype) * weight.astype(x.dtype)
-    return (normed.astype(jnp.float32) * jax.nn.silu(gate.astype(jnp.float32))).astype(x.dtype)
+    return (normed.astype(jnp.float32) * activation(gate.astype(jnp.float32))).astype(x.dtype)

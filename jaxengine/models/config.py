@@ -173,6 +173,9 @@ class ModelConfig:
     linear_heads: tuple = ()
     linear_attention: bool = False
     attn_output_gate: bool = False  # Qwen3.5, Qwen3-Next: the attention's output times sigmoid(x @ its gate), per head
+    # Kimi Linear: the linear layers are Kimi Delta Attention: the decay each key row's own (from a low-rank
+    # projection, a time-step bias per channel), the output gate low-rank and through a sigmoid
+    linear_kda: bool = False
     # LFM2: the state layers (`linear_layers`) are gated short convolutions of this width instead (C * conv(B * x),
     # B, C and x from one projection; their state the convolution's only), with biases where `conv_bias`
     short_conv_width: int = 0
@@ -1504,6 +1507,44 @@ def deepseek_config_from_hf(hf: dict) -> ModelConfig:
     if v3:
         return _deepseek_experts(hf, cfg, first_dense=1 if lite else 3, renormalize=True, scaling=1.8 if lite else 2.5)
     return _deepseek_experts(hf, cfg, first_dense=0, renormalize=False, scoring="softmax")
+
+
+def kimi_linear_config_from_hf(hf: dict) -> ModelConfig:
+    """Kimi Linear (`KimiLinearForCausalLM`: Kimi-Linear-48B-A3B): its config read through transformers'
+    KimiLinearConfig (which derives layer_types from the hub's `linear_attn_config` and mlp_layer_types from
+    first_k_dense_replace); Kimi Delta Attention layers (`linear_kda`: Gated DeltaNet's recurrence with a decay per
+    key row, over q/k/v convolved 4 wide, heads of linear_head_dim) among DeepSeek V3's latent attention layers
+    without rotary embedding (NoPE: their rotary part unrotated, the scores scaled by the whole query head's width);
+    DeepSeek V3's experts (sigmoid router, correction bias, shared experts) but in the dense MLP layers."""
+    import transformers
+
+    if hf.get("quantization_config"):
+        raise ValueError("quantized KimiLinearForCausalLM checkpoints are not supported yet (their linear layers' "
+                         "projections are float only)")
+    if (hf.get("moe_router_activation_func") or "sigmoid") != "sigmoid":
+        raise ValueError(f"only the sigmoid router is supported for KimiLinearForCausalLM, got "
+                         f"moe_router_activation_func={hf.get('moe_router_activation_func')!r}")
+    if hf.get("mla_use_nope") is False:
+        raise ValueError("mla_use_nope=false (rotary latent attention) is not supported for KimiLinearForCausalLM: "
+                         "transformers' Kimi Linear attention has no rotary embedding")
+    full = transformers.KimiLinearConfig(**{k: v for k, v in hf.items()
+                                            if k not in ("architectures", "model_type")}).to_dict()
+    types = full["layer_types"]
+    if not set(types) <= {"linear_attention", "full_attention"}:
+        raise ValueError(f"layer_types must give each layer linear_attention or full_attention, got {types!r}")
+    deepseek = full | {"architectures": ["DeepseekV3ForCausalLM"], "n_routed_experts": full["num_experts"],
+                       "num_experts_per_tok": full["num_experts_per_token"],
+                       "n_shared_experts": full["num_shared_experts"], "norm_topk_prob": full["moe_renormalize"],
+                       "n_group": full["num_expert_group"], "max_position_embeddings": full["model_max_length"],
+                       "rope_parameters": None, "rope_scaling": None, "rope_interleave": False, "topk_method": None,
+                       "scoring_func": None, "dtype": hf.get("dtype") or hf.get("torch_dtype"), "layer_types": None,
+                       "sliding_window": None}
+    cfg = deepseek_config_from_hf(deepseek)
+    heads, head_dim = full["linear_num_heads"], full["linear_head_dim"]
+    return dataclasses.replace(
+        cfg, architecture=hf["architectures"][0], rope_layers=(False,) * cfg.num_layers, linear_kda=True,
+        linear_layers=tuple(i for i, kind in enumerate(types) if kind == "linear_attention"),
+        linear_heads=(heads, heads, head_dim, head_dim, full["linear_conv_kernel_dim"]))
 
 
 LLAMA4_ARCHITECTURES = ("Llama4ForCausalLM", "Llama4ForConditionalGeneration")

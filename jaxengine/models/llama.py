@@ -228,7 +228,22 @@ def _plus(y, delta):
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "expert_gate", "expert_up",
            "expert_down", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_k", "kv_b_v", "ple_gate", "ple_proj", "o_gate",
-           "lin_out", "conv_in", "ssm_in", "moe_latent_in", "moe_latent_out")
+           "lin_out", "conv_in", "ssm_in", "moe_latent_in", "moe_latent_out", "lin_fb", "lin_gb")
+
+
+def _linear_inputs(cfg: ModelConfig) -> tuple[str, ...]:
+    """A Gated DeltaNet layer's projections of its normed input, in the order they are fused at packing (`lin_in`):
+    q/k/v, the output gate, the update rate's logits, the decay's (Kimi Delta Attention: q/k/v, the gate's and the
+    decay's first low-rank halves, the rate's logits)."""
+    return ("lin_qkv", "lin_ga", "lin_b", "lin_fa") if cfg.linear_kda else ("lin_qkv", "lin_z", "lin_b", "lin_a")
+
+
+def _linear_input_widths(cfg: ModelConfig) -> tuple[int, ...]:
+    """`_linear_inputs`' widths."""
+    num_k, num_v, dk, dv, _ = cfg.linear_heads
+    if cfg.linear_kda:
+        return 2 * num_k * dk + num_v * dv, dv, num_v, dk
+    return 2 * num_k * dk + num_v * dv, num_v * dv, num_v, num_v
 
 
 def _norm_scale(cfg: ModelConfig, weight: jax.Array) -> jax.Array:
@@ -285,7 +300,7 @@ def _pack_layer(layer) -> None:
             layer.qkv_proj = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
         if cfg.linear_attention and cfg.linear_heads:  # Gated DeltaNet's four input projections as one
             # (DecoderLayers._linear_attention)
-            value = cpu.pack_bf16(np.concatenate([take(name) for name in ("lin_qkv", "lin_z", "lin_b", "lin_a")], -1))
+            value = cpu.pack_bf16(np.concatenate([take(name) for name in _linear_inputs(cfg)], -1))
             layer.lin_in = nnx.Param(jax.device_put(value), logical_axes=_packed_axes(lead))
         if (gated and cfg.gated_mlp and not (cfg.num_experts or cfg.mlp_bias) and cfg.intermediate_size
                 and layer.gate_proj.get_value().shape[-1] % cpu.GATED == 0):
@@ -516,16 +531,22 @@ class DecoderLayers(nnx.Module):
         """Gated DeltaNet's (ModelConfig.linear_heads; jaxengine/layers/linear_attention.py): the input's projections
         to the convolved q/k/v (`lin_qkv`), the output gate (`lin_z`), the update rate's and the decay's logits
         (`lin_b`, `lin_a`); the depthwise convolution [width, channels]; each value head's decay parameters (A_log,
-        dt_bias: float32, as the decay is computed); the output's gated norm [value head_dim]; `lin_out`."""
+        dt_bias: float32, as the decay is computed); the output's gated norm [value head_dim]; `lin_out`. Kimi Delta
+        Attention's (`linear_kda`): the decay and the output gate each through a rank of head_dim (`lin_fa` then
+        `lin_fb`, `lin_ga` then `lin_gb`), the time-step bias per key channel."""
         cfg = self.cfg
         L, D = cfg.num_layers, cfg.hidden_size
         num_k, num_v, dk, dv, width = cfg.linear_heads
         channels = 2 * num_k * dk + num_v * dv
-        for name, n in (("lin_qkv", channels), ("lin_z", num_v * dv), ("lin_b", num_v), ("lin_a", num_v)):
+        for name, n in zip(_linear_inputs(cfg), _linear_input_widths(cfg)):
             setattr(self, name, _param((L, D, n), dtype, ("layers", "embed", "linear")))
+        if cfg.linear_kda:  # the decay's and the output gate's low-rank second halves
+            self.lin_fb = _param((L, dk, num_v * dk), dtype, ("layers", "head_dim", "linear"))
+            self.lin_gb = _param((L, dv, num_v * dv), dtype, ("layers", "head_dim", "linear"))
         self.lin_conv = _param((L, width, channels), dtype, ("layers", "conv", "linear"))
         self.lin_a_log = _param((L, num_v), jnp.float32, ("layers", "linear"))
-        self.lin_dt_bias = _param((L, num_v), jnp.float32, ("layers", "linear"))
+        # the decay's time-step bias: each value head's (Kimi Delta Attention: each key channel's)
+        self.lin_dt_bias = _param((L, num_v * dk if cfg.linear_kda else num_v), jnp.float32, ("layers", "linear"))
         self.lin_norm = _param((L, dv), dtype, ("layers", "head_dim"))
         self.lin_out = _param((L, num_v * dv, D), dtype, ("layers", "linear", "embed"))
 
@@ -784,7 +805,8 @@ class DecoderLayers(nnx.Module):
         cfg = self.cfg
         num_k, num_v, dk, dv, _ = cfg.linear_heads
         T = h.shape[0]
-        widths = (2 * num_k * dk + num_v * dv, num_v * dv, num_v, num_v)  # q/k/v, z, b, a
+        widths = _linear_input_widths(cfg)  # q/k/v, z, b, a (Kimi Delta Attention: q/k/v, the decay's and the
+        # gate's first halves, b)
         if hasattr(self, "lin_in"):  # the four fused at packing, the input norm the matmul's prologue
             both = _normed_dot(h, self.norm("attn_norm"), cfg.rms_norm_eps, self.lin_in[...], sum(widths), live,
                                weights_layer)
@@ -792,7 +814,10 @@ class DecoderLayers(nnx.Module):
         else:
             x = _pre_norm(h, self.norm("attn_norm"), cfg.rms_norm_eps)
             mixed, z, b, a = (_dot(x, getattr(self, name)[...], n, live_rows=live, layer=weights_layer)
-                              for name, n in zip(("lin_qkv", "lin_z", "lin_b", "lin_a"), widths))
+                              for name, n in zip(_linear_inputs(cfg), widths))
+        if cfg.linear_kda:  # the low-rank halves' second ones
+            a = _dot(a, self.lin_fb[...], num_v * dk, live_rows=live, layer=weights_layer).reshape(T, num_v, dk)
+            z = _dot(z, self.lin_gb[...], num_v * dv, live_rows=live, layer=weights_layer)
         conv_state, rec_state = state
         fresh = linear_attention.starts_sequence(batch)
         rows = batch.state_slots
@@ -800,12 +825,15 @@ class DecoderLayers(nnx.Module):
                                                          batch, ACTIVATIONS[cfg.hidden_act])
         q, k, v = jnp.split(mixed, [num_k * dk, 2 * num_k * dk], -1)
         beta = jax.nn.sigmoid(b.astype(jnp.float32))
-        g = -jnp.exp(self.lin_a_log[...]) * jax.nn.softplus(a.astype(jnp.float32) + self.lin_dt_bias[...])
+        a_log, dt_bias = self.lin_a_log[...], self.lin_dt_bias[...]
+        if cfg.linear_kda:  # each head's rate over each key channel's softplus: a decay per key row
+            a_log, dt_bias = a_log[:, None], dt_bias.reshape(num_v, dk)
+        g = -jnp.exp(a_log) * jax.nn.softplus(a.astype(jnp.float32) + dt_bias)
         o, rec_state = linear_attention.gated_delta_rule(
             q.reshape(T, num_k, dk), k.reshape(T, num_k, dk), v.reshape(T, num_v, dv), g, beta, rec_state, layer,
             rows, fresh, batch, native=linear_attention.native(self.attention_backend, self.one_device))
         o = linear_attention.gated_rms_norm(o.astype(h.dtype), z.reshape(T, num_v, dv), self.lin_norm[...],
-                                            cfg.rms_norm_eps)
+                                            cfg.rms_norm_eps, jax.nn.sigmoid if cfg.linear_kda else jax.nn.silu)
         return o.reshape(T, num_v * dv), (conv_state, rec_state)
 
     def _short_conv(self, h, state, layer, weights_layer, batch, live):
@@ -1041,7 +1069,7 @@ def layer_groups(cfg: ModelConfig) -> tuple[tuple[str, int, ModelConfig], ...]:
         if cfg.linear_layers:  # no attention parameters in a linear-attention stack
             if cache == 1:
                 group = dataclasses.replace(group, linear_attention=True, qkv_bias=False, o_bias=False, qk_norm=False,
-                                            attn_output_gate=False)
+                                            attn_output_gate=False, kv_lora_rank=0, q_lora_rank=0)
         elif cache == 1:
             head_dim, kv_heads, k_eq_v = cfg.full_attention_heads
             group = dataclasses.replace(group, head_dim=head_dim, num_kv_heads=kv_heads, k_eq_v=k_eq_v,
@@ -1354,6 +1382,14 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
             per_layer |= {f"conv.{name}.bias": (ours + "_bias", False) for name, ours, _ in parts}
     elif cfg.linear_attention and cfg.ssm_heads:  # Granite 4.0-H's Mamba2 mixers (their convolutions likewise)
         per_layer = _mamba_weight_map(cfg)
+    elif cfg.linear_attention and cfg.linear_kda:  # Kimi Delta Attention (its q/k/v and their convolutions joined
+        # at load: registry._KimiLinearTensors)
+        per_layer = {f"self_attn.{name}": ours for name, ours in (
+            ("qkv_proj.weight", ("lin_qkv", True)), ("conv1d.weight", ("lin_conv", True)),
+            ("f_a_proj.weight", ("lin_fa", True)), ("f_b_proj.weight", ("lin_fb", True)),
+            ("g_a_proj.weight", ("lin_ga", True)), ("g_b_proj.weight", ("lin_gb", True)),
+            ("b_proj.weight", ("lin_b", True)), ("A_log", ("lin_a_log", False)), ("dt_bias", ("lin_dt_bias", False)),
+            ("o_norm.weight", ("lin_norm", False)), ("o_proj.weight", ("lin_out", True)))}
     elif cfg.linear_attention:  # Gated DeltaNet (DecoderLayers._linear_attention_params; its convolution likewise)
         per_layer = {f"linear_attn.{name}": ours for name, ours in (
             ("in_proj_qkv.weight", ("lin_qkv", True)), ("in_proj_z.weight", ("lin_z", True)),

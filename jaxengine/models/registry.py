@@ -18,8 +18,8 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES,
                                      gpt_oss_config_from_hf, gptj_config_from_hf, granite_config_from_hf,
                                      granite_moe_config_from_hf, granite_moe_hybrid_config_from_hf,
                                      helium_config_from_hf, hyperclovax_config_from_hf, jais2_config_from_hf,
-                                     lfm2_config_from_hf, llama4_config_from_hf, mamba2_config_from_hf,
-                                     ministral3_config_from_hf, ministral_config_from_hf,
+                                     kimi_linear_config_from_hf, lfm2_config_from_hf, llama4_config_from_hf,
+                                     mamba2_config_from_hf, ministral3_config_from_hf, ministral_config_from_hf,
                                      mistral3_language_config_from_hf, model_config_from_hf, moe_config_from_hf,
                                      nemotron_config_from_hf, nemotron_h_config_from_hf, olmo2_config_from_hf,
                                      olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
@@ -378,6 +378,36 @@ class _GptOssTensors:
         return [(f"{stem}_codes", codes), (f"{stem}_exponents", exponents)]
 
 
+# Kimi Linear's names as the weight map knows them: its MoE layers' (block_sparse_moe, experts' w1/w3/w2) as the dense
+# layers' `mlp`; its forget gate's under the attention (transformers' own names hold them under `forget_gate`)
+_KIMI_LINEAR_NAMES = _renaming(((".block_sparse_moe.", ".mlp."), (".w1.weight", ".gate_proj.weight"),
+                                (".w3.weight", ".up_proj.weight"), (".w2.weight", ".down_proj.weight"),
+                                (".self_attn.forget_gate.", ".self_attn.")))
+
+
+class _KimiLinearTensors:
+    """Kimi Linear's tensors as the weight map knows them (an instance for each load): each Kimi Delta Attention
+    layer's q, k and v projections ([H x dk, hidden] each) held until all three have arrived, then joined as one
+    `qkv_proj` (their rows in turn), and their convolutions (`q_conv1d` ..., [H x dk, 1, width]) as one `conv1d`
+    (transformers' joined form passes as it is); the latent attention layers' as DeepSeek's (`_deepseek_tensors`)."""
+
+    _PARTS = ("q", "k", "v")
+
+    def __init__(self):
+        self._held = {}
+
+    def __call__(self, name: str, array, cfg: ModelConfig) -> list:
+        match = re.fullmatch(r"(model\.layers\.(\d+)\.self_attn\.)([qkv])_(proj|conv1d)\.weight", name)
+        if match is None or int(match[2]) not in cfg.linear_layers:
+            return _deepseek_tensors(name, array, cfg)
+        stem, part, kind = match[1], match[3], match[4]
+        self._held[stem, kind, part] = array
+        if any((stem, kind, p) not in self._held for p in self._PARTS):
+            return []
+        joined = np.concatenate([np.asarray(self._held.pop((stem, kind, p))) for p in self._PARTS])
+        return [(f"{stem}{'qkv_proj' if kind == 'proj' else 'conv1d'}.weight", joined)]
+
+
 def _gated_order(width: int) -> np.ndarray:
     """The indices of GPT-OSS's interleaved gate/up outputs (gate's even, up's odd) in `pack_gated`'s order."""
     from pallas_kernels import cpu
@@ -604,6 +634,9 @@ _REGISTRY = {
     "DeepseekV2ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
     "DeepseekV3ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
     "Glm4MoeLiteForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
+    # Kimi Linear: Kimi Delta Attention among DeepSeek V3's latent attention layers (NoPE)
+    "KimiLinearForCausalLM": Architecture(LlamaForCausalLM, kimi_linear_config_from_hf, _KIMI_LINEAR_NAMES,
+                                          split_tensor=_KimiLinearTensors),
     # Granite 3.x mixtures of experts (and with a shared expert)
     **{name: Architecture(LlamaForCausalLM, granite_moe_config_from_hf, split_tensor=_granite_moe_tensors)
        for name in GRANITE_MOE_ARCHITECTURES},
