@@ -57,7 +57,7 @@ struct DeltaShared {
         if (blocks == 1 || last - first == 1) {  // a decode step's one token: the whole head, in place
           if (block == 0) {
             if (fresh) std::memset(s, 0, sizeof(float) * dk * dv);
-            for (int64_t t = first; t < last; ++t) step(s, t, h, kh);
+            for (int64_t t = first; t < last; ++t) per_key ? step<true>(s, t, h, kh) : step<false>(s, t, h, kh);
           }
         } else if (per_key) {
           columns<true>(s + block * kColumns, fresh, first, last, h, kh, block * kColumns);
@@ -133,19 +133,20 @@ struct DeltaShared {
     for (int64_t a = 0; a < dk; ++a) std::memcpy(s + a * dv, &b[2 * a], sizeof(float) * kColumns);
   }
 
-  // One token on one head's whole state s [dk, dv]: s *= exp(g) (per row where per_key); s += k (beta (v - s^T k))^T
-  // (Mamba2: k (beta v)^T); out = s^T q.
+  // One token on one head's whole state s [dk, dv]: s *= exp(g) (PerKey: each row its own); s += k (beta (v - s^T
+  // k))^T (Mamba2: k (beta v)^T); out = s^T q.
+  template <bool PerKey>
   void step(float* s, int64_t t, int64_t h, int64_t kh) const {
     const float* qt = q + (t * Hk + kh) * dk;
     const float* kt = k + (t * Hk + kh) * dk;
     const float* vt = v + (t * Hv + h) * dv;
-    const float* gt = g + (t * Hv + h) * (per_key ? dk : 1);
+    const float* gt = g + (t * Hv + h) * (PerKey ? dk : 1);
     const float head_decay = std::exp(gt[0]), rate = beta[t * Hv + h];
     float update[kMaxDv], o[kMaxDv];
     for (int64_t j = 0; j < dv; ++j) update[j] = 0.0f;
     for (int64_t a = 0; a < dk; ++a) {  // decay, and the state's prediction of v along k
       float* sa = s + a * dv;
-      const float ka = kt[a], decay = per_key ? std::exp(gt[a]) : head_decay;
+      const float ka = kt[a], decay = PerKey ? std::exp(gt[a]) : head_decay;
       for (int64_t j = 0; j < dv; ++j) {
         sa[j] *= decay;
         update[j] += sa[j] * ka;
