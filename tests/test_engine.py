@@ -31,8 +31,10 @@ def hf_expected(model_dirs):
     return get
 
 
-def check_greedy(engine, prompts, expected, tag):
-    finals = run_to_completion(engine, [(f"{tag}-{i}", p, GREEDY) for i, p in enumerate(prompts)])
+def check_greedy(engine, prompts, expected, tag, max_tokens=NEW_TOKENS):
+    params = GREEDY if max_tokens == NEW_TOKENS else SamplingParams(temperature=0, max_tokens=max_tokens,
+                                                                    ignore_eos=True)
+    finals = run_to_completion(engine, [(f"{tag}-{i}", p, params) for i, p in enumerate(prompts)])
     for i, want in enumerate(expected):
         out = finals[f"{tag}-{i}"]
         assert out.outputs[0].token_ids == want, f"prompt {i} ({len(prompts[i])} tokens)"
@@ -98,26 +100,34 @@ def test_linear_attention_model_recomputes_prompts_instead_of_sharing_them(engin
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
-def test_attention_free_model_runs_without_a_kv_cache(engines, hf_expected):
+def few_greedy(model_dir, lengths=(7, 33, 100), num_tokens=16):
+    """Three prompts and transformers' greedy continuations of `num_tokens` (the state models' reference forms are
+    slow: fewer than hf_expected's)."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompts = random_prompts(hf.config.vocab_size, lengths)
+    return prompts, [hf_greedy(hf, p, num_tokens) for p in prompts]
+
+
+def test_attention_free_model_runs_without_a_kv_cache(engines, model_dirs):
     """Mamba2 (tiny_models.LIGHT_SPECS: mixers only): no KV cache (its blocks count tokens only, every sequence's
     longest fits), each sequence's state carried across 32-token prefill chunks and decode steps, as transformers'
     greedy decoding; no compiles after warm-up."""
-    prompts, expected = hf_expected("mamba2")
+    prompts, expected = few_greedy(model_dirs["mamba2"])
     engine = engines("mamba2", max_num_batched_tokens=32, min_token_bucket=32)
     assert engine.model_config.kv_cache_layers == 0 and engine.runner.kv_cache[0].size == 0
     assert engine.block_manager.num_blocks == 8 * 512 // 16
     with assert_no_compiles("an attention-free model's steps after warm-up"):
-        check_greedy(engine, prompts, expected, "mamba2")
+        check_greedy(engine, prompts, expected, "mamba2", max_tokens=16)
 
 
-def test_parallel_hybrid_model_keeps_kv_cache_and_state_through_preemption(engines, hf_expected):
+def test_parallel_hybrid_model_keeps_kv_cache_and_state_through_preemption(engines, model_dirs):
     """Falcon-H1 (tiny_models.LIGHT_SPECS: a Mamba2 mixer beside every attention layer, in the scanned loop): each
-    layer writes the KV cache and its state row; 32-token prefill chunks and 30 blocks that cannot hold every
-    sequence (preempted ones recompute, their state from zeros) decode as transformers' greedy decoding."""
-    prompts, expected = hf_expected("falcon_h1")
-    engine = engines("falcon_h1", max_num_batched_tokens=32, min_token_bucket=32, num_kv_blocks=30)
+    layer writes the KV cache and its state row; 32-token prefill chunks and 8 blocks, which cannot hold the three
+    sequences (preempted ones recompute, their state from zeros), decode as transformers' greedy decoding."""
+    prompts, expected = few_greedy(model_dirs["falcon_h1"])
+    engine = engines("falcon_h1", max_num_batched_tokens=32, min_token_bucket=32, num_kv_blocks=8)
     before = engine.scheduler.num_preemptions
-    check_greedy(engine, prompts, expected, "falcon-h1")
+    check_greedy(engine, prompts, expected, "falcon-h1", max_tokens=16)
     assert engine.scheduler.num_preemptions > before and engine.model_config.kv_cache_layers == 2
 
 
