@@ -41,17 +41,19 @@ struct DeltaShared {
   float *state, *out;
   const int32_t *cu_q_lens, *kv_lens, *rows;
   int64_t Hk, Hv, dk, dv, num_rows, blocks, items;
+  int64_t group;  // value heads an item takes in turn (small heads: Mamba1's channels, a [state size, 1] state each)
   bool delta;  // the delta rule's correction (Gated DeltaNet); else Mamba2's plain write of beta v along k
   bool per_key;  // g gives each key row its own decay ([T, Hv, dk]: Kimi Delta Attention's); else one per head
   std::atomic<int64_t> next{0}, done{0};
 
   void work() {
-    const int64_t per_k = Hv / Hk;
+    const int64_t per_k = Hv / Hk, groups = (Hv + group - 1) / group;
     for (int64_t i; (i = next.fetch_add(1)) < items;) {
-      const int64_t r = i / (Hv * blocks), h = i / blocks % Hv, block = i % blocks, kh = h / per_k;
+      const int64_t r = i / (groups * blocks), block = i % blocks, h0 = i / blocks % groups * group;
       const int64_t first = cu_q_lens[r], last = cu_q_lens[r + 1];
       const int64_t row = rows[r];
-      if (last > first && row >= 0 && row < num_rows) {
+      for (int64_t h = h0; h < std::min(Hv, h0 + group) && last > first && row >= 0 && row < num_rows; ++h) {
+        const int64_t kh = h / per_k;
         float* s = state + (row * Hv + h) * dk * dv;
         const bool fresh = kv_lens[r] == last - first;
         if (blocks == 1 || last - first == 1) {  // a decode step's one token: the whole head, in place
@@ -212,7 +214,10 @@ ffi::Error GatedDeltaRule(ffi::ThreadPool thread_pool, ffi::Buffer<ffi::F32> q, 
   bool one_token = true;  // a decode step: whole heads in place, one item each
   for (int64_t r = 0; r < live; ++r) one_token = one_token && s.cu_q_lens[r + 1] - s.cu_q_lens[r] <= 1;
   s.blocks = dv % kColumns == 0 && !one_token ? dv / kColumns : 1;
-  s.items = live * Hv * s.blocks;
+  // whole heads of under 4096 state values (Mamba1's 16) go several to an item: one per item would cost more in
+  // handing out items than in the work
+  s.group = s.blocks == 1 ? std::clamp<int64_t>(4096 / (dk * dv), 1, Hv) : 1;
+  s.items = live * ((Hv + s.group - 1) / s.group) * s.blocks;
   share_work(thread_pool, shared, s.items);
   return ffi::Error::Success();
 }

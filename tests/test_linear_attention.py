@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers.models.granitemoehybrid import modeling_granitemoehybrid as hf_granite
 from transformers.models.kimi_linear import modeling_kimi_linear as hf_kimi
+from transformers.models.mamba import modeling_mamba as hf_mamba
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
 from jaxengine.layers import linear_attention
@@ -156,3 +157,34 @@ def test_mamba2_recurrence_matches_transformers_state_update_per_sequence(inputs
                 torch.tensor(inputs["k"][t][None]), torch.tensor(inputs["q"][t][None]))
             np.testing.assert_allclose(out[t], got[0].numpy(), atol=1e-5)
         np.testing.assert_allclose(state[layer, row], theirs[0].numpy().swapaxes(-1, -2), atol=1e-5)
+
+
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not cpu.available(), reason="the native CPU kernels need a C++ compiler"))])
+def test_mamba1_recurrence_matches_transformers_state_update_per_sequence(native):
+    """Mamba1's recurrence through `recurrence` (each inner channel a value head of one column, its [state size] state
+    decayed per state by exp(dt A): the decay per key row; B and C one key head for all channels) against
+    transformers' Mamba state update, token by token: 40 channels (the native kernel takes such small heads several
+    to an item)."""
+    batch, fresh = ragged_batch()
+    layer, inner, N = 1, 40, 8
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(NUM_TOKENS, inner)).astype(np.float32)
+    b, c = (rng.normal(size=(NUM_TOKENS, N)).astype(np.float32) for _ in range(2))
+    dt = rng.uniform(0.05, 0.5, size=(NUM_TOKENS, inner)).astype(np.float32)
+    A = -rng.uniform(0.5, 2.0, size=(inner, N)).astype(np.float32)
+    rec_state = rng.normal(size=(2, NUM_ROWS, inner, N, 1)).astype(np.float32)
+    out, state = jax.jit(functools.partial(linear_attention.recurrence, native=native, delta=False))(
+        *(jnp.asarray(v) for v in (c[:, None], b[:, None], x[:, :, None], dt[:, :, None] * A, dt, rec_state)),
+        jnp.int32(layer), batch.state_slots, fresh, batch)
+    out, state = np.asarray(out), np.asarray(state)
+    for tokens, first, row in spans():
+        theirs = torch.zeros(1, inner, N) if first else torch.tensor(rec_state[layer, row, ..., 0][None].copy())
+        for t in range(tokens.start, tokens.stop):
+            got = hf_mamba.mamba_selective_state_update(
+                theirs, torch.tensor(x[t][None]), torch.tensor(dt[t][None]), torch.tensor(A), torch.tensor(b[t][None]),
+                torch.tensor(c[t][None]))
+            np.testing.assert_allclose(out[t, :, 0], got[0].numpy(), atol=1e-5)
+        np.testing.assert_allclose(state[layer, row, ..., 0], theirs[0].numpy(), atol=1e-5)
+    untouched = [r for r in range(NUM_ROWS - 1) if r not in ROWS]
+    np.testing.assert_array_equal(state[layer, untouched], rec_state[layer, untouched])

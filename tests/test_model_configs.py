@@ -1271,3 +1271,50 @@ def test_kimi_linear_hub_config_reads_as_transformers_builds_it():
         read(KIMI_LINEAR_48B | dict(moe_router_activation_func="softmax"))
     with pytest.raises(ValueError, match="mla_use_nope=false"):
         read(KIMI_LINEAR_48B | dict(mla_use_nope=False))
+
+
+# mamba-2.8b-hf, falcon-mamba-7b and Jamba Mini 1.6 in the hub's form
+MAMBA_28B = dict(
+    architectures=["MambaForCausalLM"], model_type="mamba", conv_kernel=4, expand=2, hidden_act="silu",
+    hidden_size=2560, intermediate_size=5120, layer_norm_epsilon=1e-5, num_hidden_layers=64, residual_in_fp32=True,
+    state_size=16, time_step_rank=160, use_bias=False, use_conv_bias=True, vocab_size=50280, torch_dtype="float32",
+    tie_word_embeddings=True)
+FALCON_MAMBA_7B = MAMBA_28B | dict(
+    architectures=["FalconMambaForCausalLM"], model_type="falcon_mamba", hidden_size=4096, intermediate_size=8192,
+    time_step_rank=256, vocab_size=65024, mixer_rms_eps=1e-6, tie_word_embeddings=False, torch_dtype="bfloat16")
+JAMBA_MINI = dict(
+    architectures=["JambaForCausalLM"], model_type="jamba", attn_layer_offset=4, attn_layer_period=8,
+    expert_layer_offset=1, expert_layer_period=2, hidden_act="silu", hidden_size=4096, intermediate_size=14336,
+    mamba_conv_bias=True, mamba_d_conv=4, mamba_d_state=16, mamba_dt_rank=256, mamba_expand=2, mamba_proj_bias=False,
+    max_position_embeddings=262144, num_attention_heads=32, num_experts=16, num_experts_per_tok=2,
+    num_hidden_layers=32, num_key_value_heads=8, rms_norm_eps=1e-6, tie_word_embeddings=False, vocab_size=65536,
+    torch_dtype="bfloat16")
+
+
+@pytest.mark.parametrize("hf", [MAMBA_28B, FALCON_MAMBA_7B, JAMBA_MINI])
+def test_mamba1_hub_configs_read_as_transformers_builds_them(hf):
+    """Mamba1 mixers of the shape transformers builds (on the meta device): inner width, state size, time-step rank,
+    convolution; FalconMamba's weightless and Jamba's weighted norms on dt, B and C; Jamba's attention every 8th layer
+    (NoPE) and experts every other one (not renormalised), Mamba's and FalconMamba's no attention nor KV cache."""
+    import torch
+
+    cfg = read(hf)
+    cls = getattr(transformers, hf["architectures"][0])
+    theirs = getattr(transformers, hf["architectures"][0].replace("ForCausalLM", "Config"))(
+        **{k: v for k, v in hf.items() if k not in ("architectures", "model_type")})
+    with torch.device("meta"):
+        model = cls(theirs)
+    layers = (model.model if hasattr(model, "model") else model.backbone).layers
+    mixer = next(getattr(layer, "mamba", None) or getattr(layer, "mixer", None) for layer in layers)
+    assert cfg.mamba1 == (mixer.intermediate_size, mixer.ssm_state_size, mixer.time_step_rank,
+                          mixer.conv_kernel_size)
+    assert cfg.ssm_conv_bias and not cfg.ssm_proj_bias and cfg.ssm_activation == "silu" and not cfg.ssm_heads
+    if hf["model_type"] == "jamba":
+        assert cfg.linear_layers == tuple(i for i, layer in enumerate(layers) if hasattr(layer, "mamba"))
+        assert cfg.kv_cache_layers == 4 and cfg.rope_layers == (False,) * 32 and cfg.ssm_bcdt_norm == (True, 1e-6)
+        assert (cfg.num_experts, cfg.experts_per_token, cfg.norm_topk_prob, cfg.moe_intermediate_size) == (
+            16, 2, False, 14336)
+        assert cfg.dense_mlp_layers == tuple(range(0, 32, 2)) and cfg.intermediate_size == 0
+    else:
+        assert cfg.linear_layers == cfg.no_mlp_layers == tuple(range(64)) and cfg.kv_cache_layers == 0
+        assert cfg.ssm_bcdt_norm == ((False, 1e-6) if hf["model_type"] == "falcon_mamba" else ())

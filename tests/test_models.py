@@ -335,6 +335,11 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
                        projectors_bias=True, mlp_bias=True)),
     ("falcon_h1", dict(cls="FalconH1ForCausalLM", mamba_rms_norm=True, mamba_norm_before_gate=False,
                        tie_word_embeddings=True)),
+    # Mamba (1), FalconMamba (its weightless norms on dt, B and C) and Jamba (tiny_models.LIGHT_SPECS: Mamba1 mixers
+    # with weighted norms, NoPE attention, experts in every other layer)
+    ("mamba", dict(cls="MambaForCausalLM")),
+    ("mamba", dict(cls="FalconMambaForCausalLM", mixer_rms_eps=1e-6)),
+    ("jamba", dict(cls="JambaForCausalLM")),
     # Kimi Linear (tiny_models.LIGHT_SPECS: Kimi Delta Attention around NoPE latent attention, DeepSeek V3's experts)
     ("kimi_linear", dict(cls="KimiLinearForCausalLM")),
     # Nemotron-H (tiny_models.LIGHT_SPECS: the mixers' and MLP blocks' pairs, a mixer without one); Nemotron 3 Nano's
@@ -366,14 +371,16 @@ def test_llama_layer_relatives_match_transformers(tmp_path, tokenizer_dir, spec,
                         moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1,
                         routed_scaling_factor=2.0, moe_latent_size=24)),
     ("falcon_h1", dict(mamba_rms_norm=True)),
-    ("kimi_linear", {})])
+    ("kimi_linear", {}),
+    ("jamba", {})])
 def test_state_hybrids_native_bfloat16_within_twice_transformers_error(tmp_path, tokenizer_dir, spec, overrides):
     """In bfloat16 on the native kernels (test_bfloat16_error_is_within_twice_transformers_own_bfloat16_error's
     check), state layers on the native recurrence: Nemotron 3 Super's form, its experts (ungated, packed apart) over
     a latent of 24 (the projections in and out packed too, the router reading the hidden state) in 2 groups (the
     best 1), a dense MLP block after the last mixer; Falcon-H1's mixers beside the attention (fused q/k/v), its
     multipliers folded into the packed weights; Kimi Linear's delta attention (its decay per key row, its four input
-    projections packed as one, the low-rank halves after them). All also in float32 against transformers first."""
+    projections packed as one, the low-rank halves after them); Jamba's Mamba1 mixers (each channel's state a head
+    of one column, several to a kernel item). All also in float32 against transformers first."""
     out = tiny_models.make_model(spec, tmp_path / spec, tokenizer_dir, **overrides)
     hf = {dtype: transformers.AutoModelForCausalLM.from_pretrained(out, dtype=dtype).eval()
           for dtype in (torch.float32, torch.bfloat16)}

@@ -1,5 +1,6 @@
 """Tensor parallelism on 8 fake CPU devices: same greedy tokens, real collectives, sharded weights."""
 
+import jax.numpy as jnp
 import pytest
 
 from jaxengine import SamplingParams
@@ -140,3 +141,19 @@ def test_native_cpu_attention_is_refused_on_a_mesh_and_auto_uses_the_reference(l
     engine = sharded_engines(llama8, tensor_parallel_size=2)
     hlo = next(iter(engine.runner._compiled.values())).as_text()
     assert "jaxengine_cpu_ragged_paged_attention" not in hlo
+
+
+def test_every_parameter_axis_has_a_mesh_rule(model_dirs):
+    """Every parameter of every test model (SPECS' and LIGHT_SPECS': each architecture's layers) names only logical
+    axes the mesh rules know, so that an engine can place it (a new axis without a rule failed only at engine start)."""
+    from flax import nnx
+
+    from jaxengine.models.loader import load_config
+    from jaxengine.parallel.sharding import LOGICAL_TO_MESH
+
+    for name, model_dir in model_dirs.items():
+        arch, cfg = load_config(model_dir)
+        model = nnx.eval_shape(lambda: arch.model_class(cfg, jnp.float32))
+        axes = {axis for _, var in nnx.iter_graph(model) if isinstance(var, nnx.Param)
+                for axis in var.get_metadata()["logical_axes"]}
+        assert axes <= set(LOGICAL_TO_MESH), f"{name}: {sorted(axes - set(LOGICAL_TO_MESH))}"

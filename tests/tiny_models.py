@@ -218,6 +218,17 @@ LIGHT_SPECS = {
         routed_scaling_factor=2.5, first_k_dense_replace=1, tie_word_embeddings=False,
         linear_attn_config=dict(full_attn_layers=[2], kda_layers=[1, 3], head_dim=16, num_heads=4,
                                 short_conv_kernel_size=4)),
+    # Mamba (1): mixers only (128 inner channels, states of 8, a time-step rank of 8, a convolution 4 wide)
+    "mamba": dict(
+        cls="MambaForCausalLM", state_size=8, expand=2, conv_kernel=4, time_step_rank=8, layer_norm_epsilon=1e-5,
+        tie_word_embeddings=True),
+    # Jamba: Mamba1 mixers (with their norms on dt, B and C) and attention layers without rotary embedding in turn
+    # (attn_layer_period 2), the top 2 of 4 experts (not renormalised) in the mixers' layers, dense MLPs in the others
+    "jamba": dict(
+        cls="JambaForCausalLM", num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=0, num_experts=4,
+        num_experts_per_tok=2, mamba_d_state=8, mamba_dt_rank=8, mamba_expand=2, mamba_d_conv=4,
+        tie_word_embeddings=False),
     # Gemma 4 31B's layout: SPECS["gemma4"] without its experts
     "gemma4dense": {k: v for k, v in SPECS["gemma4"].items()
                     if k not in ("enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size")},

@@ -188,6 +188,13 @@ class ModelConfig:
     ssm_proj_bias: bool = False
     ssm_dt_limit: tuple = ()
     ssm_activation: str = "silu"  # the Mamba2 convolution's (Granite's hidden_act, Nemotron-H's mamba_hidden_act)
+    # Mamba (1: MambaForCausalLM, FalconMamba, Jamba): the state layers are Mamba1 mixers instead: (inner width, state
+    # size, time-step rank, convolution width): each inner channel its own [state size] state, decayed by exp(dt A)
+    # per state (A [inner, state size]), written dt x along B, read along C (B, C and dt from the convolved x);
+    # `ssm_bcdt_norm`: (weighted, eps) RMS norms on dt's, B's and C's inputs (Jamba's with weights, FalconMamba's
+    # without), () none. Biases on the convolution (`ssm_conv_bias`) and the in/out projections (`ssm_proj_bias`)
+    mamba1: tuple = ()
+    ssm_bcdt_norm: tuple = ()
     # The Mamba2 output's norm (per group, with a weight): "gated" over y x silu(z) (Granite's, Nemotron-H's),
     # "before_gate" over y, then times silu(z), or "" none (Falcon-H1's mamba_rms_norm false: y x silu(z))
     ssm_norm: str = "gated"
@@ -545,6 +552,81 @@ def _with_mamba2_mixers(hf: dict, cfg: ModelConfig, types: list[str], kinds: dic
         ssm_heads=(heads, head_dim, hf.get("mamba_d_state", 256), groups, hf.get("mamba_d_conv", 4)),
         ssm_conv_bias=bool(hf.get("mamba_conv_bias", True)), ssm_proj_bias=bool(hf.get("mamba_proj_bias", False)),
         ssm_dt_limit=_dt_limit(hf.get("time_step_limit")), ssm_activation=cfg.hidden_act)
+
+
+def _time_step_rank(hf: dict, key: str) -> int:
+    """A Mamba1 config's time-step rank (`key`): "auto" is ceil(hidden_size / 16), as transformers reads it."""
+    rank = hf.get(key, "auto")
+    rank = -(-hf["hidden_size"] // 16) if rank in (None, "auto") else rank
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise ValueError(f"{key} must be a positive integer or auto, got {rank!r}")
+    return rank
+
+
+MAMBA_ARCHITECTURES = ("MambaForCausalLM", "FalconMambaForCausalLM")
+
+
+def mamba_config_from_hf(hf: dict) -> ModelConfig:
+    """Mamba (`MambaForCausalLM`: state-spaces/mamba-130m to 2.8b) and FalconMamba (`FalconMambaForCausalLM`:
+    falcon-mamba-7b): a Mamba1 mixer (ModelConfig.mamba1: intermediate_size (by default expand x hidden_size) inner
+    channels, state_size, time_step_rank, conv_kernel) under a norm in every layer, no attention and no MLP (read as
+    a Nemotron-H of mixer blocks: its tensors have their names); FalconMamba's weightless RMS norms (`mixer_rms_eps`)
+    on dt's, B's and C's inputs. No attention layer: no KV cache, and a length limit of max_position_embeddings where
+    given, else 2048 (as `mamba2_config_from_hf`)."""
+    arch = hf["architectures"][0]
+    if hf.get("quantization_config"):
+        raise ValueError(f"quantized {arch} checkpoints are not supported yet (their Mamba layers' projections are "
+                         f"float only)")
+    act = hf.get("hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        raise ValueError(f"hidden_act {act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
+    layers = hf.get("num_hidden_layers", 32)
+    same = ("architectures", "vocab_size", "hidden_size", "layer_norm_epsilon", "tie_word_embeddings", "dtype",
+            "torch_dtype", "eos_token_id", "bos_token_id")
+    cfg = nemotron_h_config_from_hf({key: hf[key] for key in same if key in hf} | {
+        "hybrid_override_pattern": "M" * layers, "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 64,
+        "intermediate_size": 0, "mamba_num_heads": 1, "mamba_head_dim": 1, "n_groups": 1,
+        "max_position_embeddings": hf.get("max_position_embeddings", 2048)})
+    falcon = arch == "FalconMambaForCausalLM"
+    return dataclasses.replace(
+        cfg, ssm_heads=(), ssm_activation=ACTIVATIONS[act], ssm_conv_bias=bool(hf.get("use_conv_bias", True)),
+        ssm_proj_bias=bool(hf.get("use_bias", False)),
+        mamba1=(hf.get("intermediate_size") or hf.get("expand", 2) * hf["hidden_size"], hf.get("state_size", 16),
+                _time_step_rank(hf, "time_step_rank"), hf.get("conv_kernel", 4)),
+        ssm_bcdt_norm=(False, float(hf.get("mixer_rms_eps", 1e-6))) if falcon else ())
+
+
+def jamba_config_from_hf(hf: dict) -> ModelConfig:
+    """Jamba (`JambaForCausalLM`: Jamba v0.1, 1.5/1.6/1.7 Mini and Large): Mamba1 mixers (ModelConfig.mamba1, with
+    weighted RMS norms on dt's, B's and C's inputs) in every layer but each `attn_layer_period`-th (from
+    `attn_layer_offset`), attention layers without rotary embedding; each `expert_layer_period`-th layer's MLP (from
+    `expert_layer_offset`) a mixture of `num_experts` (softmax top `num_experts_per_tok`, not renormalised), the others
+    a dense MLP, all of intermediate_size."""
+    if hf.get("quantization_config"):
+        raise ValueError("quantized JambaForCausalLM checkpoints are not supported yet (their Mamba layers' "
+                         "projections are float only)")
+    num_layers = hf["num_hidden_layers"]
+    periods = {name: hf.get(name, default) for name, default in (
+        ("attn_layer_period", 8), ("attn_layer_offset", 4), ("expert_layer_period", 2), ("expert_layer_offset", 1))}
+    if not (0 <= periods["attn_layer_offset"] < periods["attn_layer_period"]
+            and 0 <= periods["expert_layer_offset"] < periods["expert_layer_period"]):
+        raise ValueError(f"each layer offset must be below its period, got {periods}")
+    attention = [i % periods["attn_layer_period"] == periods["attn_layer_offset"] for i in range(num_layers)]
+    experts = hf.get("num_experts", 16)
+    expert_layers = [experts > 1 and i % periods["expert_layer_period"] == periods["expert_layer_offset"]
+                     for i in range(num_layers)]
+    cfg = model_config_from_hf(hf | {"sliding_window": None, "layer_types": None})
+    if any(expert_layers):
+        cfg = dataclasses.replace(
+            cfg, num_experts=experts, experts_per_token=hf.get("num_experts_per_tok", 2),
+            moe_intermediate_size=cfg.intermediate_size, dense_intermediate_size=cfg.intermediate_size,
+            intermediate_size=0, dense_mlp_layers=tuple(i for i, moe in enumerate(expert_layers) if not moe))
+    return dataclasses.replace(
+        cfg, rope_layers=(False,) * num_layers, linear_layers=tuple(i for i, a in enumerate(attention) if not a),
+        mamba1=(hf.get("mamba_expand", 2) * cfg.hidden_size, hf.get("mamba_d_state", 16),
+                _time_step_rank(hf, "mamba_dt_rank"), hf.get("mamba_d_conv", 4)),
+        ssm_conv_bias=bool(hf.get("mamba_conv_bias", True)), ssm_proj_bias=bool(hf.get("mamba_proj_bias", False)),
+        ssm_activation=cfg.hidden_act, ssm_bcdt_norm=(True, cfg.rms_norm_eps))
 
 
 def falcon_h1_config_from_hf(hf: dict) -> ModelConfig:

@@ -228,7 +228,7 @@ def _plus(y, delta):
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "expert_gate", "expert_up",
            "expert_down", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_k", "kv_b_v", "ple_gate", "ple_proj", "o_gate",
-           "lin_out", "conv_in", "ssm_in", "moe_latent_in", "moe_latent_out", "lin_fb", "lin_gb")
+           "lin_out", "conv_in", "ssm_in", "moe_latent_in", "moe_latent_out", "lin_fb", "lin_gb", "ssm_x", "ssm_dt")
 
 
 def _linear_inputs(cfg: ModelConfig) -> tuple[str, ...]:
@@ -408,6 +408,8 @@ class DecoderLayers(nnx.Module):
             self._short_conv_params(dtype)
         elif cfg.linear_attention and cfg.ssm_heads:
             self._mamba_params(dtype)
+        elif cfg.linear_attention and cfg.mamba1:
+            self._mamba1_params(dtype)
         elif cfg.linear_attention:
             self._linear_attention_params(dtype)
         elif cfg.latent_attention:
@@ -585,6 +587,32 @@ class DecoderLayers(nnx.Module):
             self.ssm_in_bias = _param((L, H * P + channels + H), dtype, ("layers", "linear"))
             self.lin_out_bias = _param((L, D), dtype, ("layers", "embed"))
 
+    def _mamba1_params(self, dtype) -> None:
+        """A Mamba1 mixer's (ModelConfig.mamba1): the input's projection to x and the gate z (`ssm_in`), the depthwise
+        convolution [width, inner] and its bias, x's projection to dt's input, B and C (`ssm_x`), dt's projection
+        (`ssm_dt`) and bias, A_log [inner, state size] and the skip D (float32, as they are computed), `lin_out`; the
+        norms on dt's, B's and C's inputs where weighted (Jamba's); the in/out projections' biases where
+        `ssm_proj_bias`."""
+        cfg = self.cfg
+        L, D = cfg.num_layers, cfg.hidden_size
+        inner, N, rank, width = cfg.mamba1
+        self.ssm_in = _param((L, D, 2 * inner), dtype, ("layers", "embed", "linear"))
+        self.ssm_conv = _param((L, width, inner), dtype, ("layers", "conv", "linear"))
+        if cfg.ssm_conv_bias:
+            self.ssm_conv_bias = _param((L, inner), dtype, ("layers", "linear"))
+        self.ssm_x = _param((L, inner, rank + 2 * N), dtype, ("layers", "linear", "state"))
+        self.ssm_dt = _param((L, rank, inner), dtype, ("layers", "state", "linear"))
+        self.ssm_dt_bias = _param((L, inner), jnp.float32, ("layers", "linear"))
+        self.ssm_a_log = _param((L, inner, N), jnp.float32, ("layers", "linear", "state"))
+        self.ssm_d = _param((L, inner), jnp.float32, ("layers", "linear"))
+        self.lin_out = _param((L, inner, D), dtype, ("layers", "linear", "embed"))
+        if cfg.ssm_bcdt_norm and cfg.ssm_bcdt_norm[0]:
+            for name, n in (("ssm_dt_norm", rank), ("ssm_b_norm", N), ("ssm_c_norm", N)):
+                setattr(self, name, _param((L, n), dtype, ("layers", "state")))
+        if cfg.ssm_proj_bias:
+            self.ssm_in_bias = _param((L, 2 * inner), dtype, ("layers", "linear"))
+            self.lin_out_bias = _param((L, D), dtype, ("layers", "embed"))
+
     def _latent_attention_params(self, dtype) -> None:
         """Multi-head latent attention's projections (DeepSeek V2/V3; ModelConfig.kv_lora_rank): the queries from the
         hidden state (`q_proj`) or through a normed latent (`q_a_proj`, `q_a_norm`, `q_b_proj`), each head's
@@ -684,6 +712,8 @@ class DecoderLayers(nnx.Module):
             o, kv_cache = self._short_conv(x, kv_cache, layer, weights_layer, batch, live)
         elif cfg.linear_attention and cfg.ssm_heads:
             o, kv_cache = self._mamba(x, kv_cache, layer, weights_layer, batch, live)
+        elif cfg.linear_attention and cfg.mamba1:
+            o, kv_cache = self._mamba1(x, kv_cache, layer, weights_layer, batch, live)
         elif cfg.linear_attention:
             o, kv_cache = self._linear_attention(x, kv_cache, layer, weights_layer, batch, live)
         elif cfg.latent_attention:
@@ -892,6 +922,41 @@ class DecoderLayers(nnx.Module):
         if cfg.ssm_norm == "before_gate":
             y = y * gate
         return y.reshape(T, inner).astype(h.dtype), (conv_state, ssm_state)
+
+    def _mamba1(self, h, state, layer, weights_layer, batch, live):
+        """A Mamba1 mixer over the normed h (transformers' MambaMixer; FalconMamba's and Jamba's with norms on dt's, B's
+        and C's inputs): x convolved (through `ssm_activation`), then per inner channel a [state size] state decayed
+        by exp(dt A) (each state its own rate: layers.linear_attention.recurrence's decay per key row, a channel a
+        value head of one column), written dt x along B, read along C, plus D x; times silu(z). Returns (that [T,
+        inner] before lin_out, the (convolution, recurrent) state with each request's row updated)."""
+        cfg = self.cfg
+        inner, N, rank, _ = cfg.mamba1
+        T = h.shape[0]
+        xz = _normed_dot(h, self.norm("attn_norm"), cfg.rms_norm_eps, self.linear("ssm_in"), 2 * inner, live,
+                         weights_layer)
+        if cfg.ssm_proj_bias:
+            xz = xz + self.ssm_in_bias[...]
+        x, z = jnp.split(xz, 2, -1)
+        conv_state, ssm_state = state
+        fresh = linear_attention.starts_sequence(batch)
+        x, conv_state = linear_attention.causal_conv(
+            x, self.ssm_conv[...], conv_state, layer, batch.state_slots, fresh, batch,
+            ACTIVATIONS[cfg.ssm_activation], self.ssm_conv_bias[...] if cfg.ssm_conv_bias else None)
+        dt, b, c = jnp.split(_dot(x, self.ssm_x[...], rank + 2 * N, live_rows=live, layer=weights_layer),
+                             [rank, rank + N], -1)
+        if cfg.ssm_bcdt_norm:  # Jamba's weighted norms, FalconMamba's weightless ones
+            weighted, eps = cfg.ssm_bcdt_norm
+            dt, b, c = (rms_norm(v, self.norm(name) if weighted else jnp.ones(v.shape[-1], v.dtype), eps)
+                        for v, name in ((dt, "ssm_dt_norm"), (b, "ssm_b_norm"), (c, "ssm_c_norm")))
+        dt = jax.nn.softplus(_dot(dt, self.ssm_dt[...], inner, live_rows=live, layer=weights_layer).astype(jnp.float32)
+                             + self.ssm_dt_bias[...])
+        decay = dt[:, :, None] * -jnp.exp(self.ssm_a_log[...])  # [T, inner, state size]
+        y, ssm_state = linear_attention.recurrence(
+            c.reshape(T, 1, N), b.reshape(T, 1, N), x.reshape(T, inner, 1), decay, dt, ssm_state, layer,
+            batch.state_slots, fresh, batch, linear_attention.native(self.attention_backend, self.one_device),
+            delta=False)
+        y = (y[..., 0] + self.ssm_d[...] * x.astype(jnp.float32)) * jax.nn.silu(z.astype(jnp.float32))
+        return y.astype(h.dtype), (conv_state, ssm_state)
 
     def _latent_attention(self, h, kv_cache, layer, weights_layer, batch, slots, rope, live):
         """Multi-head latent attention (`_latent_attention_params`) absorbed, as vLLM's MLA decodes: each head's
@@ -1306,6 +1371,10 @@ class LlamaForCausalLM(nnx.Module):
         if cfg.ssm_heads:  # Mamba2: its convolution's, each head's [state size, head_dim]
             H, P, N, G, width = cfg.ssm_heads
             return linear_attention.state_shapes(len(cfg.linear_layers), num_rows, (G, H, N, P, width), self.dtype)
+        if cfg.mamba1:  # Mamba1: its convolution's over x, each inner channel's [state size, 1]
+            inner, N, _, width = cfg.mamba1
+            return ((len(cfg.linear_layers), num_rows, width - 1, inner), self.dtype), (
+                (len(cfg.linear_layers), num_rows, inner, N, 1), jnp.float32)
         return linear_attention.state_shapes(len(cfg.linear_layers), num_rows, cfg.linear_heads, self.dtype)
 
     def kv_cache_shape(self, num_pages: int, page_size: int) -> tuple:
@@ -1382,6 +1451,18 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
             per_layer |= {f"conv.{name}.bias": (ours + "_bias", False) for name, ours, _ in parts}
     elif cfg.linear_attention and cfg.ssm_heads:  # Granite 4.0-H's Mamba2 mixers (their convolutions likewise)
         per_layer = _mamba_weight_map(cfg)
+    elif cfg.linear_attention and cfg.mamba1:  # Mamba1 mixers (DecoderLayers._mamba1_params)
+        per_layer = {f"mamba.{name}": ours for name, ours in (
+            ("in_proj.weight", ("ssm_in", True)), ("conv1d.weight", ("ssm_conv", True)),
+            ("x_proj.weight", ("ssm_x", True)), ("dt_proj.weight", ("ssm_dt", True)),
+            ("dt_proj.bias", ("ssm_dt_bias", False)), ("A_log", ("ssm_a_log", False)), ("D", ("ssm_d", False)),
+            ("out_proj.weight", ("lin_out", True)))}
+        if cfg.ssm_conv_bias:
+            per_layer["mamba.conv1d.bias"] = ("ssm_conv_bias", False)
+        if cfg.ssm_proj_bias:
+            per_layer |= {"mamba.in_proj.bias": ("ssm_in_bias", False), "mamba.out_proj.bias": ("lin_out_bias", False)}
+        if cfg.ssm_bcdt_norm and cfg.ssm_bcdt_norm[0]:
+            per_layer |= {f"mamba.{p}_layernorm.weight": (f"ssm_{p}_norm", False) for p in ("dt", "b", "c")}
     elif cfg.linear_attention and cfg.linear_kda:  # Kimi Delta Attention (its q/k/v and their convolutions joined
         # at load: registry._KimiLinearTensors)
         per_layer = {f"self_attn.{name}": ours for name, ours in (

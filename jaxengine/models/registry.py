@@ -7,22 +7,23 @@ import re
 import numpy as np
 
 from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES,
-                                     GRANITE_MOE_ARCHITECTURES, LFM2_ARCHITECTURES, QWEN3_5_ARCHITECTURES,
-                                     QWEN_VL_ARCHITECTURES, ModelConfig, apertus_config_from_hf, arcee_config_from_hf,
-                                     bamba_config_from_hf, cohere_config_from_hf, deepseek_config_from_hf,
-                                     dots1_config_from_hf, ernie4_5_config_from_hf, ernie4_5_moe_config_from_hf,
-                                     exaone4_config_from_hf, exaone_config_from_hf, exaone_moe_config_from_hf,
-                                     falcon_config_from_hf, falcon_h1_config_from_hf, gemma3_language_config_from_hf,
-                                     gemma4_config_from_hf, gemma_config_from_hf, glm4_moe_config_from_hf,
-                                     glm_config_from_hf, gpt2_config_from_hf, gpt_neox_config_from_hf,
-                                     gpt_oss_config_from_hf, gptj_config_from_hf, granite_config_from_hf,
-                                     granite_moe_config_from_hf, granite_moe_hybrid_config_from_hf,
-                                     helium_config_from_hf, hyperclovax_config_from_hf, jais2_config_from_hf,
+                                     GRANITE_MOE_ARCHITECTURES, LFM2_ARCHITECTURES, MAMBA_ARCHITECTURES,
+                                     QWEN3_5_ARCHITECTURES, QWEN_VL_ARCHITECTURES, ModelConfig, apertus_config_from_hf,
+                                     arcee_config_from_hf, bamba_config_from_hf, cohere_config_from_hf,
+                                     deepseek_config_from_hf, dots1_config_from_hf, ernie4_5_config_from_hf,
+                                     ernie4_5_moe_config_from_hf, exaone4_config_from_hf, exaone_config_from_hf,
+                                     exaone_moe_config_from_hf, falcon_config_from_hf, falcon_h1_config_from_hf,
+                                     gemma3_language_config_from_hf, gemma4_config_from_hf, gemma_config_from_hf,
+                                     glm4_moe_config_from_hf, glm_config_from_hf, gpt2_config_from_hf,
+                                     gpt_neox_config_from_hf, gpt_oss_config_from_hf, gptj_config_from_hf,
+                                     granite_config_from_hf, granite_moe_config_from_hf,
+                                     granite_moe_hybrid_config_from_hf, helium_config_from_hf,
+                                     hyperclovax_config_from_hf, jais2_config_from_hf, jamba_config_from_hf,
                                      kimi_linear_config_from_hf, lfm2_config_from_hf, llama4_config_from_hf,
-                                     mamba2_config_from_hf, ministral3_config_from_hf, ministral_config_from_hf,
-                                     mistral3_language_config_from_hf, model_config_from_hf, moe_config_from_hf,
-                                     nemotron_config_from_hf, nemotron_h_config_from_hf, olmo2_config_from_hf,
-                                     olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
+                                     mamba2_config_from_hf, mamba_config_from_hf, ministral3_config_from_hf,
+                                     ministral_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
+                                     moe_config_from_hf, nemotron_config_from_hf, nemotron_h_config_from_hf,
+                                     olmo2_config_from_hf, olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
                                      qwen3_5_config_from_hf, qwen_vl_language_config_from_hf, seed_oss_config_from_hf,
                                      smollm3_config_from_hf, solar_open_config_from_hf, stablelm_config_from_hf,
                                      starcoder2_config_from_hf, vaultgemma_config_from_hf)
@@ -651,6 +652,13 @@ _REGISTRY = {
     # Nemotron-H: Mamba2 mixers, attention, MLP and mixture-of-experts blocks each a layer of their own
     "NemotronHForCausalLM": Architecture(LlamaForCausalLM, nemotron_h_config_from_hf, _nemotron_h_tensor,
                                          split_tensor=_nemotron_h_tensors),
+    # Mamba, FalconMamba: Mamba1 mixer blocks only, under Nemotron-H's names; Jamba: Mamba1 mixers among attention
+    # layers, its names Bamba's but its experts' router
+    **{name: Architecture(LlamaForCausalLM, mamba_config_from_hf, _nemotron_h_tensor, split_tensor=_nemotron_h_tensors)
+       for name in MAMBA_ARCHITECTURES},
+    "JambaForCausalLM": Architecture(LlamaForCausalLM, jamba_config_from_hf, _renaming(
+        ((".feed_forward.router.", ".mlp.gate."), (".feed_forward.", ".mlp."),
+         (".pre_ff_layernorm.", ".post_attention_layernorm.")), (), (("model.final_layernorm.", "model.norm."),))),
     # Mamba2: Nemotron-H's mixer blocks only
     "Mamba2ForCausalLM": Architecture(LlamaForCausalLM, mamba2_config_from_hf, _nemotron_h_tensor,
                                       split_tensor=_nemotron_h_tensors),

@@ -32,6 +32,7 @@ LOGICAL_TO_MESH = {
     "per_layer": None,  # Gemma 4's per-layer inputs' width (replicated; their table is split by vocab)
     "linear": None,  # Gated DeltaNet's projections and convolution (linear attention: one device only)
     "conv": None,  # its convolution's width
+    "state": None,  # Mamba1's state size and time-step rank
 }
 
 
