@@ -91,13 +91,31 @@ struct DeltaShared {
       const float* __restrict gt = g + (t * Hv + h) * (PerKey ? dk : 1);
       for (int64_t a = 0; a < (PerKey ? dk : 1); ++a) decays[a] = std::exp(gt[a]);
       auto decay = [&](int64_t a) { return splat(decays[PerKey ? a : 0]); };
-      v16 p0{}, p1{}, r0{}, r1{};  // the prediction along k: columns 0-15 and 16-31, even rows (p) and odd (r)
-      if (!delta) {
-        for (int64_t a = 0; a < dk; ++a) {
-          const v16 d = decay(a);
-          b[2 * a] = b[2 * a] * d, b[2 * a + 1] = b[2 * a + 1] * d;
+      v16 v0, v1;
+      std::memcpy(&v0, v + (t * Hv + h) * dv + j0, sizeof(v16));
+      std::memcpy(&v1, v + (t * Hv + h) * dv + j0 + 16, sizeof(v16));
+      if (!delta) {  // Mamba's write needs no prediction: decay, write and read in one pass over the block
+        const v16 d0 = v0 * rate, d1 = v1 * rate;
+        v16 o0{}, o1{}, u0{}, u1{};
+        for (int64_t a = 0; a < even; a += 2) {
+          const v16 da = decay(a), db = decay(a + 1);
+          const v16 x0 = b[2 * a] * da + d0 * kt[a], x1 = b[2 * a + 1] * da + d1 * kt[a];
+          const v16 y0 = b[2 * a + 2] * db + d0 * kt[a + 1], y1 = b[2 * a + 3] * db + d1 * kt[a + 1];
+          b[2 * a] = x0, b[2 * a + 1] = x1, b[2 * a + 2] = y0, b[2 * a + 3] = y1;
+          o0 += x0 * qt[a], o1 += x1 * qt[a], u0 += y0 * qt[a + 1], u1 += y1 * qt[a + 1];
         }
-      } else {
+        if (even < dk) {
+          const v16 d = decay(even);
+          const v16 x0 = b[2 * even] * d + d0 * kt[even], x1 = b[2 * even + 1] * d + d1 * kt[even];
+          b[2 * even] = x0, b[2 * even + 1] = x1;
+          o0 += x0 * qt[even], o1 += x1 * qt[even];
+        }
+        const v16 out0 = o0 + u0, out1 = o1 + u1;
+        std::memcpy(out + (t * Hv + h) * dv + j0, &out0, sizeof(v16));
+        std::memcpy(out + (t * Hv + h) * dv + j0 + 16, &out1, sizeof(v16));
+        continue;
+      }
+      v16 p0{}, p1{}, r0{}, r1{};  // the prediction along k: columns 0-15 and 16-31, even rows (p) and odd (r)
       for (int64_t a = 0; a < even; a += 2) {
         const v16 da = decay(a), db = decay(a + 1);
         const v16 x0 = b[2 * a] * da, x1 = b[2 * a + 1] * da;
@@ -111,10 +129,6 @@ struct DeltaShared {
         b[2 * even] = x0, b[2 * even + 1] = x1;
         p0 += x0 * kt[even], p1 += x1 * kt[even];
       }
-      }
-      v16 v0, v1;
-      std::memcpy(&v0, v + (t * Hv + h) * dv + j0, sizeof(v16));
-      std::memcpy(&v1, v + (t * Hv + h) * dv + j0 + 16, sizeof(v16));
       const v16 d0 = (v0 - (p0 + r0)) * rate, d1 = (v1 - (p1 + r1)) * rate;
       v16 o0{}, o1{}, u0{}, u1{};  // the read along q, likewise
       for (int64_t a = 0; a < even; a += 2) {
@@ -145,6 +159,19 @@ struct DeltaShared {
     const float* gt = g + (t * Hv + h) * (PerKey ? dk : 1);
     const float head_decay = std::exp(gt[0]), rate = beta[t * Hv + h];
     float update[kMaxDv], o[kMaxDv];
+    if (!delta) {  // Mamba's write needs no prediction: decay, write and read in one pass over the state
+      for (int64_t j = 0; j < dv; ++j) update[j] = vt[j] * rate, o[j] = 0.0f;
+      for (int64_t a = 0; a < dk; ++a) {
+        float* sa = s + a * dv;
+        const float ka = kt[a], qa = qt[a], decay = PerKey ? std::exp(gt[a]) : head_decay;
+        for (int64_t j = 0; j < dv; ++j) {
+          sa[j] = sa[j] * decay + ka * update[j];
+          o[j] += sa[j] * qa;
+        }
+      }
+      std::memcpy(out + (t * Hv + h) * dv, o, sizeof(float) * dv);
+      return;
+    }
     for (int64_t j = 0; j < dv; ++j) update[j] = 0.0f;
     for (int64_t a = 0; a < dk; ++a) {  // decay, and the state's prediction of v along k
       float* sa = s + a * dv;
@@ -155,7 +182,7 @@ struct DeltaShared {
       }
     }
     for (int64_t j = 0; j < dv; ++j) {
-      update[j] = (vt[j] - (delta ? update[j] : 0.0f)) * rate;
+      update[j] = (vt[j] - update[j]) * rate;
       o[j] = 0.0f;
     }
     for (int64_t a = 0; a < dk; ++a) {  // the correction, and the read along q

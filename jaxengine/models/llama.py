@@ -1108,7 +1108,8 @@ def layer_groups(cfg: ModelConfig) -> tuple[tuple[str, int, ModelConfig], ...]:
     if not (cfg.dense_mlp_layers or cfg.full_attention_heads or cfg.kv_shared_layers or cfg.linear_layers
             or cfg.no_mlp_layers):
         return (("layers", 0, cfg),)
-    runs = []  # [first, count, (dense, its cache, the cache layer it reads or -1), its cache's first layer]
+    runs = []  # [first, count, (its MLP: "" the model's, "dense" or "none"; its cache; the cache layer it reads or
+    # -1), its cache's first layer]
     cached = {}  # each cache's layers so far
     sources = {}  # Gemma 4's shared-KV layers: each kind's last layer before them, in its cache
     shared_from = cfg.num_layers - cfg.kv_shared_layers
