@@ -15,6 +15,7 @@ ATTENTION_BACKENDS = ("auto", "reference", "pallas", "native")  # see jaxengine/
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # see jaxengine/models/loader.py: resolve_dtypes
 # vLLM's names (fp8 is fp8_e4m3: float8 e4m3fn); see LLMEngine._kv_cache_dtype
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
+MAMBA_SSM_CACHE_DTYPES = ("auto", "float32", "bfloat16")
 RUNNERS = ("auto", "generate", "pooling")  # see LLMEngine._runner_type
 # vLLM's names of the quantization methods served (models/quantization.py)
 QUANTIZATION_METHODS = ("compressed-tensors", "gptq", "awq", "fp8", "mxfp4")
@@ -35,6 +36,11 @@ class EngineConfig:
     quantization: str | None = None
     # auto | float32 | bfloat16 | float16 | fp8 (= fp8_e4m3) | fp8_e5m2; auto: see LLMEngine._kv_cache_dtype
     kv_cache_dtype: str = "auto"
+    # As vLLM's --mamba-ssm-cache-dtype: the recurrent state of models with state layers (Mamba, Gated DeltaNet, ...),
+    # auto | float32 | bfloat16; auto: float32 (vLLM's auto is the model's dtype unless the model overrides it, as
+    # it does for Nemotron-H); bfloat16 halves the state's memory and a decode step's traffic through it, rounding it
+    # at each step (computed in float32 either way)
+    mamba_ssm_cache_dtype: str = "auto"
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     block_size: int = 16
     max_num_seqs: int = 64
@@ -97,8 +103,8 @@ class EngineConfig:
                       "tensor_parallel_size", "data_parallel_size", "max_logprobs", "max_loras", "max_lora_rank"),
             optional_integers=("max_model_len", "num_kv_blocks", "max_cpu_loras"),
             finite_reals=("kv_cache_memory_fraction", "kv_cache_gib", "compilation_cache_max_gib"),
-            strings=("dtype", "kv_cache_dtype", "scheduling_policy", "attention_backend", "layer_loop", "runner",
-                     "convert"),
+            strings=("dtype", "kv_cache_dtype", "mamba_ssm_cache_dtype", "scheduling_policy", "attention_backend",
+                     "layer_loop", "runner", "convert"),
             optional_strings=("revision", "reasoning_parser", "quantization"),
             optional_paths=("model", "tokenizer", "download_dir", "compilation_cache_dir", "profiler_dir",
                             "generation_config"))
@@ -146,6 +152,9 @@ class EngineConfig:
                              f"got {self.attention_backend!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.mamba_ssm_cache_dtype not in MAMBA_SSM_CACHE_DTYPES:
+            raise ValueError(f"mamba_ssm_cache_dtype must be one of {', '.join(MAMBA_SSM_CACHE_DTYPES)}, got "
+                             f"{self.mamba_ssm_cache_dtype!r}")
         if self.layer_loop not in LAYER_LOOPS:
             raise ValueError(f"layer_loop must be one of {', '.join(LAYER_LOOPS)}, got {self.layer_loop!r}")
         if self.max_logprobs < 1:

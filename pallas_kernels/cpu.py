@@ -789,8 +789,9 @@ def gated_delta_rule(q, k, v, g, beta, state, layer, cu_q_lens, kv_lens, rows, n
     """Gated DeltaNet's recurrence, or (not `delta`) Mamba2's (cpu_linear_attention.cc; jaxengine/layers/
     linear_attention.recurrence's contract): q, k float32 [T, Hk, dk], v [T, Hv, dv], g (log decay: [T, Hv], or
     [T, Hv, dk]: a decay per key row, Kimi Delta Attention's) and beta [T, Hv]; each request's state row of `state`
-    [L, rows, Hv, dk, dv] (float32) at `layer` updated in place token by token (from zeros where its chunk starts its
-    sequence: kv_lens equal to its chunk's length). Returns (out f32[T, Hv, dv], the state: aliased, donate it)."""
+    [L, rows, Hv, dk, dv] (float32, or bfloat16: computed in float32, rounded as it is stored) at `layer` updated in
+    place token by token (from zeros where its chunk starts its sequence: kv_lens equal to its chunk's length).
+    Returns (out f32[T, Hv, dv], the state: aliased, donate it)."""
     T, Hk, dk = q.shape
     Hv, dv = v.shape[1:]
     if (k.shape != q.shape or v.shape[0] != T or Hv % Hk or state.ndim != 5 or state.shape[2:] != (Hv, dk, dv)
@@ -798,11 +799,11 @@ def gated_delta_rule(q, k, v, g, beta, state, layer, cu_q_lens, kv_lens, rows, n
         raise ValueError(f"gated_delta_rule: q, k [T, Hk, dk], v [T, Hv, dv], g [T, Hv] or [T, Hv, dk], beta [T, Hv] "
                          f"and the state [L, rows, Hv, dk, dv] disagree: {q.shape}, {k.shape}, {v.shape}, {g.shape}, "
                          f"{beta.shape}, {state.shape}")
-    if state.dtype != jnp.float32:
-        raise ValueError(f"gated_delta_rule: the state must be float32, not {state.dtype}")
+    if state.dtype not in (jnp.float32, jnp.bfloat16):
+        raise ValueError(f"gated_delta_rule: the state must be float32 or bfloat16, not {state.dtype}")
     _library()
     call = jax.ffi.ffi_call(_DELTA_TARGET, (jax.ShapeDtypeStruct(v.shape, jnp.float32),
-                                            jax.ShapeDtypeStruct(state.shape, jnp.float32)),
+                                            jax.ShapeDtypeStruct(state.shape, state.dtype)),
                             input_output_aliases={5: 1})
     f32, i32 = (lambda x: jnp.asarray(x, jnp.float32)), (lambda x: jnp.asarray(x, jnp.int32))
     return call(f32(q), f32(k), f32(v), f32(g), f32(beta), state, i32(layer).reshape(1), i32(cu_q_lens),

@@ -8,6 +8,7 @@ import transformers
 
 from jaxengine import SamplingParams
 from jaxengine.compile_counter import assert_no_compiles
+from jaxengine.config import EngineConfig
 from jaxengine.engine.request import Status
 from tests.conftest import ARCHS
 from tests.engine_util import hf_greedy, random_prompts, run_to_completion
@@ -118,6 +119,25 @@ def test_attention_free_model_runs_without_a_kv_cache(engines, model_dirs):
     assert engine.block_manager.num_blocks == 8 * 512 // 16
     with assert_no_compiles("an attention-free model's steps after warm-up"):
         check_greedy(engine, prompts, expected, "mamba2", max_tokens=16)
+
+
+def test_bfloat16_state_rows_decode_as_transformers_within_its_rounding(engines, model_dirs):
+    """mamba_ssm_cache_dtype bfloat16 (vLLM's flag): Mamba2's states held in bfloat16 (rounded as each step stores
+    them, computed in float32; the convolution's state stays in the activations' dtype); every prompt's first token
+    (its chunks' states rounded between them) as transformers' float32 greedy decoding (the rounding's effect on the
+    logits: tests/test_models.py::test_bfloat16_states_stay_within_their_rounding); no compiles after warm-up."""
+    prompts, expected = few_greedy(model_dirs["mamba2"])
+    engine = engines("mamba2", max_num_batched_tokens=32, min_token_bucket=32, mamba_ssm_cache_dtype="bfloat16")
+    conv, recurrent = engine.runner.kv_cache[1]
+    assert recurrent.dtype == jnp.bfloat16 and conv.dtype == jnp.float32
+    with assert_no_compiles("bfloat16 states' steps after warm-up"):
+        finals = run_to_completion(engine, [(f"bf16-{i}", p, SamplingParams(temperature=0, max_tokens=16,
+                                                                            ignore_eos=True))
+                                            for i, p in enumerate(prompts)])
+    assert [finals[f"bf16-{i}"].outputs[0].token_ids[0] for i in range(len(prompts))] == [e[0] for e in expected]
+    assert all(len(finals[f"bf16-{i}"].outputs[0].token_ids) == 16 for i in range(len(prompts)))
+    with pytest.raises(ValueError, match="mamba_ssm_cache_dtype must be one of auto, float32, bfloat16"):
+        EngineConfig(model=str(model_dirs["mamba2"]), mamba_ssm_cache_dtype="float16")
 
 
 def test_parallel_hybrid_model_keeps_kv_cache_and_state_through_preemption(engines, model_dirs):

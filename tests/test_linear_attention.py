@@ -188,3 +188,31 @@ def test_mamba1_recurrence_matches_transformers_state_update_per_sequence(native
         np.testing.assert_allclose(state[layer, row, ..., 0], theirs[0].numpy(), atol=1e-5)
     untouched = [r for r in range(NUM_ROWS - 1) if r not in ROWS]
     np.testing.assert_array_equal(state[layer, untouched], rec_state[layer, untouched])
+
+
+@pytest.mark.skipif(not cpu.available(), reason="the native CPU kernels need a C++ compiler")
+@pytest.mark.parametrize("delta", [True, False])
+def test_bfloat16_state_rows_round_as_xla_rounds_them(inputs, delta):
+    """A bfloat16 state pool (mamba_ssm_cache_dtype bfloat16): each row read into float32, its chunk's tokens run in
+    float32 and the row rounded once as it is stored, in the native kernel (both paths: whole heads, column blocks)
+    as in XLA's form; the outputs those of the float32 recurrence from the rounded rows."""
+    batch, fresh = ragged_batch()
+    layer = 0
+    args = [jnp.asarray(inputs[name]) for name in ("q", "k", "v", "g", "beta")]
+    pool = jnp.asarray(inputs["rec_state"]).astype(jnp.bfloat16)
+    outs = {}
+    for native in (False, True):
+        outs[native] = jax.jit(functools.partial(linear_attention.recurrence, native=native, delta=delta))(
+            *args, pool, jnp.int32(layer), batch.state_slots, fresh, batch)
+    (xla_out, xla_state), (native_out, native_state) = outs[False], outs[True]
+    assert native_state.dtype == xla_state.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(native_out), np.asarray(xla_out), atol=1e-4, rtol=1e-4)
+    # every row but the scratch one (padding requests': XLA's form writes them, the kernel skips them)
+    got, want = (np.asarray(x.astype(jnp.float32))[:, :-1] for x in (native_state, xla_state))
+    np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=1e-6)  # at most an ulp's rounding apart, where the
+    assert (got == want).mean() > 0.99  # float32 values before it straddle a rounding boundary (nearest, ties even)
+    exact, _ = jax.jit(functools.partial(linear_attention.recurrence, delta=delta))(
+        *args, pool.astype(jnp.float32), jnp.int32(layer), batch.state_slots, fresh, batch)
+    np.testing.assert_allclose(np.asarray(xla_out), np.asarray(exact), atol=1e-5)
+    untouched = [r for r in range(NUM_ROWS - 1) if r not in ROWS]
+    np.testing.assert_array_equal(got[layer, untouched], np.asarray(pool.astype(jnp.float32))[layer, untouched])

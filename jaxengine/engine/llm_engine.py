@@ -202,6 +202,7 @@ class LLMEngine:
                                               unstacked=unrolled, native_matmul=True, executables=executables,
                                               long_rope=self._long_rope(config, checkpoint_config))
         model.kv_dtype = self._kv_cache_dtype(config, model)
+        model.state_dtype = jnp.bfloat16 if config.mamba_ssm_cache_dtype == "bfloat16" else jnp.float32
         if warning := scan_warning(config.layer_loop, jax.default_backend(), model.param_dtype, model.native_matmul):
             logger.warning(warning)
         self.tokenizer = tokenizer_loaded.result()

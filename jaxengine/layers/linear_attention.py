@@ -27,12 +27,13 @@ from jaxengine.runner.batch import RaggedBatch
 L2_NORM_EPS = 1e-6  # the queries' and keys' L2 norms' (transformers' and FLA's)
 
 
-def state_shapes(num_layers: int, num_rows: int, heads: tuple, dtype) -> tuple:
+def state_shapes(num_layers: int, num_rows: int, heads: tuple, dtype, state_dtype=jnp.float32) -> tuple:
     """(shape, dtype) of the convolution's state [layers, rows, width - 1, channels] (in the activations' dtype, as
-    its inputs) and of the recurrent state [layers, rows, value heads, key head_dim, value head_dim] (float32)."""
+    its inputs) and of the recurrent state [layers, rows, value heads, key head_dim, value head_dim] (`state_dtype`:
+    float32, or bfloat16 where the engine's mamba_ssm_cache_dtype asks; computed in float32 either way)."""
     num_k, num_v, dk, dv, width = heads
     channels = 2 * num_k * dk + num_v * dv
-    return ((num_layers, num_rows, width - 1, channels), dtype), ((num_layers, num_rows, num_v, dk, dv), jnp.float32)
+    return ((num_layers, num_rows, width - 1, channels), dtype), ((num_layers, num_rows, num_v, dk, dv), state_dtype)
 
 
 def starts_sequence(batch: RaggedBatch):
@@ -128,7 +129,8 @@ def recurrence(q, k, v, g, beta, rec_state, layer, rows, fresh, batch: RaggedBat
     q, k = jnp.repeat(q, repeat, axis=1), jnp.repeat(k, repeat, axis=1)
     step = functools.partial(_step, delta=delta)
     starts, q_lens = batch.cu_q_lens[:-1], batch.cu_q_lens[1:] - batch.cu_q_lens[:-1]
-    states = jnp.where(fresh[:, None, None, None], 0.0, rec_state[layer][rows])  # [R, heads, dk, dv]
+    states = jnp.where(fresh[:, None, None, None], 0.0, rec_state[layer][rows].astype(jnp.float32))  # [R, heads,
+    # dk, dv], in float32 whatever the pool's dtype
     # every request's first token at once
     first = jnp.minimum(starts, T - 1)
     stepped, first_out = jax.vmap(step)(states, q[first], k[first], v[first], g[first], beta[first])
@@ -147,7 +149,7 @@ def recurrence(q, k, v, g, beta, rec_state, layer, rows, fresh, batch: RaggedBat
         return states.at[r].set(state), out.at[t].set(o)
 
     states, out = jax.lax.fori_loop(0, jnp.sum(later, dtype=jnp.int32), one_token, (states, out))
-    return out, rec_state.at[layer, rows].set(states)
+    return out, rec_state.at[layer, rows].set(states.astype(rec_state.dtype))
 
 
 def gated_rms_norm(x, gate, weight, eps: float, activation=jax.nn.silu):

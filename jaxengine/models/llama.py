@@ -1161,6 +1161,8 @@ class LlamaForCausalLM(nnx.Module):
         self.cfg = cfg
         self.dtype = dtype
         self.kv_dtype = dtype  # the KV cache's; the engine may choose another (LLMEngine._kv_cache_dtype)
+        # the state layers' recurrent state's (float32; the engine's mamba_ssm_cache_dtype may make it bfloat16)
+        self.state_dtype = jnp.float32
         self.param_dtype = param_dtype = param_dtype or dtype
         self.attention_backend = attention_backend
         self.embed = _param((cfg.vocab_size, cfg.hidden_size), param_dtype, ("vocab", "embed"))
@@ -1371,12 +1373,14 @@ class LlamaForCausalLM(nnx.Module):
             return (((len(cfg.linear_layers), num_rows, cfg.short_conv_width - 1, cfg.hidden_size), self.dtype),)
         if cfg.ssm_heads:  # Mamba2: its convolution's, each head's [state size, head_dim]
             H, P, N, G, width = cfg.ssm_heads
-            return linear_attention.state_shapes(len(cfg.linear_layers), num_rows, (G, H, N, P, width), self.dtype)
+            return linear_attention.state_shapes(len(cfg.linear_layers), num_rows, (G, H, N, P, width), self.dtype,
+                                                 self.state_dtype)
         if cfg.mamba1:  # Mamba1: its convolution's over x, each inner channel's [state size, 1]
             inner, N, _, width = cfg.mamba1
             return ((len(cfg.linear_layers), num_rows, width - 1, inner), self.dtype), (
-                (len(cfg.linear_layers), num_rows, inner, N, 1), jnp.float32)
-        return linear_attention.state_shapes(len(cfg.linear_layers), num_rows, cfg.linear_heads, self.dtype)
+                (len(cfg.linear_layers), num_rows, inner, N, 1), self.state_dtype)
+        return linear_attention.state_shapes(len(cfg.linear_layers), num_rows, cfg.linear_heads, self.dtype,
+                                             self.state_dtype)
 
     def kv_cache_shape(self, num_pages: int, page_size: int) -> tuple:
         """K/V interleaved on the fourth axis; multi-head latent attention's one row per token there (its latent and
