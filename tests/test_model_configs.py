@@ -26,6 +26,22 @@ GEMMA_2B = dict(  # google/gemma-2b's config.json: the legacy `hidden_act: gelu`
 def read(hf: dict):
     return get_architecture(hf).read_config(hf)
 
+def meta_model(hf: dict, drop: tuple = ()):
+    """transformers' model of the hub config `hf` (its keys but `drop`), built on the meta device (no weights)."""
+    import torch
+
+    name = hf["architectures"][0]
+    config = getattr(transformers, name.replace("ForCausalLM", "Config"))(
+        **{k: v for k, v in hf.items() if k not in ("architectures", "model_type", *drop)})
+    with torch.device("meta"):
+        return getattr(transformers, name)(config)
+
+
+def mamba2_heads(mixer) -> tuple:
+    """A transformers Mamba2 mixer's (heads, head_dim, state size, groups, convolution width): ModelConfig.ssm_heads."""
+    return mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, mixer.n_groups, mixer.conv_kernel_size
+
+
 
 @pytest.mark.parametrize("rope_scaling", [None, {"rope_type": "linear", "factor": 8.0}])
 def test_gemma3_hub_config_gets_transformers_layer_types_and_both_ropes(rope_scaling):
@@ -1094,21 +1110,14 @@ def test_nemotron_h_hub_configs_read_as_transformers_builds_them(hf):
     """Each of our layers a mixer block and the MLP block after it (none where another mixer follows), the Mamba2
     mixers of the shape transformers builds (on the meta device), attention without rotary embedding, the ungated
     MLPs, and Nemotron 3 Nano's experts (DeepSeek V3's router, a shared expert)."""
-    import torch
-
     cfg = read(hf)
-    theirs = transformers.NemotronHConfig(**{k: v for k, v in hf.items()
-                                             if k not in ("architectures", "model_type", "attention_head_dim")})
-    with torch.device("meta"):
-        layers = transformers.NemotronHForCausalLM(theirs).model.layers
+    layers = meta_model(hf, drop=("attention_head_dim",)).model.layers
     kinds = [layer.block_type for layer in layers]
     mixers = [i for i, kind in enumerate(kinds) if kind in ("linear_attention", "full_attention")]
     assert cfg.num_layers == len(mixers) and [m for m, _ in cfg.layer_sources] == mixers
     assert cfg.linear_layers == tuple(j for j, i in enumerate(mixers) if kinds[i] == "linear_attention")
     assert cfg.no_mlp_layers == tuple(j for j, i in enumerate(mixers) if i + 1 >= len(kinds) or i + 1 in mixers)
-    mixer = layers[0].mixer
-    assert cfg.ssm_heads == (mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, mixer.n_groups,
-                             mixer.conv_kernel_size)
+    assert cfg.ssm_heads == mamba2_heads(layers[0].mixer)
     attention = layers[kinds.index("full_attention")].mixer
     assert (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads) == (
         attention.head_dim, attention.q_proj.out_features // attention.head_dim,
@@ -1150,17 +1159,10 @@ BAMBA_9B = dict(
 def test_bamba_hub_config_reads_as_transformers_builds_it():
     """The Mamba2 mixers where transformers puts them and of the shape it builds (on the meta device), attention
     layers rotating half of each head (transformers' hard-wired factor, which the hub's config does not give)."""
-    import torch
-
     cfg = read(BAMBA_9B)
-    theirs = transformers.BambaConfig(**{k: v for k, v in BAMBA_9B.items() if k not in ("architectures",
-                                                                                         "model_type")})
-    with torch.device("meta"):
-        model = transformers.BambaForCausalLM(theirs).model
+    model = meta_model(BAMBA_9B).model
     assert cfg.linear_layers == tuple(i for i, layer in enumerate(model.layers) if layer.block_type != "full_attention")
-    mixer = model.layers[0].mamba
-    assert cfg.ssm_heads == (mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, mixer.n_groups,
-                             mixer.conv_kernel_size)
+    assert cfg.ssm_heads == mamba2_heads(model.layers[0].mamba)
     assert cfg.ssm_conv_bias and not cfg.ssm_proj_bias and cfg.ssm_dt_limit == () and cfg.ssm_activation == "silu"
     assert cfg.rope.rotary_dim(cfg.head_dim) == model.rotary_emb.inv_freq.shape[0] * 2 == 64
     assert cfg.kv_cache_layers == 3 and cfg.gated_mlp and cfg.intermediate_size == 14336
@@ -1177,15 +1179,8 @@ MAMBA_CODESTRAL = dict(
 def test_mamba2_hub_config_reads_as_transformers_builds_it():
     """Mixers only, of the shape transformers builds (on the meta device): no attention layer, no MLP, no KV cache;
     num_heads and head_dim the mixers'; 2048 positions where the config gives no length (vLLM's default)."""
-    import torch
-
     cfg = read(MAMBA_CODESTRAL)
-    theirs = transformers.Mamba2Config(**{k: v for k, v in MAMBA_CODESTRAL.items() if k not in ("architectures",
-                                                                                                 "model_type")})
-    with torch.device("meta"):
-        mixer = transformers.Mamba2ForCausalLM(theirs).backbone.layers[0].mixer
-    assert cfg.ssm_heads == (mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, mixer.n_groups,
-                             mixer.conv_kernel_size)
+    assert cfg.ssm_heads == mamba2_heads(meta_model(MAMBA_CODESTRAL).backbone.layers[0].mixer)
     assert cfg.linear_layers == cfg.no_mlp_layers == tuple(range(64)) and cfg.kv_cache_layers == 0
     assert cfg.ssm_conv_bias and not cfg.ssm_proj_bias and cfg.ssm_activation == "silu"
     assert cfg.max_position_embeddings == 2048 and not cfg.tie_word_embeddings
@@ -1211,15 +1206,9 @@ def test_falcon_h1_hub_config_reads_as_transformers_builds_it():
     """A mixer beside the attention in every layer (the KV cache has every layer, the state too), of the shape
     transformers builds (on the meta device: its inner width mamba_d_ssm, not expand x hidden), no output norm, the
     multipliers kept for the load (the embeddings' and the logits' as the model's own scales)."""
-    import torch
-
     cfg = read(FALCON_H1_05B)
-    theirs = transformers.FalconH1Config(**{k: v for k, v in FALCON_H1_05B.items() if k not in ("architectures",
-                                                                                                 "model_type")})
-    with torch.device("meta"):
-        mixer = transformers.FalconH1ForCausalLM(theirs).model.layers[0].mamba
-    assert cfg.ssm_heads == (mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, mixer.n_groups,
-                             mixer.conv_kernel_size) and mixer.intermediate_size == 1536
+    mixer = meta_model(FALCON_H1_05B).model.layers[0].mamba
+    assert cfg.ssm_heads == mamba2_heads(mixer) and mixer.intermediate_size == 1536
     assert cfg.ssm_parallel and cfg.linear_layers == tuple(range(36)) and cfg.kv_cache_layers == 36
     assert cfg.ssm_norm == "" and cfg.ssm_activation == "silu" and cfg.rope.theta == 1e11
     assert cfg.embed_scale == FALCON_H1_05B["embedding_multiplier"] and cfg.logits_scaling == 1 / 0.0390625
@@ -1249,13 +1238,8 @@ def test_kimi_linear_hub_config_reads_as_transformers_builds_it():
     """The delta attention layers where transformers puts them (the hub's 1-based lists) and of the shape it builds
     (on the meta device), NoPE latent attention scaled by the query head's width, DeepSeek V3's experts after one
     dense layer; another router, or rotary latent attention, refused by name."""
-    import torch
-
     cfg = read(KIMI_LINEAR_48B)
-    theirs = transformers.KimiLinearConfig(**{k: v for k, v in KIMI_LINEAR_48B.items() if k not in ("architectures",
-                                                                                                     "model_type")})
-    with torch.device("meta"):
-        layers = transformers.KimiLinearForCausalLM(theirs).model.layers
+    layers = meta_model(KIMI_LINEAR_48B).model.layers
     kinds = [layer.block_type for layer in layers]
     assert cfg.linear_layers == tuple(i for i, kind in enumerate(kinds) if kind == "linear_attention")
     assert cfg.kv_cache_layers == 7 and cfg.linear_kda and cfg.rope_layers == (False,) * 27
@@ -1296,14 +1280,8 @@ def test_mamba1_hub_configs_read_as_transformers_builds_them(hf):
     """Mamba1 mixers of the shape transformers builds (on the meta device): inner width, state size, time-step rank,
     convolution; FalconMamba's weightless and Jamba's weighted norms on dt, B and C; Jamba's attention every 8th layer
     (NoPE) and experts every other one (not renormalised), Mamba's and FalconMamba's no attention nor KV cache."""
-    import torch
-
     cfg = read(hf)
-    cls = getattr(transformers, hf["architectures"][0])
-    theirs = getattr(transformers, hf["architectures"][0].replace("ForCausalLM", "Config"))(
-        **{k: v for k, v in hf.items() if k not in ("architectures", "model_type")})
-    with torch.device("meta"):
-        model = cls(theirs)
+    model = meta_model(hf)
     layers = (model.model if hasattr(model, "model") else model.backbone).layers
     mixer = next(getattr(layer, "mamba", None) or getattr(layer, "mixer", None) for layer in layers)
     assert cfg.mamba1 == (mixer.intermediate_size, mixer.ssm_state_size, mixer.time_step_rank,

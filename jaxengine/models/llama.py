@@ -1425,13 +1425,21 @@ def hf_weight_map(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
 
 
 def _mamba_weight_map(cfg: ModelConfig) -> dict:
-    """A Mamba2 mixer's tensors (DecoderLayers._mamba_params) under `mamba.*`, as `_layer_weight_map` gives them."""
-    per_layer = {f"mamba.{name}": ours for name, ours in (
-        ("in_proj.weight", ("ssm_in", True)), ("conv1d.weight", ("ssm_conv", True)),
-        ("dt_bias", ("ssm_dt_bias", False)), ("A_log", ("ssm_a_log", False)), ("D", ("ssm_d", False)),
-        ("out_proj.weight", ("lin_out", True)))}
-    if cfg.ssm_norm:
-        per_layer["mamba.norm.weight"] = ("ssm_norm", False)
+    """A Mamba mixer's tensors under `mamba.*`, as `_layer_weight_map` gives them: Mamba2's (DecoderLayers.
+    _mamba_params: each head's time-step bias, the gated norm where it has one) or Mamba1's (`_mamba1_params`: x's
+    and dt's projections, dt's bias, the norms on dt, B and C where weighted)."""
+    names = (("in_proj.weight", ("ssm_in", True)), ("conv1d.weight", ("ssm_conv", True)),
+             ("A_log", ("ssm_a_log", False)), ("D", ("ssm_d", False)), ("out_proj.weight", ("lin_out", True)))
+    if cfg.mamba1:
+        names += (("x_proj.weight", ("ssm_x", True)), ("dt_proj.weight", ("ssm_dt", True)),
+                  ("dt_proj.bias", ("ssm_dt_bias", False)))
+        if cfg.ssm_bcdt_norm and cfg.ssm_bcdt_norm[0]:
+            names += tuple((f"{p}_layernorm.weight", (f"ssm_{p}_norm", False)) for p in ("dt", "b", "c"))
+    else:
+        names += (("dt_bias", ("ssm_dt_bias", False)),)
+        if cfg.ssm_norm:
+            names += (("norm.weight", ("ssm_norm", False)),)
+    per_layer = {f"mamba.{name}": ours for name, ours in names}
     if cfg.ssm_conv_bias:
         per_layer["mamba.conv1d.bias"] = ("ssm_conv_bias", False)
     if cfg.ssm_proj_bias:
@@ -1454,20 +1462,9 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         per_layer = {f"conv.{name}.weight": (ours, t) for name, ours, t in parts}
         if cfg.conv_bias:
             per_layer |= {f"conv.{name}.bias": (ours + "_bias", False) for name, ours, _ in parts}
-    elif cfg.linear_attention and cfg.ssm_heads:  # Granite 4.0-H's Mamba2 mixers (their convolutions likewise)
+    elif cfg.linear_attention and (cfg.ssm_heads or cfg.mamba1):  # Granite 4.0-H's Mamba2 mixers, Mamba1 mixers
+        # (their convolutions likewise)
         per_layer = _mamba_weight_map(cfg)
-    elif cfg.linear_attention and cfg.mamba1:  # Mamba1 mixers (DecoderLayers._mamba1_params)
-        per_layer = {f"mamba.{name}": ours for name, ours in (
-            ("in_proj.weight", ("ssm_in", True)), ("conv1d.weight", ("ssm_conv", True)),
-            ("x_proj.weight", ("ssm_x", True)), ("dt_proj.weight", ("ssm_dt", True)),
-            ("dt_proj.bias", ("ssm_dt_bias", False)), ("A_log", ("ssm_a_log", False)), ("D", ("ssm_d", False)),
-            ("out_proj.weight", ("lin_out", True)))}
-        if cfg.ssm_conv_bias:
-            per_layer["mamba.conv1d.bias"] = ("ssm_conv_bias", False)
-        if cfg.ssm_proj_bias:
-            per_layer |= {"mamba.in_proj.bias": ("ssm_in_bias", False), "mamba.out_proj.bias": ("lin_out_bias", False)}
-        if cfg.ssm_bcdt_norm and cfg.ssm_bcdt_norm[0]:
-            per_layer |= {f"mamba.{p}_layernorm.weight": (f"ssm_{p}_norm", False) for p in ("dt", "b", "c")}
     elif cfg.linear_attention and cfg.linear_kda:  # Kimi Delta Attention (its q/k/v and their convolutions joined
         # at load: registry._KimiLinearTensors)
         per_layer = {f"self_attn.{name}": ours for name, ours in (
