@@ -125,7 +125,7 @@ def test_bfloat16_state_rows_decode_as_transformers_within_its_rounding(engines,
     """mamba_ssm_cache_dtype bfloat16 (vLLM's flag): Mamba2's states held in bfloat16 (rounded as each step stores
     them, computed in float32; the convolution's state stays in the activations' dtype); every prompt's first token
     (its chunks' states rounded between them) as transformers' float32 greedy decoding (the rounding's effect on the
-    logits: tests/test_models.py::test_bfloat16_states_stay_within_their_rounding); no compiles after warm-up."""
+    logits: tests/test_state_models.py::test_bfloat16_states_stay_within_their_rounding); no compiles after warm-up."""
     prompts, expected = few_greedy(model_dirs["mamba2"])
     engine = engines("mamba2", max_num_batched_tokens=32, min_token_bucket=32, mamba_ssm_cache_dtype="bfloat16")
     conv, recurrent = engine.runner.kv_cache[1]
