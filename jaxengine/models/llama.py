@@ -706,8 +706,7 @@ class DecoderLayers(nnx.Module):
             # into the residual first (the attention's joins it below)
             kv_cache, state = kv_cache
             y, state = self._mamba(x, state, layer, weights_layer, batch, live)
-            h = _dot(y, self.lin_out[...], D, residual=h + self.lin_out_bias[...] if cfg.ssm_proj_bias else h,
-                     live_rows=live, layer=weights_layer)
+            h = self._state_output(y, h, live, weights_layer)
         if cfg.linear_attention and cfg.short_conv_width:
             o, kv_cache = self._short_conv(x, kv_cache, layer, weights_layer, batch, live)
         elif cfg.linear_attention and cfg.ssm_heads:
@@ -725,8 +724,7 @@ class DecoderLayers(nnx.Module):
             o = o * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(o.dtype)
         o_delta = _lora_delta(o, lora, "o_proj")
         if cfg.linear_attention:
-            h = _dot(o, self.lin_out[...], D, residual=h + self.lin_out_bias[...] if hasattr(self, "lin_out_bias")
-                     else h, live_rows=live, layer=weights_layer)
+            h = self._state_output(o, h, live, weights_layer)
         elif cfg.sandwich_norms:
             out = _plus(_dot(o, self.linear("o_proj"), D, live_rows=live, layer=weights_layer), o_delta)
             if cfg.o_bias:
@@ -756,6 +754,12 @@ class DecoderLayers(nnx.Module):
         if cfg.layer_scale:  # Gemma 4: the whole residual stream
             h = h * self.layer_scale[...].astype(h.dtype)
         return h, (kv_cache, state) if cfg.ssm_parallel else kv_cache
+
+    def _state_output(self, o, h, live, layer):
+        """h + o @ lin_out (+ its bias where it has one): a state layer's (or Falcon-H1's mixer's) output into the
+        residual."""
+        residual = h + self.lin_out_bias[...] if hasattr(self, "lin_out_bias") else h
+        return _dot(o, self.lin_out[...], self.cfg.hidden_size, residual=residual, live_rows=live, layer=layer)
 
     def _attention(self, h, kv_cache, layer, weights_layer, window, batch, slots, rope, live, lora):
         """(the attention's output [T, heads x head_dim] before o_proj, the KV cache with this step's K/V written) over
