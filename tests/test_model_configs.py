@@ -6,6 +6,7 @@ import pytest
 import transformers
 
 from jaxengine.models.config import model_config_from_hf
+from jaxengine.models.quantization import parse_quantization
 from jaxengine.models.registry import get_architecture
 
 GEMMA3_1B = dict(  # google/gemma-3-1b-it's config.json (transformers 4.x keys)
@@ -849,6 +850,91 @@ def test_ernie_4_5_moe_hub_config_reads_its_expert_layers_as_transformers():
     assert every_other.dense_mlp_layers == tuple(i for i in range(28) if i % 2 == 0)
     with pytest.raises(ValueError, match="use_bias=true"):
         read(ERNIE_4_5_21B_A3B | {"use_bias": True})
+
+
+MINIMAX_M2 = dict(  # MiniMaxAI/MiniMax-M2 (M2.1 and M2.5 have its shape)
+    architectures=["MiniMaxM2ForCausalLM"], model_type="minimax_m2", attn_type_list=[1] * 62, head_dim=128,
+    hidden_act="silu", hidden_size=3072, intermediate_size=1536, max_position_embeddings=196608,
+    mlp_intermediate_size=8192, num_attention_heads=48, num_experts_per_tok=8, num_hidden_layers=62,
+    num_key_value_heads=8, num_local_experts=256, num_mtp_modules=3, qk_norm_type="per_layer", rms_norm_eps=1e-6,
+    rope_theta=5000000, rotary_dim=64, scoring_func="sigmoid", shared_intermediate_size=0, tie_word_embeddings=False,
+    use_mtp=True, use_qk_norm=True, use_routing_bias=True, vocab_size=200064, bos_token_id=200019,
+    eos_token_id=200020, quantization_config=dict(activation_scheme="dynamic", fmt="float8_e4m3fn", quant_method="fp8",
+                                                  weight_block_size=[128, 128],
+                                                  modules_to_not_convert=["gate", "e_score_correction_bias",
+                                                                          "lm_head"]))
+
+
+def test_minimax_m2_hub_config_reads_as_transformers_builds_it():
+    cfg = read(MINIMAX_M2)
+    model = meta_model(MINIMAX_M2 | {"num_hidden_layers": 1}, drop=("quantization_config",))
+    attention = model.model.layers[0].self_attn
+    assert cfg.qk_norm and cfg.qk_norm_whole and attention.q_norm.weight.shape == (cfg.num_heads * cfg.head_dim,)
+    assert cfg.rope.rotary_dim(cfg.head_dim) == 2 * model.model.rotary_emb.inv_freq.shape[0] == 64
+    assert cfg.rope.theta == 5e6 and (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == (62, 48, 8)
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size, cfg.intermediate_size) == \
+        (256, 8, 1536, 0)
+    assert not cfg.dense_mlp_layers and cfg.norm_topk_prob and cfg.router_float32
+    assert cfg.router_scoring == "sigmoid" and cfg.router_correction and not cfg.router_groups
+    assert parse_quantization(MINIMAX_M2)[:3] == ("w8a16_fp8", 128, "fp8")  # its FP8 blocks, routers left in float
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"attn_type_list": [0] + [1] * 61}, "lightning attention"),
+    ({"scoring_func": "softmax"}, "scoring_func='softmax'"),
+    ({"qk_norm_type": "per_head"}, "qk_norm_type='per_head'"),
+    ({"shared_intermediate_size": 1024}, "shared_intermediate_size=1024"),
+    ({"sliding_window": 4096}, "sliding_window=4096"),
+])
+def test_minimax_m2_settings_we_do_not_run_are_refused(change, match):
+    with pytest.raises(ValueError, match=match):
+        read(MINIMAX_M2 | change)
+
+
+HUNYUAN_A13B = dict(  # tencent/Hunyuan-A13B-Instruct (its per-layer lists one value each)
+    architectures=["HunYuanMoEV1ForCausalLM"], model_type="hunyuan_v1_moe", attention_bias=False,
+    attention_head_dim=128, head_dim=128, bos_token_id=1, eos_token_id=127960, eod_token_id=127967,
+    cla_share_factor=2, hidden_act="silu", hidden_size=4096, intermediate_size=3072, max_position_embeddings=32768,
+    moe_intermediate_size=[3072] * 32, moe_layer_num_skipped=0, moe_topk=[8] * 32, num_attention_heads=32,
+    num_experts=64, num_hidden_layers=32, num_key_value_heads=8, num_shared_expert=[1] * 32, rms_norm_eps=1e-5,
+    rope_scaling={"alpha": 1000.0, "beta_fast": 32, "beta_slow": 1, "factor": 1.0, "mscale": 1.0,
+                  "mscale_all_dim": 1.0, "type": "dynamic"},
+    rope_theta=10000.0, tie_word_embeddings=True, use_cla=False, use_mixed_mlp_moe=True, use_qk_norm=True,
+    vocab_size=128167)
+
+
+def test_hunyuan_hub_configs_read_their_alpha_rope_and_experts_as_transformers_builds_them():
+    import numpy as np
+
+    from jaxengine.models.config import rope_inv_freq
+
+    cfg = read(HUNYUAN_A13B)
+    hf = meta_model(HUNYUAN_A13B | {"num_hidden_layers": 1}, drop=("moe_topk", "moe_intermediate_size",
+                                                                    "num_shared_expert"))
+    inv_freq, scaling = rope_inv_freq(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+    rotary = hf.model.rotary_emb  # on the meta device: its frequencies computed again on the CPU
+    assert rotary.rope_type == "ntk_alpha"
+    np.testing.assert_allclose(inv_freq, rotary.compute_ntk_alpha_rope_parameters(hf.config)[0].numpy(), rtol=1e-6)
+    assert scaling == 1.0 and cfg.rope.rope_type == "default"
+    assert cfg.qk_norm and cfg.qk_norm_after_rope and not cfg.qk_norm_whole and cfg.tie_word_embeddings
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size, cfg.intermediate_size) == \
+        (64, 8, 3072, 3072)  # the shared MLP as wide as each expert
+    assert cfg.norm_topk_prob and cfg.router_float32 and cfg.router_scoring == "softmax" and not cfg.router_correction
+    dense = read(HUNYUAN_A13B | {"architectures": ["HunYuanDenseV1ForCausalLM"], "intermediate_size": 14336})
+    assert not dense.num_experts and dense.intermediate_size == 14336 and dense.qk_norm_after_rope
+    assert dense.rope.theta == cfg.rope.theta
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"use_cla": True}, "use_cla=true"),
+    ({"num_shared_expert": [2] * 32}, r"num_shared_expert=\[2, "),
+    ({"moe_topk": [8] * 31 + [4]}, "a value per layer that differs"),
+    ({"moe_intermediate_size": 1536}, "moe_intermediate_size=1536"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope type 'dynamic' is not supported"),
+])
+def test_hunyuan_settings_we_do_not_run_are_refused(change, match):
+    with pytest.raises(ValueError, match=match):
+        read(HUNYUAN_A13B | change)
 
 
 STARCODERBASE_1B = dict(  # bigcode/starcoderbase-1b

@@ -1,6 +1,7 @@
 """Our Flax models against Hugging Face transformers on tiny random checkpoints."""
 
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -245,7 +246,8 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("glm4moe", dict(cls="Dots1ForCausalLM", norm_topk_prob=False, sliding_window=20, use_sliding_window=True,
                      layer_types=["full_attention", "sliding_attention", "full_attention"],
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
-    # Granite, GLM-4-0414, SmolLM3, EXAONE 4, OLMoE, DeepSeek V2, Llama 4 (tiny_models.LIGHT_SPECS)
+    # Granite, GLM-4-0414, SmolLM3, EXAONE 4, OLMoE, DeepSeek V2, GLM-4.7-Flash, ERNIE 4.5 MoE, MiniMax-M2, HunYuan
+    # (dense, MoE), Llama 4 (tiny_models.LIGHT_SPECS)
     ("granite", dict(cls="GraniteForCausalLM")),
     ("glm4", dict(cls="Glm4ForCausalLM")),
     ("smollm3", dict(cls="SmolLM3ForCausalLM")),
@@ -254,6 +256,9 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("deepseekv2", dict(cls="DeepseekV2ForCausalLM")),
     ("glm4moelite", dict(cls="Glm4MoeLiteForCausalLM")),
     ("ernie45moe", dict(cls="Ernie4_5_MoeForCausalLM")),
+    ("minimax_m2", dict(cls="MiniMaxM2ForCausalLM")),
+    ("hunyuan", dict(cls="HunYuanDenseV1ForCausalLM")),
+    ("hunyuanmoe", dict(cls="HunYuanMoEV1ForCausalLM")),
     ("llama4", dict(cls="Llama4ForCausalLM")),
     # Granite 3.x mixtures of experts: with a shared expert, and without (GraniteMoe)
     ("granitemoe", dict(cls="GraniteMoeSharedForCausalLM")),
@@ -395,6 +400,24 @@ def test_exaone_checkpoint_under_its_own_names_matches_transformers(tmp_path, to
     out = tiny_models.make_exaone(tmp_path / "exaone", tokenizer_dir)
     cfg = prefill_matches_transformers(out)
     assert cfg.architecture == "ExaoneForCausalLM" and cfg.num_layers == 2 and cfg.rope.rope_type == "llama3"
+
+
+@pytest.mark.parametrize("architecture, model_type, keys", [
+    # InternLM3: its own keys for the biases (q/k/v's; o_proj's and the MLP's), which transformers reads as Llama's
+    ("InternLM3ForCausalLM", "internlm3", dict(qkv_bias=True, bias=True)),
+    ("IQuestCoderForCausalLM", "iquestcoder", {}),
+])
+def test_llama_checkpoints_under_other_names_match_transformers(tmp_path, tokenizer_dir, architecture, model_type,
+                                                                 keys):
+    """Checkpoints of the Llama layer that name their architecture (and config keys) their own way, as transformers
+    and vLLM run them."""
+    out = tiny_models.make_model("llama", tmp_path / model_type, tokenizer_dir, attention_bias=bool(keys),
+                                 mlp_bias=bool(keys))
+    config = {k: v for k, v in tiny_models.read_config(out).items() if k not in ("attention_bias", "mlp_bias")}
+    (out / "config.json").write_text(json.dumps(config | keys | {"architectures": [architecture],
+                                                                 "model_type": model_type}))
+    cfg = prefill_matches_transformers(out)
+    assert cfg.architecture == architecture and (cfg.qkv_bias, cfg.o_bias, cfg.mlp_bias) == (bool(keys),) * 3
 
 
 @pytest.mark.parametrize("kind", list(tiny_models.QWEN_VL))

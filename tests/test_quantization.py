@@ -679,6 +679,15 @@ def test_gptq_and_awq_configs():
                                                          "ignored_layers": ["lm_head"]}))[:7:6] == ("w8a16_fp8", 0)
     # AutoFP8's static KV cache scheme: K/V scales stored (applied where the KV cache is fp8)
     assert parse_quantization(_config_with(FP8_CONFIG | {"kv_cache_scheme": "static"})).kv_scales
+    # MiniMax-M2's (the hub's): e4m3 under its torch name; "gate" leaves its routers in float, which is no projection
+    # under its (Mixtral's) names, but would be a Llama's gate_proj
+    minimax = FP8_CONFIG | {"fmt": "float8_e4m3fn", "modules_to_not_convert": ["gate", "e_score_correction_bias",
+                                                                           "lm_head"]}
+    assert parse_quantization(_config_with(minimax) | {"num_hidden_layers": 2,
+                                                       "architectures": ["MiniMaxM2ForCausalLM"]})[:3] == (
+        "w8a16_fp8", 128, "fp8")
+    with pytest.raises(ValueError, match=r"modules_to_not_convert \['gate'\] is not supported"):
+        parse_quantization(_config_with(minimax) | {"num_hidden_layers": 2, "architectures": ["LlamaForCausalLM"]})
 
 
 @pytest.mark.parametrize("config, message", [

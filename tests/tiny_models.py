@@ -281,6 +281,23 @@ LIGHT_SPECS = {
         cls="OlmoeForCausalLM", num_attention_heads=4, num_key_value_heads=2, intermediate_size=40, num_experts=6,
         num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # MiniMax-M2: q/k norms over the whole projections, half of each head rotated, the top 2 of 6 experts by a
+    # sigmoid router's scores with its correction bias, renormalised (Mixtral's names in the checkpoint)
+    "minimax_m2": dict(
+        cls="MiniMaxM2ForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=32,
+        num_local_experts=6, num_experts_per_tok=2, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
+    # HunYuan (dense and MoE): per-head q/k norms on the rotated q and k, the rope's base stretched by NTK alpha (the
+    # hub's "dynamic" with an alpha); MoE: the top 2 of 4 experts by a float32 softmax router, renormalised, beside a
+    # shared MLP
+    "hunyuan": dict(
+        cls="HunYuanDenseV1ForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        tie_word_embeddings=True, rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, alpha=50.0,
+                                                       factor=1.0)),
+    "hunyuanmoe": dict(
+        cls="HunYuanMoEV1ForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=32,
+        num_experts=4, moe_topk=2, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, alpha=50.0, factor=1.0)),
     # GraniteMoeShared: Granite's multipliers over the top 2 of 4 experts (softmax of the top logits) beside a shared
     # expert
     "granitemoe": dict(

@@ -60,6 +60,7 @@ class ModelConfig:
     pre_norms: bool = True
     qk_norm_whole: bool = False  # OLMo 2/3: the q and k norms over the whole projection (every head), not per head
     qk_norm_per_head: bool = False  # Cohere, StableLM: each head's q/k norm has weights of its own ([heads x head_dim])
+    qk_norm_after_rope: bool = False  # HunYuan: the per-head q/k norms on the rotated q and k
     # LayerNorm models (Cohere, StarCoder2, Phi, StableLM, GPT-NeoX): every norm takes the mean out too
     # (layers.norms.layer_norm; its epsilon in rms_norm_eps), the input and final norms with biases where norm_bias
     # (q/k norms where qk_norm_bias: Phi's)
@@ -886,6 +887,23 @@ def arcee_config_from_hf(hf: dict) -> ModelConfig:
                                gated_mlp=False)
 
 
+def internlm3_config_from_hf(hf: dict) -> ModelConfig:
+    """InternLM3 (`InternLM3ForCausalLM`: internlm3-8b-instruct): the Llama layer under its own config keys, biases on
+    q/k/v by `qkv_bias` and on o_proj and the MLP by `bias` (vLLM's reading; transformers runs it as Llama where
+    the two agree)."""
+    qkv = bool(hf.get("qkv_bias", hf.get("attention_bias", False)))
+    bias = bool(hf.get("bias", hf.get("mlp_bias", False)))
+    return dataclasses.replace(model_config_from_hf(hf, qkv_bias=qkv, o_bias=bias), mlp_bias=bias)
+
+
+def iquestcoder_config_from_hf(hf: dict) -> ModelConfig:
+    """IQuest-Coder (`IQuestCoderForCausalLM`): the Llama layer; transformers' clamped q/k/v (`clip_qkv`) and sliding
+    windows are refused, as transformers refuses them."""
+    if hf.get("clip_qkv") is not None or hf.get("use_sliding_window"):
+        raise ValueError("clip_qkv and use_sliding_window are not supported for IQuestCoderForCausalLM")
+    return model_config_from_hf(hf)
+
+
 def seed_oss_config_from_hf(hf: dict) -> ModelConfig:
     """Seed-OSS: the Llama layer, q/k/v biases by `attention_bias` (default on), o_proj's by `attention_out_bias`."""
     hf = hf | {"attention_bias": hf.get("attention_bias", True)}
@@ -1479,6 +1497,95 @@ def olmoe_config_from_hf(hf: dict) -> ModelConfig:
     return dataclasses.replace(cfg, qk_norm_whole=True, num_experts=hf["num_experts"],
                                experts_per_token=hf["num_experts_per_tok"], moe_intermediate_size=cfg.intermediate_size,
                                intermediate_size=0, norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
+
+
+def minimax_m2_config_from_hf(hf: dict) -> ModelConfig:
+    """MiniMax-M2 (`MiniMaxM2ForCausalLM`: M2, M2.1, M2.5): the Llama layer with q/k norms over the whole projections
+    (`qk_norm_type` per_layer), a partial rotary embedding (`rotary_dim` of each head), and a mixture of experts in
+    every layer: sigmoid scores of a float32 router, the top `num_experts_per_tok` chosen with a correction bias
+    (`use_routing_bias`), their weights renormalised; no shared expert. Its config is read through transformers'
+    MiniMaxM2Config (the hub's rotary_dim as the rope's partial_rotary_factor). MiniMax-Text-01's lightning attention
+    (`attn_type_list` 0), sliding windows, shared experts and other scorers are refused; the MTP modules (layers
+    past num_hidden_layers) are not loaded."""
+    import transformers
+
+    full = transformers.MiniMaxM2Config(**{k: v for k, v in hf.items() if k != "architectures"}).to_dict()
+    full["architectures"] = hf["architectures"]
+    layers = full["num_hidden_layers"]
+    kinds = full.get("attn_type_list")
+    if kinds is not None and list(kinds) != [1] * layers:
+        raise ValueError(f"attn_type_list={kinds!r} is not supported: every layer full attention (1); lightning "
+                         f"attention (0, MiniMax-Text-01's) is not served")
+    refused = {"qk_norm_type": (full.get("qk_norm_type", "per_layer"), ("per_layer",)),
+               "scoring_func": (full.get("scoring_func", "sigmoid"), ("sigmoid",)),
+               "shared_intermediate_size": (full.get("shared_intermediate_size") or 0, (0,)),
+               "routed_scaling_factor": (full.get("routed_scaling_factor", 1.0), (1, 1.0)),
+               "sliding_window": (full.get("sliding_window"), (None,)),
+               "attn_window_size": (full.get("attn_window_size"), (None,))}
+    refused |= {name: (full.get(name, 1.0), (1, 1.0)) for name in (
+        "layernorm_full_attention_beta", "layernorm_linear_attention_beta", "layernorm_mlp_beta")}
+    for name, (value, served) in refused.items():
+        if value not in served:
+            raise ValueError(f"{name}={value!r} is not supported for MiniMaxM2ForCausalLM; supported: "
+                             f"{', '.join(map(repr, served))}")
+    qk_norm = bool(full.get("use_qk_norm", True))
+    cfg = model_config_from_hf(full, qk_norm=qk_norm)
+    return dataclasses.replace(
+        cfg, qk_norm_whole=qk_norm, num_experts=full["num_local_experts"],
+        experts_per_token=full["num_experts_per_tok"], moe_intermediate_size=cfg.intermediate_size,
+        intermediate_size=0, norm_topk_prob=True, router_scoring="sigmoid", router_float32=True,
+        router_correction=bool(full.get("use_routing_bias", True)))
+
+
+HUNYUAN_ARCHITECTURES = ("HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM")
+
+
+def _uniform(hf: dict, name: str, layers: int):
+    """Config key `name` given as one value or as one per layer (HunYuan's lists): the value, which every layer must
+    share."""
+    value = hf[name]
+    if isinstance(value, list):
+        if len(value) != layers or len(set(value)) != 1:
+            raise ValueError(f"{name}={value!r}: a value per layer that differs between layers is not supported")
+        value = value[0]
+    return value
+
+
+def hunyuan_config_from_hf(hf: dict) -> ModelConfig:
+    """HunYuan (`HunYuanDenseV1ForCausalLM`: Hunyuan-0.5B..7B; `HunYuanMoEV1ForCausalLM`: Hunyuan-A13B): the Llama
+    layer with per-head q/k norms on the rotated q and k (`query_layernorm`, `key_layernorm`), its rope's base
+    stretched by a fixed NTK `alpha` (the hub's rope type "dynamic" with an alpha: theta alpha^(d / (d - 2)) for
+    head_dim d, as transformers computes it; "dynamic" without one is refused). MoE: in every layer the top `moe_topk`
+    of `num_experts` experts by the softmax of a float32 router, renormalised, beside one shared MLP (its config's
+    per-layer lists must hold one value; experts and the shared MLP of `intermediate_size`, as transformers builds
+    them). Cross-layer attention (`use_cla`), skipped MoE layers and other shared-expert counts are refused."""
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    kind = params.get("rope_type") or params.get("type")
+    if kind == "dynamic" and params.get("alpha"):
+        head_dim = hf.get("head_dim") or hf.get("attention_head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+        theta = params.get("rope_theta") or hf.get("rope_theta") or 10000.0
+        hf = hf | {"rope_parameters": {"rope_type": "default",
+                                       "rope_theta": theta * params["alpha"] ** (head_dim / (head_dim - 2))},
+                   "rope_scaling": None}
+    if hf.get("use_cla"):
+        raise ValueError("use_cla=true (cross-layer attention: K/V shared between layers) is not supported")
+    if hf.get("head_dim") is None and hf.get("attention_head_dim"):
+        hf = hf | {"head_dim": hf["attention_head_dim"]}
+    cfg = dataclasses.replace(model_config_from_hf(hf, qk_norm=bool(hf.get("use_qk_norm", True))),
+                              qk_norm_after_rope=True)
+    if hf["architectures"][0] == "HunYuanDenseV1ForCausalLM":
+        return cfg
+    layers = cfg.num_layers
+    checks = {"num_shared_expert": (1,), "use_mixed_mlp_moe": (True,), "moe_layer_num_skipped": (0,)}
+    for name, served in checks.items():
+        if name in hf and _uniform(hf, name, layers) not in served:
+            raise ValueError(f"{name}={hf[name]!r} is not supported; supported: {served[0]!r}")
+    if "moe_intermediate_size" in hf and _uniform(hf, "moe_intermediate_size", layers) != cfg.intermediate_size:
+        raise ValueError(f"moe_intermediate_size={hf['moe_intermediate_size']!r} is not supported: the experts are "
+                         f"intermediate_size={cfg.intermediate_size} wide (as transformers builds them)")
+    return dataclasses.replace(
+        cfg, num_experts=_uniform(hf, "num_experts", layers), experts_per_token=_uniform(hf, "moe_topk", layers),
+        moe_intermediate_size=cfg.intermediate_size, norm_topk_prob=True, router_float32=True)
 
 
 def glm4_moe_config_from_hf(hf: dict) -> ModelConfig:

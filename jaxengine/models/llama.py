@@ -772,7 +772,9 @@ class DecoderLayers(nnx.Module):
         if cfg.kv_source >= 0:  # Gemma 4's shared-KV layers: queries over an earlier layer's K/V, nothing written
             q = _normed_dot(h, self.norm("attn_norm"), eps, self.linear("q_proj"), q_width, live, weights_layer)
             q = (q + self.q_bias[...] if cfg.qkv_bias else q).reshape(T, cfg.num_heads, cfg.head_dim)
-            q = apply_rope(self.head_norm(q, "q_norm") if cfg.qk_norm else q, *rope)
+            q = self.head_norm(q, "q_norm") if cfg.qk_norm and not cfg.qk_norm_after_rope else q
+            q = apply_rope(q, *rope)
+            q = self.head_norm(q, "q_norm") if cfg.qk_norm and cfg.qk_norm_after_rope else q
             o = attention(q, kv_cache, jnp.int32(cfg.kv_source), batch, sm_scale=cfg.sm_scale, sliding_window=window,
                           soft_cap=cfg.attn_logit_softcap, backend=self.attention_backend)
             return o.reshape(T, -1), kv_cache
@@ -814,11 +816,14 @@ class DecoderLayers(nnx.Module):
             q = q.reshape(T, cfg.num_heads, cfg.head_dim)
             k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
             v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
-            if cfg.qk_norm and not cfg.qk_norm_whole:
+            head_norms = cfg.qk_norm and not cfg.qk_norm_whole
+            if head_norms and not cfg.qk_norm_after_rope:
                 q, k = self.head_norm(q, "q_norm"), self.head_norm(k, "k_norm")
             if cfg.v_norm:
                 v = rms_norm(v, None, eps)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            if head_norms and cfg.qk_norm_after_rope:  # HunYuan: on the rotated q and k
+                q, k = self.head_norm(q, "q_norm"), self.head_norm(k, "k_norm")
             if cfg.qk_l2_norm:  # Llama 4: after the rotation, in the rotating layers
                 q, k = (_where_rotating(cfg, layer, rms_norm(x, None, eps), x) for x in (q, k))
             kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=backend, scales=scales,
@@ -1545,7 +1550,7 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         per_layer |= {router: ("router", True)} | {
             f"{moe}.experts.{p}_proj": (f"expert_{p}", False) for p in ("gate", "up", "down")}
     elif cfg.num_experts:
-        mixtral = cfg.architecture == "MixtralForCausalLM"
+        mixtral = cfg.architecture in ("MixtralForCausalLM", "MiniMaxM2ForCausalLM")  # experts' w1, w3, w2
         moe = "block_sparse_moe" if mixtral else "mlp"
         per_layer[f"{moe}.gate.weight"] = ("router", True)
         if cfg.router_correction:

@@ -247,7 +247,7 @@ def _fp8(q: dict, hf: dict) -> Quantized:
     block of `weight_block_size` [out, in] (`weight_scale_inv`), every decoder projection quantized. The
     activations stay in float (weights-only FP8, as vLLM's CPU build runs such checkpoints): a dynamic activation
     scheme computes nothing else; a static one's `input_scale`s are checked and not applied."""
-    if q.get("fmt", "e4m3") != "e4m3":
+    if q.get("fmt", "e4m3") not in ("e4m3", "float8_e4m3fn"):  # DeepSeek's name for it; MiniMax-M2's
         raise ValueError(f"quantization_config.fmt={q['fmt']!r} is not supported (fp8 takes e4m3)")
     scheme = q.get("activation_scheme")
     if scheme not in ("dynamic", "static"):
@@ -290,10 +290,14 @@ def _check_fp8_activations(args: dict | None, where: str) -> None:
 
 def _check_converted(modules, field: str, hf: dict) -> None:
     """A config's list of modules left in float (AWQ's modules_to_not_convert, FP8's ignored_layers: names matched
-    as substrings of a layer's, as vLLM matches them) may name none of the decoder layers' projections."""
+    as substrings of a layer's, as vLLM matches them) may name none of the decoder layers' projections (under the
+    checkpoint's names: Mixtral's and MiniMax-M2's experts are `block_sparse_moe.experts.N.w1`, ..., so that
+    MiniMax-M2's "gate" names its router only)."""
+    mlp = (("block_sparse_moe.experts.0", ("w1", "w2", "w3"))
+           if (hf.get("architectures") or [None])[0] in ("MixtralForCausalLM", "MiniMaxM2ForCausalLM")
+           else ("mlp", ("gate_proj", "up_proj", "down_proj", "gate_up_proj")))
     projections = [f"model.layers.{i}.{block}.{p}" for i in range(hf.get("num_hidden_layers", 0))
-                   for block, parts in (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")),
-                                        ("mlp", ("gate_proj", "up_proj", "down_proj", "gate_up_proj")))
+                   for block, parts in (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")), mlp)
                    for p in parts]
     left = [module for module in modules or [] if any(module in projection for projection in projections)]
     if left:
