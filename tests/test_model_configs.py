@@ -937,6 +937,19 @@ def test_hunyuan_settings_we_do_not_run_are_refused(change, match):
         read(HUNYUAN_A13B | change)
 
 
+def test_hy3_config_reads_its_dense_first_layer_and_scaled_router():
+    """tencent/Hy3-preview's shape (transformers' HYV3Config defaults, as its documentation gives them)."""
+    hf = transformers.HYV3Config().to_dict() | {"architectures": ["HYV3ForCausalLM"]}
+    cfg = read(hf)
+    assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (80, 64, 8, 128)
+    assert cfg.qk_norm and not cfg.qk_norm_whole and cfg.dense_mlp_layers == (0,)
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size, cfg.intermediate_size,
+            cfg.dense_intermediate_size) == (192, 8, 1536, 1536, 13312)
+    assert cfg.router_scoring == "sigmoid" and cfg.router_correction and cfg.norm_topk_prob and not cfg.router_groups
+    assert cfg.routed_scaling == 2.826 and cfg.router_float32
+    assert read(hf | {"mlp_layer_types": ["sparse"] * 80}).dense_mlp_layers == ()
+
+
 STARCODERBASE_1B = dict(  # bigcode/starcoderbase-1b
     architectures=["GPTBigCodeForCausalLM"], model_type="gpt_bigcode", n_embd=2048, n_head=16, n_layer=24,
     n_positions=8192, n_inner=8192, activation_function="gelu_pytorch_tanh", layer_norm_epsilon=1e-5,

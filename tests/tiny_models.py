@@ -298,6 +298,13 @@ LIGHT_SPECS = {
         cls="HunYuanMoEV1ForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=32,
         num_experts=4, moe_topk=2, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, alpha=50.0, factor=1.0)),
+    # Hy3: per-head q/k norms, a dense first layer, then the top 2 of 6 experts by sigmoid scores chosen with their
+    # correction bias, renormalised, times 2.8, beside a shared expert
+    "hy_v3": dict(
+        cls="HYV3ForCausalLM", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        moe_intermediate_size=32, num_experts=6, num_experts_per_tok=2, num_shared_experts=1,
+        router_scaling_factor=2.8, tie_word_embeddings=False, rope_parameters=dict(rope_type="default",
+                                                                                   rope_theta=10000.0)),
     # GraniteMoeShared: Granite's multipliers over the top 2 of 4 experts (softmax of the top logits) beside a shared
     # expert
     "granitemoe": dict(

@@ -1613,6 +1613,24 @@ def solar_open_config_from_hf(hf: dict) -> ModelConfig:
     return _deepseek_experts(hf, model_config_from_hf(hf, o_bias=False), first_dense=0, renormalize=True)
 
 
+def hy_v3_config_from_hf(hf: dict) -> ModelConfig:
+    """Hy3 (`HYV3ForCausalLM`: tencent/Hy3-preview): the Llama layer with per-head q/k norms (Apertus's attention),
+    dense MLPs in the layers `mlp_layer_types` calls dense (by default the first) and in the others DeepSeek V3's
+    mixture of experts without groups: sigmoid scores of a float32 router, the top `num_experts_per_tok` chosen with
+    a correction bias (`expert_bias`), renormalised, times `router_scaling_factor`, beside `num_shared_experts`
+    shared ones. Its config is read through transformers' HYV3Config; the MTP layers (past num_hidden_layers) are
+    not loaded."""
+    import transformers
+
+    full = transformers.HYV3Config(**{k: v for k, v in hf.items() if k != "architectures"}).to_dict()
+    full["architectures"] = hf["architectures"]
+    cfg = model_config_from_hf(full, qk_norm=True)
+    return _deepseek_experts(full | {"n_routed_experts": full["num_experts"], "n_group": 1, "topk_group": 1,
+                                     "n_shared_experts": full["num_shared_experts"], "norm_topk_prob": True,
+                                     "routed_scaling_factor": full["router_scaling_factor"]},
+                             cfg, first_dense=1, renormalize=True)
+
+
 def exaone_moe_config_from_hf(hf: dict) -> ModelConfig:
     """EXAONE MoE (`ExaoneMoeForCausalLM`: K-EXAONE): EXAONE 4's attention (per-head q/k norms; sliding-window layers by
     `layer_types` or `sliding_window_pattern`, the full-attention ones then without rotary embedding) under norms on

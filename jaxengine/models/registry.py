@@ -18,13 +18,14 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES,
                                      gpt2_config_from_hf, gpt_neox_config_from_hf, gpt_oss_config_from_hf,
                                      gptj_config_from_hf, granite_config_from_hf, granite_moe_config_from_hf,
                                      granite_moe_hybrid_config_from_hf, helium_config_from_hf, hunyuan_config_from_hf,
-                                     hyperclovax_config_from_hf, internlm3_config_from_hf, iquestcoder_config_from_hf,
-                                     jais2_config_from_hf, jamba_config_from_hf, kimi_linear_config_from_hf,
-                                     lfm2_config_from_hf, llama4_config_from_hf, mamba2_config_from_hf,
-                                     mamba_config_from_hf, minimax_m2_config_from_hf, ministral3_config_from_hf,
-                                     ministral_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
-                                     moe_config_from_hf, nemotron_config_from_hf, nemotron_h_config_from_hf,
-                                     olmo2_config_from_hf, olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
+                                     hy_v3_config_from_hf, hyperclovax_config_from_hf, internlm3_config_from_hf,
+                                     iquestcoder_config_from_hf, jais2_config_from_hf, jamba_config_from_hf,
+                                     kimi_linear_config_from_hf, lfm2_config_from_hf, llama4_config_from_hf,
+                                     mamba2_config_from_hf, mamba_config_from_hf, minimax_m2_config_from_hf,
+                                     ministral3_config_from_hf, ministral_config_from_hf,
+                                     mistral3_language_config_from_hf, model_config_from_hf, moe_config_from_hf,
+                                     nemotron_config_from_hf, nemotron_h_config_from_hf, olmo2_config_from_hf,
+                                     olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
                                      qwen3_5_config_from_hf, qwen_vl_language_config_from_hf, seed_oss_config_from_hf,
                                      smollm3_config_from_hf, solar_open_config_from_hf, stablelm_config_from_hf,
                                      starcoder2_config_from_hf, vaultgemma_config_from_hf)
@@ -633,6 +634,10 @@ _REGISTRY = {
         ((".self_attn.query_layernorm.", ".self_attn.q_norm."), (".self_attn.key_layernorm.", ".self_attn.k_norm."),
          (".mlp.gate.wg.", ".mlp.gate."), (".mlp.shared_mlp.", ".mlp.shared_experts."))))
        for name in HUNYUAN_ARCHITECTURES},
+    # Hy3: its router's, correction bias' and shared experts' names; MTP layers skipped
+    "HYV3ForCausalLM": Architecture(LlamaForCausalLM, hy_v3_config_from_hf, _renaming(
+        ((".mlp.router.gate.", ".mlp.gate."), (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"),
+         (".mlp.shared_mlp.", ".mlp.shared_experts."))), split_tensor=_without_mtp_layers),
     # MiniMax-M2: Mixtral's names, its correction bias beside its router; MTP modules skipped
     "MiniMaxM2ForCausalLM": Architecture(LlamaForCausalLM, minimax_m2_config_from_hf, _renaming(
         ((".block_sparse_moe.e_score_correction_bias", ".block_sparse_moe.gate.e_score_correction_bias"),)),
