@@ -292,12 +292,12 @@ def test_kv_cache_dtype_follows_the_weights_on_cpu_and_refuses_what_cannot_run(e
     tests/test_models.py. A reduced-precision cache the CPU path cannot run is refused before anything starts."""
     from jaxengine import LLMEngine
     from jaxengine.config import EngineConfig
-    from jaxengine.models.loader import native_matmul_applies
+    from pallas_kernels import cpu
 
     f32 = engines("llama")
     assert f32.runner.kv_cache.dtype == jnp.float32
-    engine = engines("llama", dtype="bfloat16")
-    native = native_matmul_applies()
+    engine = engines("llama", dtype="bfloat16")  # bfloat16 weights (the native matmul's where it runs, else XLA's)
+    native = cpu.available()  # the native attention
     assert engine.runner.kv_cache.dtype == (jnp.bfloat16 if native else jnp.float32)
     assert engine.block_manager.num_blocks // (2 if native else 1) == f32.block_manager.num_blocks
     prompts = random_prompts(engine.model_config.vocab_size, (5, 40, 90), seed=11)

@@ -515,8 +515,9 @@ def test_lora_adapter_over_int8_layers(engines, model_dirs, quantized, lora_adap
     ours = np.array([entry[t].logprob for entry, t in zip(out.prompt_logprobs[1:], PROMPT[1:])])
     ref = reference_logprobs(model, PROMPT)
     error = np.abs(ours - ref)
-    if dtype == "float32":
-        assert error.max() < 2e-3
+    if dtype == "float32":  # most positions exact; an activation's int8 rounding may flip at a near tie where the
+        # float32 sums before it run in another order (seen on an AVX2 CPU: three positions 4e-3 to 1.3e-2 off)
+        assert np.median(error) < 1e-4 and error.max() < 0.03, error
     else:  # bfloat16's precision, as tests/test_lora.py's native bfloat16 test bounds it
         assert np.median(error) < 0.05 and error.max() < 0.3, error
     effect = np.abs(ref - reference_logprobs(emulated(model_dirs["llama"], quantized["llama"]), PROMPT))
