@@ -950,6 +950,18 @@ def test_hy3_config_reads_its_dense_first_layer_and_scaled_router():
     assert read(hf | {"mlp_layer_types": ["sparse"] * 80}).dense_mlp_layers == ()
 
 
+def test_afmoe_config_rotates_its_sliding_layers_only_and_routes_as_deepseek_v3():
+    """Arcee Trinity's shape (transformers' AfmoeConfig defaults): every fourth layer full attention, unrotated."""
+    cfg = read(transformers.AfmoeConfig(mup_enabled=True).to_dict() | {"architectures": ["AfmoeForCausalLM"]})
+    assert cfg.rope_layers == tuple(bool((i + 1) % 4) for i in range(32))
+    assert cfg.sliding_windows == tuple(1024 if (i + 1) % 4 else 0 for i in range(32))
+    assert cfg.qk_norm and cfg.attn_output_gate and cfg.sandwich_norms and cfg.pre_norms
+    assert cfg.embed_scale == 2048 ** 0.5 and cfg.dense_mlp_layers == (0,)
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.intermediate_size, cfg.dense_intermediate_size) == \
+        (64, 6, 2 * 1408, 6144)
+    assert cfg.router_scoring == "sigmoid" and cfg.router_correction and cfg.norm_topk_prob and cfg.routed_scaling == 1
+
+
 STARCODERBASE_1B = dict(  # bigcode/starcoderbase-1b
     architectures=["GPTBigCodeForCausalLM"], model_type="gpt_bigcode", n_embd=2048, n_head=16, n_layer=24,
     n_positions=8192, n_inner=8192, activation_function="gelu_pytorch_tanh", layer_norm_epsilon=1e-5,

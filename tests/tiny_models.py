@@ -305,6 +305,14 @@ LIGHT_SPECS = {
         moe_intermediate_size=32, num_experts=6, num_experts_per_tok=2, num_shared_experts=1,
         router_scaling_factor=2.8, tie_word_embeddings=False, rope_parameters=dict(rope_type="default",
                                                                                    rope_theta=10000.0)),
+    # AFMoE (Arcee Trinity): a dense first layer, then the top 2 of 6 experts by sigmoid scores with their bias,
+    # renormalised, times 1.5, beside a shared expert; a sliding-window layer that rotates before a full-attention
+    # one that does not, per-head q/k norms, gated head outputs, norms around both blocks, muP embeddings
+    "afmoe": dict(
+        cls="AfmoeForCausalLM", num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        moe_intermediate_size=32, num_experts=6, num_experts_per_tok=2, num_shared_experts=1, num_dense_layers=1,
+        route_scale=1.5, global_attn_every_n_layers=2, sliding_window=20, mup_enabled=True,
+        tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     # GraniteMoeShared: Granite's multipliers over the top 2 of 4 experts (softmax of the top logits) beside a shared
     # expert
     "granitemoe": dict(

@@ -1631,6 +1631,30 @@ def hy_v3_config_from_hf(hf: dict) -> ModelConfig:
                              cfg, first_dense=1, renormalize=True)
 
 
+def afmoe_config_from_hf(hf: dict) -> ModelConfig:
+    """AFMoE (`AfmoeForCausalLM`: Arcee's Trinity): per-head q/k norms, each head's output gated elementwise by
+    sigmoid(x @ its gate_proj), rotation in the sliding-window layers only (`layer_types`, by default every
+    `global_attn_every_n_layers`-th layer full attention, without rotation), norms on the attention's and the MLP's
+    inputs and outputs, the embeddings times sqrt(hidden_size) where `mup_enabled`; dense MLPs in the first
+    `num_dense_layers` layers, then DeepSeek V3's ungrouped router (sigmoid scores chosen with a correction bias,
+    renormalised, times `route_scale`) beside `num_shared_experts` shared experts. Read through transformers'
+    AfmoeConfig."""
+    import transformers
+
+    full = transformers.AfmoeConfig(**{k: v for k, v in hf.items() if k != "architectures"}).to_dict()
+    full["architectures"] = hf["architectures"]
+    cfg = model_config_from_hf(full, qk_norm=True)
+    rotating = tuple(w > 0 for w in cfg.sliding_windows)
+    cfg = dataclasses.replace(cfg, sandwich_norms=True, attn_output_gate=True,
+                              rope_layers=() if all(rotating) else rotating,
+                              embed_scale=cfg.hidden_size ** 0.5 if full.get("mup_enabled") else None)
+    return _deepseek_experts(full | {"n_routed_experts": full["num_experts"], "n_group": 1, "topk_group": 1,
+                                     "n_shared_experts": full["num_shared_experts"], "norm_topk_prob": True,
+                                     "routed_scaling_factor": full["route_scale"],
+                                     "first_k_dense_replace": full["num_dense_layers"]},
+                             cfg, first_dense=1, renormalize=True)
+
+
 def exaone_moe_config_from_hf(hf: dict) -> ModelConfig:
     """EXAONE MoE (`ExaoneMoeForCausalLM`: K-EXAONE): EXAONE 4's attention (per-head q/k norms; sliding-window layers by
     `layer_types` or `sliding_window_pattern`, the full-attention ones then without rotary embedding) under norms on
