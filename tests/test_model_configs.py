@@ -962,6 +962,22 @@ def test_afmoe_config_rotates_its_sliding_layers_only_and_routes_as_deepseek_v3(
     assert cfg.router_scoring == "sigmoid" and cfg.router_correction and cfg.norm_topk_prob and cfg.routed_scaling == 1
 
 
+def test_mistral_small_4_config_reads_its_latent_attention_temperature_and_router():
+    """mistralai/Mistral-Small-4-119B-2603's shape (transformers' Mistral4Config defaults), as the text model of its
+    multimodal checkpoint."""
+    text = transformers.Mistral4Config().to_dict()
+    cfg = read({"architectures": ["Mistral3ForConditionalGeneration"], "text_config": text})
+    assert cfg.architecture == "Mistral3ForConditionalGeneration" and cfg.latent_attention
+    assert (cfg.kv_lora_rank, cfg.q_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim) == (256, 1024, 64, 64)
+    assert cfg.rope.rope_type == "yarn" and cfg.rope.param("partial_rotary_factor") is None
+    assert cfg.q_position_scale == (0.1, 8192, 0, False) and cfg.rope_interleaved
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.intermediate_size) == (128, 4, 2048)
+    assert cfg.router_scoring == "softmax" and cfg.norm_topk_prob and not cfg.router_correction
+    assert not cfg.dense_mlp_layers
+    with pytest.raises(ValueError, match="n_group=4 with topk_group=2"):
+        read(text | {"architectures": ["Mistral4ForCausalLM"], "n_group": 4, "topk_group": 2})
+
+
 STARCODERBASE_1B = dict(  # bigcode/starcoderbase-1b
     architectures=["GPTBigCodeForCausalLM"], model_type="gpt_bigcode", n_embd=2048, n_head=16, n_layer=24,
     n_positions=8192, n_inner=8192, activation_function="gelu_pytorch_tanh", layer_norm_epsilon=1e-5,

@@ -247,7 +247,8 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
                      layer_types=["full_attention", "sliding_attention", "full_attention"],
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
     # Granite, GLM-4-0414, SmolLM3, EXAONE 4, OLMoE, DeepSeek V2, GLM-4.7-Flash, ERNIE 4.5 MoE, MiniMax-M2, HunYuan
-    # (dense, MoE), Hy3, AFMoE, Llama 4 (tiny_models.LIGHT_SPECS)
+    # (dense, MoE), Hy3, AFMoE, Llama 4
+    # (tiny_models.LIGHT_SPECS)
     ("granite", dict(cls="GraniteForCausalLM")),
     ("glm4", dict(cls="Glm4ForCausalLM")),
     ("smollm3", dict(cls="SmolLM3ForCausalLM")),
@@ -376,15 +377,26 @@ def test_gemma4_multimodal_checkpoint_serves_its_language_model(tmp_path, tokeni
         np.testing.assert_allclose(np.concatenate([pre, dec]), hf_logits(hf, seq), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("text_model", ["mistral", "ministral3"])
+@pytest.mark.parametrize("text_model", ["mistral", "ministral3", "mistral4"])
 def test_mistral3_multimodal_checkpoint_serves_its_language_model(tmp_path, tokenizer_dir, text_model):
-    """Mistral3ForConditionalGeneration (Mistral Small 3.1/3.2, Ministral 3): its text model (Mistral, or Ministral 3
-    with its scaled queries) from the language model's tensors, the vision tower left unloaded; against
+    """Mistral3ForConditionalGeneration (Mistral Small 3.1/3.2, Ministral 3, Mistral Small 4): its text model
+    (Mistral; Ministral 3 with its scaled queries; Mistral 4: DeepSeek V3's latent attention with Llama 4's scaled
+    queries, experts stacked per layer) from the language model's tensors, the vision tower left unloaded; against
     transformers' multimodal model on text."""
     out = tiny_models.make_mistral3_multimodal(tmp_path / "mistral3", tokenizer_dir, text_model)
     cfg = prefill_matches_transformers(out, slice(1, 3), 256, transformers.AutoModelForImageTextToText)
-    assert cfg.architecture == "Mistral3ForConditionalGeneration" and cfg.sliding_windows == (24, 24)
-    assert cfg.q_position_scale == ((0.5, 32, 0, False) if text_model == "ministral3" else ())
+    assert cfg.architecture == "Mistral3ForConditionalGeneration"
+    assert cfg.sliding_windows == ((0,) * 3 if text_model == "mistral4" else (24, 24))
+    assert cfg.q_position_scale == {"mistral": (), "ministral3": (0.5, 32, 0, False),
+                                    "mistral4": (0.1, 16, 0, False)}[text_model]
+
+
+def test_mistral4_text_checkpoint_matches_transformers(tmp_path, tokenizer_dir):
+    """Mistral Small 4's text model as a checkpoint of its own (`Mistral4ForCausalLM`, which transformers builds but
+    AutoModelForCausalLM does not name)."""
+    out = tiny_models.make_model("mistral4", tmp_path / "mistral4", tokenizer_dir)
+    cfg = prefill_matches_transformers(out, slice(1, 3), 256, transformers.Mistral4ForCausalLM)
+    assert cfg.latent_attention and cfg.rope_interleaved and cfg.routed_scaling == 1.5 and cfg.dense_mlp_layers == (0,)
 
 
 def test_llama4_multimodal_checkpoint_serves_its_language_model(tmp_path, tokenizer_dir):

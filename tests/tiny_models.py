@@ -313,6 +313,17 @@ LIGHT_SPECS = {
         moe_intermediate_size=32, num_experts=6, num_experts_per_tok=2, num_shared_experts=1, num_dense_layers=1,
         route_scale=1.5, global_attn_every_n_layers=2, sliding_window=20, mup_enabled=True,
         tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # Mistral Small 4: DeepSeek V3's latent attention (interleaved pairs, YaRN) with Llama 4's attention temperature
+    # past 16 positions, a dense first layer, then the softmax router's top 3 of 8 experts, renormalised, times 1.5,
+    # beside a shared expert
+    "mistral4": dict(
+        cls="Mistral4ForCausalLM", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24,
+        kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, moe_intermediate_size=32,
+        n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, first_k_dense_replace=1,
+        routed_scaling_factor=1.5, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16,
+                             mscale=1.0, mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0,
+                             llama_4_scaling_beta=0.1)),
     # GraniteMoeShared: Granite's multipliers over the top 2 of 4 experts (softmax of the top logits) beside a shared
     # expert
     "granitemoe": dict(
@@ -458,13 +469,16 @@ MINISTRAL3_ROPE = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, origina
 
 def make_mistral3_multimodal(out_dir: Path, tokenizer_dir: Path, text_model: str) -> Path:
     """Mistral3ForConditionalGeneration with SPECS["mistral"]'s language model (`text_model` "mistral": Mistral Small
-    3.1/3.2's form; "ministral3": Ministral 3's, with Llama 4's query scaling past 32 positions) and a one-layer
-    Pixtral vision tower."""
+    3.1/3.2's form; "ministral3": Ministral 3's, with Llama 4's query scaling past 32 positions; "mistral4": Mistral
+    Small 4's, LIGHT_SPECS' mistral4) and a one-layer Pixtral vision tower.""" 
     import transformers
 
     text = {k: v for k, v in (dict(COMMON) | SPECS["mistral"]).items() if k != "cls"}
     if text_model == "ministral3":
         text = transformers.Ministral3Config(**(text | {"rope_parameters": MINISTRAL3_ROPE}))
+    elif text_model == "mistral4":  # Mistral Small 4's: LIGHT_SPECS["mistral4"]
+        text = transformers.Mistral4Config(**{k: v for k, v in (dict(COMMON) | LIGHT_SPECS["mistral4"]).items()
+                                              if k != "cls"})
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
                   patch_size=14, head_dim=16)
     config = transformers.Mistral3Config(text_config=text, vision_config=vision, image_token_index=VOCAB_SIZE - 1,

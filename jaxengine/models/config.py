@@ -824,7 +824,8 @@ def ministral3_config_from_hf(hf: dict) -> ModelConfig:
 
 
 def mistral3_language_config_from_hf(hf: dict) -> ModelConfig:
-    """Mistral3ForConditionalGeneration's language model (Mistral Small 3.1/3.2: Mistral; Ministral 3: Ministral 3):
+    """Mistral3ForConditionalGeneration's language model (Mistral Small 3.1/3.2: Mistral; Ministral 3: Ministral 3;
+    Mistral Small 4: Mistral 4):
     its `text_config` completed with its transformers config's defaults, with the top level's dtype and (where
     given) tie_word_embeddings."""
     import transformers
@@ -833,12 +834,12 @@ def mistral3_language_config_from_hf(hf: dict) -> ModelConfig:
 
     given = dict(hf.get("text_config") or {})
     model_type = given.pop("model_type", "mistral")
-    if model_type not in ("mistral", "ministral3"):
+    causal = {"mistral": "MistralForCausalLM", "ministral3": "Ministral3ForCausalLM", "mistral4": "Mistral4ForCausalLM"}
+    if model_type not in causal:
         raise ValueError(f"Mistral3ForConditionalGeneration with a {model_type!r} text model is not supported "
-                         f"(mistral and ministral3 are)")
+                         f"({', '.join(causal)} are)")
     text = _language_model_config(hf, transformers.AutoConfig.for_model(model_type, **given).to_dict(),
-                                  "MistralForCausalLM" if model_type == "mistral" else "Ministral3ForCausalLM",
-                                  ("dtype", "torch_dtype"))
+                                  causal[model_type], ("dtype", "torch_dtype"))
     cfg = get_architecture(text).read_config(text)
     # the top level's tie_word_embeddings, where it has one, is the one transformers 5 follows
     tied = bool(hf.get("tie_word_embeddings", cfg.tie_word_embeddings))
@@ -1738,6 +1739,37 @@ def deepseek_config_from_hf(hf: dict) -> ModelConfig:
     if v3:
         return _deepseek_experts(hf, cfg, first_dense=1 if lite else 3, renormalize=True, scaling=1.8 if lite else 2.5)
     return _deepseek_experts(hf, cfg, first_dense=0, renormalize=False, scoring="softmax")
+
+
+def mistral4_config_from_hf(hf: dict) -> ModelConfig:
+    """Mistral Small 4 (`Mistral4ForCausalLM`): DeepSeek V3's latent attention (interleaved rotary pairs where
+    `rope_interleave`, YaRN's mscale on the scores) with Llama 4's attention temperature (the rope's
+    `llama_4_scaling_beta`, every layer), and DeepSeek V2's softmax router over all experts (the top
+    `num_experts_per_tok`, renormalised where `norm_topk_prob`, times `routed_scaling_factor`) beside shared experts,
+    dense MLPs in the first `first_k_dense_replace` layers. Read through transformers' Mistral4Config; expert groups
+    that select (n_group > topk_group) are refused."""
+    import transformers
+
+    full = transformers.Mistral4Config(**{k: v for k, v in hf.items() if k != "architectures"}).to_dict()
+    n_group, topk_group = full.get("n_group") or 1, full.get("topk_group") or 1
+    if n_group != topk_group:
+        raise ValueError(f"n_group={n_group} with topk_group={topk_group} (expert groups that select) is not supported "
+                         f"for Mistral4ForCausalLM")
+    rope = dict(full["rope_parameters"])  # the rotary dimensions are qk_rope_head_dim's (the partial factor's)
+    beta, length = rope.pop("llama_4_scaling_beta", None), rope.get("original_max_position_embeddings")
+    for key in ("partial_rotary_factor", "max_position_embeddings"):
+        rope.pop(key, None)
+    cfg = deepseek_config_from_hf(full | {"architectures": ["DeepseekV2ForCausalLM"], "rope_parameters": rope,
+                                          "rope_scaling": None, "topk_method": "greedy", "n_group": 1,
+                                          "topk_group": 1})
+    cfg = dataclasses.replace(cfg, architecture=hf["architectures"][0],
+                              rope_interleaved=bool(full.get("rope_interleave", True)))
+    if beta is None:
+        return cfg
+    if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"llama_4_scaling_beta needs a number and a positive original_max_position_embeddings in the "
+                         f"rope parameters, got {beta!r} and {length!r}")
+    return dataclasses.replace(cfg, q_position_scale=(float(beta), length, 0, False))
 
 
 def kimi_linear_config_from_hf(hf: dict) -> ModelConfig:

@@ -36,7 +36,8 @@ from jaxengine.runner.batch import RaggedBatch
 _STACKED_EXPERTS = {name: ("feed_forward", "feed_forward.router.weight") for name in LLAMA4_ARCHITECTURES} | {
     name: ("block_sparse_moe", "block_sparse_moe.router.weight")
     for name in GRANITE_MOE_ARCHITECTURES + ("GraniteMoeHybridForCausalLM",)} | {
-    "Qwen3VLMoeForConditionalGeneration": ("mlp", "mlp.gate.weight")}
+    name: ("mlp", "mlp.gate.weight") for name in ("Qwen3VLMoeForConditionalGeneration", "Mistral4ForCausalLM",
+                                                  "Mistral3ForConditionalGeneration")}  # the last's: Mistral Small 4's
 
 
 XIELU_PARAMS = ("act_alpha_p", "act_alpha_n", "act_beta", "act_eps")  # xIELU's, a layer's (checkpoint: mlp.act_fn.*)
@@ -201,6 +202,18 @@ def _where_rotating(cfg: ModelConfig, layer, rotating, other):
     """`rotating` in a layer with rotary embedding, `other` in one without (every layer rotates where rope_layers is
     empty)."""
     return jnp.where(jnp.asarray(cfg.rope_layers)[layer], rotating, other) if cfg.rope_layers else rotating
+
+
+def _position_scaled(cfg: ModelConfig, layer, batch: RaggedBatch, q):
+    """q [T, heads, d] scaled up with each token's position where `q_position_scale` says (Ministral 3, Llama 4,
+    Mistral Small 4: Llama 4's attention temperature, 1 + beta log(1 + floor((position + offset) / length))), in
+    every layer or only those without rotary embedding."""
+    if not cfg.q_position_scale:
+        return q
+    beta, length, offset, nope_only = cfg.q_position_scale
+    scale = 1 + beta * jnp.log1p(jnp.floor((batch.positions.astype(jnp.float32) + offset) / length))
+    scaled = q * scale.reshape(-1, *(1,) * (q.ndim - 1)).astype(q.dtype)
+    return _where_rotating(cfg, layer, q, scaled) if nope_only else scaled
 
 
 def _lora_delta(x, lora, name: str):
@@ -828,11 +841,7 @@ class DecoderLayers(nnx.Module):
                 q, k = (_where_rotating(cfg, layer, rms_norm(x, None, eps), x) for x in (q, k))
             kv_cache = write_kv(kv_cache, layer, k, v, slots, backend=backend, scales=scales,
                                 one_device=self.one_device)
-        if cfg.q_position_scale:  # Ministral 3, Llama 4: queries scaled up with the position (attention temperature)
-            beta, length, offset, nope_only = cfg.q_position_scale
-            scale = 1 + beta * jnp.log1p(jnp.floor((batch.positions.astype(jnp.float32) + offset) / length))
-            scaled = q * scale.reshape(-1, *(1,) * (q.ndim - 1)).astype(q.dtype)
-            q = _where_rotating(cfg, layer, q, scaled) if nope_only else scaled
+        q = _position_scaled(cfg, layer, batch, q)
         o = attention(q, kv_cache, layer, batch, sm_scale=cfg.sm_scale, sliding_window=window,
                       soft_cap=cfg.attn_logit_softcap, backend=backend, scales=scales,
                       sinks=self.sinks[...] if cfg.attn_sinks else None).reshape(T, -1)
@@ -991,7 +1000,8 @@ class DecoderLayers(nnx.Module):
         q_latent = _per_head(q_nope, self.kv_b_k[...], R, weights_layer).astype(q.dtype)
         kv_cache = write_latent(kv_cache, layer, jnp.concatenate([latent[:, None, :], k_rope], -1), slots,
                                 self.one_device)
-        values = latent_attention(jnp.concatenate([q_latent, q_rope], -1), kv_cache, layer, batch,
+        q = _position_scaled(cfg, layer, batch, jnp.concatenate([q_latent, q_rope], -1))  # Mistral Small 4
+        values = latent_attention(q, kv_cache, layer, batch,
                                   sm_scale=cfg.sm_scale, value_dim=R)
         o = _per_head(values, self.kv_b_v[...], cfg.v_head_dim, weights_layer)
         return o.reshape(T, H * cfg.v_head_dim).astype(h.dtype), kv_cache

@@ -23,9 +23,10 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES,
                                      jais2_config_from_hf, jamba_config_from_hf, kimi_linear_config_from_hf,
                                      lfm2_config_from_hf, llama4_config_from_hf, mamba2_config_from_hf,
                                      mamba_config_from_hf, minimax_m2_config_from_hf, ministral3_config_from_hf,
-                                     ministral_config_from_hf, mistral3_language_config_from_hf, model_config_from_hf,
-                                     moe_config_from_hf, nemotron_config_from_hf, nemotron_h_config_from_hf,
-                                     olmo2_config_from_hf, olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
+                                     ministral_config_from_hf, mistral3_language_config_from_hf,
+                                     mistral4_config_from_hf, model_config_from_hf, moe_config_from_hf,
+                                     nemotron_config_from_hf, nemotron_h_config_from_hf, olmo2_config_from_hf,
+                                     olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
                                      qwen3_5_config_from_hf, qwen_vl_language_config_from_hf, seed_oss_config_from_hf,
                                      smollm3_config_from_hf, solar_open_config_from_hf, stablelm_config_from_hf,
                                      starcoder2_config_from_hf, vaultgemma_config_from_hf)
@@ -337,6 +338,18 @@ def _deepseek_tensors(name: str, array, cfg: ModelConfig) -> list:
         stem = name[: -len(".weight")]
         return [(stem + ".key", heads[:, :nope]), (stem + ".value", heads[:, nope:].transpose(0, 2, 1))]
     return _without_mtp_layers(name, array, cfg)
+
+
+def _mistral4_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """Mistral Small 4's tensors: DeepSeek's (`_deepseek_tensors`), each layer's experts stacked as transformers holds
+    them ([E, 2 x I, hidden] and [E, hidden, I]: `_split_experts`)."""
+    return [piece for part in _deepseek_tensors(name, array, cfg) for piece in _split_experts(*part, cfg, True)]
+
+
+def _mistral3_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """Mistral3ForConditionalGeneration's language model's tensors: Mistral Small 4's as `_mistral4_tensors` (its
+    latent attention), the others' as they are."""
+    return _mistral4_tensors(name, array, cfg) if cfg.latent_attention else [(name, array)]
 
 
 class _GptOssTensors:
@@ -658,6 +671,8 @@ _REGISTRY = {
     "DeepseekV2ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
     "DeepseekV3ForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
     "Glm4MoeLiteForCausalLM": Architecture(LlamaForCausalLM, deepseek_config_from_hf, split_tensor=_deepseek_tensors),
+    # Mistral Small 4: DeepSeek V3's layers under its names, V2's router, Llama 4's attention temperature
+    "Mistral4ForCausalLM": Architecture(LlamaForCausalLM, mistral4_config_from_hf, split_tensor=_mistral4_tensors),
     # Kimi Linear: Kimi Delta Attention among DeepSeek V3's latent attention layers (NoPE)
     "KimiLinearForCausalLM": Architecture(LlamaForCausalLM, kimi_linear_config_from_hf, _KIMI_LINEAR_NAMES,
                                           split_tensor=_KimiLinearTensors),
@@ -723,7 +738,7 @@ _REGISTRY = {
        for name in GEMMA4_ARCHITECTURES},
     # Mistral Small 3.1/3.2 and Ministral 3, served as text models likewise
     "Mistral3ForConditionalGeneration": Architecture(LlamaForCausalLM, mistral3_language_config_from_hf,
-                                                     _language_model_tensor),
+                                                     _language_model_tensor, split_tensor=_mistral3_tensors),
     # Llama 4 (Scout, Maverick; the multimodal checkpoints served as text models likewise)
     "Llama4ForCausalLM": Architecture(LlamaForCausalLM, llama4_config_from_hf, split_tensor=_stacked_experts),
     "Llama4ForConditionalGeneration": Architecture(LlamaForCausalLM, llama4_config_from_hf, _language_model_tensor,
