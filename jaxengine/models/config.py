@@ -814,7 +814,13 @@ def ministral3_config_from_hf(hf: dict) -> ModelConfig:
     """Ministral 3: the Mistral layer whose queries grow with the position past the rope's original length, by its
     `llama_4_scaling_beta` (Llama 4's attention temperature; none where the rope dict has no beta)."""
     cfg = model_config_from_hf(hf)
-    beta, length = cfg.rope.param("llama_4_scaling_beta"), cfg.rope.param("original_max_position_embeddings")
+    return _with_attention_temperature(cfg, cfg.rope.param("llama_4_scaling_beta"),
+                                       cfg.rope.param("original_max_position_embeddings"))
+
+
+def _with_attention_temperature(cfg: ModelConfig, beta, length) -> ModelConfig:
+    """`cfg` with Llama 4's attention temperature in every layer (`q_position_scale`) by the rope's
+    `llama_4_scaling_beta` and original length (Ministral 3, Mistral Small 4); as it is where beta is None."""
     if beta is None:
         return cfg
     if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not isinstance(length, int) or length < 1:
@@ -1764,12 +1770,7 @@ def mistral4_config_from_hf(hf: dict) -> ModelConfig:
                                           "topk_group": 1})
     cfg = dataclasses.replace(cfg, architecture=hf["architectures"][0],
                               rope_interleaved=bool(full.get("rope_interleave", True)))
-    if beta is None:
-        return cfg
-    if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not isinstance(length, int) or length < 1:
-        raise ValueError(f"llama_4_scaling_beta needs a number and a positive original_max_position_embeddings in the "
-                         f"rope parameters, got {beta!r} and {length!r}")
-    return dataclasses.replace(cfg, q_position_scale=(float(beta), length, 0, False))
+    return _with_attention_temperature(cfg, beta, length)
 
 
 def kimi_linear_config_from_hf(hf: dict) -> ModelConfig:
