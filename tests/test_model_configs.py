@@ -978,6 +978,27 @@ def test_mistral_small_4_config_reads_its_latent_attention_temperature_and_route
         read(text | {"architectures": ["Mistral4ForCausalLM"], "n_group": 4, "topk_group": 2})
 
 
+PHI_3_5_MOE = dict(  # microsoft/Phi-3.5-MoE-instruct (its LongRoPE factors shortened to their count)
+    architectures=["PhiMoEForCausalLM"], model_type="phimoe", attention_bias=True, lm_head_bias=True, hidden_size=4096,
+    intermediate_size=6400, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, num_local_experts=16,
+    num_experts_per_tok=2, router_jitter_noise=0.01, input_jitter_noise=0.01, rms_norm_eps=1e-5, vocab_size=32064,
+    max_position_embeddings=131072, original_max_position_embeddings=4096, sliding_window=131072, rope_theta=10000.0,
+    rope_scaling={"type": "longrope", "long_factor": [1.5] * 64, "short_factor": [1.0] * 64, "long_mscale": 1.24,
+                  "short_mscale": 1.0, "original_max_position_embeddings": 4096},
+    tie_word_embeddings=False, hidden_act="silu")
+
+
+def test_phi_3_5_moe_hub_config_reads_its_biases_longrope_and_sparsemixer_router():
+    cfg = read(PHI_3_5_MOE)
+    assert cfg.layer_norm and cfg.norm_bias and cfg.qkv_bias and cfg.o_bias and cfg.lm_head_bias
+    assert cfg.rope.rope_type == "longrope" and cfg.sliding_windows == (131072,) * 32
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size, cfg.intermediate_size) == \
+        (16, 2, 6400, 0)
+    assert cfg.router_scoring == "sparsemixer" and cfg.router_jitter_eps == 0.01
+    with pytest.raises(ValueError, match="num_experts_per_tok=4 is not supported"):
+        read(PHI_3_5_MOE | {"num_experts_per_tok": 4})
+
+
 STARCODERBASE_1B = dict(  # bigcode/starcoderbase-1b
     architectures=["GPTBigCodeForCausalLM"], model_type="gpt_bigcode", n_embd=2048, n_head=16, n_layer=24,
     n_positions=8192, n_inner=8192, activation_function="gelu_pytorch_tanh", layer_norm_epsilon=1e-5,

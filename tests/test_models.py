@@ -247,7 +247,7 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
                      layer_types=["full_attention", "sliding_attention", "full_attention"],
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
     # Granite, GLM-4-0414, SmolLM3, EXAONE 4, OLMoE, DeepSeek V2, GLM-4.7-Flash, ERNIE 4.5 MoE, MiniMax-M2, HunYuan
-    # (dense, MoE), Hy3, AFMoE, Llama 4
+    # (dense, MoE), Hy3, AFMoE, Phi-3.5-MoE, Llama 4
     # (tiny_models.LIGHT_SPECS)
     ("granite", dict(cls="GraniteForCausalLM")),
     ("glm4", dict(cls="Glm4ForCausalLM")),
@@ -262,6 +262,8 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("hunyuanmoe", dict(cls="HunYuanMoEV1ForCausalLM")),
     ("hy_v3", dict(cls="HYV3ForCausalLM")),
     ("afmoe", dict(cls="AfmoeForCausalLM")),
+    ("phimoe", dict(cls="PhimoeForCausalLM")),
+    ("phimoe", dict(cls="PhimoeForCausalLM", router_jitter_noise=0.01)),  # Phi-3.5-MoE's own jitter
     ("llama4", dict(cls="Llama4ForCausalLM")),
     # Granite 3.x mixtures of experts: with a shared expert, and without (GraniteMoe)
     ("granitemoe", dict(cls="GraniteMoeSharedForCausalLM")),

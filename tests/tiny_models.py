@@ -324,6 +324,12 @@ LIGHT_SPECS = {
         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16,
                              mscale=1.0, mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0,
                              llama_4_scaling_beta=0.1)),
+    # Phi-3.5-MoE: LayerNorms with biases, q/k/v/o and logit biases, the top 2 of 4 experts by the sparsemixer router
+    # (its jitter wide enough here that some experts fall within it and some outside)
+    "phimoe": dict(
+        cls="PhimoeForCausalLM", num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
+        num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.3, attention_bias=True, lm_head_bias=True,
+        tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     # GraniteMoeShared: Granite's multipliers over the top 2 of 4 experts (softmax of the top logits) beside a shared
     # expert
     "granitemoe": dict(

@@ -31,7 +31,7 @@ def swiglu_oai(gate, up, alpha: float, limit: float):
 
 @dataclasses.dataclass(frozen=True)
 class Routing:
-    """How a router chooses: by the `softmax` of its logits (Mixtral, Qwen MoE, GPT-OSS, DeepSeek V2; ERNIE 4.5's
+    """How a router chooses (Phi-3.5-MoE's `sparsemixer` aside: _sparsemixer): by the `softmax` of its logits (Mixtral, Qwen MoE, GPT-OSS, DeepSeek V2; ERNIE 4.5's
     plus a correction bias) or by DeepSeek V3's `sigmoid` scores (GLM-4.5's) plus a correction bias; among the
     `groups` = (n_group, topk_group) groups with the best group scores (every group where none): a softmax group's
     best score (DeepSeek V2's group_limited_greedy), a sigmoid group's top two summed; weighted by their scores
@@ -41,6 +41,7 @@ class Routing:
     groups: tuple = ()
     scale: float = 1.0
     renorm_eps: float = 1e-20  # DeepSeek V3's (transformers'); LFM2-MoE's 1e-6
+    jitter_eps: float = 0.0  # scoring "sparsemixer" (Phi-3.5-MoE): its router_jitter_noise (_sparsemixer)
 
 
 def route(x, router, top_k: int, renormalize: bool, bias=None, routing: Routing = Routing(), correction=None):
@@ -51,6 +52,8 @@ def route(x, router, top_k: int, renormalize: bool, bias=None, routing: Routing 
     logits = jnp.dot(x.astype(router.dtype), router, preferred_element_type=jnp.float32)
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
+    if routing.scoring == "sparsemixer":
+        return _sparsemixer(logits, top_k, routing.jitter_eps)
     if routing.scoring == "softmax" and not routing.groups and correction is None:
         weights, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
         if renormalize:
@@ -72,6 +75,23 @@ def route(x, router, top_k: int, renormalize: bool, bias=None, routing: Routing 
     if renormalize:
         weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + routing.renorm_eps)
     return weights * routing.scale, experts
+
+
+def _sparsemixer(logits, top_k: int, jitter_eps: float):
+    """Phi-3.5-MoE's router at inference (transformers' sparsemixer): top_k rounds, each choosing the best expert not
+    yet chosen, weighted by the softmax, over the experts not yet chosen, of the logits within 2 jitter_eps of it
+    (relative: (best - logit) / max(|logit|, best)); the others masked out of that softmax."""
+    T, E = logits.shape
+    remaining, weights, experts = logits, [], []
+    for _ in range(top_k):
+        best = jnp.max(remaining, axis=-1, keepdims=True)
+        chosen = jnp.argmax(remaining, axis=-1)[:, None]
+        far = (best - logits) / jnp.maximum(jnp.abs(logits), best) > 2 * jitter_eps
+        gates = jax.nn.softmax(jnp.where(far, -jnp.inf, remaining), axis=-1)
+        weights.append(jnp.take_along_axis(gates, chosen, axis=-1))
+        experts.append(chosen)
+        remaining = jnp.where(jnp.arange(E)[None, :] == chosen, -jnp.inf, remaining)
+    return jnp.concatenate(weights, axis=-1), jnp.concatenate(experts, axis=-1).astype(jnp.int32)
 
 
 def moe_mlp(

@@ -109,6 +109,7 @@ class ModelConfig:
     router_correction: bool = False  # DeepSeek V3's and ERNIE 4.5's routers: a correction bias on the scores for the
     # choice
     router_renorm_eps: float = 1e-20  # added to the top experts' weights' sum where renormalised (LFM2-MoE: 1e-6)
+    router_jitter_eps: float = 0.0  # router_scoring "sparsemixer" (Phi-3.5-MoE): its router_jitter_noise
     moe_input_scaled: bool = False  # Llama 4: each routed token's input times its router weight, not the output
     # Gemma 4 (26B-A4B): the experts beside the dense MLP, each reading the residual through a norm of its own (the
     # router too: a scaled norm; its weights times a scale per expert), their outputs normed apart, then summed
@@ -1220,6 +1221,30 @@ def phi_config_from_hf(hf: dict) -> ModelConfig:
     return _layer_norm_config(hf, "layer_norm_eps", 0.5, qkv_bias=True, o_bias=True, qk_norm=qk_norm, norm_bias=True,
                               qk_norm_bias=qk_norm, parallel_block=1, gated_mlp=False, mlp_bias=True,
                               lm_head_bias=True)
+
+
+PHIMOE_ARCHITECTURES = ("PhimoeForCausalLM", "PhiMoEForCausalLM")  # transformers' name, the hub's
+
+
+def phimoe_config_from_hf(hf: dict) -> ModelConfig:
+    """Phi-3.5-MoE (`PhimoeForCausalLM`, the hub's `PhiMoEForCausalLM`): the Llama layer under LayerNorms with biases,
+    biases on q/k/v/o by `attention_bias` and on the logits by `lm_head_bias`, LongRoPE, and Mixtral's experts in
+    every layer chosen by the sparsemixer router (two rounds, each the best remaining expert weighted by a softmax
+    over the logits within 2 `router_jitter_noise` of it). Its config read through transformers' PhimoeConfig; a top
+    k other than 2 is refused (the router is defined for two)."""
+    import transformers
+
+    full = transformers.PhimoeConfig(**{k: v for k, v in hf.items() if k != "architectures"}).to_dict()
+    full["architectures"] = hf["architectures"]
+    if full["num_experts_per_tok"] != 2:
+        raise ValueError(f"num_experts_per_tok={full['num_experts_per_tok']} is not supported for Phi-3.5-MoE (its "
+                         f"sparsemixer router chooses 2)")
+    bias = bool(full.get("attention_bias", False))
+    cfg = _layer_norm_config(full, "rms_norm_eps", qkv_bias=bias, o_bias=bias, norm_bias=True,
+                             lm_head_bias=bool(full.get("lm_head_bias", False)))
+    return dataclasses.replace(cfg, num_experts=full["num_local_experts"], experts_per_token=2,
+                               moe_intermediate_size=cfg.intermediate_size, intermediate_size=0,
+                               router_scoring="sparsemixer", router_jitter_eps=float(full["router_jitter_noise"]))
 
 
 def stablelm_config_from_hf(hf: dict) -> ModelConfig:

@@ -26,7 +26,8 @@ from jaxengine.layers.attention import (FP8_DTYPES, attention, kv_writer, latent
 from jaxengine.layers.moe import SWIGLU_OAI, Mxfp4Experts, Routing, moe_mlp
 from jaxengine.layers.norms import gemma_scale, layer_norm, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
-from jaxengine.models.config import GRANITE_MOE_ARCHITECTURES, LLAMA4_ARCHITECTURES, ModelConfig, rope_inv_freq
+from jaxengine.models.config import (GRANITE_MOE_ARCHITECTURES, LLAMA4_ARCHITECTURES, PHIMOE_ARCHITECTURES, ModelConfig,
+                                     rope_inv_freq)
 from jaxengine.models.quantization import (QUANTIZED_LINEARS, W4A16, W8A8_INT8, W8A16_FP8, WEIGHT_ONLY, Int8Weight,
                                            WeightOnly, int8_matmul, projection_shapes, scale_groups)
 from jaxengine.runner.batch import RaggedBatch
@@ -1089,7 +1090,7 @@ class DecoderLayers(nnx.Module):
             correction = self.router_correction[...] if hasattr(self, "router_correction") else None
             experts = moe_mlp(x, self.router[...], down=down, top_k=cfg.experts_per_token,
                               routing=Routing(cfg.router_scoring, cfg.router_groups, cfg.routed_scaling,
-                                              cfg.router_renorm_eps),
+                                              cfg.router_renorm_eps, cfg.router_jitter_eps),
                               router_correction=correction,
                               renormalize=cfg.norm_topk_prob, activation=cfg.hidden_act, layer=layer, live_rows=live,
                               swiglu=(cfg.swiglu_alpha, cfg.swiglu_limit),
@@ -1560,7 +1561,8 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         per_layer |= {router: ("router", True)} | {
             f"{moe}.experts.{p}_proj": (f"expert_{p}", False) for p in ("gate", "up", "down")}
     elif cfg.num_experts:
-        mixtral = cfg.architecture in ("MixtralForCausalLM", "MiniMaxM2ForCausalLM")  # experts' w1, w3, w2
+        mixtral = cfg.architecture in ("MixtralForCausalLM", "MiniMaxM2ForCausalLM",  # experts' w1, w3, w2
+                                       *PHIMOE_ARCHITECTURES)
         moe = "block_sparse_moe" if mixtral else "mlp"
         per_layer[f"{moe}.gate.weight"] = ("router", True)
         if cfg.router_correction:
