@@ -999,6 +999,21 @@ def test_phi_3_5_moe_hub_config_reads_its_biases_longrope_and_sparsemixer_router
         read(PHI_3_5_MOE | {"num_experts_per_tok": 4})
 
 
+OLMO_1B = dict(  # allenai/OLMo-1B-hf
+    architectures=["OlmoForCausalLM"], model_type="olmo", attention_bias=False, clip_qkv=None, hidden_act="silu",
+    hidden_size=2048, intermediate_size=8192, max_position_embeddings=2048, num_attention_heads=16,
+    num_hidden_layers=16, num_key_value_heads=16, rope_theta=10000.0, tie_word_embeddings=True, vocab_size=50304,
+    pad_token_id=1, eos_token_id=50279)
+
+
+def test_olmo_hub_config_reads_weightless_layer_norms_and_refuses_clamped_qkv():
+    cfg = read(OLMO_1B)
+    assert cfg.layer_norm and not cfg.norm_bias and cfg.rms_norm_eps == 1e-5 and cfg.tie_word_embeddings
+    assert not (cfg.qkv_bias or cfg.o_bias) and cfg.gated_mlp and cfg.num_kv_heads == 16
+    with pytest.raises(ValueError, match="clip_qkv=8.0 is not supported"):
+        read(OLMO_1B | {"clip_qkv": 8.0})
+
+
 STARCODERBASE_1B = dict(  # bigcode/starcoderbase-1b
     architectures=["GPTBigCodeForCausalLM"], model_type="gpt_bigcode", n_embd=2048, n_head=16, n_layer=24,
     n_positions=8192, n_inner=8192, activation_function="gelu_pytorch_tanh", layer_norm_epsilon=1e-5,

@@ -247,7 +247,7 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
                      layer_types=["full_attention", "sliding_attention", "full_attention"],
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
     # Granite, GLM-4-0414, SmolLM3, EXAONE 4, OLMoE, DeepSeek V2, GLM-4.7-Flash, ERNIE 4.5 MoE, MiniMax-M2, HunYuan
-    # (dense, MoE), Hy3, AFMoE, Phi-3.5-MoE, Llama 4
+    # (dense, MoE), Hy3, AFMoE, Phi-3.5-MoE, OLMo, Llama 4
     # (tiny_models.LIGHT_SPECS)
     ("granite", dict(cls="GraniteForCausalLM")),
     ("glm4", dict(cls="Glm4ForCausalLM")),
@@ -264,6 +264,8 @@ def test_exact_gelu_gate_matches_transformers(tmp_path, tokenizer_dir):
     ("afmoe", dict(cls="AfmoeForCausalLM")),
     ("phimoe", dict(cls="PhimoeForCausalLM")),
     ("phimoe", dict(cls="PhimoeForCausalLM", router_jitter_noise=0.01)),  # Phi-3.5-MoE's own jitter
+    ("olmo", dict(cls="OlmoForCausalLM")),
+    ("olmo", dict(cls="OlmoForCausalLM", attention_bias=False, tie_word_embeddings=True)),
     ("llama4", dict(cls="Llama4ForCausalLM")),
     # Granite 3.x mixtures of experts: with a shared expert, and without (GraniteMoe)
     ("granitemoe", dict(cls="GraniteMoeSharedForCausalLM")),

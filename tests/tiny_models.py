@@ -330,6 +330,10 @@ LIGHT_SPECS = {
         cls="PhimoeForCausalLM", num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
         num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.3, attention_bias=True, lm_head_bias=True,
         tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # OLMo: LayerNorms without weights or biases, q/k/v/o biases
+    "olmo": dict(
+        cls="OlmoForCausalLM", num_attention_heads=4, num_key_value_heads=2, attention_bias=True,
+        tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     # GraniteMoeShared: Granite's multipliers over the top 2 of 4 experts (softmax of the top logits) beside a shared
     # expert
     "granitemoe": dict(

@@ -1223,6 +1223,16 @@ def phi_config_from_hf(hf: dict) -> ModelConfig:
                               lm_head_bias=True)
 
 
+def olmo_config_from_hf(hf: dict) -> ModelConfig:
+    """OLMo (`OlmoForCausalLM`: OLMo-1B/7B-hf, OLMo-7B-0424/0724-hf): the Llama layer under LayerNorms without weights
+    or biases (eps 1e-5, as transformers hard-wires it; their weights are ones at load: registry._olmo_tensors),
+    biases on q/k/v/o by `attention_bias`. `clip_qkv` (clamping q, k and v) is refused."""
+    if hf.get("clip_qkv") is not None:
+        raise ValueError(f"clip_qkv={hf['clip_qkv']!r} is not supported (only null: no clamping of q, k and v)")
+    bias = bool(hf.get("attention_bias", False))
+    return _layer_norm_config(hf | {"olmo_layer_norm_eps": 1e-5}, "olmo_layer_norm_eps", qkv_bias=bias, o_bias=bias)
+
+
 PHIMOE_ARCHITECTURES = ("PhimoeForCausalLM", "PhiMoEForCausalLM")  # transformers' name, the hub's
 
 

@@ -26,10 +26,11 @@ from jaxengine.models.config import (COHERE_ARCHITECTURES, GEMMA4_ARCHITECTURES,
                                      ministral3_config_from_hf, ministral_config_from_hf,
                                      mistral3_language_config_from_hf, mistral4_config_from_hf, model_config_from_hf,
                                      moe_config_from_hf, nemotron_config_from_hf, nemotron_h_config_from_hf,
-                                     olmo2_config_from_hf, olmoe_config_from_hf, opt_config_from_hf, phi_config_from_hf,
-                                     phimoe_config_from_hf, qwen3_5_config_from_hf, qwen_vl_language_config_from_hf,
-                                     seed_oss_config_from_hf, smollm3_config_from_hf, solar_open_config_from_hf,
-                                     stablelm_config_from_hf, starcoder2_config_from_hf, vaultgemma_config_from_hf)
+                                     olmo2_config_from_hf, olmo_config_from_hf, olmoe_config_from_hf,
+                                     opt_config_from_hf, phi_config_from_hf, phimoe_config_from_hf,
+                                     qwen3_5_config_from_hf, qwen_vl_language_config_from_hf, seed_oss_config_from_hf,
+                                     smollm3_config_from_hf, solar_open_config_from_hf, stablelm_config_from_hf,
+                                     starcoder2_config_from_hf, vaultgemma_config_from_hf)
 from jaxengine.models.llama import LlamaForCausalLM
 from jaxengine.models.quantization import dequantize_mxfp4
 
@@ -338,6 +339,18 @@ def _deepseek_tensors(name: str, array, cfg: ModelConfig) -> list:
         stem = name[: -len(".weight")]
         return [(stem + ".key", heads[:, :nope]), (stem + ".value", heads[:, nope:].transpose(0, 2, 1))]
     return _without_mtp_layers(name, array, cfg)
+
+
+def _olmo_tensors(name: str, array, cfg: ModelConfig) -> list:
+    """OLMo's tensors, and the weights of its weightless LayerNorms as ones: each layer's two with its q_proj, the
+    final one with the embeddings."""
+    ones = np.ones(cfg.hidden_size, np.float32)
+    if name.endswith(".self_attn.q_proj.weight"):
+        stem = name[: -len("self_attn.q_proj.weight")]
+        return [(name, array), (stem + "input_layernorm.weight", ones), (stem + "post_attention_layernorm.weight", ones)]
+    if name == "model.embed_tokens.weight":
+        return [(name, array), ("model.norm.weight", ones)]
+    return [(name, array)]
 
 
 def _mistral4_tensors(name: str, array, cfg: ModelConfig) -> list:
@@ -717,6 +730,8 @@ _REGISTRY = {
     # Apertus: its norms under Llama's names
     "ApertusForCausalLM": Architecture(LlamaForCausalLM, apertus_config_from_hf, _renaming(_APERTUS_NORMS)),
     "NemotronForCausalLM": Architecture(LlamaForCausalLM, nemotron_config_from_hf, split_tensor=_nemotron_tensors),
+    # OLMo: weightless LayerNorms, their weights ones
+    "OlmoForCausalLM": Architecture(LlamaForCausalLM, olmo_config_from_hf, split_tensor=_olmo_tensors),
     # Phi-3.5-MoE: Mixtral's names
     **{name: Architecture(LlamaForCausalLM, phimoe_config_from_hf) for name in PHIMOE_ARCHITECTURES},
     "GPTJForCausalLM": Architecture(LlamaForCausalLM, gptj_config_from_hf,
