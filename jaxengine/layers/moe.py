@@ -31,11 +31,12 @@ def swiglu_oai(gate, up, alpha: float, limit: float):
 
 @dataclasses.dataclass(frozen=True)
 class Routing:
-    """How a router chooses (Phi-3.5-MoE's `sparsemixer` aside: _sparsemixer): by the `softmax` of its logits (Mixtral, Qwen MoE, GPT-OSS, DeepSeek V2; ERNIE 4.5's
-    plus a correction bias) or by DeepSeek V3's `sigmoid` scores (GLM-4.5's) plus a correction bias; among the
-    `groups` = (n_group, topk_group) groups with the best group scores (every group where none): a softmax group's
-    best score (DeepSeek V2's group_limited_greedy), a sigmoid group's top two summed; weighted by their scores
-    (renormalised where asked: over their sum plus `renorm_eps`), times `scale` (routed_scaling_factor)."""
+    """How a router chooses (Phi-3.5-MoE's `sparsemixer` aside: _sparsemixer): by the `softmax` of its logits
+    (Mixtral, Qwen MoE, GPT-OSS, DeepSeek V2; ERNIE 4.5's plus a correction bias) or by DeepSeek V3's `sigmoid`
+    scores (GLM-4.5's) plus a correction bias; among the `groups` = (n_group, topk_group) groups with the best group
+    scores (every group where none): a softmax group's best score (DeepSeek V2's group_limited_greedy), a sigmoid
+    group's top two summed; weighted by their scores (renormalised where asked: over their sum plus `renorm_eps`),
+    times `scale` (routed_scaling_factor)."""
 
     scoring: str = "softmax"
     groups: tuple = ()
@@ -81,7 +82,7 @@ def _sparsemixer(logits, top_k: int, jitter_eps: float):
     """Phi-3.5-MoE's router at inference (transformers' sparsemixer): top_k rounds, each choosing the best expert not
     yet chosen, weighted by the softmax, over the experts not yet chosen, of the logits within 2 jitter_eps of it
     (relative: (best - logit) / max(|logit|, best)); the others masked out of that softmax."""
-    T, E = logits.shape
+    E = logits.shape[-1]
     remaining, weights, experts = logits, [], []
     for _ in range(top_k):
         best = jnp.max(remaining, axis=-1, keepdims=True)
