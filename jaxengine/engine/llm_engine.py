@@ -424,8 +424,8 @@ class LLMEngine:
         the weights are bfloat16 (a bfloat16 checkpoint with the native matmul, or `dtype bfloat16`): a bfloat16
         cache there, as vLLM's CPU build keeps a bfloat16 model's cache, which halves the bytes each decode step
         reads (the native kernels round K/V to bfloat16 on write and compute in float32). `fp8` (`fp8_e4m3`) and
-        `fp8_e5m2`, as vLLM's: float8 e4m3fn or e5m2 pages, K/V divided by their scales on write (the checkpoint's, else 1;
-        saturated at the format's largest value) and widened exactly on read. An explicit bfloat16, float16
+        `fp8_e5m2`, as vLLM's: float8 e4m3fn or e5m2 pages, K/V divided by their scales on write (the checkpoint's,
+        else 1; saturated at the format's largest value) and widened exactly on read. An explicit bfloat16, float16
         or float8 cache on CPU needs the native body (bfloat16 or float8) or is refused: XLA:CPU's scatter
         converts a whole reduced-precision cache around every write."""
         setting = config.kv_cache_dtype

@@ -347,7 +347,8 @@ def _olmo_tensors(name: str, array, cfg: ModelConfig) -> list:
     ones = np.ones(cfg.hidden_size, np.float32)
     if name.endswith(".self_attn.q_proj.weight"):
         stem = name[: -len("self_attn.q_proj.weight")]
-        return [(name, array), (stem + "input_layernorm.weight", ones), (stem + "post_attention_layernorm.weight", ones)]
+        return [(name, array), (stem + "input_layernorm.weight", ones),
+                (stem + "post_attention_layernorm.weight", ones)]
     if name == "model.embed_tokens.weight":
         return [(name, array), ("model.norm.weight", ones)]
     return [(name, array)]
