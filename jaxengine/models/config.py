@@ -444,6 +444,15 @@ def model_config_from_hf(hf: dict, *, qkv_bias=None, o_bias=None, qk_norm=False)
     )
 
 
+def _completed(hf: dict, config_class: str) -> dict:
+    """`hf` read through transformers' `config_class` (its defaults filled in, its older keys converted), with the
+    checkpoint's own architectures."""
+    import transformers
+
+    given = {k: v for k, v in hf.items() if k not in ("architectures", "model_type")}
+    return getattr(transformers, config_class)(**given).to_dict() | {"architectures": hf["architectures"]}
+
+
 def _positive(hf: dict, name: str, default: float) -> float:
     """Config key `name` (`default` where absent) as a float; a ValueError unless it is a positive number."""
     value = hf.get(name, default)
@@ -951,11 +960,9 @@ def ernie4_5_moe_config_from_hf(hf: dict) -> ModelConfig:
     read through transformers' Ernie4_5_MoeConfig): the softmax of the router's float32 logits, the top `moe_k`
     chosen with a correction bias added (`moe_statics`), their weights renormalised, `moe_num_shared_experts` shared
     experts beside them; dense MLPs in the other layers. `use_bias` is refused; the MTP layers are not loaded."""
-    import transformers
-
     if hf.get("use_bias"):
         raise ValueError("use_bias=true (biases on every projection, the MLP's included) is not supported")
-    full = transformers.Ernie4_5_MoeConfig(**{k: v for k, v in hf.items() if k != "architectures"}).to_dict()
+    full = _completed(hf, "Ernie4_5_MoeConfig")
     layers, interval = full["num_hidden_layers"], full["moe_layer_interval"]
     start, end = full["moe_layer_start_index"], full["moe_layer_end_index"]
     if not (isinstance(interval, int) and interval >= 1):
@@ -1234,6 +1241,8 @@ def olmo_config_from_hf(hf: dict) -> ModelConfig:
 
 
 PHIMOE_ARCHITECTURES = ("PhimoeForCausalLM", "PhiMoEForCausalLM")  # transformers' name, the hub's
+# Checkpoints whose experts are Mixtral's `block_sparse_moe.experts.N.w1/w3/w2` (their router `block_sparse_moe.gate`)
+MIXTRAL_NAMED_ARCHITECTURES = ("MixtralForCausalLM", "MiniMaxM2ForCausalLM") + PHIMOE_ARCHITECTURES
 
 
 def phimoe_config_from_hf(hf: dict) -> ModelConfig:
@@ -1242,10 +1251,7 @@ def phimoe_config_from_hf(hf: dict) -> ModelConfig:
     every layer chosen by the sparsemixer router (two rounds, each the best remaining expert weighted by a softmax
     over the logits within 2 `router_jitter_noise` of it). Its config read through transformers' PhimoeConfig; a top
     k other than 2 is refused (the router is defined for two)."""
-    import transformers
-
-    full = transformers.PhimoeConfig(**{k: v for k, v in hf.items() if k != "architectures"}).to_dict()
-    full["architectures"] = hf["architectures"]
+    full = _completed(hf, "PhimoeConfig")
     if full["num_experts_per_tok"] != 2:
         raise ValueError(f"num_experts_per_tok={full['num_experts_per_tok']} is not supported for Phi-3.5-MoE (its "
                          f"sparsemixer router chooses 2)")
@@ -1549,10 +1555,7 @@ def minimax_m2_config_from_hf(hf: dict) -> ModelConfig:
     MiniMaxM2Config (the hub's rotary_dim as the rope's partial_rotary_factor). MiniMax-Text-01's lightning attention
     (`attn_type_list` 0), sliding windows, shared experts and other scorers are refused; the MTP modules (layers
     past num_hidden_layers) are not loaded."""
-    import transformers
-
-    full = transformers.MiniMaxM2Config(**{k: v for k, v in hf.items() if k != "architectures"}).to_dict()
-    full["architectures"] = hf["architectures"]
+    full = _completed(hf, "MiniMaxM2Config")
     layers = full["num_hidden_layers"]
     kinds = full.get("attn_type_list")
     if kinds is not None and list(kinds) != [1] * layers:
@@ -1662,10 +1665,7 @@ def hy_v3_config_from_hf(hf: dict) -> ModelConfig:
     a correction bias (`expert_bias`), renormalised, times `router_scaling_factor`, beside `num_shared_experts`
     shared ones. Its config is read through transformers' HYV3Config; the MTP layers (past num_hidden_layers) are
     not loaded."""
-    import transformers
-
-    full = transformers.HYV3Config(**{k: v for k, v in hf.items() if k != "architectures"}).to_dict()
-    full["architectures"] = hf["architectures"]
+    full = _completed(hf, "HYV3Config")
     cfg = model_config_from_hf(full, qk_norm=True)
     return _deepseek_experts(full | {"n_routed_experts": full["num_experts"], "n_group": 1, "topk_group": 1,
                                      "n_shared_experts": full["num_shared_experts"], "norm_topk_prob": True,
@@ -1681,10 +1681,7 @@ def afmoe_config_from_hf(hf: dict) -> ModelConfig:
     `num_dense_layers` layers, then DeepSeek V3's ungrouped router (sigmoid scores chosen with a correction bias,
     renormalised, times `route_scale`) beside `num_shared_experts` shared experts. Read through transformers'
     AfmoeConfig."""
-    import transformers
-
-    full = transformers.AfmoeConfig(**{k: v for k, v in hf.items() if k != "architectures"}).to_dict()
-    full["architectures"] = hf["architectures"]
+    full = _completed(hf, "AfmoeConfig")
     cfg = model_config_from_hf(full, qk_norm=True)
     rotating = tuple(w > 0 for w in cfg.sliding_windows)
     cfg = dataclasses.replace(cfg, sandwich_norms=True, attn_output_gate=True,
@@ -1789,9 +1786,7 @@ def mistral4_config_from_hf(hf: dict) -> ModelConfig:
     `num_experts_per_tok`, renormalised where `norm_topk_prob`, times `routed_scaling_factor`) beside shared experts,
     dense MLPs in the first `first_k_dense_replace` layers. Read through transformers' Mistral4Config; expert groups
     that select (n_group > topk_group) are refused."""
-    import transformers
-
-    full = transformers.Mistral4Config(**{k: v for k, v in hf.items() if k != "architectures"}).to_dict()
+    full = _completed(hf, "Mistral4Config")
     n_group, topk_group = full.get("n_group") or 1, full.get("topk_group") or 1
     if n_group != topk_group:
         raise ValueError(f"n_group={n_group} with topk_group={topk_group} (expert groups that select) is not supported "
@@ -1815,8 +1810,6 @@ def kimi_linear_config_from_hf(hf: dict) -> ModelConfig:
     key row, over q/k/v convolved 4 wide, heads of linear_head_dim) among DeepSeek V3's latent attention layers
     without rotary embedding (NoPE: their rotary part unrotated, the scores scaled by the whole query head's width);
     DeepSeek V3's experts (sigmoid router, correction bias, shared experts) but in the dense MLP layers."""
-    import transformers
-
     if hf.get("quantization_config"):
         raise ValueError("quantized KimiLinearForCausalLM checkpoints are not supported yet (their linear layers' "
                          "projections are float only)")
@@ -1826,8 +1819,7 @@ def kimi_linear_config_from_hf(hf: dict) -> ModelConfig:
     if hf.get("mla_use_nope") is False:
         raise ValueError("mla_use_nope=false (rotary latent attention) is not supported for KimiLinearForCausalLM: "
                          "transformers' Kimi Linear attention has no rotary embedding")
-    full = transformers.KimiLinearConfig(**{k: v for k, v in hf.items()
-                                            if k not in ("architectures", "model_type")}).to_dict()
+    full = _completed(hf, "KimiLinearConfig")
     types = full["layer_types"]
     if not set(types) <= {"linear_attention", "full_attention"}:
         raise ValueError(f"layer_types must give each layer linear_attention or full_attention, got {types!r}")

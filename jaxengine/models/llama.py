@@ -26,8 +26,8 @@ from jaxengine.layers.attention import (FP8_DTYPES, attention, kv_writer, latent
 from jaxengine.layers.moe import SWIGLU_OAI, Mxfp4Experts, Routing, moe_mlp
 from jaxengine.layers.norms import gemma_scale, layer_norm, rms_norm
 from jaxengine.layers.rope import apply_rope, rope_tables
-from jaxengine.models.config import (GRANITE_MOE_ARCHITECTURES, LLAMA4_ARCHITECTURES, PHIMOE_ARCHITECTURES, ModelConfig,
-                                     rope_inv_freq)
+from jaxengine.models.config import (GRANITE_MOE_ARCHITECTURES, LLAMA4_ARCHITECTURES, MIXTRAL_NAMED_ARCHITECTURES,
+                                     ModelConfig, rope_inv_freq)
 from jaxengine.models.quantization import (QUANTIZED_LINEARS, W4A16, W8A8_INT8, W8A16_FP8, WEIGHT_ONLY, Int8Weight,
                                            WeightOnly, int8_matmul, projection_shapes, scale_groups)
 from jaxengine.runner.batch import RaggedBatch
@@ -1561,8 +1561,7 @@ def _layer_weight_map(cfg: ModelConfig) -> tuple[dict, dict]:
         per_layer |= {router: ("router", True)} | {
             f"{moe}.experts.{p}_proj": (f"expert_{p}", False) for p in ("gate", "up", "down")}
     elif cfg.num_experts:
-        mixtral = cfg.architecture in ("MixtralForCausalLM", "MiniMaxM2ForCausalLM",  # experts' w1, w3, w2
-                                       *PHIMOE_ARCHITECTURES)
+        mixtral = cfg.architecture in MIXTRAL_NAMED_ARCHITECTURES  # experts' w1, w3, w2
         moe = "block_sparse_moe" if mixtral else "mlp"
         per_layer[f"{moe}.gate.weight"] = ("router", True)
         if cfg.router_correction:

@@ -43,6 +43,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from jaxengine.models.config import MIXTRAL_NAMED_ARCHITECTURES
+
 W8A8_INT8 = "w8a8_int8"  # ModelConfig.quantization's values: the schemes served
 W4A16 = "w4a16"
 W8A16_FP8 = "w8a16_fp8"
@@ -291,10 +293,10 @@ def _check_fp8_activations(args: dict | None, where: str) -> None:
 def _check_converted(modules, field: str, hf: dict) -> None:
     """A config's list of modules left in float (AWQ's modules_to_not_convert, FP8's ignored_layers: names matched
     as substrings of a layer's, as vLLM matches them) may name none of the decoder layers' projections (under the
-    checkpoint's names: Mixtral's and MiniMax-M2's experts are `block_sparse_moe.experts.N.w1`, ..., so that
+    checkpoint's names: MIXTRAL_NAMED_ARCHITECTURES' experts are `block_sparse_moe.experts.N.w1`, ..., so that
     MiniMax-M2's "gate" names its router only)."""
     mlp = (("block_sparse_moe.experts.0", ("w1", "w2", "w3"))
-           if (hf.get("architectures") or [None])[0] in ("MixtralForCausalLM", "MiniMaxM2ForCausalLM")
+           if (hf.get("architectures") or [None])[0] in MIXTRAL_NAMED_ARCHITECTURES
            else ("mlp", ("gate_proj", "up_proj", "down_proj", "gate_up_proj")))
     projections = [f"model.layers.{i}.{block}.{p}" for i in range(hf.get("num_hidden_layers", 0))
                    for block, parts in (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")), mlp)

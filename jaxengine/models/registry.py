@@ -341,6 +341,10 @@ def _deepseek_tensors(name: str, array, cfg: ModelConfig) -> list:
     return _without_mtp_layers(name, array, cfg)
 
 
+# Hy3's and AFMoE's router (`mlp.router.gate`) and its correction bias (`mlp.expert_bias`) under DeepSeek V3's names
+_ROUTER_WITH_BIAS = ((".mlp.router.gate.", ".mlp.gate."), (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"))
+
+
 def _olmo_tensors(name: str, array, cfg: ModelConfig) -> list:
     """OLMo's tensors, and the weights of its weightless LayerNorms as ones: each layer's two with its q_proj, the
     final one with the embeddings."""
@@ -663,13 +667,11 @@ _REGISTRY = {
        for name in HUNYUAN_ARCHITECTURES},
     # Hy3: its router's, correction bias' and shared experts' names; MTP layers skipped
     "HYV3ForCausalLM": Architecture(LlamaForCausalLM, hy_v3_config_from_hf, _renaming(
-        ((".mlp.router.gate.", ".mlp.gate."), (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"),
-         (".mlp.shared_mlp.", ".mlp.shared_experts."))), split_tensor=_without_mtp_layers),
+        _ROUTER_WITH_BIAS + ((".mlp.shared_mlp.", ".mlp.shared_experts."),)), split_tensor=_without_mtp_layers),
     # AFMoE (Arcee Trinity): Hy3's names of the router and its bias, Gemma 2's of the MLP's norms, the attention's
     # output gate as Qwen3.5's
     "AfmoeForCausalLM": Architecture(LlamaForCausalLM, afmoe_config_from_hf, _renaming(
-        ((".mlp.router.gate.", ".mlp.gate."), (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"),
-         (".pre_mlp_layernorm.", ".pre_feedforward_layernorm."),
+        _ROUTER_WITH_BIAS + ((".pre_mlp_layernorm.", ".pre_feedforward_layernorm."),
          (".post_mlp_layernorm.", ".post_feedforward_layernorm."), (".self_attn.gate_proj.", ".self_attn.q_gate.")))),
     # MiniMax-M2: Mixtral's names, its correction bias beside its router; MTP modules skipped
     "MiniMaxM2ForCausalLM": Architecture(LlamaForCausalLM, minimax_m2_config_from_hf, _renaming(
