@@ -36,7 +36,7 @@ _SOURCES = tuple(Path(__file__).with_name(name)
                               "cpu_linear_attention.cc"))
 # The headers the sources include: part of the build's key.
 _HEADERS = tuple(Path(__file__).with_name(name)
-                 for name in ("cpu_gated.h", "cpu_pool.h", "cpu_tiles.h", "cpu_vector.h"))
+                 for name in ("cpu_gated.h", "cpu_matmul_avx2.h", "cpu_pool.h", "cpu_tiles.h", "cpu_vector.h"))
 _TARGET = "jaxengine_cpu_ragged_paged_attention"
 _SINKS_TARGET = "jaxengine_cpu_ragged_paged_attention_sinks"
 _MATMUL_TARGET = "jaxengine_cpu_matmul_bf16"
@@ -174,9 +174,10 @@ def available() -> bool:
 
 @functools.cache
 def matmul_available() -> bool:
-    """Whether the native bfloat16 matmul can run here: the library builds and the CPU has AVX-512 BF16."""
-    flags = cpu_flags().split()
-    return "avx512_bf16" in flags and "avx512bw" in flags and available()
+    """Whether the native bfloat16 matmul can run here: the library builds and the CPU has AVX-512 BF16, or
+    AVX2 with FMA and F16C (cpu_matmul_avx2.h: each pair of bfloat16 weights widened to float32 as it is read)."""
+    flags = set(cpu_flags().split())
+    return ({"avx512_bf16", "avx512bw"} <= flags or {"avx2", "fma", "f16c"} <= flags) and available()
 
 
 @functools.cache

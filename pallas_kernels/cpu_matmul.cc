@@ -25,6 +25,10 @@
 // Where the CPU has AMX-BF16 (Intel Xeon from Sapphire Rapids on) the panels run on its tiles instead
 // (amx_item) for calls of 8 live rows or more: the same layouts, 16-row blocks, ~6x the register path's speed
 // at 64 rows.
+//
+// Where the CPU has AVX2 and FMA but no AVX-512 BF16 (AMD Zen 2/3, Intel before Sapphire Rapids' cores), the
+// same weights, prologues, epilogues and work sharing run cpu_matmul_avx2.h's kernels: each pair of weights is
+// widened to float32 as it is loaded, and the rows are held rounded but widened (Problem::widened).
 
 #include <algorithm>
 #include <atomic>
@@ -42,9 +46,13 @@
 namespace ffi = xla::ffi;
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
-#include <immintrin.h>
+#define JAXENGINE_MATMUL_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define JAXENGINE_MATMUL_AVX2 1
+#endif
 
-#include "cpu_gated.h"
+#if defined(JAXENGINE_MATMUL_AVX512) || defined(JAXENGINE_MATMUL_AVX2)
+#include <immintrin.h>
 
 namespace {
 
@@ -64,7 +72,7 @@ struct Problem {
   int64_t gated_K2p;  // the next matmul's K2p: N / 4 rounded up to 16
   bool stream = false;    // store full panels with non-temporal stores (a large result, no residual)
   bool amx = false;       // the tile path (amx_panel): blocks of kTileRows rows
-  int32_t activation = kSilu;  // gated: the activation (cpu_gated.h GatedActivation)
+  int32_t activation = 0;  // gated: the activation (the epilogue's code: kGatedPairs and its kin below)
   const uint32_t* last_block = nullptr;  // amx: the last block's pairs padded to kTileRows rows where it has fewer
   // Weight-only quantized (MatmulDequant): W4A16's int4 panels [P, K2, 32] (byte (k, c): w[2k, c]'s unsigned
   // value in its low nibble, w[2k + 1, c]'s in its high one) or FP8's panels [P, K2, 64] (bytes (k, c) and (k, 32
@@ -81,6 +89,9 @@ struct Problem {
   // Where given, [P * 32] float32 added to each column's products (the accumulators start from it): a bias the
   // epilogue then sees as part of the product (a gated matmul's gate/up biases).
   const float* column_bias = nullptr;
+  // The AVX2 path (cpu_matmul_avx2.h): the rows' bfloat16 values widened to float32 ([K2p / 16][R][32] by row
+  // block, at widened + 2 * m0 * K2p), from x or from the pairs at `a`.
+  const float* widened = nullptr;
 };
 
 // Fewer live rows than this run on registers even where tiles are available: a step of one request reads
@@ -111,6 +122,48 @@ inline int64_t block_rows(int64_t M, bool amx) {
   const int64_t blocks = (M + kMaxRows - 1) / kMaxRows;
   return (M + blocks - 1) / blocks;
 }
+
+
+// The AVX2 path holds the rounding phase's rows as float32 (two words a pair: Problem::widened), and widens the
+// pairs a kRounded matmul is given into them too.
+#ifdef JAXENGINE_MATMUL_AVX2
+constexpr bool kWidened = true;
+#else
+constexpr bool kWidened = false;
+#endif
+
+// What the kernel does to each row of x before rounding it to bfloat16 (the `prologue` attribute).
+enum Prologue : int32_t {
+  kPlain = 0,    // x [M, K] as it is
+  kRmsNorm = 1,  // x [M, K] -> norm * (x * rsqrt(mean(x^2) + eps)): transformers' RMSNorm, in float32
+  kRounded = 2,  // x is already bfloat16 pairs laid out by row block (a kGatedPairs matmul's result): no phase 1
+};
+
+// What becomes of the products (the `epilogue` attribute).
+enum Epilogue : int32_t {
+  kStore = 0,        // y [M, N] float32, plus the residual where given
+  kGatedPairs = 1,   // panels of 16 gate and 16 up columns (pack_gated): silu(gate) * up [M, N / 2] rounded to
+                     // bfloat16 pairs, laid out as the x of a kRounded matmul over the same live rows
+  kGatedPairsGeluTanh = 2,  // kGatedPairs with the tanh-approximated GELU (Gemma's) in place of silu
+  kGatedPairsSwigluOai = 3,  // kGatedPairs with GPT-OSS's clamped SwiGLU (cpu_gated.h kSwigluOai)
+};
+
+struct Input {
+  const float* x;
+  int64_t K;           // the matmul's K, x's row width
+  int32_t prologue;
+  const float* norm;   // [K] for kRmsNorm
+  float eps;
+  uint32_t* pairs;     // where the rounded rows go (Problem::a)
+};
+
+}  // namespace
+#endif
+
+#ifdef JAXENGINE_MATMUL_AVX512
+#include "cpu_gated.h"
+
+namespace {
 
 // Row r of the row block [m0, m0 + R) x panel `index`, its 32 products in lo (columns 0-15) and hi (16-31),
 // to where the epilogue puts them.
@@ -340,29 +393,6 @@ void mxfp4_rows(const Problem& p, int64_t index, __mmask32 mask, const uint8_t* 
   }
 }
 
-// Weight-only quantized: panel `index` dequantized into a bfloat16 panel of this thread's ([K2, 64], pack_bf16's
-// layout: each value times its group's scale plus its group's bias (int4: -zero point x scale), exact in float32,
-// then rounded; MXFP4's: mxfp4_panel), then multiplied as a bfloat16 one (all rows: once per call).
-void dequantized_panel(const Problem& p, int64_t index) {
-  const int64_t width = p.fp8 ? 64 : 32;  // bytes of a panel's pair of rows
-  const uint8_t* q = p.quant + index * p.K2 * width;
-  if (p.exponents && p.M <= kMaxRows)  // one row block: the panel dequantized in registers as it is multiplied
-    return mxfp4_rows<kMaxRows>(p, index, panel_mask(p, index), q, p.exponents + index * p.groups * 32);
-  thread_local std::vector<uint16_t> buffer;
-  buffer.resize(static_cast<size_t>(p.K2 * 64) + 32);
-  uint16_t* panel_w = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
-  if (p.exponents) {
-    mxfp4_panel(p, q, p.exponents + index * p.groups * 32, panel_w);
-  } else {
-    affine_panel(p, q, p.quant_scale + index * p.groups * 64, panel_w);
-  }
-  Problem one = p;
-  // block() reads panel `index` at w + index * K2 * 64: point that at this thread's panel
-  one.w = reinterpret_cast<const uint16_t*>(reinterpret_cast<uintptr_t>(panel_w) -
-                                             index * p.K2 * 64 * sizeof(uint16_t));
-  panel(one, index, -1);
-}
-
 #ifdef JAXENGINE_CPU_TILES
 // The tile path, where the CPU has AMX-BF16 (and Linux lets the process use its tile registers): one
 // tdpbf16ps multiplies a 16 x 32 bfloat16 tile of x by a 32 x 16 one of w into 16 x 16 float32, 16x the
@@ -519,36 +549,7 @@ void amx_item(const Problem& p, int64_t r0, int64_t r1, int64_t q0, int64_t q1, 
       amx_pair(p, m0, q, m0 == r0, m0 != r0 ? -1 : q + 1 < q1 ? q + 1 : next, pending, products[turn]);
   if (pending.m0 >= 0) finish_rows(p, pending, 0, 2 * kTileRows);
 }
-
-#else  // built for a CPU without AMX-BF16: the register path only (work() never reaches these)
-void configure_tiles() {}
-void amx_item(const Problem&, int64_t, int64_t, int64_t, int64_t, int64_t) {}
-#endif
-
-// What the kernel does to each row of x before rounding it to bfloat16 (the `prologue` attribute).
-enum Prologue : int32_t {
-  kPlain = 0,    // x [M, K] as it is
-  kRmsNorm = 1,  // x [M, K] -> norm * (x * rsqrt(mean(x^2) + eps)): transformers' RMSNorm, in float32
-  kRounded = 2,  // x is already bfloat16 pairs laid out by row block (a kGatedPairs matmul's result): no phase 1
-};
-
-// What becomes of the products (the `epilogue` attribute).
-enum Epilogue : int32_t {
-  kStore = 0,        // y [M, N] float32, plus the residual where given
-  kGatedPairs = 1,   // panels of 16 gate and 16 up columns (pack_gated): silu(gate) * up [M, N / 2] rounded to
-                     // bfloat16 pairs, laid out as the x of a kRounded matmul over the same live rows
-  kGatedPairsGeluTanh = 2,  // kGatedPairs with the tanh-approximated GELU (Gemma's) in place of silu
-  kGatedPairsSwigluOai = 3,  // kGatedPairs with GPT-OSS's clamped SwiGLU (cpu_gated.h kSwigluOai)
-};
-
-struct Input {
-  const float* x;
-  int64_t K;           // the matmul's K, x's row width
-  int32_t prologue;
-  const float* norm;   // [K] for kRmsNorm
-  float eps;
-  uint32_t* pairs;     // where the rounded rows go (Problem::a)
-};
+#endif  // JAXENGINE_CPU_TILES
 
 inline void store_bf16(uint16_t* out, __m512 lo, __m512 hi) {
   _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
@@ -589,6 +590,41 @@ void round_block(const Input& in, const Problem& p, int64_t index) {
   const int64_t m0 = index * p.rows, R = std::min<int64_t>(p.rows, p.M - m0);
   uint32_t* a = in.pairs + m0 * p.K2p;
   for (int64_t r = 0; r < R; ++r) round_row(in, m0 + r, a + 16 * r, 16 * R);
+}
+
+}  // namespace
+#endif  // JAXENGINE_MATMUL_AVX512
+
+#ifdef JAXENGINE_MATMUL_AVX2
+#include "cpu_matmul_avx2.h"
+#endif
+
+#if defined(JAXENGINE_MATMUL_AVX512) || defined(JAXENGINE_MATMUL_AVX2)
+namespace {
+
+// Weight-only quantized: panel `index` dequantized into a bfloat16 panel of this thread's ([K2, 64], pack_bf16's
+// layout: each value times its group's scale plus its group's bias (int4: -zero point x scale), exact in float32,
+// then rounded; MXFP4's: mxfp4_panel), then multiplied as a bfloat16 one (all rows: once per call).
+void dequantized_panel(const Problem& p, int64_t index) {
+  const int64_t width = p.fp8 ? 64 : 32;  // bytes of a panel's pair of rows
+  const uint8_t* q = p.quant + index * p.K2 * width;
+#ifdef JAXENGINE_MATMUL_AVX512
+  if (p.exponents && p.M <= kMaxRows)  // one row block: the panel dequantized in registers as it is multiplied
+    return mxfp4_rows<kMaxRows>(p, index, panel_mask(p, index), q, p.exponents + index * p.groups * 32);
+#endif
+  thread_local std::vector<uint16_t> buffer;
+  buffer.resize(static_cast<size_t>(p.K2 * 64) + 32);
+  uint16_t* panel_w = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+  if (p.exponents) {
+    mxfp4_panel(p, q, p.exponents + index * p.groups * 32, panel_w);
+  } else {
+    affine_panel(p, q, p.quant_scale + index * p.groups * 64, panel_w);
+  }
+  Problem one = p;
+  // block() reads panel `index` at w + index * K2 * 64: point that at this thread's panel
+  one.w = reinterpret_cast<const uint16_t*>(reinterpret_cast<uintptr_t>(panel_w) -
+                                             index * p.K2 * 64 * sizeof(uint16_t));
+  panel(one, index, -1);
 }
 
 // Two phases shared between the caller and XLA's intra-op pool: row blocks are rounded (with the prologue),
@@ -641,7 +677,9 @@ struct Shared {
       blocks_done.fetch_add(1, std::memory_order_release);
     }
     while (blocks_done.load(std::memory_order_acquire) < row_blocks) _mm_pause();  // taken blocks finish
+#ifdef JAXENGINE_CPU_TILES
     bool tiles = false;
+#endif
     for (int64_t i; (i = take(items_taken, items, from_back)) >= 0;) {
       const int64_t next = from_back ? i - 1 : i + 1;
       if (problem.quant) {
@@ -649,12 +687,14 @@ struct Shared {
       } else if (!problem.amx) {
         panel(problem, i, next >= 0 && next < items ? next : -1);
       } else {
+#ifdef JAXENGINE_CPU_TILES  // (amx is never set without tiles)
         if (!tiles) configure_tiles(), tiles = true;
         const int64_t rg = i / panel_groups, pg = i % panel_groups;
         const int64_t q0 = pg * group_panels, q1 = std::min(panels, q0 + group_panels);
         const int64_t r0 = rg * group_rows, r1 = std::min(problem.M, r0 + group_rows);
         const int64_t after = next >= 0 && next < items ? (next % panel_groups) * group_panels : -1;
         amx_item(problem, r0, r1, q0, q1, after);
+#endif
       }
       if (problem.stream) _mm_sfence();  // the stream stores are visible before the panel counts as done
       done.fetch_add(1, std::memory_order_release);
@@ -683,7 +723,9 @@ void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live
   // (16 rows more) of this buffer, or, for pairs from XLA, a copy padded to 16 rows (`padded`).
   const bool amx = live >= kTileMinRows && amx_enabled() && quant == nullptr;  // weight-only: the register path
   thread_local std::vector<uint32_t> buffer, padded;
-  if (!rounded) buffer.resize(static_cast<size_t>((live + (amx ? kTileRows : 0)) * K2p) + 16);
+  // The AVX2 path widens pairs from XLA into it too (kWidened: two float32 a pair), so it always rounds.
+  const bool rounding = !rounded || kWidened;
+  if (rounding) buffer.resize(static_cast<size_t>((live + (amx ? kTileRows : 0)) * K2p * (kWidened ? 2 : 1)) + 16);
   uint32_t* pairs = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
   const uint32_t* a = rounded ? static_cast<const uint32_t*>(x) : pairs;
   const int64_t rows = block_rows(live, amx);
@@ -707,6 +749,7 @@ void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live
   shared->problem.group_pairs = groups ? K2 / groups : 0;
   shared->problem.exponents = exponents;
   shared->problem.column_bias = column_bias;
+  shared->problem.widened = kWidened ? reinterpret_cast<const float*>(pairs) : nullptr;
   // A result too large for the cache (an output head's logits: 12.6 MB for 64 rows of a 49152-token
   // vocabulary) is streamed to memory, not read in first: a head call and the argmax after it 9.22 -> 8.83 ms
   // (eight alternations in one process). At 32 rows (6.3 MB) and fewer, streaming was no faster or slower.
@@ -714,7 +757,7 @@ void run_matmul(ffi::ThreadPool& pool, const void* x, bool rounded, int64_t live
   shared->problem.stream = !gated && residual == nullptr && 4 * live * N >= kStreamBytes && N % 16 == 0 &&
                            reinterpret_cast<uintptr_t>(y) % 64 == 0;
   shared->input = Input{rounded ? nullptr : static_cast<const float*>(x), K, prologue, norm, eps, pairs};
-  shared->row_blocks = rounded ? 0 : (live + rows - 1) / rows;
+  shared->row_blocks = rounding ? (live + rows - 1) / rows : 0;
   shared->plan(P);
   // The buffer of pairs is the caller's: it outlives every taken block and panel (a helper that starts late
   // takes none and never reads it).
@@ -926,27 +969,28 @@ ffi::Error GroupedMatmulMxfp4(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffe
 
 }  // namespace
 
-#else  // no AVX-512 BF16: cpu.py never calls this (matmul_available() is False); kept for a clear error.
+#else  // neither AVX-512 BF16 nor AVX2: cpu.py never calls these (matmul_available() is False); kept for a clear error
 
 namespace {
+constexpr const char* kNoPath = "cpu matmul: this CPU (or compiler) has neither AVX-512 BF16 nor AVX2";
 ffi::Error MatmulDequant(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::U8>, ffi::Buffer<ffi::F32>,
                          ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S32>,
                          ffi::Result<ffi::AnyBuffer>, int32_t, int32_t, float) {
-  return ffi::Error(ffi::ErrorCode::kUnimplemented, "cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
+  return ffi::Error(ffi::ErrorCode::kUnimplemented, kNoPath);
 }
 ffi::Error Matmul(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>,
                   ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S32>, ffi::Result<ffi::AnyBuffer>, int32_t, int32_t, float) {
-  return ffi::Error(ffi::ErrorCode::kUnimplemented, "cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
+  return ffi::Error(ffi::ErrorCode::kUnimplemented, kNoPath);
 }
 ffi::Error GroupedMatmul(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::S32>,
                          ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::F32>, ffi::Result<ffi::AnyBuffer>, int32_t, int32_t,
                          float) {
-  return ffi::Error(ffi::ErrorCode::kUnimplemented, "cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
+  return ffi::Error(ffi::ErrorCode::kUnimplemented, kNoPath);
 }
 ffi::Error GroupedMatmulMxfp4(ffi::ThreadPool, ffi::AnyBuffer, ffi::Buffer<ffi::U8>, ffi::Buffer<ffi::U8>,
                               ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::S32>,
                               ffi::Result<ffi::AnyBuffer>, int32_t, int32_t) {
-  return ffi::Error(ffi::ErrorCode::kUnimplemented, "cpu matmul: this CPU (or compiler) has no AVX-512 BF16");
+  return ffi::Error(ffi::ErrorCode::kUnimplemented, kNoPath);
 }
 }  // namespace
 

@@ -45,6 +45,10 @@ CASES = [
 ]
 
 
+needs_native_matmul = pytest.mark.skipif(not cpu.matmul_available(),
+                                         reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16 or AVX2")
+
+
 @pytest.mark.parametrize("body", FLOAT32_BODIES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_float32_body_matches_reference(body, case):
@@ -383,7 +387,7 @@ def test_tpu_companion_kernel_writes_kv_rows_into_their_pages():
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@needs_native_matmul
 @pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 33, 47), (12, 64, 32), (25, 576, 200), (3, 1536, 96),
                                    (64, 96, 40), (64, 64, 32784), (600, 100, 72)])
 def test_native_bf16_matmul_matches_xla(m, k, n):
@@ -405,7 +409,7 @@ def test_native_bf16_matmul_matches_xla(m, k, n):
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-5 * np.sqrt(k))
 
 
-@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@needs_native_matmul
 @pytest.mark.parametrize("prologue", [None, "rms_norm", "gated"])
 @pytest.mark.parametrize("m, lives", [(40, (0, 1, 7, 8, 13, 16, 29, 32, 33, 40, 45)), (600, (0, 100, 511, 512, 530))])
 def test_native_bf16_matmul_skips_padding_rows(prologue, m, lives):
@@ -482,7 +486,7 @@ def test_native_bf16_matmul_refuses_other_shapes_and_dtypes():
                         layer=jnp.array([0]))
 
 
-@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@needs_native_matmul
 @pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 33, 47), (64, 576, 96), (40, 1536, 64)])
 def test_native_bf16_matmul_prologues_match_xla(m, k, n):
     """The RMSNorm prologue (odd K, a zero row) and the residual epilogue (partial column panels included),
@@ -515,13 +519,16 @@ def test_native_bf16_matmul_prologues_match_xla(m, k, n):
                                **tol)
 
 
-@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
-@pytest.mark.parametrize("m,k,i,n", [(1, 7, 16, 5), (13, 33, 48, 47), (64, 576, 1536, 576), (40, 96, 80, 64)])
-def test_native_gated_pairs_feed_a_rounded_matmul(m, k, i, n):
+@needs_native_matmul
+@pytest.mark.parametrize("m,k,i,n,activation", [(1, 7, 16, 5, "silu"), (13, 33, 48, 47, "silu"),
+                                                (64, 576, 1536, 576, "silu"), (40, 96, 80, 64, "silu"),
+                                                (13, 33, 48, 47, "gelu_tanh"), (2, 96, 80, 64, "swigluoai")])
+def test_native_gated_pairs_feed_a_rounded_matmul(m, k, i, n, activation):
     """The gated MLP: gated_pairs (silu(gate) * up applied to a pack_gated weight's products in registers, with
     and without the RMSNorm prologue; gates far past exp's range) feeding matmul_bf16's rounded prologue, against
     XLA's float32 products, activation and bfloat16 down projection. Widths of half a chunk of pairs (48, 80)
-    and row blocks of several sizes. unpack_gated splits the products of the packed weight back."""
+    and row blocks of several sizes; Gemma's tanh GELU and GPT-OSS's clamped SwiGLU in place of silu. unpack_gated
+    splits the products of the packed weight back."""
     import jax
 
     from jaxengine.layers.norms import rms_norm
@@ -547,14 +554,19 @@ def test_native_gated_pairs_feed_a_rounded_matmul(m, k, i, n):
 
     @functools.partial(jax.jit, static_argnames="prologue")
     def native(x, prologue):
-        pairs = cpu.gated_pairs(x, gate_up, prologue=prologue, norm=norm if prologue else None, eps=1e-5)
+        pairs = cpu.gated_pairs(x, gate_up, prologue=prologue, norm=norm if prologue else None, eps=1e-5,
+                                activation=activation)
         assert pairs.shape == (m, cpu.rounded_width(i)) and pairs.dtype == jnp.uint32
         return cpu.matmul_bf16(pairs, packed, n, prologue="rounded", residual=residual)
 
     for prologue, rows in ((None, x), ("rms_norm", rms_norm(x, norm, 1e-5))):
         g, u = dot(rows, gate), dot(rows, up)
         assert prologue or float(jnp.abs(g[0]).max()) > 100
-        h = jax.nn.silu(g) * u
+        if activation == "swigluoai":
+            g, u = jnp.minimum(g, 7.0), jnp.clip(u, -7.0, 7.0) + 1
+            h = g * jax.nn.sigmoid(1.702 * g) * u
+        else:
+            h = (jax.nn.silu(g) if activation == "silu" else jax.nn.gelu(g, approximate=True)) * u
         expected = np.asarray(residual + dot(h, down))
         got = np.asarray(native(x, prologue))
         assert np.isfinite(got).all()
@@ -564,7 +576,7 @@ def test_native_gated_pairs_feed_a_rounded_matmul(m, k, i, n):
     np.testing.assert_allclose(np.asarray(u), np.asarray(dot(x, up)), rtol=1e-5, atol=1e-3)
 
 
-@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@needs_native_matmul
 def test_native_matmuls_read_a_layer_of_stacked_weights_in_place():
     """A scanned layer loop hands the native matmul all layers' packed weights and the layer's index (traced):
     each layer's result is what its own packed weight gives, bit for bit, for the plain matmul and for the
@@ -631,15 +643,17 @@ def test_the_register_path_too_where_tiles_run():
 
 
 @pytest.mark.skipif(cpu._compiler() is None or os.uname().machine != "x86_64", reason="an x86-64 C++ compiler")
-@pytest.mark.parametrize("march", ["x86-64-v2", "x86-64-v4", "sapphirerapids"])
+@pytest.mark.parametrize("march", ["x86-64-v2", "x86-64-v3", "x86-64-v4", "sapphirerapids"])
 def test_the_kernels_compile_for_other_x86_cpus(march):
-    """The library builds from the same sources for CPUs with less than this one (SSE4.2; AVX-512 without BF16) or
-    more (AMX): the paths this machine does not run still compile (a jaxlib without ffi::Error::Unimplemented once
-    left every CPU without AVX-512 BF16 with no native kernel at all). Compiled to objects, so that the assembler
-    sees the instructions too (a tile number that is not a constant passes the compiler's checks and fails there).
-    AVX2 (x86-64-v3) selects no path of its own (the sources test AVX-512 and AMX macros only): v2 covers it."""
+    """The library builds from the same sources for CPUs with less or more than this one (SSE4.2; AVX2; AVX-512
+    without BF16; AMX): the paths this machine does not run still compile (a jaxlib without
+    ffi::Error::Unimplemented once left every CPU without AVX-512 BF16 with no native kernel at all). Compiled to
+    objects, so that the assembler sees the instructions too (a tile number that is not a constant passes the
+    compiler's checks and fails there). AVX2 (x86-64-v3) selects a path of its own in the matmul only (the other
+    sources test AVX-512 and AMX macros: v2 covers them there)."""
+    sources = [source for source in cpu._SOURCES if march != "x86-64-v3" or source.name == "cpu_matmul.cc"]
     with tempfile.TemporaryDirectory() as tmp:
-        for source in cpu._SOURCES:
+        for source in sources:
             command = [cpu._compiler(), "-std=c++17", f"-march={march}", "-c", f"-I{jax.ffi.include_dir()}",
                        str(source), "-o", os.path.join(tmp, source.stem + ".o")]
             result = subprocess.run(command, capture_output=True, text=True)
@@ -1000,7 +1014,7 @@ def _weight_only(form: str, rng, k: int, n: int, group: int):
     return tuple(jnp.asarray(a) for a in packed), cpu.pack_bf16(dequantized.astype(jnp.bfloat16))
 
 
-@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@needs_native_matmul
 @pytest.mark.parametrize("m, k, n, group, form", [
     (1, 64, 32, 16, "int4"), (5, 96, 70, 32, "int4-zeros"), (13, 112, 48, 112, "int4"), (64, 96, 64, 2, "int4-zeros"),
     (1, 64, 32, 16, "fp8"), (5, 96, 70, 32, "fp8"), (64, 96, 64, 2, "fp8")])
@@ -1040,7 +1054,7 @@ def _mxfp4(rng, experts: int, n: int, k: int, low: int = 118, high: int = 131):
     return blocks, scales, dequantize_mxfp4(blocks, scales).swapaxes(-1, -2)
 
 
-@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@needs_native_matmul
 def test_grouped_mxfp4_matmul_dequantizes_every_code_and_scale_exactly():
     """One-hot rows read each weight back: every byte's two float4 codes at every exponent from 2 to 252 (the
     exponent-field path) and at 0, 1, 253 and 254 (the float32 path; codes kept small there so that nothing
@@ -1080,7 +1094,7 @@ def test_grouped_mxfp4_matmul_dequantizes_every_code_and_scale_exactly():
         np.testing.assert_array_equal(got, want.repeat(2, 0))
 
 
-@pytest.mark.skipif(not cpu.matmul_available(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@needs_native_matmul
 @pytest.mark.parametrize("activation", ["swigluoai", "silu"])
 def test_grouped_mxfp4_matmul_is_the_bf16_grouped_matmul_of_the_dequantized_weights(activation):
     """Against grouped_matmul_bf16 over pack_bf16 (pack_gated) of the dequantized weights: the stored products

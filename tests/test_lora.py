@@ -66,7 +66,7 @@ def test_native_bfloat16_layers_take_the_updates(engines, adapters):
     from jaxengine.models.loader import native_matmul_applies
 
     if not native_matmul_applies(engine.mesh):
-        pytest.skip("the native CPU matmul does not run here (no AVX-512 BF16)")
+        pytest.skip("the native CPU matmul does not run here (neither AVX-512 BF16 nor AVX2)")
     prompt = random_prompts(engine.model_config.vocab_size, [40], seed=22)[0]
     base = _prompt_logprobs(engine, prompt, None)
     for name in ("all", "mlp"):

@@ -17,6 +17,9 @@ from tests import tiny_models
 from tests.conftest import ARCHS
 from tests.paged import PagedModel
 
+needs_native_matmul = pytest.mark.skipif(not native_matmul_applies(),
+                                         reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16 or AVX2")
+
 PROMPT_LENS = (1, 37, 100, 64)
 DECODE_STEPS = 16
 
@@ -87,8 +90,7 @@ def test_incremental_decode_through_scattered_pages_matches_transformers(arch, a
         np.testing.assert_allclose(dec, ref[len(pre):], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("matmul", ["xla", pytest.param("native", marks=pytest.mark.skipif(
-    not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16"))])
+@pytest.mark.parametrize("matmul", ["xla", pytest.param("native", marks=needs_native_matmul)])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_bfloat16_error_is_within_twice_transformers_own_bfloat16_error(arch, matmul, model_dirs, hf_models):
     """bfloat16 keeps 8 mantissa bits, so both engines drift from the float32 result by rounding that depends on
@@ -138,8 +140,7 @@ def biased_llama(tmp_path_factory, tokenizer_dir):
     return tiny_models.make_model("llama", out, tokenizer_dir, attention_bias=True, intermediate_size=128)
 
 
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
-    not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16"))])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=needs_native_matmul)])
 def test_attention_biases_and_the_fused_native_layer_match_transformers(dtype, biased_llama):
     """float32: XLA's dots with o_proj's bias and the residual. bfloat16 (native): every matmul of the layer
     fused as on the peer model: the norms as prologues of the packed q/k/v and gate/up matmuls, silu(gate) * up
@@ -162,7 +163,7 @@ def test_attention_biases_and_the_fused_native_layer_match_transformers(dtype, b
             assert np.abs(ours - exact).max() <= 2 * hf_error + np.abs(exact).max() * 2.0 ** -8
 
 
-@pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@needs_native_matmul
 @pytest.mark.parametrize("activation,post_norm", [("silu", False), ("gelu_tanh", True)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_gated_mlp_over_a_pack_gated_weight(dtype, activation, post_norm):
@@ -450,7 +451,7 @@ def test_qwen_vl_checkpoints_serve_their_language_model(tmp_path, tokenizer_dir,
     assert cfg.num_experts == (6 if kind == "qwen3_vl_moe" else 0)
 
 
-@pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@needs_native_matmul
 @pytest.mark.parametrize("intermediate, activation", [(48, "silu"), (40, "silu"), (45, "swigluoai"),
                                                       (48, "swigluoai"), (48, "relu2")])
 @pytest.mark.parametrize("stacked", [True, False])
@@ -502,7 +503,7 @@ def test_packed_experts_match_the_grouped_dot_over_the_same_weights(intermediate
     assert not np.asarray(got[-3:]).any()
 
 
-@pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@needs_native_matmul
 @pytest.mark.parametrize("stacked", [True, False])
 def test_mxfp4_experts_match_the_grouped_dot_over_their_dequantized_weights(stacked):
     """GPT-OSS's experts kept in MXFP4 (`Mxfp4Experts`: gate/up's codes in pack_gated's order with its biases, which
@@ -660,7 +661,7 @@ def test_gpt_oss_mxfp4_engine_checks_the_quantization_setting_and_decodes_as_tra
         assert finals[f"p{i}"].outputs[0].token_ids == hf_greedy(hf, prompt, 8)
 
 
-@pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@needs_native_matmul
 def test_gpt_oss_mxfp4_engine_keeps_the_experts_in_mxfp4_and_decodes_as_its_model(gpt_oss_mxfp4):
     """The engine's default (dtype auto: bfloat16 on the native matmul) keeps an MXFP4 checkpoint's experts in MXFP4;
     its greedy tokens, batched, chunked and padded to the engine's buckets, are the best tokens of the same model run
@@ -707,7 +708,7 @@ def test_gpt_oss_mxfp4_checkpoint_converts_to_orbax_with_the_same_logits(gpt_oss
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@needs_native_matmul
 @pytest.mark.parametrize("form", ["bfloat16", "mxfp4"])
 def test_gpt_oss_native_experts_gate_in_registers_within_bfloat16s_error(form, gpt_oss_64, gpt_oss_mxfp4):
     """With gpt-oss's own SwiGLU constants the native path packs each layer's experts' gate/up together and the

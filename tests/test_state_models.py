@@ -45,7 +45,8 @@ def test_state_model_relatives_match_transformers(tmp_path, tokenizer_dir, spec,
     assert prefill_matches_transformers(out).architecture == overrides["cls"]
 
 
-@pytest.mark.skipif(not native_matmul_applies(), reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16")
+@pytest.mark.skipif(not native_matmul_applies(),
+                    reason="the native bfloat16 matmul needs a CPU with AVX-512 BF16 or AVX2")
 @pytest.mark.parametrize("spec, overrides", [
     ("nemotron_h", dict(hybrid_override_pattern="ME*EM-", n_routed_experts=4, num_experts_per_tok=2,
                         moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1,
