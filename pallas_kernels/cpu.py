@@ -8,11 +8,11 @@ XLA:CPU runs the reference attention's gathers and many tiny batched dots far fr
 native body reads each request's K/V straight from its pages (float32 q; float32, bfloat16 or float8 pages), and
 its companion writer puts each step's K/V into the pages in place (`write_kv`: XLA:CPU's scatter into a bfloat16
 or float8 pool converts the whole pool around every write). XLA:CPU's bfloat16 dots reach a fraction of the AVX-512
-BF16 peak at decode and prefill row counts; the native matmul uses that instruction directly
-(`matmul_available()`: only where the CPU has it). Both are compiled from source into one library with the
-system C++ compiler on first use and cached under `~/.cache/jaxengine/kernels` (or `$JAXENGINE_KERNEL_CACHE`),
-keyed by the sources (and their shared header), jaxlib's FFI headers and the CPU's flags. Where no compiler is
-found, `available()` is False and XLA's own ops take over.
+BF16 peak at decode and prefill row counts; the native matmul uses that instruction directly, or on AVX2 CPUs
+widens each pair of bfloat16 weights to float32 as it reads them (`matmul_available()`). Both are compiled from
+source into one library with the system C++ compiler on first use and cached under `~/.cache/jaxengine/kernels`
+(or `$JAXENGINE_KERNEL_CACHE`), keyed by the sources (and their headers), jaxlib's FFI headers and the CPU's flags.
+Where no compiler is found, `available()` is False and XLA's own ops take over.
 """
 
 import ctypes

@@ -8,12 +8,13 @@
 // float32's upper half) and multiplied by fused multiply-adds. The rounding phase holds x's rows rounded to
 // bfloat16 but widened to float32 in the pairs' chunk layout ([K2p / 16][R][32] floats by row block,
 // Problem::widened), so each of a row's values is one broadcast load; the pairs a kRounded matmul is given (the
-// gated epilogue's) are widened into it the same way. A row block of up to 12 rows (block_rows, as on AVX-512,
-// so the gated pairs' layout is the same) runs as pieces of up to 4 rows x half a panel (8 accumulators of 8
-// columns), or, for one or two rows (a request's decode step), its rows x the whole panel in one pass over the
-// weights; the products go through a small buffer to the epilogue. Measured on a Zen 3 EPYC core (64 x 576 x
-// 3072): ~53 GFLOPS a core against XLA's float32 dot at ~39-52; a one-row step reads half the bytes of float32
-// weights.
+// gated epilogue's) are widened into it the same way. A call of one row block (up to 12 rows: block_rows, as on
+// AVX-512, so the gated pairs' layout is the same) reads the pairs as they are: one or two rows (a request's
+// decode step) x the whole panel in one pass over the weights, more in pieces of up to 4 rows x half a panel.
+// Larger calls widen each panel to float32 once (a thread's copy, in L2) and run pieces of up to 6 rows x half
+// of it: 12 accumulators, no conversion in the loop. The products go through a small buffer to the epilogue.
+// Measured on a 2-core Zen 3 EPYC against XLA's float32 dots (min of alternated runs): 64 rows 0.83-0.95x
+// XLA's time (llama-135m's q/k/v, gate/up, down), 512 rows 1.07-1.23x; one row ~0.3-0.6x (half the bytes).
 
 #pragma once
 
@@ -202,33 +203,120 @@ void finish_block(const Problem& p, int64_t m0, int64_t R, int64_t index, float 
   }
 }
 
+// The panel w ([K2, 64] pairs) widened to float32, [2 K2][32] (row k: input k's 32 columns) at `out`, bringing the
+// panel `prefetch` (where given) towards L2 on the way.
+void widen_panel(const Problem& p, const uint16_t* w, const uint16_t* prefetch, float* out) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t k = 0; k < p.K2; ++k, w += 64, out += 64) {
+    if (prefetch) {
+      _mm_prefetch(reinterpret_cast<const char*>(prefetch + 64 * k), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(prefetch + 64 * k + 32), _MM_HINT_T1);
+    }
+    for (int q = 0; q < 4; ++q) {
+      const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 * q));
+      _mm256_store_ps(out + 8 * q, _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)));
+      _mm256_store_ps(out + 32 + 8 * q, _mm256_castsi256_ps(_mm256_and_si256(pairs, high)));
+    }
+  }
+}
+
+// R rows (<= 6) x half `h` of a widened panel (widen_panel), the rows' widened values at a as for multiply, into
+// products[r][16 h ..]: 12 accumulators, one multiply-add of each per input (no conversion in the loop).
+template <int R>
+__attribute__((always_inline)) inline void multiply_widened(const Problem& p, const float* a, int64_t stride,
+                                                             const float* wide, int h, const float* bias,
+                                                             float (*products)[kPanel]) {
+  __m256 sums[R][2];
+#pragma GCC unroll 2
+  for (int q = 0; q < 2; ++q) {
+    const __m256 start = bias ? _mm256_loadu_ps(bias + 16 * h + 8 * q) : _mm256_setzero_ps();
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) sums[r][q] = start;
+  }
+  const int64_t K = 2 * p.K2;
+  const float* row = wide + 16 * h;
+  for (int64_t c = 0; c < K; c += 32, a += stride) {
+    const int64_t n = std::min<int64_t>(32, K - c);
+    for (int64_t j = 0; j < n; ++j, row += 32) {
+      // (dereferenced, not _mm256_load_ps: GCC then kept the sums in memory across the loop)
+      const __m256 w0 = *reinterpret_cast<const __m256*>(row), w1 = *reinterpret_cast<const __m256*>(row + 8);
+#pragma GCC unroll 6
+      for (int r = 0; r < R; ++r) {
+        const __m256 x = _mm256_set1_ps(a[32 * r + j]);
+        sums[r][0] = _mm256_fmadd_ps(x, w0, sums[r][0]);
+        sums[r][1] = _mm256_fmadd_ps(x, w1, sums[r][1]);
+      }
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(products[r] + 16 * h, sums[r][0]);
+    _mm256_storeu_ps(products[r] + 16 * h + 8, sums[r][1]);
+  }
+}
+
+// Rows [r0, r0 + count) (count <= 6) of a row block x half `h` of a widened panel.
+void multiply_widened_half(const Problem& p, const float* a, int64_t stride, const float* wide, int h,
+                           const float* bias, int64_t r0, int64_t count, float (*products)[kPanel]) {
+  a += 32 * r0;
+  products += r0;
+  switch (count) {
+    case 1: return multiply_widened<1>(p, a, stride, wide, h, bias, products);
+    case 2: return multiply_widened<2>(p, a, stride, wide, h, bias, products);
+    case 3: return multiply_widened<3>(p, a, stride, wide, h, bias, products);
+    case 4: return multiply_widened<4>(p, a, stride, wide, h, bias, products);
+    case 5: return multiply_widened<5>(p, a, stride, wide, h, bias, products);
+    default: return multiply_widened<6>(p, a, stride, wide, h, bias, products);
+  }
+}
+
 // Panel `index` for all rows; the panel `next` (this worker's likely next one, or -1) is prefetched during the
-// first row block's first pass over the weights.
+// first pass over the weights. One row block (up to 12 rows: a decode step's) reads the pairs as they are, in one
+// pass (one or two rows x the whole panel) or in pieces of up to 4 rows x half the panel; more rows, the panel
+// widened to float32 first (this thread's copy, in L2), then pieces of up to 6 rows x half of it. Measured on a
+// Zen 3 core (576 x 3072 by 32-panels, 48 to 516 rows): the widened pieces 61-72 GFLOPS, the pairs' 46-54.
 void panel(const Problem& p, int64_t index, int64_t next) {
   const uint16_t* w = p.w + index * p.K2 * 64;
   const uint16_t* prefetch = next >= 0 ? p.w + next * p.K2 * 64 : nullptr;
   const float* bias = p.column_bias ? p.column_bias + index * kPanel : nullptr;
   alignas(64) float products[kMaxRows][kPanel];
+  const float* wide = nullptr;
+  if (p.M > kMaxRows) {
+    thread_local std::vector<float> buffer;
+    buffer.resize(static_cast<size_t>(p.K2 * 64) + 16);
+    float* out = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+    widen_panel(p, w, prefetch, out);
+    wide = out;
+    prefetch = nullptr;
+  }
   for (int64_t m0 = 0; m0 < p.M; m0 += p.rows, prefetch = nullptr) {
     const int64_t R = std::min<int64_t>(p.rows, p.M - m0), stride = 32 * R;
     const float* a = p.widened + 2 * m0 * p.K2p;
-    if (R <= 2) {
+    if (wide) {
+      const int64_t pieces = (R + 5) / 6;  // as even as can be (11 rows: 6 + 5)
+      for (int64_t i = 0, r0 = 0; i < pieces; ++i) {
+        const int64_t count = (R - r0 + (pieces - i) - 1) / (pieces - i);
+        for (int h = 0; h < 2; ++h) multiply_widened_half(p, a, stride, wide, h, bias, r0, count, products);
+        r0 += count;
+      }
+    } else if (R <= 2) {
       if (R == 1 && prefetch) multiply<1, 4, true>(p, a, stride, w, 0, bias, prefetch, products);
       else if (R == 1) multiply<1, 4>(p, a, stride, w, 0, bias, nullptr, products);
       else if (prefetch) multiply<2, 4, true>(p, a, stride, w, 0, bias, prefetch, products);
       else multiply<2, 4>(p, a, stride, w, 0, bias, nullptr, products);
     } else {
       const int64_t pieces = (R + 3) / 4;  // as even as can be (11 rows: 4 + 4 + 3)
-      for (int h = 0; h < 2; ++h)
-        for (int64_t i = 0, r0 = 0; i < pieces; ++i) {
-          const int64_t count = (R - r0 + (pieces - i) - 1) / (pieces - i);
+      for (int64_t i = 0, r0 = 0; i < pieces; ++i) {
+        const int64_t count = (R - r0 + (pieces - i) - 1) / (pieces - i);
+        for (int h = 0; h < 2; ++h) {  // both halves of a piece in turn: its rows stay in L1
           if (h == 0 && i == 0 && prefetch) {
             multiply_half<true>(p, a, stride, w, h, bias, prefetch, r0, count, products);
           } else {
             multiply_half<false>(p, a, stride, w, h, bias, nullptr, r0, count, products);
           }
-          r0 += count;
         }
+        r0 += count;
+      }
     }
     finish_block(p, m0, R, index, products);
   }

@@ -431,7 +431,7 @@ def test_activation_order(engines, model_dirs, quantized, name):
 
 def test_w4a16_bfloat16_and_tensor_parallel(engines, model_dirs, quantized):
     """bfloat16 (scales in bfloat16, the scanned layer loop, the native matmul's int4 panels where the CPU has AVX-512
-    BF16; with AWQ's zero points too) to bfloat16's precision; Qwen3's
+    BF16 or AVX2; with AWQ's zero points too) to bfloat16's precision; Qwen3's
     one KV head repeated over tp=2 with its per-channel scales: the single device's numbers."""
     settings = dict(model=str(quantized["qwen3-w4"]), max_num_batched_tokens=32, num_kv_blocks=30)
     one = prompt_logprobs(engines("qwen3", **settings), PROMPT)

@@ -147,9 +147,9 @@ _POOLING_STEP = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
 
 def unrolled_by_default(backend: str, native_matmul: bool) -> bool:
     """layer_loop 'auto': a scan over stacked layers, except on CPU where XLA's dots multiply the weights (no
-    native matmul: a CPU without AVX-512 BF16, float32 weights, a mesh), whose steps the unrolled loop runs
-    ~12% faster (llama-135m's float32 weights, 32 prompts x 128 -> 32: 135 against 119 tok/s), though it
-    compiles slower. Where the native matmul runs the two run alike and the scan starts sooner
+    native matmul: a CPU with neither AVX-512 BF16 nor AVX2, float32 weights, a mesh), whose steps the unrolled
+    loop runs ~12% faster (llama-135m's float32 weights, 32 prompts x 128 -> 32: 135 against 119 tok/s), though
+    it compiles slower. Where the native matmul runs the two run alike and the scan starts sooner
     (benchmarks/README, session 23)."""
     return backend == "cpu" and not native_matmul
 

@@ -64,8 +64,9 @@ def resolve_dtypes(dtype: str, cfg: ModelConfig, backend: str | None = None, nat
     there follow an explicit setting (a bfloat16 matmul casts its input and accumulates in float32). `auto`
     keeps a bfloat16 checkpoint's weights in bfloat16 where the native bfloat16 matmul runs (`native_bf16`: a
     CPU with AVX-512 BF16, see pallas_kernels/cpu_matmul.cc; ~1.5-2x XLA's float32 matmuls at decode row
-    counts, half the weight bytes per step), and is float32 otherwise, because XLA:CPU's own bfloat16 matmuls
-    measured 2-4x slower than float32 ones below ~256 rows."""
+    counts, half the weight bytes per step; or with AVX2, where a one-row step reads half the bytes and 512-row
+    calls run ~1.1-1.2x slower than XLA's float32 dots), and is float32 otherwise, because XLA:CPU's own
+    bfloat16 matmuls measured 2-4x slower than float32 ones below ~256 rows."""
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; use one of auto, {', '.join(DTYPES)}")
     if (backend or jax.default_backend()) == "cpu":
@@ -113,7 +114,7 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 
 def native_matmul_applies(mesh=None) -> bool:
     """Whether float32 x bfloat16 matmuls can run the native CPU kernel: the CPU backend, one device (the FFI
-    call is not partitioned over a mesh) and a CPU with AVX-512 BF16."""
+    call is not partitioned over a mesh) and a CPU with AVX-512 BF16 or AVX2 (cpu.matmul_available)."""
     if jax.default_backend() != "cpu" or (mesh is not None and mesh.devices.size > 1):
         return False
     from pallas_kernels import cpu
