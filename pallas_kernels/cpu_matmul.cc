@@ -123,7 +123,6 @@ inline int64_t block_rows(int64_t M, bool amx) {
   return (M + blocks - 1) / blocks;
 }
 
-
 // The AVX2 path holds the rounding phase's rows as float32 (two words a pair: Problem::widened), and widens the
 // pairs a kRounded matmul is given into them too.
 #ifdef JAXENGINE_MATMUL_AVX2
@@ -137,6 +136,7 @@ enum Prologue : int32_t {
   kPlain = 0,    // x [M, K] as it is
   kRmsNorm = 1,  // x [M, K] -> norm * (x * rsqrt(mean(x^2) + eps)): transformers' RMSNorm, in float32
   kRounded = 2,  // x is already bfloat16 pairs laid out by row block (a kGatedPairs matmul's result): no phase 1
+                 // (on AVX2 a phase that widens them)
 };
 
 // What becomes of the products (the `epilogue` attribute).
