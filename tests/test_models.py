@@ -132,6 +132,19 @@ def bfloat16_within_transformers_error(model_dir, native: bool, hf_model):
     assert agree >= 0.9 * total
 
 
+@needs_native_matmul
+@pytest.mark.parametrize("name,overrides", [("minimax_m2", {}), ("hunyuanmoe", {}), ("hy_v3", {}), ("afmoe", {}),
+                                            ("phimoe", dict(router_jitter_noise=0.01)), ("mistral4", {}), ("olmo", {})])
+def test_bfloat16_native_error_of_newer_families(name, overrides, tmp_path):
+    """The check above on the native matmul for families whose tiny models are not among ARCHS: their routers
+    (sigmoid with a correction bias, Phi-3.5-MoE's sparsemixer, Mistral 4's softmax over all experts) and layers
+    (latent attention, norms after the rotation, weightless LayerNorms) through the grouped and plain bfloat16
+    kernels and a bfloat16 KV cache."""
+    model_dir = tiny_models.make_model(name, tmp_path / name, **overrides)
+    cls = getattr(transformers, tiny_models.read_config(model_dir)["architectures"][0])
+    bfloat16_within_transformers_error(model_dir, True, lambda dtype: cls.from_pretrained(model_dir, dtype=dtype).eval())
+
+
 @pytest.fixture(scope="module")
 def biased_llama(tmp_path_factory, tokenizer_dir):
     """Llama with attention biases (q/k/v and o) and an intermediate size of whole 32-column panels, so that the
