@@ -142,7 +142,8 @@ def test_bfloat16_native_error_of_newer_families(name, overrides, tmp_path):
     kernels and a bfloat16 KV cache."""
     model_dir = tiny_models.make_model(name, tmp_path / name, **overrides)
     cls = getattr(transformers, tiny_models.read_config(model_dir)["architectures"][0])
-    bfloat16_within_transformers_error(model_dir, True, lambda dtype: cls.from_pretrained(model_dir, dtype=dtype).eval())
+    hf_model = lambda dtype: cls.from_pretrained(model_dir, dtype=dtype).eval()  # noqa: E731
+    bfloat16_within_transformers_error(model_dir, True, hf_model)
 
 
 @pytest.fixture(scope="module")
