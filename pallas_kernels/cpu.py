@@ -554,8 +554,8 @@ def gated_pairs(x, packed, *, prologue: str | None = None, norm=None, eps: float
     and live_rows: uint32 [M, rounded_width(I)], laid out by the kernel's row blocks (an operand, not a matrix
     to read). The activation is applied to the float32 products as they leave the registers, then rounded: the
     numbers that rounding `act(gate) * up` of the float32 products gives, without their [M, 2I] round trip
-    through memory or the next matmul's rounding pass. `activation`: "silu" or "gelu_tanh" (the tanh
-    approximation, as jax.nn.gelu's default). A stacked `packed` (of [L, K, I] weights) takes `layer` as
+    through memory or the next matmul's rounding pass. `activation`: "silu", "gelu_tanh" (the tanh
+    approximation, as jax.nn.gelu's default) or "swigluoai" (GPT-OSS's clamped SwiGLU). A stacked `packed` (of [L, K, I] weights) takes `layer` as
     `matmul_bf16` does."""
     if prologue not in (None, "rms_norm"):
         raise ValueError(f"gated_pairs' prologue must be None or 'rms_norm', got {prologue!r}")
