@@ -555,8 +555,8 @@ def gated_pairs(x, packed, *, prologue: str | None = None, norm=None, eps: float
     to read). The activation is applied to the float32 products as they leave the registers, then rounded: the
     numbers that rounding `act(gate) * up` of the float32 products gives, without their [M, 2I] round trip
     through memory or the next matmul's rounding pass. `activation`: "silu", "gelu_tanh" (the tanh
-    approximation, as jax.nn.gelu's default) or "swigluoai" (GPT-OSS's clamped SwiGLU). A stacked `packed` (of [L, K, I] weights) takes `layer` as
-    `matmul_bf16` does."""
+    approximation, as jax.nn.gelu's default) or "swigluoai" (GPT-OSS's clamped SwiGLU). A stacked `packed` (of
+    [L, K, I] weights) takes `layer` as `matmul_bf16` does."""
     if prologue not in (None, "rms_norm"):
         raise ValueError(f"gated_pairs' prologue must be None or 'rms_norm', got {prologue!r}")
     K = x.shape[-1] if x.ndim else 0
