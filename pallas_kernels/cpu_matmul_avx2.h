@@ -32,6 +32,12 @@ inline __m256 round_bf16(__m256 v) {
   return _mm256_and_ps(either, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 
+// The even (low-half) and odd (high-half) bfloat16 values of 8 pair words, widened to float32.
+inline __m256 even_values(__m256i words) { return _mm256_castsi256_ps(_mm256_slli_epi32(words, 16)); }
+inline __m256 odd_values(__m256i words) {
+  return _mm256_castsi256_ps(_mm256_and_si256(words, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
 // Pairs of bfloat16 (the even value in the low half) from two vectors already rounded (round_bf16).
 inline __m256i pair_words(__m256 even, __m256 odd) {
   return _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(even), 16), _mm256_castps_si256(odd));
@@ -83,11 +89,9 @@ void round_block(const Input& in, const Problem& p, int64_t index) {
     return;
   }
   const uint32_t* a = p.a + m0 * p.K2p;
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t i = 0; i < p.K2p * R / 8; ++i, a += 8, out += 16) {
     const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
-    const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(words, 16));
-    const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(words, high));
+    const __m256 even = even_values(words), odd = odd_values(words);
     const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);  // by 128-bit lane
     _mm256_storeu_ps(out, _mm256_permute2f128_ps(lo, hi, 0x20));
     _mm256_storeu_ps(out + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
@@ -108,7 +112,6 @@ __attribute__((always_inline)) inline void multiply(const Problem& p, const floa
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) sums[r][q] = start;
   }
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t c = 0; c < p.K2; c += 16, a += stride) {
     const int64_t n = std::min<int64_t>(16, p.K2 - c);
     for (int64_t j = 0; j < n; ++j) {
@@ -121,8 +124,8 @@ __attribute__((always_inline)) inline void multiply(const Problem& p, const floa
 #pragma GCC unroll 4
       for (int q = 0; q < Q; ++q) {
         const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * q));
-        even[q] = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
-        odd[q] = _mm256_castsi256_ps(_mm256_and_si256(pairs, high));
+        even[q] = even_values(pairs);
+        odd[q] = odd_values(pairs);
       }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
@@ -206,7 +209,6 @@ void finish_block(const Problem& p, int64_t m0, int64_t R, int64_t index, float 
 // The panel w ([K2, 64] pairs) widened to float32, [2 K2][32] (row k: input k's 32 columns) at `out`, bringing the
 // panel `prefetch` (where given) towards L2 on the way.
 void widen_panel(const Problem& p, const uint16_t* w, const uint16_t* prefetch, float* out) {
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t k = 0; k < p.K2; ++k, w += 64, out += 64) {
     if (prefetch) {
       _mm_prefetch(reinterpret_cast<const char*>(prefetch + 64 * k), _MM_HINT_T1);
@@ -214,8 +216,8 @@ void widen_panel(const Problem& p, const uint16_t* w, const uint16_t* prefetch, 
     }
     for (int q = 0; q < 4; ++q) {
       const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 * q));
-      _mm256_store_ps(out + 8 * q, _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)));
-      _mm256_store_ps(out + 32 + 8 * q, _mm256_castsi256_ps(_mm256_and_si256(pairs, high)));
+      _mm256_store_ps(out + 8 * q, even_values(pairs));
+      _mm256_store_ps(out + 32 + 8 * q, odd_values(pairs));
     }
   }
 }
@@ -270,6 +272,18 @@ void multiply_widened_half(const Problem& p, const float* a, int64_t stride, con
   }
 }
 
+// A row block's R rows in pieces of at most `most`, as even as can be (11 rows by 4: 4 + 4 + 3; by 6: 6 + 5):
+// piece(i, first row, rows).
+template <typename Piece>
+void split_rows(int64_t R, int64_t most, Piece piece) {
+  const int64_t pieces = (R + most - 1) / most;
+  for (int64_t i = 0, r0 = 0; i < pieces; ++i) {
+    const int64_t count = (R - r0 + (pieces - i) - 1) / (pieces - i);
+    piece(i, r0, count);
+    r0 += count;
+  }
+}
+
 // Panel `index` for all rows; the panel `next` (this worker's likely next one, or -1) is prefetched during the
 // first pass over the weights. One row block (up to 12 rows: a decode step's) reads the pairs as they are, in one
 // pass (one or two rows x the whole panel) or in pieces of up to 4 rows x half the panel; more rows, the panel
@@ -293,21 +307,16 @@ void panel(const Problem& p, int64_t index, int64_t next) {
     const int64_t R = std::min<int64_t>(p.rows, p.M - m0), stride = 32 * R;
     const float* a = p.widened + 2 * m0 * p.K2p;
     if (wide) {
-      const int64_t pieces = (R + 5) / 6;  // as even as can be (11 rows: 6 + 5)
-      for (int64_t i = 0, r0 = 0; i < pieces; ++i) {
-        const int64_t count = (R - r0 + (pieces - i) - 1) / (pieces - i);
+      split_rows(R, 6, [&](int64_t, int64_t r0, int64_t count) {
         for (int h = 0; h < 2; ++h) multiply_widened_half(p, a, stride, wide, h, bias, r0, count, products);
-        r0 += count;
-      }
+      });
     } else if (R <= 2) {
       if (R == 1 && prefetch) multiply<1, 4, true>(p, a, stride, w, 0, bias, prefetch, products);
       else if (R == 1) multiply<1, 4>(p, a, stride, w, 0, bias, nullptr, products);
       else if (prefetch) multiply<2, 4, true>(p, a, stride, w, 0, bias, prefetch, products);
       else multiply<2, 4>(p, a, stride, w, 0, bias, nullptr, products);
     } else {
-      const int64_t pieces = (R + 3) / 4;  // as even as can be (11 rows: 4 + 4 + 3)
-      for (int64_t i = 0, r0 = 0; i < pieces; ++i) {
-        const int64_t count = (R - r0 + (pieces - i) - 1) / (pieces - i);
+      split_rows(R, 4, [&](int64_t i, int64_t r0, int64_t count) {
         for (int h = 0; h < 2; ++h) {  // both halves of a piece in turn: its rows stay in L1
           if (h == 0 && i == 0 && prefetch) {
             multiply_half<true>(p, a, stride, w, h, bias, prefetch, r0, count, products);
@@ -315,8 +324,7 @@ void panel(const Problem& p, int64_t index, int64_t next) {
             multiply_half<false>(p, a, stride, w, h, bias, nullptr, r0, count, products);
           }
         }
-        r0 += count;
-      }
+      });
     }
     finish_block(p, m0, R, index, products);
   }
