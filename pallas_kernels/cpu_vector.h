@@ -9,6 +9,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -43,6 +47,34 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// exp_nonpositive on 8 lanes of a 256-bit register: the same arithmetic as exp16 (where a 16-lane vector is two
+// 256-bit registers, GCC splits exp16's comparisons and selects into 128-bit pieces).
+__attribute__((always_inline)) inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  // (a NaN stays a NaN: max returns its second operand)
+  const __m256 y = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  const __m256 n = _mm256_floor_ps(y);
+  const __m256 reduced = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), reduced);
+  const __m256 q = exp_polynomial(r);
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(q, _mm256_castsi256_ps(bits));
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// exp_nonpositive on 16 lanes, as two exp8.
+__attribute__((always_inline)) inline v16 exp16(v16 x) {
+  __m256 lo, hi;
+  std::memcpy(&lo, &x, sizeof(lo));
+  std::memcpy(&hi, reinterpret_cast<const char*>(&x) + sizeof(lo), sizeof(hi));
+  lo = exp8(lo), hi = exp8(hi);
+  v16 y;
+  std::memcpy(&y, &lo, sizeof(lo));
+  std::memcpy(reinterpret_cast<char*>(&y) + sizeof(lo), &hi, sizeof(hi));
+  return y;
+}
+#else
 // exp_nonpositive on 16 lanes; always inlined (a call would pass the lanes through memory).
 __attribute__((always_inline)) inline v16 exp16(v16 x) {
   x = x < splat(-87.0f) ? splat(-87.0f) : x;
@@ -56,5 +88,6 @@ __attribute__((always_inline)) inline v16 exp16(v16 x) {
   std::memcpy(&scale, &bits, sizeof(scale));
   return q * scale;
 }
+#endif
 
 }  // namespace
