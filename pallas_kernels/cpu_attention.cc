@@ -341,16 +341,26 @@ inline __m512 dot_bf16(__m512 acc, __m512i a, __m512i b) {
 #else
 constexpr bool kBf16Dot = false;
 #endif
+#ifdef JAXENGINE_ATTENTION_AVX2
+// bfloat16 pages are read 16 values (8 pair words) at a time, even and odd dimensions widened apart
+// (even_values, odd_values: one instruction per 8 values), so a row's q and accumulator keep each 16 dimensions'
+// even ones first (paired_index).
+constexpr bool kPairedWords = true;
+#else
+constexpr bool kPairedWords = false;
+#endif
 
 // Where dimension d of a row's accumulator is kept: in natural order, except for bfloat16 pages on the vector
 // path (accumulate_values), where lane k of the two accumulators for dimensions [32c, 32c + 32) (k < 32
-// across both) holds dimension 32c + 8 (k % 16 / 4) + 4 (k / 16) + k % 4.
+// across both) holds dimension 32c + 8 (k % 16 / 4) + 4 (k / 16) + k % 4; on AVX2 (kPairedWords), each 16
+// dimensions' even ones, then their odd ones (and q's dimensions in the same order).
 template <int kD, class T>
 constexpr int64_t paired_index(int64_t d) {
   if constexpr (kD > 0 && kBf16Dot && std::is_same_v<T, uint16_t>) {
     const int64_t c = d / 32, rest = d % 32, lane_group = rest / 8, half = (rest % 8) / 4;
     return 32 * c + 16 * half + 4 * lane_group + rest % 4;
   }
+  if constexpr (kD > 0 && kPairedWords && std::is_same_v<T, uint16_t>) return 16 * (d / 16) + 8 * (d % 2) + d % 16 / 2;
   return d;
 }
 
@@ -407,11 +417,12 @@ inline v16 block_scores(const RowState& row, const T* const* key_rows, int64_t k
 }
 
 #ifdef JAXENGINE_ATTENTION_AVX2
-// 8 values of a page row as float32 (bfloat16 widened: a bfloat16 is a float32's upper half).
-inline __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
-inline __m256 load8(const uint16_t* x) {
-  const __m256i words = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(words, 16));
+// 16 values of a page row as float32, in a row's lane order (paired_index): as they are (float32 pages), or
+// bfloat16 pair words' even values, then their odd ones.
+inline void load_chunk(const float* x, __m256& lo, __m256& hi) { lo = _mm256_loadu_ps(x), hi = _mm256_loadu_ps(x + 8); }
+inline void load_chunk(const uint16_t* x, __m256& lo, __m256& hi) {
+  const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  lo = even_values(words), hi = odd_values(words);
 }
 
 // The lane sums of 8 vectors: lane j = the sum of s[j]'s 8 lanes (6 horizontal adds, 2 lane swaps, an add).
@@ -422,10 +433,10 @@ inline __m256 sums8(const __m256* s) {
 }
 
 // The 16 scores of each of N rows (<= 4) against a block's keys (lane j = q . k_j) on 256-bit registers, where
-// AVX-512 is missing: two keys at a time, each key's row loaded (and widened) once for all N rows, q read from
-// memory by the multiply-adds, 2N accumulators of 8 partial sums; then 8 keys' partial sums a row reduced at
-// once (sums8). block_scores' reduction of 16-lane vectors runs two 256-bit halves and cross-lane shuffles for
-// each of its 45 steps here; one row at a time, it also widened each key once per row.
+// AVX-512 is missing: two keys at a time, each key's row loaded (and widened) once for all N rows, q (in the
+// same lane order, paired_index) read from memory, 2N accumulators of 8 partial sums; then 8 keys' partial sums
+// a row reduced at once (sums8). block_scores' reduction of 16-lane vectors runs two 256-bit halves and
+// cross-lane shuffles for each of its 45 steps here; one row at a time, it also widened each key once per row.
 template <int kD, int N, class T>
 inline void block_scores_rows(RowState* const* rows, const T* const* key_rows, int64_t k_offset, v16* scores) {
   __m256 partial[N][kKeyBlock];
@@ -434,12 +445,16 @@ inline void block_scores_rows(RowState* const* rows, const T* const* key_rows, i
     const T* k1 = key_rows[j + 1] + k_offset;
     __m256 a0[N], a1[N];
     for (int r = 0; r < N; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
-    for (int c = 0; c < kD / 8; ++c) {
-      const __m256 x0 = load8(k0 + 8 * c), x1 = load8(k1 + 8 * c);
-      for (int r = 0; r < N; ++r) {
-        const __m256 q = _mm256_loadu_ps(rows[r]->q + 8 * c);
-        a0[r] = _mm256_fmadd_ps(q, x0, a0[r]);
-        a1[r] = _mm256_fmadd_ps(q, x1, a1[r]);
+    for (int c = 0; c < kD / 16; ++c) {
+      __m256 x0[2], x1[2];
+      load_chunk(k0 + 16 * c, x0[0], x0[1]);
+      load_chunk(k1 + 16 * c, x1[0], x1[1]);
+      for (int i = 0; i < 2; ++i) {
+        for (int r = 0; r < N; ++r) {
+          const __m256 q = _mm256_loadu_ps(rows[r]->q + 16 * c + 8 * i);
+          a0[r] = _mm256_fmadd_ps(q, x0[i], a0[r]);
+          a1[r] = _mm256_fmadd_ps(q, x1[i], a1[r]);
+        }
       }
     }
     for (int r = 0; r < N; ++r) partial[r][j] = a0[r], partial[r][j + 1] = a1[r];
@@ -723,8 +738,9 @@ inline void accumulate_window(RowState* const* rows, const v16* const* weights, 
   }
 #endif
 #ifdef JAXENGINE_ATTENTION_AVX2
-  // 256-bit registers: 16 dimensions at a time (2N accumulators) in a pass over the window's keys, each key's
-  // 16 values loaded (widened) once for the N rows; the key prefetcher steps in the first pass.
+  // 256-bit registers: 16 dimensions at a time (2N accumulators, in the lane order of load_chunk) in a pass
+  // over the window's keys, each key's 16 values loaded (widened) once for the N rows; the key prefetcher
+  // steps in the first pass.
   for (int c = 0; c < kD / 16; ++c) {
     __m256 a[N][2];
     for (int r = 0; r < N; ++r) {
@@ -737,8 +753,8 @@ inline void accumulate_window(RowState* const* rows, const v16* const* weights, 
       int first, last;
       if (!block_range(b, first, last)) continue;
       for (int j = first; j <= last; ++j) {
-        const T* v = key_rows[b * kKeyBlock + j] + v_offset + 16 * c;
-        const __m256 v0 = load8(v), v1 = load8(v + 8);
+        __m256 v0, v1;
+        load_chunk(key_rows[b * kKeyBlock + j] + v_offset + 16 * c, v0, v1);
         for (int r = 0; r < N; ++r) {
           const __m256 w = _mm256_broadcast_ss(reinterpret_cast<const float*>(&weights[r][b]) + j);
           a[r][0] = _mm256_fmadd_ps(w, v0, a[r][0]);
@@ -1101,7 +1117,7 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
     row.qb = rounded.data() + i * D;
     const int32_t token = item.first_token + i / Hq;
     const float* src = p.q + (token * Hq + i % Hq) * D;
-    for (int64_t d = 0; d < D; ++d) row.q[d] = src[d] * p.sm_scale;
+    for (int64_t d = 0; d < D; ++d) row.q[kPairedWords ? paired_index<kD, T>(d) : d] = src[d] * p.sm_scale;
     if (kBf16Dot && std::is_same_v<T, uint16_t>)
       for (int64_t d = 0; d < D; ++d) row.qb[d] = round_bf16(row.q[d]);
     std::fill(row.acc, row.acc + D, 0.0f);

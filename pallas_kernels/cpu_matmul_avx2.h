@@ -32,12 +32,6 @@ inline __m256 round_bf16(__m256 v) {
   return _mm256_and_ps(either, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 
-// The even (low-half) and odd (high-half) bfloat16 values of 8 pair words, widened to float32.
-inline __m256 even_values(__m256i words) { return _mm256_castsi256_ps(_mm256_slli_epi32(words, 16)); }
-inline __m256 odd_values(__m256i words) {
-  return _mm256_castsi256_ps(_mm256_and_si256(words, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
-}
-
 // Pairs of bfloat16 (the even value in the low half) from two vectors already rounded (round_bf16).
 inline __m256i pair_words(__m256 even, __m256 odd) {
   return _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(even), 16), _mm256_castps_si256(odd));

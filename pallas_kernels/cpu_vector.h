@@ -48,6 +48,13 @@ inline float exp_nonpositive(float x) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
+// The even (low-half) and odd (high-half) bfloat16 values of 8 words that each hold a pair, widened to float32
+// (a bfloat16 is a float32's upper half).
+inline __m256 even_values(__m256i words) { return _mm256_castsi256_ps(_mm256_slli_epi32(words, 16)); }
+inline __m256 odd_values(__m256i words) {
+  return _mm256_castsi256_ps(_mm256_and_si256(words, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
 // exp_nonpositive on 8 lanes of a 256-bit register: the same arithmetic as exp16 (where a 16-lane vector is two
 // 256-bit registers, GCC splits exp16's comparisons and selects into 128-bit pieces).
 __attribute__((always_inline)) inline __m256 exp8(__m256 x) {
