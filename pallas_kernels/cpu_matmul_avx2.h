@@ -13,8 +13,9 @@
 // decode step) x the whole panel in one pass over the weights, more in pieces of up to 4 rows x half a panel.
 // Larger calls widen each panel to float32 once (a thread's copy, in L2) and run pieces of up to 6 rows x half
 // of it: 12 accumulators, no conversion in the loop. The products go through a small buffer to the epilogue.
-// Measured on a 2-core Zen 3 EPYC against XLA's float32 dots (min of alternated runs): 64 rows 0.83-0.95x
-// XLA's time (llama-135m's q/k/v, gate/up, down), 512 rows 1.07-1.23x; one row ~0.3-0.6x (half the bytes).
+// Measured on a 2-core Zen 3 EPYC against XLA's float32 dots (min of alternated runs): 64 rows 0.8-1.0x
+// XLA's time (llama-135m's q/k/v, gate/up with its SwiGLU against XLA's dot alone, down), 512 rows 1.05-1.16x;
+// one row ~0.3-0.6x (half the bytes).
 
 #pragma once
 
