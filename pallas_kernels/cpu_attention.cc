@@ -946,8 +946,10 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
       }
 #endif
 #ifdef JAXENGINE_ATTENTION_AVX2
-      block_scores_group<kD, kRows>(row, group, key_rows + b * kKeyBlock, 2 * h * kD, group_scores);
-      scored = true;
+      const int32_t block = start + b * kKeyBlock;
+      if (std::any_of(row, row + group, [&](const RowState* r) { return r->lo < block + kKeyBlock && r->hi >= block; }))
+        block_scores_group<kD, kRows>(row, group, key_rows + b * kKeyBlock, 2 * h * kD, group_scores);
+      scored = true;  // (scores of a block no row attends to are never read: masked() returns -inf first)
 #endif
       for (int r = 0; r < group; ++r) {
         v16& s = scores[r * blocks + b];
@@ -1195,8 +1197,7 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
     if constexpr (kD > 0) {
       for (int h = 0; h < Hkv; ++h)
         head_window_vector<kD>(p, by_head.data() + h * tokens * G, tokens * G, key_rows.data(), ok.data(),
-                               whole.data(), start,
-                               blocks, h, plan);
+                               whole.data(), start, blocks, h, plan);
     } else {
       for (int b = 0; b < blocks; ++b) {
         plan.step();
