@@ -947,7 +947,8 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
 #endif
 #ifdef JAXENGINE_ATTENTION_AVX2
       const int32_t block = start + b * kKeyBlock;
-      if (std::any_of(row, row + group, [&](const RowState* r) { return r->lo < block + kKeyBlock && r->hi >= block; }))
+      int32_t first, last;  // (unused)
+      if (std::any_of(row, row + group, [&](const RowState* r) { return block_keys(*r, block, first, last); }))
         block_scores_group<kD, kRows>(row, group, key_rows + b * kKeyBlock, 2 * h * kD, group_scores);
       scored = true;  // (scores of a block no row attends to are never read: masked() returns -inf first)
 #endif

@@ -47,7 +47,26 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
+// exp_nonpositive on every lane of a GCC vector (V: 16 or 8 floats; I: as many int32): always inlined (a call
+// would pass the lanes through memory).
+template <class V, class I>
+__attribute__((always_inline)) inline V exp_lanes(V x) {
+  const V low = V{} - 87.0f;
+  x = x < low ? low : x;
+  const V y = x * 1.44269504088896341f + 0.5f;
+  V n = __builtin_convertvector(__builtin_convertvector(y, I), V);  // truncation, then floor:
+  n = n > y ? n - 1.0f : n;
+  const V r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  const V q = exp_polynomial(r);
+  const I bits = (__builtin_convertvector(n, I) + 127) << 23;
+  V scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return q * scale;
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+
 // The even (low-half) and odd (high-half) bfloat16 values of 8 words that each hold a pair, widened to float32
 // (a bfloat16 is a float32's upper half).
 inline __m256 even_values(__m256i words) { return _mm256_castsi256_ps(_mm256_slli_epi32(words, 16)); }
@@ -55,22 +74,13 @@ inline __m256 odd_values(__m256i words) {
   return _mm256_castsi256_ps(_mm256_and_si256(words, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 
-// exp_nonpositive on 8 lanes of a 256-bit register: the same arithmetic as exp16 (where a 16-lane vector is two
-// 256-bit registers, GCC splits exp16's comparisons and selects into 128-bit pieces).
-__attribute__((always_inline)) inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  // (a NaN stays a NaN: max returns its second operand)
-  const __m256 y = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-  const __m256 n = _mm256_floor_ps(y);
-  const __m256 reduced = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), reduced);
-  const __m256 q = exp_polynomial(r);
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(q, _mm256_castsi256_ps(bits));
-}
+// exp_nonpositive on one 256-bit register's 8 lanes.
+__attribute__((always_inline)) inline __m256 exp8(__m256 x) { return exp_lanes<__m256, i32x8>(x); }
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-// exp_nonpositive on 16 lanes, as two exp8.
+// exp_nonpositive on 16 lanes, as two exp8: where a 16-lane vector is two 256-bit registers, GCC splits its
+// comparisons and selects into 128-bit pieces.
 __attribute__((always_inline)) inline v16 exp16(v16 x) {
   __m256 lo, hi;
   std::memcpy(&lo, &x, sizeof(lo));
@@ -82,19 +92,8 @@ __attribute__((always_inline)) inline v16 exp16(v16 x) {
   return y;
 }
 #else
-// exp_nonpositive on 16 lanes; always inlined (a call would pass the lanes through memory).
-__attribute__((always_inline)) inline v16 exp16(v16 x) {
-  x = x < splat(-87.0f) ? splat(-87.0f) : x;
-  const v16 y = x * 1.44269504088896341f + 0.5f;
-  v16 n = __builtin_convertvector(__builtin_convertvector(y, i32x16), v16);  // truncation, then floor:
-  n = n > y ? n - 1.0f : n;
-  const v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  const v16 q = exp_polynomial(r);
-  const i32x16 bits = (__builtin_convertvector(n, i32x16) + 127) << 23;
-  v16 scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return q * scale;
-}
+// exp_nonpositive on 16 lanes.
+__attribute__((always_inline)) inline v16 exp16(v16 x) { return exp_lanes<v16, i32x16>(x); }
 #endif
 
 }  // namespace
