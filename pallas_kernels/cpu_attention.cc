@@ -33,6 +33,8 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #define JAXENGINE_ATTENTION_AVX2 1  // 256-bit kernels for the scores and values (16 registers, see block_scores_rows)
 #endif
@@ -242,7 +244,21 @@ void locate_keys(const Problem& p, const T* kv, const int32_t* table, int32_t bl
   }
 }
 
-constexpr int64_t kTouchBytes = int64_t{256} << 10;  // keys touched ahead of their use, at most
+// Keys touched ahead of their use, at most (a window, see run_item): an eighth of a core's L2 cache, 32-256 KB, as
+// the window computed on and the next one prefetched beside it must stay in L2 with what else the step keeps
+// there. 256 KB was tuned on a Xeon (2 MB of L2); on a Zen 3 EPYC (512 KB) a 64 KB window took 64 decode
+// requests x 1024 keys from 6.8-7.4 to 3.5-3.6 ms a layer over random pages (4.7-5.0 -> 2.9-3.2 over
+// contiguous ones; 4 x 4096 keys 1.7-2.2 -> 0.9-1.0 ms), with 96 KB as good and 128 KB and more worse.
+int64_t touch_bytes() {
+  static const int64_t bytes = [] {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (l2 > 0) return std::clamp<int64_t>(l2 / 8, int64_t{32} << 10, int64_t{256} << 10);
+#endif
+    return int64_t{128} << 10;  // L2 unknown: a megabyte's share
+  }();
+  return bytes;
+}
 
 // The rows of a range of keys in their pages, a run of lines per page, and a prefetcher over them: it brings
 // them into L2 while other keys are computed on, a few lines at each step() so that the loads overlap the
@@ -1133,8 +1149,8 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
   }
   const int32_t* table = p.block_tables + item.req * p.pages_per_seq;
   const int64_t width = 2 * Hkv * D, row_bytes = width * sizeof(Stored);
-  // Keys are read ahead of their use a window (up to 256 KB) at a time. While a window is computed on, the
-  // next one (the item's own, or the first of the worker's next item) is prefetched into L2, a few lines
+  // Keys are read ahead of their use a window (touch_bytes(), 32-256 KB) at a time. While a window is computed
+  // on, the next one (the item's own, or the first of the worker's next item) is prefetched into L2, a few lines
   // before each head's block, so that reading memory overlaps computing. Measured in one process, 64 decode
   // requests x 190 keys over 30 layers: 16.2 -> 13.2 ms (contiguous pages), 18.1 -> 14.8 ms (random pages);
   // through XLA, -9-10%. Prefetching into L1 (prefetcht0) instead was ~2x slower; bursts of prefetches, or
@@ -1143,7 +1159,7 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
   // the full memory bandwidth (one stream per page: 25-27 GB/s for 12 KB pages on 2 cores), where touching
   // pages one after the other ran at ~15 GB/s and the compute's head-by-head reads at half of that.
   const int64_t widest_row = width * std::max(sizeof(T), sizeof(Stored));
-  const int32_t window = std::max<int32_t>(kKeyBlock, (kTouchBytes / widest_row) / kKeyBlock * kKeyBlock);
+  const int32_t window = std::max<int32_t>(kKeyBlock, (touch_bytes() / widest_row) / kKeyBlock * kKeyBlock);
   thread_local std::vector<const T*> key_rows;  // [window]: each key's [2 * Hkv, D] row
   thread_local std::vector<const Stored*> stored_rows;  // the same in the pages, where they are widened
   thread_local std::vector<T> widened;  // [window, 2 * Hkv, D]: a window's rows widened (float8 pages)
