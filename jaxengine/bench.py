@@ -180,6 +180,7 @@ def latency(args) -> None:
     prompts = random_prompts(llm.engine.model_config.vocab_size, args.batch_size, args.input_len, _dataset_seed(args))
 
     generated = []
+    decode_times = []  # each request's time from its first token to its last, per token after the first
     detokenize = not args.disable_detokenize
 
     def timed(max_tokens):
@@ -188,6 +189,11 @@ def latency(args) -> None:
         outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - start
         generated.append(sum(len(c.token_ids) for o in outs for c in o.outputs))
+        if max_tokens > 1:
+            for o in outs:
+                tokens = max(len(c.token_ids) for c in o.outputs)
+                if tokens > 1:
+                    decode_times.append((o.metrics.finished_time - o.metrics.first_token_time) / (tokens - 1))
         return wall
 
     for _ in range(args.num_iters_warmup):
@@ -202,12 +208,13 @@ def latency(args) -> None:
               | _context(config), args.output_json)
         return
     ttft = float(np.median([timed(1) for _ in range(args.num_iters)]))
+    decode_times.clear()  # (the warm-up's)
     latencies = np.array([timed(args.output_len) for _ in range(args.num_iters)])
     e2e = float(np.median(latencies))
     percents = (10, 25, 50, 75, 90, 99)  # vLLM's latency keys: avg_latency, latencies, percentiles (seconds)
     _emit(head | {"profiled": False, "output_tokens_per_iter": generated[-1], "sampling": sampling,
                   "ttft_ms": round(ttft * 1e3, 2), "e2e_ms": round(e2e * 1e3, 2),
-                  "tpot_ms": round((e2e - ttft) / (args.output_len - 1) * 1e3, 3),
+                  "tpot_ms": round(float(np.median(decode_times)) * 1e3, 3),
                   "avg_latency": float(latencies.mean()), "latencies": latencies.tolist(),
                   "percentiles": dict(zip(map(str, percents), np.percentile(latencies, percents).tolist()))}
           | _memory() | _context(config), args.output_json)

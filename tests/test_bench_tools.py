@@ -277,10 +277,10 @@ def test_bench_latency_and_refusals(model_dirs, capsys):
     assert result["benchmark"] == "latency" and result["batch_size"] == 2 and result["n"] == 3
     assert result["detokenize"] is False
     assert result["output_tokens_per_iter"] == 2 * 3 * 5  # --n sequences of every prompt
-    # Medians of separate timings (on a loaded machine a 1-token run's may exceed a 5-token run's): their relation
-    # is arithmetic, not an order.
+    # TTFT: 1-token runs'; TPOT: within the full runs, each request's first token to its last (not the difference
+    # of the two medians, which a long prompt's noisy prefill could make negative).
     assert result["ttft_ms"] > 0 and result["e2e_ms"] > 0
-    assert result["tpot_ms"] == pytest.approx((result["e2e_ms"] - result["ttft_ms"]) / 4, abs=0.01)
+    assert 0 < result["tpot_ms"] * 4 <= max(result["latencies"]) * 1e3
     assert len(result["latencies"]) == 2 and result["avg_latency"] == pytest.approx(sum(result["latencies"]) / 2)
     assert list(result["percentiles"]) == ["10", "25", "50", "75", "90", "99"]
     assert result["e2e_ms"] == pytest.approx(result["percentiles"]["50"] * 1e3, abs=0.01)
