@@ -19,7 +19,8 @@
 // key's row widened once for all of them (block_scores_rows), and their values 16 dimensions at a time
 // (accumulate_window). Measured on a 2-core Zen 3 EPYC, llama-135m's heads (9 of 64, 3 kv heads), bfloat16 pages,
 // per layer: 64 decode requests x 192 keys 3.4 -> 1.1-1.3 ms, 4 x 128-token prefill 9.1 -> 1.2-1.6 ms against
-// the 16-lane code (whose selects and reductions GCC splits into 128-bit pieces there).
+// the 16-lane code (whose selects and reductions GCC splits into 128-bit pieces there). 16 rows a kv head or more
+// (prefill tiles; decode with 16 query heads a kv head) run with the rows in the lanes instead (head_window_lanes).
 
 #include <algorithm>
 #include <array>
@@ -1007,6 +1008,182 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
   }
 }
 
+#ifdef JAXENGINE_ATTENTION_AVX2
+constexpr int kLaneRows = 16;  // rows of a kv head from which they are computed in lanes (head_window_lanes)
+
+// One kv head's rows, many of them (a prefill tile's tokens x the group's query heads), computed in lanes where
+// AVX-512 is missing: the row runs along the vector's lanes (8 rows a register), so that a window's scores are
+// a small matrix product (q by the window's keys, each key's value broadcast), the softmax's maxima, exps and
+// sums are lane-wise over the keys (no horizontal reduction), and its values another (the weights by V, each V
+// value broadcast). q and acc are [kD][padded] (a dimension's rows side by side, padded to whole registers, in
+// load_chunk's lane order); m, l and each row's keys [lo, hi], one lane a row. Padding rows attend to no key.
+// Against 4 rows at a time (block_scores_rows, accumulate_window: each group of 4 rows widening every K and V
+// again, its 16-lane scores copied through memory), measured on the Zen 3 EPYC, per layer, 30 layers, random
+// pages: llama-135m's heads (head_dim 64, 3 kv heads of 3), a 512-token chunk after 1472 keys 27-32 -> 21-22 ms,
+// after 512 keys 15.7-18.1 -> 10.9-11.0, a 512-token prompt 5.6-6.0 -> 4.5-4.8; head_dim 128, 2 kv heads of 4,
+// after 1472 keys 55-62 -> 36-37 ms; 4 x 128-token prompts unchanged (1.5-1.6 ms); decode with 16 query heads a
+// kv head (head_dim 128), 64 requests x 512 keys 5.3-5.7 -> 3.2-4.1 ms.
+struct LaneRows {
+  int rows = 0, padded = 0;
+  float *q, *acc, *m, *l;
+  int32_t *lo, *hi;
+  int32_t *lo_max, *hi_min;  // [padded / 8]: each register's rows' largest lo, smallest hi
+};
+
+// s[k][r] = sum over i of kf[k][i] * q[i][r], for KJ keys and 8 RV rows (s, q: rows `padded` apart; kf: keys kD
+// apart): KJ x RV accumulators, each key's value broadcast from memory.
+template <int kD, int RV, int KJ>
+inline void lane_scores(const float* q, int64_t padded, const float* kf, float* s) {
+  __m256 a[KJ][RV];
+  for (int k = 0; k < KJ; ++k)
+    for (int v = 0; v < RV; ++v) a[k][v] = _mm256_setzero_ps();
+  for (int i = 0; i < kD; ++i) {
+    __m256 x[RV];
+    for (int v = 0; v < RV; ++v) x[v] = _mm256_loadu_ps(q + i * padded + 8 * v);
+    for (int k = 0; k < KJ; ++k) {
+      const __m256 key = _mm256_broadcast_ss(kf + k * kD + i);
+      for (int v = 0; v < RV; ++v) a[k][v] = _mm256_fmadd_ps(key, x[v], a[k][v]);
+    }
+  }
+  for (int k = 0; k < KJ; ++k)
+    for (int v = 0; v < RV; ++v) _mm256_storeu_ps(s + k * padded + 8 * v, a[k][v]);
+}
+
+// acc[i][r] = acc[i][r] * corr[r] + sum over the keys k of w[k][r] * vf[k][i], for DI dimensions and 8 RV rows
+// (acc, w: rows `padded` apart; vf: keys kD apart): DI x RV accumulators, each V value broadcast from memory.
+template <int kD, int RV, int DI>
+inline void lane_values(const float* w, int64_t padded, int keys, const float* vf, const float* corr, float* acc) {
+  __m256 a[DI][RV], c[RV];
+  for (int v = 0; v < RV; ++v) c[v] = _mm256_loadu_ps(corr + 8 * v);
+  for (int d = 0; d < DI; ++d)
+    for (int v = 0; v < RV; ++v) a[d][v] = _mm256_mul_ps(_mm256_loadu_ps(acc + d * padded + 8 * v), c[v]);
+  for (int k = 0; k < keys; ++k) {
+    __m256 x[RV];
+    for (int v = 0; v < RV; ++v) x[v] = _mm256_loadu_ps(w + k * padded + 8 * v);
+    for (int d = 0; d < DI; ++d) {
+      const __m256 value = _mm256_broadcast_ss(vf + k * kD + d);
+      for (int v = 0; v < RV; ++v) a[d][v] = _mm256_fmadd_ps(value, x[v], a[d][v]);
+    }
+  }
+  for (int d = 0; d < DI; ++d)
+    for (int v = 0; v < RV; ++v) _mm256_storeu_ps(acc + d * padded + 8 * v, a[d][v]);
+}
+
+// Runs f(first register, registers) over a kv head's row registers, 2 at a time and then 1 where left.
+template <class F>
+inline void over_registers(int registers, F f) {
+  int v = 0;
+  for (; v + 2 <= registers; v += 2) f(v, std::integral_constant<int, 2>{});
+  if (v < registers) f(v, std::integral_constant<int, 1>{});
+}
+
+// Runs f(first, count) over [0, n) (n even): `count` (a template argument) kMany at a time, then 2 or 4 left.
+template <int kMany, class F>
+inline void over_broadcasts(int n, F f) {
+  int k = 0;
+  for (; k + kMany <= n; k += kMany) f(k, std::integral_constant<int, kMany>{});
+  if constexpr (kMany > 4) {
+    if (n - k >= 4) f(k, std::integral_constant<int, 4>{}), k += 4;
+  }
+  if (n - k >= 2) f(k, std::integral_constant<int, 2>{});
+}
+
+// A kv head's rows in lanes (LaneRows) against a window of keys, `blocks` blocks of 16 from `start` (key_rows
+// and ok as for head_window_vector): the window's K and V for this head widened to float32 once (kf, vf:
+// [keys][kD], zero for keys not found), every row's scores (lane_scores), masked where some row of a register
+// does not attend to a whole block, the softmax lane-wise (each row's new maximum, its correction and its
+// weights' sum), then the values (lane_values).
+template <int kD, class T>
+void head_window_lanes(LaneRows& lr, const T* const* key_rows, const i32x16* ok, const char* whole, int32_t start,
+                       int blocks, int h, KeyPages& plan) {
+  const int keys = blocks * kKeyBlock, registers = lr.padded / 8;
+  const int64_t padded = lr.padded;
+  thread_local std::vector<float> work;  // kf, vf [keys][kD], then the scores / weights [keys][padded], corr
+  at_least(work, static_cast<size_t>(keys) * (2 * kD + padded) + padded);
+  float* kf = work.data();
+  float* vf = kf + static_cast<size_t>(keys) * kD;
+  float* s = vf + static_cast<size_t>(keys) * kD;
+  float* corr = s + static_cast<size_t>(keys) * padded;
+  for (int b = 0; b < blocks; ++b) {
+    plan.step();
+    for (int j = 0; j < kKeyBlock; ++j) {
+      const int k = b * kKeyBlock + j;
+      float* kd = kf + static_cast<size_t>(k) * kD;
+      float* vd = vf + static_cast<size_t>(k) * kD;
+      if (!ok[b][j]) {
+        std::fill(kd, kd + kD, 0.0f), std::fill(vd, vd + kD, 0.0f);
+        continue;
+      }
+      const T* row = key_rows[k] + 2 * h * kD;
+      for (int c = 0; c < kD / 16; ++c) {
+        __m256 lo, hi;
+        load_chunk(row + 16 * c, lo, hi);
+        _mm256_storeu_ps(kd + 16 * c, lo), _mm256_storeu_ps(kd + 16 * c + 8, hi);
+        load_chunk(row + kD + 16 * c, lo, hi);
+        _mm256_storeu_ps(vd + 16 * c, lo), _mm256_storeu_ps(vd + 16 * c + 8, hi);
+      }
+    }
+  }
+  // 2 row registers by 6 keys (12 accumulators, 2 loads and 6 broadcasts per 12 fmas, as the AVX2 matmul's
+  // register block) or 1 by 8.
+  over_registers(registers, [&](int v0, auto rv) {
+    constexpr int RV = decltype(rv)::value;
+    over_broadcasts<RV == 1 ? 8 : 6>(keys, [&](int k, auto kj) {
+      lane_scores<kD, RV, decltype(kj)::value>(lr.q + 8 * v0, padded, kf + static_cast<size_t>(k) * kD,
+                                                s + k * padded + 8 * v0);
+    });
+  });
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf);
+  for (int v = 0; v < registers; ++v) {
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lr.lo + 8 * v));
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lr.hi + 8 * v));
+    __m256 top = neg_inf;
+    for (int b = 0; b < blocks; ++b) {
+      const int32_t block = start + b * kKeyBlock;
+      const bool full = whole[b] && lr.lo_max[v] <= block && lr.hi_min[v] >= block + kKeyBlock - 1;
+      for (int j = 0; j < kKeyBlock; ++j) {
+        float* x = s + (b * kKeyBlock + j) * padded + 8 * v;
+        __m256 score = _mm256_loadu_ps(x);
+        if (!full) {
+          const __m256i key = _mm256_set1_epi32(block + j);
+          const __m256i out = _mm256_or_si256(_mm256_cmpgt_epi32(lo, key), _mm256_cmpgt_epi32(key, hi));
+          score = ok[b][j] ? _mm256_blendv_ps(score, neg_inf, _mm256_castsi256_ps(out)) : neg_inf;
+          _mm256_storeu_ps(x, score);
+        }
+        top = _mm256_max_ps(score, top);  // (maxps: a NaN score stays)
+      }
+    }
+    const __m256 m_old = _mm256_loadu_ps(lr.m + 8 * v), m_new = _mm256_max_ps(top, m_old);
+    // where the old maximum is -inf nothing was accumulated: the correction is 0 (not exp(NaN) where both are)
+    const __m256 c = _mm256_and_ps(exp8(_mm256_sub_ps(m_old, m_new)), _mm256_cmp_ps(m_old, neg_inf, _CMP_NEQ_UQ));
+    __m256 sum = _mm256_setzero_ps();
+    for (int k = 0; k < keys; ++k) {
+      float* x = s + k * padded + 8 * v;
+      const __m256 score = _mm256_loadu_ps(x);
+      const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(score, m_new)), _mm256_cmp_ps(score, neg_inf, _CMP_NEQ_UQ));
+      _mm256_storeu_ps(x, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    _mm256_storeu_ps(lr.l + 8 * v, _mm256_fmadd_ps(_mm256_loadu_ps(lr.l + 8 * v), c, sum));
+    _mm256_storeu_ps(lr.m + 8 * v, m_new);
+    _mm256_storeu_ps(corr + 8 * v, c);
+  }
+  // The values, 2 row registers by 6 dimensions or 1 by 8, the key prefetcher stepping `blocks` times spread
+  // over the passes.
+  const int passes = (registers + 1) / 2 * (kD / 2);
+  int pass = 0, stepped = 0;
+  over_registers(registers, [&](int v0, auto rv) {
+    constexpr int RV = decltype(rv)::value;
+    over_broadcasts<RV == 1 ? 8 : 6>(kD, [&](int d, auto di) {
+      constexpr int DI = decltype(di)::value;
+      for (pass += DI / 2; stepped * passes < pass * blocks && stepped < blocks; ++stepped) plan.step();
+      lane_values<kD, RV, DI>(s + 8 * v0, padded, keys, vf + d, corr + 8 * v0, lr.acc + d * padded + 8 * v0);
+    });
+  });
+  for (; stepped < blocks; ++stepped) plan.step();
+}
+#endif
+
 // The same for any head_dim, one lane at a time.
 template <class T>
 void row_block_scalar(const Problem& p, RowState& row, const T* const* key_rows, const bool* usable,
@@ -1149,6 +1326,43 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
   }
   const int32_t* table = p.block_tables + item.req * p.pages_per_seq;
   const int64_t width = 2 * Hkv * D, row_bytes = width * sizeof(Stored);
+#ifdef JAXENGINE_ATTENTION_AVX2
+  // Many rows a kv head (a prefill tile's) are computed in lanes (head_window_lanes), their state moved into
+  // [kD][rows] layouts here and back into their RowStates at the end. (Soft caps stay on head_window_vector.)
+  const int head_rows = tokens * static_cast<int>(G);
+  const bool in_lanes = kD > 0 && p.soft_cap <= 0.0f && head_rows >= kLaneRows;
+  thread_local std::vector<float> lane_floats;
+  thread_local std::vector<int32_t> lane_ints;
+  thread_local std::vector<LaneRows> lane_heads;
+  if (in_lanes) {
+    const int padded = (head_rows + 7) / 8 * 8;
+    const size_t floats = static_cast<size_t>(2 * D + 2) * padded, ints = 2 * padded + padded / 4;
+    lane_floats.resize(floats * Hkv);
+    lane_ints.resize(ints * Hkv);
+    lane_heads.resize(Hkv);
+    for (int64_t h = 0; h < Hkv; ++h) {
+      LaneRows& lr = lane_heads[h];
+      lr.rows = head_rows, lr.padded = padded;
+      lr.q = lane_floats.data() + floats * h, lr.acc = lr.q + D * padded;
+      lr.m = lr.acc + D * padded, lr.l = lr.m + padded;
+      lr.lo = lane_ints.data() + ints * h, lr.hi = lr.lo + padded;
+      lr.lo_max = lr.hi + padded, lr.hi_min = lr.lo_max + padded / 8;
+      std::fill(lr.q, lr.q + floats, 0.0f);
+      std::fill(lr.m, lr.m + padded, kNegInf);
+      std::fill(lr.lo, lr.lo + padded, std::numeric_limits<int32_t>::max());
+      std::fill(lr.hi, lr.hi + padded, -1);
+      for (int r = 0; r < head_rows; ++r) {
+        const RowState& row = *by_head[h * head_rows + r];
+        for (int64_t d = 0; d < D; ++d) lr.q[d * padded + r] = row.q[d];
+        lr.lo[r] = row.lo, lr.hi[r] = row.hi;
+      }
+      for (int v = 0; v < padded / 8; ++v) {
+        lr.lo_max[v] = *std::max_element(lr.lo + 8 * v, lr.lo + 8 * v + 8);
+        lr.hi_min[v] = *std::min_element(lr.hi + 8 * v, lr.hi + 8 * v + 8);
+      }
+    }
+  }
+#endif
   // Keys are read ahead of their use a window (touch_bytes(), 32-256 KB) at a time. While a window is computed
   // on, the next one (the item's own, or the first of the worker's next item) is prefetched into L2, a few lines
   // before each head's block, so that reading memory overlaps computing. Measured in one process, 64 decode
@@ -1212,9 +1426,16 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
       whole[b] = std::all_of(usable[b].begin(), usable[b].end(), [](bool found) { return found; });
     }
     if constexpr (kD > 0) {
-      for (int h = 0; h < Hkv; ++h)
+      for (int h = 0; h < Hkv; ++h) {
+#ifdef JAXENGINE_ATTENTION_AVX2
+        if (in_lanes) {
+          head_window_lanes<kD>(lane_heads[h], key_rows.data(), ok.data(), whole.data(), start, blocks, h, plan);
+          continue;
+        }
+#endif
         head_window_vector<kD>(p, by_head.data() + h * tokens * G, tokens * G, key_rows.data(), ok.data(),
                                whole.data(), start, blocks, h, plan);
+      }
     } else {
       for (int b = 0; b < blocks; ++b) {
         plan.step();
@@ -1225,6 +1446,18 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
     }
   }
   plan.step_all();
+#ifdef JAXENGINE_ATTENTION_AVX2
+  if (in_lanes) {
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const LaneRows& lr = lane_heads[h];
+      for (int r = 0; r < head_rows; ++r) {
+        RowState& row = *by_head[h * head_rows + r];
+        row.m = lr.m[r], row.l = lr.l[r];
+        for (int64_t d = 0; d < D; ++d) row.acc[d] = lr.acc[d * lr.padded + r];
+      }
+    }
+  }
+#endif
   for (int i = 0; i < rows; ++i) {
     const RowState& row = states[i];
     if (item.partial != nullptr) {  // one part of a split item: merged by merge_parts

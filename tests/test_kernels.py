@@ -109,8 +109,9 @@ def test_native_body_over_bfloat16_pages_matches_reference(case):
 def test_native_body_scores_many_rows_against_transposed_keys(mode, group, head_dim):
     """A kv head with 8 rows or more (a prefill tile's tokens x its query heads; a decode token of a GQA group
     of 8) is scored against its keys transposed once per block, with 1 (head_dim 256), 2 or 4 rows at a time;
-    fewer rows (the mixed case's decode tokens of a group of 3) go the other way. Several windows a request
-    (head_dim 256: 128 keys a window), over bfloat16 pages."""
+    fewer rows (the mixed case's decode tokens of a group of 3) go the other way. Where AVX-512 is missing, 16
+    rows or more run with the rows in the vector lanes (head_window_lanes: 2 or 1 registers of 8 rows at a
+    time, the last one padded). Several windows a request, over bfloat16 pages."""
     case = ragged_case(head_dim + group, mode, 16, group, head_dim, max_kv_len=300, max_reqs=4,
                        num_kv_heads=NUM_KV_HEADS, num_layers=NUM_LAYERS)
     check_native_over_bfloat16_pages(case, sm_scale=head_dim ** -0.5)
@@ -146,10 +147,10 @@ def test_native_body_splits_long_key_ranges_among_workers(q_lens, kv_lens, windo
 @pytest.mark.parametrize("mode, window, dtype", [("decode", None, jnp.bfloat16), ("mixed", None, jnp.bfloat16),
                                                  ("decode", 100, jnp.bfloat16), ("mixed", 150, jnp.float8_e5m2)])
 def test_native_body_reads_ahead_across_windows_and_items(mode, window, dtype):
-    """Long requests over wide rows (8 kv heads x 128 x bfloat16: 4 KB a key, so the native body reads 64 keys a
-    window; float8 pages: 64 keys, widened a window at a time): each request's keys span several windows, each
-    prefetched while the previous one is computed on, and each worker prefetches its next item's first window.
-    The output must not depend on any of that."""
+    """Long requests over wide rows (8 kv heads x 128 x bfloat16: 4 KB a key, so the native body reads 16 to 64
+    keys a window, an eighth of the core's L2; float8 pages widened a window at a time): each request's keys span
+    several windows, each prefetched while the previous one is computed on, and each worker prefetches its next
+    item's first window. The output must not depend on any of that."""
     case = ragged_case(11, mode, 16, 2, 128, max_kv_len=400, max_reqs=6, num_kv_heads=8, num_layers=2)
     assert max(case.kv_lens) > 3 * 64
     check_native_over_bfloat16_pages(case, dtype, sm_scale=128 ** -0.5, sliding_window=window)
