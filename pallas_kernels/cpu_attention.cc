@@ -1030,43 +1030,28 @@ struct LaneRows {
   int32_t *lo_max, *hi_min;  // [padded / 8]: each register's rows' largest lo, smallest hi
 };
 
-// s[k][r] = sum over i of kf[k][i] * q[i][r], for KJ keys and 8 RV rows (s, q: rows `padded` apart; kf: keys kD
-// apart): KJ x RV accumulators, each key's value broadcast from memory.
-template <int kD, int RV, int KJ>
-inline void lane_scores(const float* q, int64_t padded, const float* kf, float* s) {
-  __m256 a[KJ][RV];
-  for (int k = 0; k < KJ; ++k)
-    for (int v = 0; v < RV; ++v) a[k][v] = _mm256_setzero_ps();
-  for (int i = 0; i < kD; ++i) {
+// The lanes path's register block: c[n][r] = c[n][r] * scale[r] (c taken as 0 where scale is null) + the sum
+// over t < steps of a[n * kAN + t * kAT] * b[t][r], for NB values of `a` broadcast at a time and 8 RV rows (b and
+// c: a register's rows `padded` apart): NB x RV accumulators. The scores are one (a: the window's K, b: q), the
+// values another (a: V, b: the weights).
+template <int RV, int NB, int kAN, int kAT>
+inline void lane_product(const float* a, const float* b, int64_t padded, int steps, const float* scale, float* c) {
+  __m256 acc[NB][RV];
+  for (int v = 0; v < RV; ++v) {
+    const __m256 f = scale != nullptr ? _mm256_loadu_ps(scale + 8 * v) : _mm256_setzero_ps();
+    for (int n = 0; n < NB; ++n)
+      acc[n][v] = scale != nullptr ? _mm256_mul_ps(_mm256_loadu_ps(c + n * padded + 8 * v), f) : f;
+  }
+  for (int t = 0; t < steps; ++t) {
     __m256 x[RV];
-    for (int v = 0; v < RV; ++v) x[v] = _mm256_loadu_ps(q + i * padded + 8 * v);
-    for (int k = 0; k < KJ; ++k) {
-      const __m256 key = _mm256_broadcast_ss(kf + k * kD + i);
-      for (int v = 0; v < RV; ++v) a[k][v] = _mm256_fmadd_ps(key, x[v], a[k][v]);
+    for (int v = 0; v < RV; ++v) x[v] = _mm256_loadu_ps(b + t * padded + 8 * v);
+    for (int n = 0; n < NB; ++n) {
+      const __m256 y = _mm256_broadcast_ss(a + n * kAN + t * kAT);
+      for (int v = 0; v < RV; ++v) acc[n][v] = _mm256_fmadd_ps(y, x[v], acc[n][v]);
     }
   }
-  for (int k = 0; k < KJ; ++k)
-    for (int v = 0; v < RV; ++v) _mm256_storeu_ps(s + k * padded + 8 * v, a[k][v]);
-}
-
-// acc[i][r] = acc[i][r] * corr[r] + sum over the keys k of w[k][r] * vf[k][i], for DI dimensions and 8 RV rows
-// (acc, w: rows `padded` apart; vf: keys kD apart): DI x RV accumulators, each V value broadcast from memory.
-template <int kD, int RV, int DI>
-inline void lane_values(const float* w, int64_t padded, int keys, const float* vf, const float* corr, float* acc) {
-  __m256 a[DI][RV], c[RV];
-  for (int v = 0; v < RV; ++v) c[v] = _mm256_loadu_ps(corr + 8 * v);
-  for (int d = 0; d < DI; ++d)
-    for (int v = 0; v < RV; ++v) a[d][v] = _mm256_mul_ps(_mm256_loadu_ps(acc + d * padded + 8 * v), c[v]);
-  for (int k = 0; k < keys; ++k) {
-    __m256 x[RV];
-    for (int v = 0; v < RV; ++v) x[v] = _mm256_loadu_ps(w + k * padded + 8 * v);
-    for (int d = 0; d < DI; ++d) {
-      const __m256 value = _mm256_broadcast_ss(vf + k * kD + d);
-      for (int v = 0; v < RV; ++v) a[d][v] = _mm256_fmadd_ps(value, x[v], a[d][v]);
-    }
-  }
-  for (int d = 0; d < DI; ++d)
-    for (int v = 0; v < RV; ++v) _mm256_storeu_ps(acc + d * padded + 8 * v, a[d][v]);
+  for (int n = 0; n < NB; ++n)
+    for (int v = 0; v < RV; ++v) _mm256_storeu_ps(c + n * padded + 8 * v, acc[n][v]);
 }
 
 // Runs f(first register, registers) over a kv head's row registers, 2 at a time and then 1 where left.
@@ -1090,9 +1075,9 @@ inline void over_broadcasts(int n, F f) {
 
 // A kv head's rows in lanes (LaneRows) against a window of keys, `blocks` blocks of 16 from `start` (key_rows
 // and ok as for head_window_vector): the window's K and V for this head widened to float32 once (kf, vf:
-// [keys][kD], zero for keys not found), every row's scores (lane_scores), masked where some row of a register
+// [keys][kD], zero for keys not found), every row's scores (lane_product), masked where some row of a register
 // does not attend to a whole block, the softmax lane-wise (each row's new maximum, its correction and its
-// weights' sum), then the values (lane_values).
+// weights' sum), then the values (lane_product again).
 template <int kD, class T>
 void head_window_lanes(LaneRows& lr, const T* const* key_rows, const i32x16* ok, const char* whole, int32_t start,
                        int blocks, int h, KeyPages& plan) {
@@ -1129,8 +1114,8 @@ void head_window_lanes(LaneRows& lr, const T* const* key_rows, const i32x16* ok,
   over_registers(registers, [&](int v0, auto rv) {
     constexpr int RV = decltype(rv)::value;
     over_broadcasts<RV == 1 ? 8 : 6>(keys, [&](int k, auto kj) {
-      lane_scores<kD, RV, decltype(kj)::value>(lr.q + 8 * v0, padded, kf + static_cast<size_t>(k) * kD,
-                                                s + k * padded + 8 * v0);
+      lane_product<RV, decltype(kj)::value, kD, 1>(kf + static_cast<size_t>(k) * kD, lr.q + 8 * v0, padded, kD,
+                                                    nullptr, s + k * padded + 8 * v0);
     });
   });
   const __m256 neg_inf = _mm256_set1_ps(kNegInf);
@@ -1177,7 +1162,7 @@ void head_window_lanes(LaneRows& lr, const T* const* key_rows, const i32x16* ok,
     over_broadcasts<RV == 1 ? 8 : 6>(kD, [&](int d, auto di) {
       constexpr int DI = decltype(di)::value;
       for (pass += DI / 2; stepped * passes < pass * blocks && stepped < blocks; ++stepped) plan.step();
-      lane_values<kD, RV, DI>(s + 8 * v0, padded, keys, vf + d, corr + 8 * v0, lr.acc + d * padded + 8 * v0);
+      lane_product<RV, DI, 1, kD>(vf + d, s + 8 * v0, padded, keys, corr + 8 * v0, lr.acc + d * padded + 8 * v0);
     });
   });
   for (; stepped < blocks; ++stepped) plan.step();
