@@ -19,8 +19,8 @@
 // key's row widened once for all of them (block_scores_rows), and their values 16 dimensions at a time
 // (accumulate_window). Measured on a 2-core Zen 3 EPYC, llama-135m's heads (9 of 64, 3 kv heads), bfloat16 pages,
 // per layer: 64 decode requests x 192 keys 3.4 -> 1.1-1.3 ms, 4 x 128-token prefill 9.1 -> 1.2-1.6 ms against
-// the 16-lane code (whose selects and reductions GCC splits into 128-bit pieces there). 16 rows a kv head or more
-// (prefill tiles; decode with 16 query heads a kv head) run with the rows in the lanes instead (head_window_lanes).
+// the 16-lane code (whose selects and reductions GCC splits into 128-bit pieces there). 8 rows a kv head or more
+// (prefill tiles; decode with 8 query heads a kv head or more) run with the rows in the lanes (head_window_lanes).
 
 #include <algorithm>
 #include <array>
@@ -1009,7 +1009,7 @@ void head_window_vector(const Problem& p, RowState* const* rows, int count, cons
 }
 
 #ifdef JAXENGINE_ATTENTION_AVX2
-constexpr int kLaneRows = 16;  // rows of a kv head from which they are computed in lanes (head_window_lanes)
+constexpr int kLaneRows = 8;  // rows of a kv head from which they are computed in lanes (head_window_lanes)
 
 // One kv head's rows, many of them (a prefill tile's tokens x the group's query heads), computed in lanes where
 // AVX-512 is missing: the row runs along the vector's lanes (8 rows a register), so that a window's scores are
@@ -1022,7 +1022,8 @@ constexpr int kLaneRows = 16;  // rows of a kv head from which they are computed
 // pages: llama-135m's heads (head_dim 64, 3 kv heads of 3), a 512-token chunk after 1472 keys 27-32 -> 21-22 ms,
 // after 512 keys 15.7-18.1 -> 10.9-11.0, a 512-token prompt 5.6-6.0 -> 4.5-4.8; head_dim 128, 2 kv heads of 4,
 // after 1472 keys 55-62 -> 36-37 ms; 4 x 128-token prompts unchanged (1.5-1.6 ms); decode with 16 query heads a
-// kv head (head_dim 128), 64 requests x 512 keys 5.3-5.7 -> 3.2-4.1 ms.
+// kv head (head_dim 128), 64 requests x 512 keys 5.3-5.7 -> 3.2-4.1 ms; with 8 (one register), 64 x 512 keys
+// 5.3-6.2 -> 4.3-5.9 ms (head_dim 128), 64 x 192 keys 1.27-1.50 -> 1.04-1.29 ms (head_dim 64).
 struct LaneRows {
   int rows = 0, padded = 0;
   float *q, *acc, *m, *l;

@@ -109,8 +109,8 @@ def test_native_body_over_bfloat16_pages_matches_reference(case):
 def test_native_body_scores_many_rows_against_transposed_keys(mode, group, head_dim):
     """A kv head with 8 rows or more (a prefill tile's tokens x its query heads; a decode token of a GQA group
     of 8) is scored against its keys transposed once per block, with 1 (head_dim 256), 2 or 4 rows at a time;
-    fewer rows (the mixed case's decode tokens of a group of 3) go the other way. Where AVX-512 is missing, 16
-    rows or more run with the rows in the vector lanes (head_window_lanes: 2 or 1 registers of 8 rows at a
+    fewer rows (the mixed case's decode tokens of a group of 3) go the other way. Where AVX-512 is missing, these
+    rows run with the rows in the vector lanes instead (head_window_lanes: 2 or 1 registers of 8 rows at a
     time, the last one padded). Several windows a request, over bfloat16 pages."""
     case = ragged_case(head_dim + group, mode, 16, group, head_dim, max_kv_len=300, max_reqs=4,
                        num_kv_heads=NUM_KV_HEADS, num_layers=NUM_LAYERS)
