@@ -434,6 +434,11 @@ inline v16 block_scores(const RowState& row, const T* const* key_rows, int64_t k
 }
 
 #ifdef JAXENGINE_ATTENTION_AVX2
+// e^(x - m) on 8 lanes, 0 where x is -inf (a masked score; an old maximum with nothing accumulated under it).
+inline __m256 exp_unless_masked(__m256 x, __m256 m) {
+  return _mm256_and_ps(exp8(_mm256_sub_ps(x, m)), _mm256_cmp_ps(x, _mm256_set1_ps(kNegInf), _CMP_NEQ_UQ));
+}
+
 // 16 values of a page row as float32, in a row's lane order (paired_index): as they are (float32 pages), or
 // bfloat16 pair words' even values, then their odd ones.
 inline void load_chunk(const float* x, __m256& lo, __m256& hi) { lo = _mm256_loadu_ps(x), hi = _mm256_loadu_ps(x + 8); }
@@ -831,13 +836,13 @@ inline bool window_weights(RowState& state, v16* s, v16 top, int blocks, float& 
   v16 sum = splat(0.0f);
 #ifdef JAXENGINE_ATTENTION_AVX2
   // The same on each 256-bit half (GCC splits the 16-lane selects into 128-bit pieces here).
-  const __m256 m = _mm256_set1_ps(m_new), neg_inf = _mm256_set1_ps(kNegInf);
+  const __m256 m = _mm256_set1_ps(m_new);
   __m256 halves_sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int b = 0; b < blocks; ++b) {
     float* lanes = reinterpret_cast<float*>(&s[b]);
     for (int i = 0; i < 2; ++i) {
       const __m256 x = _mm256_loadu_ps(lanes + 8 * i);
-      const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(x, m)), _mm256_cmp_ps(x, neg_inf, _CMP_NEQ_UQ));
+      const __m256 e = exp_unless_masked(x, m);
       _mm256_storeu_ps(lanes + 8 * i, e);
       halves_sum[i] = _mm256_add_ps(halves_sum[i], e);
     }
@@ -1025,7 +1030,7 @@ constexpr int kLaneRows = 8;  // rows of a kv head from which they are computed 
 // kv head (head_dim 128), 64 requests x 512 keys 5.3-5.7 -> 3.2-4.1 ms; with 8 (one register), 64 x 512 keys
 // 5.3-6.2 -> 4.3-5.9 ms (head_dim 128), 64 x 192 keys 1.27-1.50 -> 1.04-1.29 ms (head_dim 64).
 struct LaneRows {
-  int rows = 0, padded = 0;
+  int padded = 0;
   float *q, *acc, *m, *l;
   int32_t *lo, *hi;
   int32_t *lo_max, *hi_min;  // [padded / 8]: each register's rows' largest lo, smallest hi
@@ -1141,12 +1146,12 @@ void head_window_lanes(LaneRows& lr, const T* const* key_rows, const i32x16* ok,
     }
     const __m256 m_old = _mm256_loadu_ps(lr.m + 8 * v), m_new = _mm256_max_ps(top, m_old);
     // where the old maximum is -inf nothing was accumulated: the correction is 0 (not exp(NaN) where both are)
-    const __m256 c = _mm256_and_ps(exp8(_mm256_sub_ps(m_old, m_new)), _mm256_cmp_ps(m_old, neg_inf, _CMP_NEQ_UQ));
+    const __m256 c = exp_unless_masked(m_old, m_new);
     __m256 sum = _mm256_setzero_ps();
     for (int k = 0; k < keys; ++k) {
       float* x = s + k * padded + 8 * v;
       const __m256 score = _mm256_loadu_ps(x);
-      const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(score, m_new)), _mm256_cmp_ps(score, neg_inf, _CMP_NEQ_UQ));
+      const __m256 e = exp_unless_masked(score, m_new);
       _mm256_storeu_ps(x, e);
       sum = _mm256_add_ps(sum, e);
     }
@@ -1156,13 +1161,13 @@ void head_window_lanes(LaneRows& lr, const T* const* key_rows, const i32x16* ok,
   }
   // The values, 2 row registers by 6 dimensions or 1 by 8, the key prefetcher stepping `blocks` times spread
   // over the passes.
-  const int passes = (registers + 1) / 2 * (kD / 2);
-  int pass = 0, stepped = 0;
+  const int dims = (registers + 1) / 2 * kD;  // the passes' dimensions, all together
+  int done = 0, stepped = 0;
   over_registers(registers, [&](int v0, auto rv) {
     constexpr int RV = decltype(rv)::value;
     over_broadcasts<RV == 1 ? 8 : 6>(kD, [&](int d, auto di) {
       constexpr int DI = decltype(di)::value;
-      for (pass += DI / 2; stepped * passes < pass * blocks && stepped < blocks; ++stepped) plan.step();
+      for (done += DI; stepped * dims < done * blocks && stepped < blocks; ++stepped) plan.step();
       lane_product<RV, DI, 1, kD>(vf + d, s + 8 * v0, padded, keys, corr + 8 * v0, lr.acc + d * padded + 8 * v0);
     });
   });
@@ -1328,7 +1333,7 @@ void run_item(const Problem& p, const Item& item, const Item* next, int32_t& ahe
     lane_heads.resize(Hkv);
     for (int64_t h = 0; h < Hkv; ++h) {
       LaneRows& lr = lane_heads[h];
-      lr.rows = head_rows, lr.padded = padded;
+      lr.padded = padded;
       lr.q = lane_floats.data() + floats * h, lr.acc = lr.q + D * padded;
       lr.m = lr.acc + D * padded, lr.l = lr.m + padded;
       lr.lo = lane_ints.data() + ints * h, lr.hi = lr.lo + padded;
