@@ -165,6 +165,32 @@ def test_a_kernel_build_keeps_the_most_recently_used_libraries(tmp_path):
     assert (cache / "notes.txt").exists()
 
 
+def test_processes_starting_together_build_the_kernels_once(tmp_path):
+    """Two processes that find the kernel cache empty at the same time: one builds (each source by a compiler
+    process of its own, then a link), the other waits on the cache's build lock and then finds the library there.
+    The stand-in compiler logs its calls and takes a second over each, so that the two processes overlap; its
+    empty library then fails to load in both (no kernels, as with any broken build), and neither rebuilds it."""
+    from pallas_kernels import cpu
+
+    cache, calls = tmp_path / "kernels", tmp_path / "calls"
+    compiler = tmp_path / "fake-c++"
+    compiler.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nsleep 1\nwhile [ "$1" != "-o" ]; do shift; done\n: > "$2"\n')
+    compiler.chmod(0o755)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAXENGINE_KERNEL_CACHE=str(cache), CXX=str(compiler))
+    code = "from pallas_kernels import cpu; print(cpu.available())"
+    processes = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for process in processes:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0 and out.split()[-1] == "False", err[-3000:]
+    lines = calls.read_text().splitlines()
+    compiled = sorted(line.split(" -c ")[1].split()[0] for line in lines if " -c " in line)
+    assert compiled == sorted(str(source) for source in cpu._SOURCES)
+    links = [line for line in lines if " -c " not in line]
+    assert len(links) == 1 and links[0].startswith("-shared"), lines
+    assert len(list(cache.glob("cpu_kernels-*.so"))) == 1
+
+
 def test_loading_a_kernel_library_marks_it_used(tmp_path):
     from pallas_kernels import cpu
 
