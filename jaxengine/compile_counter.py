@@ -1,4 +1,5 @@
-"""Counts XLA compilations (fresh or from the persistent cache) in this process."""
+"""Counts XLA compilations (fresh or from the persistent cache) in this process, and in the calling thread (JAX
+reports a compile in the thread that asked for it)."""
 
 import contextlib
 import threading
@@ -10,6 +11,7 @@ _PERSISTENT_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _lock = threading.Lock()
 _count = 0
 _persistent_cache_hits = 0
+_this_thread = threading.local()  # compiles, persistent_cache_hits: the calling thread's counts
 
 
 def _on_event(event: str, duration: float, **_) -> None:
@@ -17,6 +19,7 @@ def _on_event(event: str, duration: float, **_) -> None:
     if event == _BACKEND_COMPILE_EVENT:
         with _lock:
             _count += 1
+        _this_thread.compiles = getattr(_this_thread, "compiles", 0) + 1
 
 
 def _on_cache_hit(event: str, **_) -> None:
@@ -24,6 +27,7 @@ def _on_cache_hit(event: str, **_) -> None:
     if event == _PERSISTENT_CACHE_HIT_EVENT:
         with _lock:
             _persistent_cache_hits += 1
+        _this_thread.persistent_cache_hits = getattr(_this_thread, "persistent_cache_hits", 0) + 1
 
 
 jax.monitoring.register_event_duration_secs_listener(_on_event)
@@ -37,6 +41,11 @@ def compile_count() -> int:
 def persistent_cache_hit_count() -> int:
     """Executables that JAX's persistent cache returned; compile_count() counts them too."""
     return _persistent_cache_hits
+
+
+def thread_counts() -> tuple[int, int]:
+    """(compiles, persistent-cache hits) in the calling thread: a compile of its own, whatever other threads do."""
+    return getattr(_this_thread, "compiles", 0), getattr(_this_thread, "persistent_cache_hits", 0)
 
 
 @contextlib.contextmanager

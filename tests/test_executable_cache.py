@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 WORKER = Path(__file__).with_name("startup_worker.py")
@@ -70,12 +72,15 @@ def test_past_its_size_cap_the_least_recently_used_programs_go(tmp_path, monkeyp
     monkeypatch.setattr(executables, "cache_entries", lambda *a: reads.append(a) or listing(*a))
 
     x = jax.ShapeDtypeStruct((8,), jnp.float32)
+    # Programs no earlier run can have left in JAX's persistent cache (a program loaded from there is not stored,
+    # and turning that cache off does not stop a process that has used it), and that this run leaves out of it.
+    offset = float(uuid.uuid4().int % 2**20)
 
-    def get(cache, k):  # program k computes v * k + 1
-        return cache.get(f"scale{k}", "f32[8]", lambda: jax.jit(lambda v: v * k + 1).lower(x))
+    def get(cache, k):  # program k computes v * k + offset
+        return cache.get(f"scale{k}", "f32[8]", lambda: jax.jit(lambda v: v * k + offset).lower(x))
 
-    enabled = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)  # only programs XLA compiles here are stored
+    min_compile_secs = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e9)
     try:
         cache = ExecutableCache(tmp_path)
         paths = {k: cache._path(f"scale{k}", "f32[8]") for k in (1, 2, 3, 4)}
@@ -92,9 +97,59 @@ def test_past_its_size_cap_the_least_recently_used_programs_go(tmp_path, monkeyp
         get(cache, 2)  # stored again, under the cap: counted without reading the directory
         assert len(reads) == 2 and cache._total == sum(paths[k].stat().st_size for k in (1, 2, 4))
     finally:
-        jax.config.update("jax_enable_compilation_cache", enabled)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_secs)
     assert kept == sorted(paths[k].name for k in (1, 4))
-    np.testing.assert_array_equal(np.asarray(hit(jnp.arange(8.0))), np.arange(8.0) + 1)
+    np.testing.assert_array_equal(np.asarray(hit(jnp.arange(8.0))), np.arange(8.0) + offset)
+
+
+PERSISTENT_THEN_OFF = """
+import json, sys
+from pathlib import Path
+import jax, jax.numpy as jnp, numpy as np
+from jaxengine.compile_counter import persistent_cache_hit_count
+from jaxengine.runner.executables import ExecutableCache
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+x = jax.ShapeDtypeStruct((8,), jnp.float32)
+def program(v):
+    return jnp.sin(v) * 3 + 1
+def get(cache, name):  # "a" and "b" are one program: "b" comes from JAX's in-memory cache
+    return cache.get(name, "f32[8]", lambda: jax.jit(program).lower(x))
+cache = ExecutableCache(sys.argv[2])
+get(cache, "a")
+jax.config.update("jax_enable_compilation_cache", False)  # too late: JAX has used it, and goes on
+get(cache, "b")
+stored, persistent_hits = len(list(Path(sys.argv[2]).glob("*.jaxexec"))), persistent_cache_hit_count()
+earlier = ExecutableCache(sys.argv[3])  # what the first run stored
+results = [np.asarray(get(earlier, name)(jnp.arange(8.0))).tolist() for name in ("a", "b")]
+print(json.dumps({"stored": stored, "persistent_hits": persistent_hits, "loaded": earlier.hits,
+                  "results": results}))
+"""
+
+
+def test_a_program_from_jaxs_persistent_cache_is_never_stored(tmp_path):
+    """XLA:CPU writes an executable that JAX's persistent cache loaded without its kernels, so neither it nor the
+    same program from JAX's in-memory cache is stored, even after the config turns JAX's cache off (JAX goes on
+    using a cache it has used). In a process that has loaded nothing from there, an in-memory hit is stored."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("XLA_FLAGS", None)
+
+    def run(executables, earlier):
+        result = subprocess.run([sys.executable, "-c", PERSISTENT_THEN_OFF, str(tmp_path / "jax"),
+                                 str(tmp_path / executables), str(tmp_path / earlier)],
+                                capture_output=True, text=True, env=env, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    first = run("first", "first")  # compiles "a" (JAX's cache keeps it too) and stores both
+    assert first["persistent_hits"] == 0 and first["stored"] == 2
+    second = run("second", "first")  # "a" comes from JAX's cache, and so "b" does
+    assert second["persistent_hits"] == 1 and second["stored"] == 0
+    assert second["loaded"] == 2  # the first run's entries load and run
+    expected = (np.sin(np.arange(8.0, dtype=np.float32)) * 3 + 1).tolist()
+    for results in (first["results"], second["results"]):
+        np.testing.assert_allclose(results, [expected, expected], rtol=1e-6)
 
 
 def test_a_warm_load_of_stacked_layers_takes_its_programs_from_the_cache(model_dirs, tmp_path):

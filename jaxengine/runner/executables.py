@@ -10,10 +10,11 @@ devices of every argument. Single-process engines only: a multi-host program is 
 
 An executable that JAX's persistent cache loaded cannot be serialized again (XLA:CPU then writes it without
 its kernels: "Function ... not found" when it runs), so only a program that XLA compiled in this process is
-stored: one compiled in this call, or, while JAX's persistent cache is off, one JAX's in-memory cache returns
-(an identical program under another name, e.g. two weights' loader programs whose shardings differ only in
-name on one device); with that cache on, an in-memory hit may be a persistent load, and is not stored. The
-engine turns JAX's persistent cache on only where this one is off; a process may still turn it on itself.
+stored: one compiled in this call, or, while nothing in the process has come from JAX's persistent cache, one
+JAX's in-memory cache returns (an identical program under another name, e.g. two weights' loader programs whose
+shardings differ only in name on one device); once a program has, an in-memory hit may be a persistent load,
+and is not stored. The engine turns JAX's persistent cache on only where this one is off; a process may still
+turn it on itself.
 
 Entries of old versions (of jax, of this code, of a model's settings) are never hit again. With a size cap,
 storing a program removes the least recently used entries past it: a hit refreshes an entry's modification
@@ -32,7 +33,7 @@ import jax
 from jax.experimental import serialize_executable
 from jax.sharding import NamedSharding
 
-from jaxengine.compile_counter import compile_count, persistent_cache_hit_count
+from jaxengine.compile_counter import persistent_cache_hit_count, thread_counts
 from pallas_kernels.cpu import cache_entries, cpu_flags, touch
 
 logger = logging.getLogger(__name__)
@@ -98,12 +99,14 @@ class ExecutableCache:
                 return compiled
             except Exception as e:  # a damaged or incompatible entry: compile afresh and replace it
                 logger.warning("could not load the cached program %s (%s): %s; compiling it", name, path.name, e)
-        compiles, cache_hits = compile_count(), persistent_cache_hit_count()
+        compiles, cache_hits = thread_counts()  # this thread's: another thread's compile says nothing of this one
         compiled = lower().compile()
         # Stored only if XLA compiled it in this process (see the module docstring): this call compiled it, or
-        # JAX's in-memory cache returned it (another name's identical program) while JAX's persistent cache is off.
-        persistent = jax.config.jax_enable_compilation_cache and bool(jax.config.jax_compilation_cache_dir)
-        if persistent_cache_hit_count() == cache_hits and (compile_count() > compiles or not persistent):
+        # JAX's in-memory cache returned it (another name's identical program) and nothing in this process has
+        # come from JAX's persistent cache. (Not the config: once JAX has used its persistent cache, turning the
+        # config off does not stop it.)
+        compiles_now, cache_hits_now = thread_counts()
+        if cache_hits_now == cache_hits and (compiles_now > compiles or persistent_cache_hit_count() == 0):
             self._store(path, compiled)
         return compiled
 
