@@ -643,16 +643,42 @@ def test_the_register_path_too_where_tiles_run():
     assert passed and int(passed.group(1)) >= 15 and "skipped" not in result.stdout, result.stdout[-2000:]
 
 
+# Each has every feature of the one before it: SSE4.2; AVX2 and FMA; AVX-512 without BF16; AMX.
+OTHER_X86_CPUS = ("x86-64-v2", "x86-64-v3", "x86-64-v4", "sapphirerapids")
+_FEATURE_MACRO = re.compile(r"\b__(?:AVX|AMX|FMA|F16C)\w*__")
+
+
+def feature_macros(source) -> set[str]:
+    """The CPU feature macros (__AVX2__, __AMX_TILE__, ...) that a kernel source or the headers it includes test."""
+    text = source.read_text()
+    found = set(_FEATURE_MACRO.findall(text))
+    for header in re.findall(r'#include "(cpu_\w+\.h)"', text):
+        found |= feature_macros(source.with_name(header))
+    return found
+
+
+def defined_macros(march: str) -> set[str]:
+    result = subprocess.run([cpu._compiler(), "-x", "c++", f"-march={march}", "-dM", "-E", "/dev/null"],
+                            capture_output=True, text=True, check=True)
+    return {line.split()[1] for line in result.stdout.splitlines() if line.startswith("#define ")}
+
+
 @pytest.mark.skipif(cpu._compiler() is None or os.uname().machine != "x86_64", reason="an x86-64 C++ compiler")
-@pytest.mark.parametrize("march", ["x86-64-v2", "x86-64-v3", "x86-64-v4", "sapphirerapids"])
+@pytest.mark.parametrize("march", OTHER_X86_CPUS)
 def test_the_kernels_compile_for_other_x86_cpus(march):
     """The library builds from the same sources for CPUs with less or more than this one (SSE4.2; AVX2; AVX-512
     without BF16; AMX): the paths this machine does not run still compile (a jaxlib without
     ffi::Error::Unimplemented once left every CPU without AVX-512 BF16 with no native kernel at all). Compiled to
     objects, so that the assembler sees the instructions too (a tile number that is not a constant passes the
-    compiler's checks and fails there). AVX2 (x86-64-v3) selects a path of its own in the matmul only (the other
-    sources test AVX-512 and AMX macros: v2 covers them there)."""
-    sources = [source for source in cpu._SOURCES if march != "x86-64-v3" or source.name == "cpu_matmul.cc"]
+    compiler's checks and fails there). A source is compiled for a CPU where the feature macros it tests differ
+    from the CPU's before it in the list (which has a subset of its features): otherwise the same code already
+    compiled there."""
+    index = OTHER_X86_CPUS.index(march)
+    defined = defined_macros(march)
+    before = defined_macros(OTHER_X86_CPUS[index - 1]) if index else None
+    sources = [source for source in cpu._SOURCES
+               if before is None or feature_macros(source) & defined != feature_macros(source) & before]
+    assert sources, f"every source compiles as for {OTHER_X86_CPUS[index - 1]}: {march} adds nothing to test"
     with tempfile.TemporaryDirectory() as tmp:
         for source in sources:
             command = [cpu._compiler(), "-std=c++17", f"-march={march}", "-c", f"-I{jax.ffi.include_dir()}",
