@@ -17,13 +17,18 @@ LOAD_WORKER = Path(__file__).with_name("load_worker.py")
 ROOT = Path(__file__).parent.parent
 
 
-def start_engine(model_dir, cache_dir) -> dict:
+def run_python(*args, timeout: float = 600) -> list[str]:
+    """The lines a Python process of this checkout (on one CPU device: no XLA_FLAGS) prints, once it has succeeded."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("XLA_FLAGS", None)
-    result = subprocess.run([sys.executable, str(WORKER), str(model_dir), str(cache_dir)], capture_output=True,
-                            text=True, env=env, timeout=600)
+    result = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, env=env,
+                            timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return result.stdout.strip().splitlines()
+
+
+def start_engine(model_dir, cache_dir) -> dict:
+    return json.loads(run_python(WORKER, model_dir, cache_dir)[-1])
 
 
 @pytest.fixture(scope="module")
@@ -132,15 +137,10 @@ def test_a_program_from_jaxs_persistent_cache_is_never_stored(tmp_path):
     """XLA:CPU writes an executable that JAX's persistent cache loaded without its kernels, so neither it nor the
     same program from JAX's in-memory cache is stored, even after the config turns JAX's cache off (JAX goes on
     using a cache it has used). In a process that has loaded nothing from there, an in-memory hit is stored."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("XLA_FLAGS", None)
-
     def run(executables, earlier):
-        result = subprocess.run([sys.executable, "-c", PERSISTENT_THEN_OFF, str(tmp_path / "jax"),
-                                 str(tmp_path / executables), str(tmp_path / earlier)],
-                                capture_output=True, text=True, env=env, timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return json.loads(result.stdout.strip().splitlines()[-1])
+        lines = run_python("-c", PERSISTENT_THEN_OFF, tmp_path / "jax", tmp_path / executables, tmp_path / earlier,
+                           timeout=300)
+        return json.loads(lines[-1])
 
     first = run("first", "first")  # compiles "a" (JAX's cache keeps it too) and stores both
     assert first["persistent_hits"] == 0 and first["stored"] == 2
@@ -159,12 +159,7 @@ def test_a_warm_load_of_stacked_layers_takes_its_programs_from_the_cache(model_d
     mesh q's and o's programs differ only in their shardings' names and XLA compiles one for both: the cache
     stores it under each name."""
     def loads():
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        env.pop("XLA_FLAGS", None)
-        result = subprocess.run([sys.executable, str(LOAD_WORKER), str(model_dirs["llama"]), str(tmp_path)],
-                                capture_output=True, text=True, env=env, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return [json.loads(line) for line in result.stdout.strip().splitlines()]
+        return [json.loads(line) for line in run_python(LOAD_WORKER, model_dirs["llama"], tmp_path)]
 
     cold, warm = loads(), loads()
     assert [load["mesh"] for load in cold] == [load["mesh"] for load in warm] == [0, 1, 2]
