@@ -295,8 +295,11 @@ def test_bench_latency_and_refusals(model_dirs, capsys):
 
 
 def test_bench_startup_times_a_cold_and_a_warm_server(model_dirs, capsys):
-    # Any `jaxengine serve` flag: the server's own flags too (the header itself: tests/server).
-    engine = ["--model", str(model_dirs["llama"]), *ENGINE_FLAGS, "--enable-request-id-headers"]
+    # Any `jaxengine serve` flag: the server's own flags too (the header itself: tests/server). One token bucket
+    # and two sequences: the cold start compiles few programs.
+    engine = ["--model", str(model_dirs["llama"]), "--dtype", "float32", "--max-model-len", "64", "--max-num-seqs",
+              "2", "--max-num-batched-tokens", "16", "--min-token-bucket", "16", "--kv-cache-gib", "0.01",
+              "--enable-request-id-headers"]
     result = _run(capsys, "bench", "startup", "--runs", "1", *engine)
     assert result["benchmark"] == "startup" and result["engine_args"] == engine
     assert result["cold_cache_s"] > 0 and len(result["warm_runs_s"]) == 1 and result["warm_cache_s"] > 0
