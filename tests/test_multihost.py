@@ -33,6 +33,7 @@ def free_port() -> int:
 def start(process_id, port, model_dir, mode, cache_dir):
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", MULTIHOST_CACHE_DIR=str(cache_dir))
     env.pop("XLA_FLAGS", None)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the cache is cache_dir alone
     proc = subprocess.Popen([sys.executable, str(WORKER), str(process_id), str(port), str(model_dir), mode],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)
