@@ -657,10 +657,11 @@ def feature_macros(source) -> set[str]:
     return found
 
 
-def defined_macros(march: str) -> set[str]:
+@functools.cache  # each CPU's case asks for the CPUs before it too
+def defined_macros(march: str) -> frozenset[str]:
     result = subprocess.run([cpu._compiler(), "-x", "c++", f"-march={march}", "-dM", "-E", "/dev/null"],
                             capture_output=True, text=True, check=True)
-    return {line.split()[1] for line in result.stdout.splitlines() if line.startswith("#define ")}
+    return frozenset(line.split()[1] for line in result.stdout.splitlines() if line.startswith("#define "))
 
 
 @pytest.mark.skipif(cpu._compiler() is None or os.uname().machine != "x86_64", reason="an x86-64 C++ compiler")
@@ -675,12 +676,13 @@ def test_the_kernels_compile_for_other_x86_cpus(march):
     test_the_native_kernels_build_here's): otherwise the same code has already compiled."""
     index = OTHER_X86_CPUS.index(march)
     defined = defined_macros(march)
+    tested = {source: feature_macros(source) for source in cpu._SOURCES}
     earlier = [defined_macros(other) for other in OTHER_X86_CPUS[:index]]
-    assert not earlier or any(feature_macros(source) & defined != feature_macros(source) & earlier[-1]
-                              for source in cpu._SOURCES), f"{march} adds nothing to {OTHER_X86_CPUS[index - 1]}"
+    assert not earlier or any(macros & defined != macros & earlier[-1] for macros in tested.values()), \
+        f"{march} adds nothing to {OTHER_X86_CPUS[index - 1]}"
     covered = [defined_macros("native"), *earlier]
-    sources = [source for source in cpu._SOURCES
-               if all(feature_macros(source) & defined != feature_macros(source) & seen for seen in covered)]
+    sources = [source for source, macros in tested.items()
+               if all(macros & defined != macros & seen for seen in covered)]
     if not sources:
         pytest.skip(f"every source's code for {march} is this machine's own or an earlier CPU's in the list")
     with tempfile.TemporaryDirectory() as tmp:
