@@ -58,13 +58,14 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     max_logprobs: int = 20  # the most `logprobs` a request may ask for
-    # None or "" turns the persistent cache off; by default $JAXENGINE_COMPILATION_CACHE or ~/.cache/jaxengine/xla
+    # Where compiled programs are kept across starts (its executables/; each process of a multi-process engine
+    # keeps its own). None or "" turns that off; by default $JAXENGINE_COMPILATION_CACHE or ~/.cache/jaxengine/xla
     compilation_cache_dir: str | None = os.environ.get("JAXENGINE_COMPILATION_CACHE", "~/.cache/jaxengine/xla")
     # Where start_profile()/stop_profile() write jax.profiler traces (jaxengine/profiler.py); None: profiling off
     # (and the server has no /start_profile, /stop_profile routes), as vLLM without --profiler-config.
     profiler_dir: str | None = None
-    # The stored programs' size cap: past it the least recently used go (0: no cap; single-process engines,
-    # whose executable cache this is: see enable_compilation_cache).
+    # The stored programs' size cap: past it the least recently used go (0: no cap). Each process counts the
+    # directory's entries, another process's on a shared disk too.
     compilation_cache_max_gib: float = 4.0
     warmup: bool = True
     # Default sampling parameters for requests that leave them unset, as vLLM's --generation-config: "auto" takes

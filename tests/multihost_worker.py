@@ -1,6 +1,6 @@
 """One process of a two-process engine (run by tests/test_multihost.py): 2 CPU devices each, TP = 4; the engine's
-compilation cache in $MULTIHOST_CACHE_DIR (none without it). In "once" mode each process's last line is the number
-of its programs that came from JAX's persistent cache."""
+compilation cache in $MULTIHOST_CACHE_DIR (none without it). In "once" mode each process's last line is how many
+of the runner's programs its warm-up loaded from that cache, and how many programs there are."""
 
 import json
 import os
@@ -16,18 +16,21 @@ from jaxengine.parallel.multihost import initialize  # noqa: E402
 def main(process_id: int, port: int, model_dir: str, mode: str) -> None:
     initialize(f"127.0.0.1:{port}", 2, process_id, heartbeat_timeout_s=5)
     from jaxengine import SamplingParams, StructuredOutputsParams
-    from jaxengine.compile_counter import persistent_cache_hit_count
     from jaxengine.config import EngineConfig
     from jaxengine.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model=model_dir, dtype="float32", max_model_len=512, max_num_seqs=8,
                                     max_num_batched_tokens=32, min_token_bucket=32, kv_cache_gib=0.01,
                                     tensor_parallel_size=4,
-                                    compilation_cache_dir=os.environ.get("MULTIHOST_CACHE_DIR")), progress=False)
+                                    compilation_cache_dir=os.environ.get("MULTIHOST_CACHE_DIR"), warmup=False),
+                       progress=False)
+    hits = engine.runner._cache.hits  # the loader's own programs come from the cache too
+    engine.runner.warmup(progress=False)
+    warmup = json.dumps([engine.runner._cache.hits - hits, len(engine.runner.shapes()) + 1])
     if process_id != 0:
         engine.runner.follow()
         print("@@ follower stopped", flush=True)
-        print("@@", persistent_cache_hit_count(), flush=True)
+        print("@@", warmup, flush=True)
         return
     prompts, specs = json.loads(sys.stdin.readline())  # specs: each prompt's structured outputs (or None)
     params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
@@ -45,7 +48,7 @@ def main(process_id: int, port: int, model_dir: str, mode: str) -> None:
         rounds += 1
         if mode == "once":
             engine.runner.stop_followers()
-            print("@@", persistent_cache_hit_count(), flush=True)
+            print("@@", warmup, flush=True)
             return
 
 

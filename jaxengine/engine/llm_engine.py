@@ -5,7 +5,6 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -44,16 +43,8 @@ logger = logging.getLogger(__name__)
 
 def enable_compilation_cache(cache_dir: str | None) -> Path | None:
     """Where the engine keeps its compiled programs across processes (`executables/` in `cache_dir`), or None.
-    Multi-process engines compile with the other processes: they get JAX's persistent compilation cache
-    instead (unless the process set its own). One cache, not both: see jaxengine/runner/executables.py."""
-    if not cache_dir:
-        return None
-    if jax.process_count() == 1:
-        return Path(cache_dir).expanduser() / "executables"
-    if not jax.config.jax_compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache_dir))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    return None
+    Each process of a multi-process engine keeps its own there (jaxengine/runner/executables.py)."""
+    return Path(cache_dir).expanduser() / "executables" if cache_dir else None
 
 
 _GENERIC_FAST_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")

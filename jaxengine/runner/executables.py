@@ -6,15 +6,20 @@ serialized executable itself. An entry's key covers everything the program depen
 the backend, XLA_FLAGS, the CPU's features, the source of the code that builds programs (models, layers,
 runner, parallel, pallas_kernels), the program's name and static arguments (for model programs: the model's
 graph definition, i.e. its architecture, config and static settings) and the shape, dtype, sharding and
-devices of every argument. Single-process engines only: a multi-host program is compiled with the others.
+devices of every argument.
+
+In a multi-process engine each process keeps its own part of each program (its key holds the process's index
+and the number of processes), on its own host's disk or beside the others' on a shared one: every process then
+loads its programs at a warm start. (JAX's persistent cache, which multi-process engines used before, writes
+from process 0 alone; the other processes found their programs only on a disk they shared with it and where
+their keys were process 0's, which on CPU they are not: there they compiled every program at every start.)
 
 An executable that JAX's persistent cache loaded cannot be serialized again (XLA:CPU then writes it without
 its kernels: "Function ... not found" when it runs), so only a program that XLA compiled in this process is
 stored: one compiled in this call, or, while nothing in the process has come from JAX's persistent cache, one
 JAX's in-memory cache returns (an identical program under another name, e.g. two weights' loader programs whose
 shardings differ only in name on one device); once a program has, an in-memory hit may be a persistent load,
-and is not stored. The engine turns JAX's persistent cache on only where this one is off; a process may still
-turn it on itself.
+and is not stored. The engine leaves JAX's persistent cache off; a process may still turn it on itself.
 
 Entries of old versions (of jax, of this code, of a model's settings) are never hit again. With a size cap,
 storing a program removes the least recently used entries past it: a hit refreshes an entry's modification
@@ -34,6 +39,7 @@ from jax.experimental import serialize_executable
 from jax.sharding import NamedSharding
 
 from jaxengine.compile_counter import persistent_cache_hit_count, thread_counts
+from pallas_kernels import cpu
 from pallas_kernels.cpu import cache_entries, cpu_flags, touch
 
 logger = logging.getLogger(__name__)
@@ -76,9 +82,11 @@ class ExecutableCache:
         key = hashlib.sha256()
         for part in (jax.__version__, jax.lib.__version__, backend.platform, backend.platform_version,
                      os.environ.get("XLA_FLAGS", ""), cpu_flags() if backend.platform == "cpu" else "",
-                     _source_digest()):
+                     _source_digest(), f"process {jax.process_index()} of {jax.process_count()}"):
             key.update(part.encode() + b"\0")
         self._base = key
+        self._platform = backend.platform
+        self._kernels_loaded = False
         self.hits = 0
         self._total = None  # the entries' total size as this process last counted it (`_account`)
 
@@ -110,18 +118,24 @@ class ExecutableCache:
             self._store(path, compiled)
         return compiled
 
-    @staticmethod
-    def _load(path: Path) -> jax.stages.Compiled:
+    def _load(self, path: Path) -> jax.stages.Compiled:
+        if self._platform == "cpu" and not self._kernels_loaded:
+            # A stored program may call the native kernels, whose FFI targets exist once their library is loaded
+            # (pallas_kernels/cpu.py). Tracing loads it, which a program taken from here skipped: without it, a
+            # process that had traced none yet (a multi-process engine's first program) could not load them.
+            self._kernels_loaded = True
+            cpu.available()
         entry = pickle.loads(path.read_bytes())
         by_id = {d.id: d for d in jax.devices()}
-        devices = [by_id[i] for i in entry["devices"]]  # the executable's own device order
+        devices = [by_id[i] for i in entry["devices"]]  # the executable's own devices (every process's), in order
         return serialize_executable.deserialize_and_load(entry["executable"], entry["in_tree"], entry["out_tree"],
                                                          execution_devices=devices)
 
     def _store(self, path: Path, compiled: jax.stages.Compiled) -> None:
         try:
             executable, in_tree, out_tree = serialize_executable.serialize(compiled)
-            devices = [d.id for d in compiled._executable.xla_executable.local_devices()]
+            # All of the program's devices, other processes' too: a multi-process program is loaded onto them all.
+            devices = [d.id for d in compiled._executable._unloaded_executable.device_list]
             blob = pickle.dumps({"executable": executable, "in_tree": in_tree, "out_tree": out_tree,
                                  "devices": devices})
         except Exception as e:  # a backend without serialization: the program still runs, uncached

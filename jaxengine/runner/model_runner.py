@@ -85,7 +85,7 @@ class ModelRunner:
                  channel: multihost.CommandChannel | None = None,
                  executable_cache: ExecutableCache | None = None, lora: tuple[int, int] | None = None):
         """`channel`: on the leader of a multi-process mesh, every device command is sent through it first.
-        `executable_cache`: where compiled programs are kept across processes (one process only). `lora`:
+        `executable_cache`: where compiled programs are kept across processes. `lora`:
         (max_loras, max_lora_rank): device slots for LoRA adapters (jaxengine/lora.py), else none."""
         graphdef, self.state = nnx.split(model)
         self._state_leaves, state_treedef = jax.tree.flatten(self.state)
