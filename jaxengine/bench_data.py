@@ -2,13 +2,14 @@
 over: `random` (token ids; lengths around a mean with `--random-range-ratio`, an optional shared prefix),
 `sharegpt` (the first two turns of each conversation: the prompt and, by its token count, the output length),
 `custom` (JSONL, one `{"prompt": ..., "output_tokens": ...}` a line), `prefix_repetition` (groups of prompts
-sharing a random prefix: a prefix-caching load) and our `json` (a JSON list of prompts, strings or token-id
-lists).
+sharing a random prefix: a prefix-caching load), `burstgpt` (the BurstGPT trace's CSV: GPT-4 requests' prompt and
+response lengths) and our `json` (a JSON list of prompts, strings or token-id lists).
 
 A bad flag or file raises ValueError naming it, before any load is sent.
 """
 
 import argparse
+import csv
 import dataclasses
 import json
 import math
@@ -19,8 +20,8 @@ import numpy as np
 from jaxengine.cli import json_object
 
 FIRST_ID = 4  # random ids start here, past the usual special tokens (the peers' workload.py does the same)
-DATASETS = ("random", "sharegpt", "custom", "prefix_repetition", "json")
-ID_DATASETS = ("random", "prefix_repetition")  # token-id prompts, drawn below the model's vocabulary
+DATASETS = ("random", "sharegpt", "custom", "prefix_repetition", "burstgpt", "json")
+ID_DATASETS = ("random", "prefix_repetition", "burstgpt")  # token-id prompts, below the model's vocabulary
 PREFIX_REPETITION = {"prefix_len": 256, "suffix_len": 256, "num_prefixes": 10, "output_len": 128}  # vLLM's defaults
 
 
@@ -35,13 +36,13 @@ def add_dataset_flags(p, *, seed: bool) -> None:
     """The dataset flags of `vllm bench serve` / `throughput` that we implement. `seed`: add `--seed` (the offline
     tools take the engine's `--seed` instead)."""
     p.add_argument("--dataset-name", choices=DATASETS, default="random")
-    p.add_argument("--dataset-path", default=None, help="the sharegpt JSON, custom JSONL or json file")
+    p.add_argument("--dataset-path", default=None, help="the sharegpt JSON, custom JSONL, burstgpt CSV or json file")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", "--random-input-len", dest="input_len", type=int, default=None,
                    help="random dataset: prompt tokens (default 128)")
     p.add_argument("--output-len", "--random-output-len", dest="output_len", type=int, default=None,
                    help="output tokens of every request; default: 128 for random and json, the dataset's own for "
-                        "sharegpt and custom")
+                        "sharegpt, custom and burstgpt")
     p.add_argument("--random-range-ratio", type=str, default="0.0",
                    help="random dataset: lengths drawn uniformly from [len*(1-r), len*(1+r)]; a float, or JSON "
                         "{\"input\": r1, \"output\": r2}")
@@ -58,9 +59,9 @@ def add_dataset_flags(p, *, seed: bool) -> None:
         p.add_argument(f"--prefix-repetition-{name.replace('_', '-')}", type=int, default=None,
                        help=f"prefix_repetition dataset (default {default})")
     p.add_argument("--disable-shuffle", action="store_true",
-                   help="sharegpt, custom and prefix_repetition: keep the dataset's order")
+                   help="sharegpt, custom, prefix_repetition and burstgpt: keep the dataset's order")
     p.add_argument("--no-oversample", action="store_true",
-                   help="sharegpt and custom: fewer requests than --num-prompts when the file has fewer")
+                   help="sharegpt, custom and burstgpt: fewer requests than --num-prompts when the file has fewer")
     if seed:
         p.add_argument("--seed", type=int, default=0)
 
@@ -240,6 +241,54 @@ def custom_requests(path: str, tokenizer, num_prompts: int, seed: int, output_le
     return _oversampled(requests, num_prompts, seed, oversample)
 
 
+BURSTGPT_COLUMNS = ("Model", "Request tokens", "Response tokens")
+
+
+def burstgpt_requests(path: str | None, vocab_size: int, num_prompts: int, seed: int, output_len: int | None = None,
+                      shuffle: bool = True, oversample: bool = True) -> list[BenchRequest]:
+    """vLLM's `burstgpt` dataset: the CSV's GPT-4 rows with a positive "Response tokens" (and "Request tokens":
+    vLLM keeps an empty prompt, which no server takes), drawn as pandas' `sample(n, random_state=seed)` draws them (with replacement when the file has fewer: vLLM's sampling, so the
+    same rows for the same --seed); request i is "Request tokens" ids (i + j) mod vocab_size, as vLLM's, sent as
+    ids (vLLM decodes them to text and back), and asks for "Response tokens" (or `output_len`). Without `shuffle`,
+    the first rows in the file's order; without `oversample`, at most the file's rows."""
+    at_least("--num-prompts", num_prompts)
+    if output_len is not None:
+        at_least("--output-len", output_len)
+    if not path:
+        raise ValueError("--dataset-path is required for the burstgpt dataset (BurstGPT's CSV)")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in BURSTGPT_COLUMNS if c not in (reader.fieldnames or ())]
+            if missing:
+                raise ValueError(f"--dataset-path: {path!r} has no {missing} column(s); a BurstGPT CSV has "
+                                 f"{list(BURSTGPT_COLUMNS)} among its columns")
+            rows = []
+            for line, row in enumerate(reader, start=2):
+                try:
+                    lengths = tuple(int(float(row[c])) for c in BURSTGPT_COLUMNS[1:])
+                except (TypeError, ValueError):
+                    raise ValueError(f"--dataset-path: line {line} of {path!r}: the token counts must be numbers, "
+                                     f"got {[row[c] for c in BURSTGPT_COLUMNS[1:]]}") from None
+                if row["Model"] == "GPT-4" and min(lengths) > 0:
+                    rows.append(lengths)
+    except OSError as e:
+        raise ValueError(f"--dataset-path: cannot read {path!r}: {e}") from None
+    if not rows:
+        raise ValueError(f"--dataset-path: {path!r} has no GPT-4 rows with positive Request and Response tokens")
+    n = num_prompts if oversample else min(num_prompts, len(rows))
+    if shuffle:
+        picked = np.random.RandomState(seed).choice(len(rows), size=n, replace=n > len(rows)).tolist()
+    else:
+        picked = [i % len(rows) for i in range(n)]
+    requests = []
+    for i, row in enumerate(picked):
+        input_len, response_len = rows[row]
+        prompt = [(i + j) % vocab_size for j in range(input_len)]
+        requests.append(BenchRequest(prompt, input_len, response_len if output_len is None else output_len))
+    return requests
+
+
 def json_requests(path: str, get_tokenizer, num_prompts: int, output_len: int) -> list[BenchRequest]:
     """Our `json` dataset: a JSON list of prompts (strings or token-id lists), the first `num_prompts` of it.
     `get_tokenizer()` gives the tokenizer that counts string prompts (only called if there is one)."""
@@ -305,6 +354,9 @@ def load_requests(args, *, vocab_size: int, get_tokenizer, seed: int) -> list[Be
     if args.input_len is not None:
         raise ValueError(f"--input-len applies to the random dataset only; the {args.dataset_name} dataset's "
                          "prompts have their own lengths")
+    if args.dataset_name == "burstgpt":
+        return burstgpt_requests(args.dataset_path, vocab_size, args.num_prompts, seed, args.output_len,
+                                 not args.disable_shuffle, not args.no_oversample)
     if args.dataset_name == "sharegpt":
         return sharegpt_requests(args.dataset_path, get_tokenizer(), args.num_prompts, seed,
                                  _given(args.output_len, args.sharegpt_output_len), not args.disable_shuffle,

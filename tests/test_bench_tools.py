@@ -1,5 +1,6 @@
 """`jaxengine bench throughput|latency` end to end on a tiny model, and the datasets they and `bench serve` share
-(random with a range and a prefix, sharegpt, custom, json) against what each file and flag says."""
+(random with a range and a prefix, sharegpt, custom, prefix_repetition, burstgpt, json) against what each file and
+flag says."""
 
 import argparse
 import copy
@@ -80,6 +81,9 @@ def test_random_dataset_range_ratio_and_prefix():
     (("--dataset-name", "prefix_repetition", "--output-len", "4", "--prefix-repetition-output-len", "5"),
      "--prefix-repetition-output-len"),
     (("--prefix-repetition-num-prefixes", "2"), "--prefix-repetition"),  # the random dataset's
+    (("--dataset-name", "burstgpt"), "--dataset-path"),
+    (("--dataset-name", "burstgpt", "--dataset-path", "/nonexistent/burst.csv"), "--dataset-path"),
+    (("--dataset-name", "burstgpt", "--dataset-path", "x.csv", "--input-len", "5"), "--input-len"),
 ])
 def test_bad_dataset_flags_are_refused_by_name(tokenizer, argv, field):
     with pytest.raises(ValueError, match=field):
@@ -151,6 +155,41 @@ def test_sharegpt_dataset(tmp_path, tokenizer):
     fixed = _load(tokenizer, "--dataset-name", "sharegpt", "--dataset-path", str(path), "--num-prompts", "4",
                   "--output-len", "9")
     assert {r.output_len for r in fixed} == {9}
+
+
+def _burstgpt(tmp_path, rows):
+    path = tmp_path / "burstgpt.csv"
+    header = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
+    path.write_text("\n".join([header] + [f"{i * 3},{m},{a},{b},{a + b},Conversation log"
+                                          for i, (m, a, b) in enumerate(rows)]) + "\n")
+    return path
+
+
+def test_burstgpt_dataset(tmp_path, tokenizer):
+    rows = [("GPT-4", 5 + i, 2 + i % 4) for i in range(9)]
+    rows[2:2] = [("ChatGPT", 7, 3), ("GPT-4", 6, 0), ("GPT-4", 0, 4)]  # not GPT-4, a failed request, no prompt
+    path = _burstgpt(tmp_path, rows)
+    usable = [(a, b) for m, a, b in rows if m == "GPT-4" and a > 0 and b > 0]
+    flags = ("--dataset-name", "burstgpt", "--dataset-path", str(path), "--seed", "3")
+    reqs = _load(tokenizer, *flags, "--num-prompts", "6")
+    # The rows pandas' DataFrame.sample(6, random_state=3) draws in vLLM's dataset (numpy's legacy generator).
+    picked = [usable[k] for k in np.random.RandomState(3).choice(len(usable), 6, replace=False)]
+    assert [(r.prompt_len, r.output_len) for r in reqs] == picked
+    assert [r.prompt for r in reqs] == [[(i + j) % 300 for j in range(a)] for i, (a, _) in enumerate(picked)]
+    # More prompts than rows: drawn with replacement (as vLLM), or only the rows; the file's order; a fixed length.
+    many = _load(tokenizer, *flags, "--num-prompts", "20")
+    picked = np.random.RandomState(3).choice(len(usable), 20, replace=True)
+    assert [(r.prompt_len, r.output_len) for r in many] == [usable[k] for k in picked]
+    assert len(_load(tokenizer, *flags, "--num-prompts", "20", "--no-oversample")) == len(usable)
+    ordered = _load(tokenizer, *flags, "--num-prompts", "4", "--disable-shuffle", "--output-len", "3")
+    assert [(r.prompt_len, r.output_len) for r in ordered] == [(a, 3) for a, _ in usable[:4]]
+    (tmp_path / "no_model.csv").write_text("Timestamp,Request tokens,Response tokens\n1,5,5\n")
+    (tmp_path / "words.csv").write_text("Model,Request tokens,Response tokens\nGPT-4,many,5\n")
+    (tmp_path / "none.csv").write_text("Model,Request tokens,Response tokens\nChatGPT,5,5\n")
+    for name, why in (("no_model", "no \\['Model'\\] column"), ("words", "line 2 .* must be numbers"),
+                      ("none", "no GPT-4 rows")):
+        with pytest.raises(ValueError, match=f"--dataset-path: .*{why}"):
+            _load(tokenizer, "--dataset-name", "burstgpt", "--dataset-path", str(tmp_path / f"{name}.csv"))
 
 
 def test_custom_and_json_datasets(tmp_path, tokenizer):
@@ -238,6 +277,13 @@ def test_bench_throughput_runs_a_dataset_through_the_engine(model_dirs, tmp_path
     assert result["total_prompt_tokens"] == sum(r.prompt_len for r in reqs)
     assert result["sampling"] == {"temperature": 0.7, "top_p": 0.9, "repetition_penalty": 1.1}
     assert result["prefix_cache_hit_rate"] == 0  # off unless asked for, as in the peer scripts
+    burst = _burstgpt(tmp_path, [("GPT-4", 9, 3), ("GPT-4", 20, 2), ("ChatGPT", 5, 5)])
+    result = _run(capsys, "bench", "throughput", "--model", model, *ENGINE_FLAGS, "--dataset-name", "burstgpt",
+                  "--dataset-path", str(burst), "--num-prompts", "3", "--runs", "1")
+    reqs = bench_data.burstgpt_requests(str(burst), 300, 3, seed=0)  # the rows the engine's --seed (0) draws
+    assert result["dataset_name"] == "burstgpt" and result["num_prompts"] == 3
+    assert result["total_prompt_tokens"] == sum(r.prompt_len for r in reqs)
+    assert result["total_output_tokens"] == sum(r.output_len for r in reqs)
     # A prefix-caching load: 8 prompts behind one 32-token prefix. Each timed run starts with an empty cache (the
     # warm-up ran the same prompts), so the hits are the run's own: the prompts admitted after the first computed
     # the prefix find it, and at most every prompt's two prefix blocks of its 40 tokens hit.
