@@ -1,5 +1,6 @@
 """`jaxengine bench serve`, the client that drives any OpenAI-compatible server, against ours: its counts and
-its sampling flags (sent in each request, recorded in the result), failed requests counted (not fatal), text
+its sampling flags (sent in each request, recorded in the result), the token-id datasets (prefix_repetition,
+burstgpt), failed requests counted (not fatal), text
 datasets through the chat endpoint, the statistics asked for, and bad flags refused before any load."""
 
 import json
@@ -11,14 +12,15 @@ import pytest
 from jaxengine.cli import main
 from server.app import build_app
 from tests.server.conftest import API_KEY, MODEL, LiveServer, wait_until_idle
-from tests.test_bench_tools import _sharegpt
+from jaxengine.bench_data import burstgpt_requests
+from tests.test_bench_tools import _burstgpt, _sharegpt
 
 
 def _result(capsys):
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
-def test_bench_serve_reports_the_load_it_sent(live, async_engine, capsys):
+def test_bench_serve_reports_the_load_it_sent(live, async_engine, tmp_path, capsys):
     main(["bench", "serve", "--base-url", live.url, "--num-prompts", "6", "--input-len", "9", "--output-len", "5",
           "--max-concurrency", "4", "--ignore-eos", "--temperature", "0.8", "--top-p", "0.9", "--top-k", "20",
           "--min-p", "0.01", "--presence-penalty", "0.5", "--num-warmups", "2"])
@@ -37,6 +39,13 @@ def test_bench_serve_reports_the_load_it_sent(live, async_engine, capsys):
           "--prefix-repetition-suffix-len", "4", "--prefix-repetition-output-len", "2", "--ignore-eos"])
     result = _result(capsys)  # token ids below the vocabulary the server's /detokenize bounds, as random's
     assert result["completed"] == 4 and result["total_input_tokens"] == 4 * 12 and result["total_output_tokens"] == 8
+    burst = _burstgpt(tmp_path, [("GPT-4", 7, 2), ("GPT-4", 5, 3), ("ChatGPT", 9, 9)])
+    main(["bench", "serve", "--base-url", live.url, "--dataset-name", "burstgpt", "--dataset-path", str(burst),
+          "--num-prompts", "3", "--ignore-eos"])
+    result = _result(capsys)
+    reqs = burstgpt_requests(str(burst), 100, 3, seed=0)  # the rows --seed 0 draws (the vocabulary sets only ids)
+    assert result["completed"] == 3 and result["total_input_tokens"] == sum(r.prompt_len for r in reqs)
+    assert result["total_output_tokens"] == sum(r.output_len for r in reqs)
     wait_until_idle(async_engine.engine)
 
 
