@@ -1,7 +1,7 @@
 """`jaxengine bench serve`, the client that drives any OpenAI-compatible server, against ours: its counts and
 its sampling flags (sent in each request, recorded in the result), the token-id datasets (prefix_repetition,
-burstgpt), failed requests counted (not fatal), text
-datasets through the chat endpoint, the statistics asked for, and bad flags refused before any load."""
+burstgpt), failed requests counted (not fatal), text datasets through the chat endpoint, the statistics asked
+for, and bad flags refused before any load."""
 
 import json
 import shutil
