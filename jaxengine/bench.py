@@ -5,6 +5,7 @@ The random dataset is the shared peer workload: token ids drawn uniformly from [
 numpy's default_rng(seed), so every engine sees the same prompts.
 """
 
+import argparse
 import asyncio
 import dataclasses
 import json
@@ -323,6 +324,26 @@ def _ramp_up(args):
     return args.ramp_up_strategy, args.ramp_up_start_rps, args.ramp_up_end_rps
 
 
+def _self_timed(args, kind: str, ramp_up) -> bool:
+    """Whether requests leave at the trace's timestamps (--self-timed, the timed_trace dataset's default, as in
+    vLLM's client) rather than at the request rate. A trace's requests run to its output lengths: as vLLM's client
+    does, timed_trace sends ignore_eos (args.ignore_eos is set)."""
+    if args.dataset_name != "timed_trace":
+        if args.self_timed is not None:
+            raise ValueError("--self-timed / --no-self-timed apply to the timed_trace dataset only")
+        return False
+    if kind != "completions":
+        raise ValueError("the timed_trace dataset's prompts are token ids: use --backend openai or vllm "
+                         "(/v1/completions)")
+    args.ignore_eos = True
+    if args.self_timed is False:
+        return False
+    if ramp_up or not math.isinf(args.request_rate) or args.burstiness != 1.0:
+        raise ValueError("the trace's timestamps set when its requests leave: --request-rate, --burstiness and "
+                         "--ramp-up-* apply with --no-self-timed")
+    return True
+
+
 def _key_values(flag: str, items, separator: str = "=") -> dict[str, str]:
     out = {}
     for item in items or ():
@@ -540,6 +561,7 @@ def serve(args) -> None:
             metrics = ["e2el"]
     ramp_up = _ramp_up(args)
     send_times(0, args.request_rate, args.burstiness, args.seed, ramp_up)  # checks the flags before anything is sent
+    self_timed = _self_timed(args, kind, ramp_up)
     at_least("--num-warmups", args.num_warmups, 0)
     at_least("--ready-check-timeout-sec", args.ready_check_timeout_sec, 0)
     if args.max_concurrency is not None:
@@ -558,7 +580,10 @@ def serve(args) -> None:
         raise ValueError("--backend openai-chat sends text messages, and this dataset's prompts are token ids: use "
                          "a text dataset (sharegpt, custom, or json with string prompts)")
     bodies = [_request_body(args, args.served_model_name or model, kind, req, extra) for req in requests]
-    times = send_times(len(requests), args.request_rate, args.burstiness, args.seed, ramp_up)
+    if self_timed:  # as vLLM's client: each at its timestamp from the start (none before it)
+        times = np.maximum([r.timestamp for r in requests], 0.0)
+    else:
+        times = send_times(len(requests), args.request_rate, args.burstiness, args.seed, ramp_up)
     results, wall = asyncio.run(_serve_load(args, base_url, base_url + endpoint, kind, bodies, headers, times,
                                              ready_deadline))
     done = [(req, r) for req, r in zip(requests, results) if r["success"]]
@@ -581,7 +606,7 @@ def serve(args) -> None:
               "dataset_path": args.dataset_path, "num_prompts": len(requests), "input_len": args.input_len,
               "output_len": args.output_len, "ignore_eos": args.ignore_eos, "sampling": sampling,
               "extra_body": args.extra_body, "request_rate": _finite_or_text(args.request_rate),
-              "burstiness": _finite_or_text(args.burstiness),
+              "burstiness": _finite_or_text(args.burstiness), "self_timed": self_timed,
               "max_concurrency": args.max_concurrency, "num_warmups": args.num_warmups, "profiled": args.profile}
     if ramp_up:
         result |= dict(zip(("ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps"), ramp_up))
@@ -717,7 +742,10 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--tokenizer", default=None,
                    help="for text datasets' token counts (default: --model, else the server's model root)")
     p.add_argument("--trust-remote-code", action="store_true", help="let a tokenizer of its own code load")
-    add_dataset_flags(p, seed=True)
+    add_dataset_flags(p, seed=True, trace=True)
+    p.add_argument("--self-timed", action=argparse.BooleanOptionalAction, default=None,
+                   help="send a trace's requests at its timestamps (the timed_trace dataset's default; "
+                        "--no-self-timed: at --request-rate)")
     p.add_argument("--served-model-name", default=None, help="the model name sent in requests (default: --model)")
     p.add_argument("--request-rate", type=float, default=float("inf"))
     p.add_argument("--burstiness", type=float, default=1.0,

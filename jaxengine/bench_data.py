@@ -3,7 +3,9 @@ over: `random` (token ids; lengths around a mean with `--random-range-ratio`, an
 `sharegpt` (the first two turns of each conversation: the prompt and, by its token count, the output length),
 `custom` (JSONL, one `{"prompt": ..., "output_tokens": ...}` a line), `prefix_repetition` (groups of prompts
 sharing a random prefix: a prefix-caching load), `burstgpt` (the BurstGPT trace's CSV: GPT-4 requests' prompt and
-response lengths) and our `json` (a JSON list of prompts, strings or token-id lists).
+response lengths), `timed_trace` (`bench serve` only: a JSONL trace replayed at its timestamps, prompts made of
+chunks that requests with the same hash ids share, as in the Mooncake traces) and our `json` (a JSON list of
+prompts, strings or token-id lists).
 
 A bad flag or file raises ValueError naming it, before any load is sent.
 """
@@ -11,6 +13,7 @@ A bad flag or file raises ValueError naming it, before any load is sent.
 import argparse
 import csv
 import dataclasses
+import hashlib
 import json
 import math
 import random
@@ -21,8 +24,13 @@ from jaxengine.cli import json_object
 
 FIRST_ID = 4  # random ids start here, past the usual special tokens (the peers' workload.py does the same)
 DATASETS = ("random", "sharegpt", "custom", "prefix_repetition", "burstgpt", "json")
-ID_DATASETS = ("random", "prefix_repetition", "burstgpt")  # token-id prompts, below the model's vocabulary
+ID_DATASETS = ("random", "prefix_repetition", "burstgpt", "timed_trace")  # token-id prompts, below the vocabulary
 PREFIX_REPETITION = {"prefix_len": 256, "suffix_len": 256, "num_prefixes": 10, "output_len": 128}  # vLLM's defaults
+# vLLM's timed_trace flags and defaults: the tokens a hash id stands for, the timestamps' unit in seconds, and the
+# names of each line's fields.
+TIMED_TRACE = {"chunk_hash_size": 16, "sec_multiplier": 1.0, "label_timestamp": "timestamp",
+               "label_input_length": "input_length", "label_output_length": "output_length",
+               "label_hash_ids": "hash_ids"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,12 +38,13 @@ class BenchRequest:
     prompt: str | list[int]
     prompt_len: int
     output_len: int
+    timestamp: float | None = None  # a trace's: when to send it, in seconds from the load's start
 
 
-def add_dataset_flags(p, *, seed: bool) -> None:
+def add_dataset_flags(p, *, seed: bool, trace: bool = False) -> None:
     """The dataset flags of `vllm bench serve` / `throughput` that we implement. `seed`: add `--seed` (the offline
-    tools take the engine's `--seed` instead)."""
-    p.add_argument("--dataset-name", choices=DATASETS, default="random")
+    tools take the engine's `--seed` instead). `trace`: the timed_trace dataset too (`bench serve`'s)."""
+    p.add_argument("--dataset-name", choices=DATASETS + ("timed_trace",) * trace, default="random")
     p.add_argument("--dataset-path", default=None, help="the sharegpt JSON, custom JSONL, burstgpt CSV or json file")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", "--random-input-len", dest="input_len", type=int, default=None,
@@ -62,6 +71,10 @@ def add_dataset_flags(p, *, seed: bool) -> None:
                    help="sharegpt, custom, prefix_repetition and burstgpt: keep the dataset's order")
     p.add_argument("--no-oversample", action="store_true",
                    help="sharegpt, custom and burstgpt: fewer requests than --num-prompts when the file has fewer")
+    if trace:
+        for name, default in TIMED_TRACE.items():
+            p.add_argument(f"--timed-trace-{name.replace('_', '-')}", type=type(default), default=None,
+                           help=f"timed_trace dataset (default {default})")
     if seed:
         p.add_argument("--seed", type=int, default=0)
 
@@ -152,14 +165,14 @@ def _read_json(path: str | None, what: str):
         raise ValueError(f"--dataset-path is required for the {what} dataset")
     try:
         with open(path, encoding="utf-8") as f:
-            if what == "custom":
+            if what in ("custom", "timed_trace"):
                 return [json.loads(line) for line in f if line.strip()]
             return json.load(f)
     except OSError as e:
         raise ValueError(f"--dataset-path: cannot read {path!r}: {e}") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"--dataset-path: {path!r} is not valid {'JSONL' if what == 'custom' else 'JSON'}: {e}") \
-            from None
+        raise ValueError(f"--dataset-path: {path!r} is not valid "
+                         f"{'JSONL' if what in ('custom', 'timed_trace') else 'JSON'}: {e}") from None
 
 
 def _shuffled(items: list, seed: int, shuffle: bool) -> list:
@@ -289,6 +302,69 @@ def burstgpt_requests(path: str | None, vocab_size: int, num_prompts: int, seed:
     return requests
 
 
+def _chunk_ids(key: str, size: int, vocab_size: int, seed: int) -> list[int]:
+    """`size` ids uniform in [FIRST_ID, vocab) that `key` and `seed` fix (the same in every process)."""
+    entropy = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+    return np.random.default_rng([seed, entropy, size]).integers(FIRST_ID, vocab_size, size=size).tolist()
+
+
+def timed_trace_requests(path: str | None, vocab_size: int, num_prompts: int, seed: int,
+                         chunk_hash_size: int = 16, sec_multiplier: float = 1.0, label_timestamp: str = "timestamp",
+                         label_input_length: str = "input_length", label_output_length: str = "output_length",
+                         label_hash_ids: str = "hash_ids") -> list[BenchRequest]:
+    """vLLM's `timed_trace` dataset: the first `num_prompts` lines of a JSONL trace (Mooncake's, Alibaba's), in
+    order. A line's prompt is its hash ids' chunks, `chunk_hash_size` ids each (the last cut to what is left of
+    the input length, the prompt to the chunks'), where a hash id stands for the same ids wherever it recurs (at
+    the same size): requests that share a prefix of hash ids share that prefix of tokens. vLLM draws a chunk's ids
+    from a seed Python's per-process string hash gives; here sha256 and `seed` fix them, so every run sends the
+    same prompts. A line without hash ids (vLLM sends it empty) gets input-length ids of its own. The request is
+    sent at its timestamp x `sec_multiplier` seconds from the start."""
+    at_least("--num-prompts", num_prompts)
+    at_least("--timed-trace-chunk-hash-size", chunk_hash_size)
+    if not (isinstance(sec_multiplier, (int, float)) and math.isfinite(sec_multiplier) and sec_multiplier > 0):
+        raise ValueError(f"--timed-trace-sec-multiplier must be a positive number, got {sec_multiplier!r}")
+    if vocab_size <= FIRST_ID:
+        raise ValueError(f"the timed_trace dataset needs a vocabulary larger than {FIRST_ID}, got {vocab_size}")
+    lines = _read_json(path, "timed_trace")
+    labels = {"--timed-trace-label-timestamp": label_timestamp, "--timed-trace-label-input-length": label_input_length,
+              "--timed-trace-label-output-length": label_output_length}
+    requests = []
+    for index, entry in enumerate(lines[:num_prompts]):
+        where = f"--dataset-path: trace line {index + 1}"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} is not a JSON object: {entry!r}")
+        for flag, label in labels.items():
+            if label not in entry:
+                raise ValueError(f"{where} has no {label!r} field (fields: {sorted(entry)}); name the field with "
+                                 f"{flag}")
+        timestamp, input_len, output_len = (entry[label] for label in labels.values())
+        if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
+            raise ValueError(f"{where}: the timestamp must be a number, got {timestamp!r}")
+        for what, value in (("input length", input_len), ("output length", output_len)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{where}: the {what} must be an integer >= 1, got {value!r}")
+        hash_ids = entry.get(label_hash_ids)
+        if hash_ids is None:
+            prompt = _chunk_ids(f"line {index}", input_len, vocab_size, seed)
+        else:
+            if not isinstance(hash_ids, list) or not all(isinstance(h, int) and not isinstance(h, bool)
+                                                         for h in hash_ids):
+                raise ValueError(f"{where}: {label_hash_ids!r} must be a list of integers, got {hash_ids!r}")
+            prompt, left = [], input_len
+            for h in hash_ids:
+                if left <= 0:
+                    break
+                size = min(chunk_hash_size, left)
+                prompt += _chunk_ids(f"{h}:{size}", size, vocab_size, seed)
+                left -= size
+            if not prompt:
+                raise ValueError(f"{where}: an empty {label_hash_ids!r} list makes an empty prompt")
+        requests.append(BenchRequest(prompt, len(prompt), output_len, float(timestamp) * sec_multiplier))
+    if not requests:
+        raise ValueError("--dataset-path: no requests in the trace")
+    return requests
+
+
 def json_requests(path: str, get_tokenizer, num_prompts: int, output_len: int) -> list[BenchRequest]:
     """Our `json` dataset: a JSON list of prompts (strings or token-id lists), the first `num_prompts` of it.
     `get_tokenizer()` gives the tokenizer that counts string prompts (only called if there is one)."""
@@ -327,6 +403,9 @@ def load_requests(args, *, vocab_size: int, get_tokenizer, seed: int) -> list[Be
     repetition = {name: getattr(args, f"prefix_repetition_{name}") for name in PREFIX_REPETITION}
     if args.dataset_name != "prefix_repetition" and any(value is not None for value in repetition.values()):
         raise ValueError("the --prefix-repetition-* flags apply to the prefix_repetition dataset only")
+    trace = {name: getattr(args, f"timed_trace_{name}", None) for name in TIMED_TRACE}
+    if args.dataset_name != "timed_trace" and any(value is not None for value in trace.values()):
+        raise ValueError("the --timed-trace-* flags apply to the timed_trace dataset only")
     template_kwargs = None
     if args.chat_template_kwargs is not None:
         if args.dataset_name != "custom" or args.skip_chat_template:
@@ -354,6 +433,13 @@ def load_requests(args, *, vocab_size: int, get_tokenizer, seed: int) -> list[Be
     if args.input_len is not None:
         raise ValueError(f"--input-len applies to the random dataset only; the {args.dataset_name} dataset's "
                          "prompts have their own lengths")
+    if args.dataset_name == "timed_trace":
+        if args.output_len is not None or args.disable_shuffle or args.no_oversample:
+            raise ValueError("--output-len, --disable-shuffle and --no-oversample do not apply to the timed_trace "
+                             "dataset: each line sets its output length, and the first --num-prompts lines are "
+                             "sent in order")
+        return timed_trace_requests(args.dataset_path, vocab_size, args.num_prompts, seed,
+                                    **{name: _given(value, TIMED_TRACE[name]) for name, value in trace.items()})
     if args.dataset_name == "burstgpt":
         return burstgpt_requests(args.dataset_path, vocab_size, args.num_prompts, seed, args.output_len,
                                  not args.disable_shuffle, not args.no_oversample)

@@ -1,6 +1,6 @@
 """`jaxengine bench throughput|latency` end to end on a tiny model, and the datasets they and `bench serve` share
-(random with a range and a prefix, sharegpt, custom, prefix_repetition, burstgpt, json) against what each file and
-flag says."""
+(random with a range and a prefix, sharegpt, custom, prefix_repetition, burstgpt, timed_trace, json) against what
+each file and flag says."""
 
 import argparse
 import copy
@@ -27,7 +27,7 @@ def tokenizer(tokenizer_dir):
 
 def _args(*argv):
     p = argparse.ArgumentParser()
-    bench_data.add_dataset_flags(p, seed=True)
+    bench_data.add_dataset_flags(p, seed=True, trace=True)
     return p.parse_args(list(argv))
 
 
@@ -84,6 +84,11 @@ def test_random_dataset_range_ratio_and_prefix():
     (("--dataset-name", "burstgpt"), "--dataset-path"),
     (("--dataset-name", "burstgpt", "--dataset-path", "/nonexistent/burst.csv"), "--dataset-path"),
     (("--dataset-name", "burstgpt", "--dataset-path", "x.csv", "--input-len", "5"), "--input-len"),
+    (("--dataset-name", "timed_trace"), "--dataset-path"),
+    (("--dataset-name", "timed_trace", "--dataset-path", "t.jsonl", "--output-len", "5"), "--output-len"),
+    (("--dataset-name", "timed_trace", "--dataset-path", "t.jsonl", "--timed-trace-chunk-hash-size", "0"),
+     "--timed-trace-chunk-hash-size"),
+    (("--timed-trace-sec-multiplier", "0.001"), "--timed-trace"),  # the random dataset's
 ])
 def test_bad_dataset_flags_are_refused_by_name(tokenizer, argv, field):
     with pytest.raises(ValueError, match=field):
@@ -190,6 +195,51 @@ def test_burstgpt_dataset(tmp_path, tokenizer):
                       ("none", "no GPT-4 rows")):
         with pytest.raises(ValueError, match=f"--dataset-path: .*{why}"):
             _load(tokenizer, "--dataset-name", "burstgpt", "--dataset-path", str(tmp_path / f"{name}.csv"))
+
+
+def _trace(tmp_path, lines, name="trace.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_timed_trace_dataset(tmp_path):
+    path = _trace(tmp_path, [
+        {"timestamp": 0, "input_length": 40, "output_length": 5, "hash_ids": [1, 2, 3]},
+        {"timestamp": 500, "input_length": 20, "output_length": 3, "hash_ids": [1, 9]},  # shares hash 1's chunk
+        {"timestamp": 1250, "input_length": 100, "output_length": 2, "hash_ids": [2]},  # cut to its one chunk
+        {"timestamp": 2000, "input_length": 7, "output_length": 4},  # no hash ids: its own ids
+        {"timestamp": 9000, "input_length": 7, "output_length": 4, "hash_ids": [5]},  # past --num-prompts
+    ])
+    flags = ("--dataset-name", "timed_trace", "--dataset-path", str(path), "--num-prompts", "4",
+             "--timed-trace-sec-multiplier", "0.001")
+    reqs = _load(None, *flags)
+    assert [(r.prompt_len, r.output_len, r.timestamp) for r in reqs] == [(40, 5, 0.0), (20, 3, 0.5), (16, 2, 1.25),
+                                                                        (7, 4, 2.0)]
+    assert all(len(r.prompt) == r.prompt_len and all(4 <= t < 300 for t in r.prompt) for r in reqs)
+    first, second, third, _ = (r.prompt for r in reqs)
+    assert second[:16] == first[:16] and second[16:] != first[16:20]  # hash 1's chunk, then hash 9's (4 of it)
+    assert third == first[16:32]  # hash 2 at its full size: the same chunk wherever it recurs
+    assert _load(None, *flags) == reqs and _load(None, *flags, "--seed", "1")[0].prompt != first
+    # Chunks of another size, fields under other names, and a trace without the named field.
+    renamed = _trace(tmp_path, [{"ts": 2, "in": 10, "out": 1, "blocks": [4, 4]}, {"ts": 3, "in": 4, "out": 2,
+                                                                                 "blocks": [4]}], "renamed.jsonl")
+    other = _load(None, "--dataset-name", "timed_trace", "--dataset-path", str(renamed),
+                  "--timed-trace-chunk-hash-size", "6", "--timed-trace-label-timestamp", "ts",
+                  "--timed-trace-label-input-length", "in", "--timed-trace-label-output-length", "out",
+                  "--timed-trace-label-hash-ids", "blocks")
+    assert [(r.prompt_len, r.output_len, r.timestamp) for r in other] == [(10, 1, 2.0), (4, 2, 3.0)]
+    # Hash 4 at 6 tokens, then cut to the 4 left: a chunk of each size (as vLLM keys them), the same wherever it recurs.
+    assert other[0].prompt[6:] == other[1].prompt != other[0].prompt[:4]
+    with pytest.raises(ValueError, match="trace line 1 has no 'timestamp' field .*--timed-trace-label-timestamp"):
+        _load(None, "--dataset-name", "timed_trace", "--dataset-path", str(renamed))
+    for line, why in (({"timestamp": "x", "input_length": 4, "output_length": 1}, "timestamp must be a number"),
+                      ({"timestamp": 1, "input_length": 0, "output_length": 1}, "input length"),
+                      ({"timestamp": 1, "input_length": 4, "output_length": 1, "hash_ids": []}, "empty prompt"),
+                      ({"timestamp": 1, "input_length": 4, "output_length": 1, "hash_ids": "ab"}, "list of integers")):
+        bad = _trace(tmp_path, [line], "bad.jsonl")
+        with pytest.raises(ValueError, match=f"trace line 1.*{why}"):
+            _load(None, "--dataset-name", "timed_trace", "--dataset-path", str(bad))
 
 
 def test_custom_and_json_datasets(tmp_path, tokenizer):
@@ -338,6 +388,8 @@ def test_bench_latency_and_refusals(model_dirs, capsys):
         main(["bench", "throughput", "--model", model, *ENGINE_FLAGS, "--top-p", "2"])
     with pytest.raises(SystemExit):  # a flag the tool does not take is refused, not ignored
         main(["bench", "latency", "--model", model, "--num-prompts", "3"])
+    with pytest.raises(SystemExit):  # a timed trace is `bench serve`'s (as in vLLM): offline has no arrival times
+        main(["bench", "throughput", "--model", model, "--dataset-name", "timed_trace", "--dataset-path", "t.jsonl"])
 
 
 def test_bench_startup_times_a_cold_and_a_warm_server(model_dirs, capsys):

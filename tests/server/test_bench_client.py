@@ -1,7 +1,7 @@
 """`jaxengine bench serve`, the client that drives any OpenAI-compatible server, against ours: its counts and
 its sampling flags (sent in each request, recorded in the result), the token-id datasets (prefix_repetition,
-burstgpt), failed requests counted (not fatal), text datasets through the chat endpoint, the statistics asked
-for, and bad flags refused before any load."""
+burstgpt), a timed trace sent at its timestamps, failed requests counted (not fatal), text datasets through the
+chat endpoint, the statistics asked for, and bad flags refused before any load."""
 
 import json
 import shutil
@@ -13,7 +13,7 @@ from jaxengine.cli import main
 from server.app import build_app
 from tests.server.conftest import API_KEY, MODEL, LiveServer, wait_until_idle
 from jaxengine.bench_data import burstgpt_requests
-from tests.test_bench_tools import _burstgpt, _sharegpt
+from tests.test_bench_tools import _burstgpt, _sharegpt, _trace
 
 
 def _result(capsys):
@@ -46,6 +46,26 @@ def test_bench_serve_reports_the_load_it_sent(live, async_engine, tmp_path, caps
     reqs = burstgpt_requests(str(burst), 100, 3, seed=0)  # the rows --seed 0 draws (the vocabulary sets only ids)
     assert result["completed"] == 3 and result["total_input_tokens"] == sum(r.prompt_len for r in reqs)
     assert result["total_output_tokens"] == sum(r.output_len for r in reqs)
+    wait_until_idle(async_engine.engine)
+
+
+def test_bench_serve_replays_a_timed_trace_at_its_timestamps(live, async_engine, tmp_path, capsys):
+    lines = [{"timestamp": 0, "input_length": 20, "output_length": 3, "hash_ids": [7, 8]},
+             {"timestamp": 300, "input_length": 12, "output_length": 4, "hash_ids": [7]},
+             {"timestamp": 600, "input_length": 9, "output_length": 2, "hash_ids": [3]}]
+    trace = _trace(tmp_path, lines)
+    main(["bench", "serve", "--base-url", live.url, "--dataset-name", "timed_trace", "--dataset-path", str(trace),
+          "--timed-trace-sec-multiplier", "0.001", "--save-detailed"])
+    result = _result(capsys)
+    assert result["completed"] == 3 and result["self_timed"] is True and result["ignore_eos"] is True
+    assert result["input_lens"] == [20, 12, 9] and result["output_lens"] == [3, 4, 2]  # each to the trace's length
+    # No request leaves before its timestamp (the bound holds whatever the machine's speed).
+    assert all(start >= line["timestamp"] / 1000 for start, line in zip(result["start_times"], lines))
+    assert result["duration"] >= 0.6
+    main(["bench", "serve", "--base-url", live.url, "--dataset-name", "timed_trace", "--dataset-path", str(trace),
+          "--no-self-timed", "--num-prompts", "2"])
+    result = _result(capsys)  # at --request-rate (inf): all at once
+    assert result["completed"] == 2 and result["self_timed"] is False and result["total_output_tokens"] == 7
     wait_until_idle(async_engine.engine)
 
 
@@ -226,6 +246,9 @@ def test_bench_serve_random_ids_where_detokenize_bounds_nothing(live, async_engi
     (["--ramp-up-strategy", "exponential", "--ramp-up-start-rps", "0", "--ramp-up-end-rps", "2"],
      "--ramp-up-start-rps"),
     (["--ramp-up-end-rps", "2"], "--ramp-up-strategy"),
+    (["--self-timed"], "--self-timed .* timed_trace dataset only"),
+    (["--dataset-name", "timed_trace", "--dataset-path", "t.jsonl", "--backend", "openai-chat"], "--backend openai"),
+    (["--dataset-name", "timed_trace", "--dataset-path", "t.jsonl", "--request-rate", "4"], "--no-self-timed"),
 ])
 def test_bench_serve_refuses_bad_flags_before_sending(live, argv, message):
     with pytest.raises(SystemExit, match=message):
