@@ -3,7 +3,8 @@ over: `random` (token ids; lengths around a mean with `--random-range-ratio`, an
 `sharegpt` (the first two turns of each conversation: the prompt and, by its token count, the output length),
 `custom` (JSONL, one `{"prompt": ..., "output_tokens": ...}` a line), `prefix_repetition` (groups of prompts
 sharing a random prefix: a prefix-caching load), `burstgpt` (the BurstGPT trace's CSV: GPT-4 requests' prompt and
-response lengths), `timed_trace` (`bench serve` only: a JSONL trace replayed at its timestamps, prompts made of
+response lengths), `spec_bench` (Spec-Bench's question.jsonl: each question's first turn, as the custom
+dataset's prompts), `timed_trace` (`bench serve` only: a JSONL trace replayed at its timestamps, prompts made of
 chunks that requests with the same hash ids share, as in the Mooncake traces) and our `json` (a JSON list of
 prompts, strings or token-id lists).
 
@@ -23,7 +24,7 @@ import numpy as np
 from jaxengine.cli import json_object
 
 FIRST_ID = 4  # random ids start here, past the usual special tokens (the peers' workload.py does the same)
-DATASETS = ("random", "sharegpt", "custom", "prefix_repetition", "burstgpt", "json")
+DATASETS = ("random", "sharegpt", "custom", "spec_bench", "prefix_repetition", "burstgpt", "json")
 ID_DATASETS = ("random", "prefix_repetition", "burstgpt", "timed_trace")  # token-id prompts, below the vocabulary
 PREFIX_REPETITION = {"prefix_len": 256, "suffix_len": 256, "num_prefixes": 10, "output_len": 128}  # vLLM's defaults
 # vLLM's timed_trace flags and defaults: the tokens a hash id stands for, the timestamps' unit in seconds, and the
@@ -60,17 +61,23 @@ def add_dataset_flags(p, *, seed: bool, trace: bool = False) -> None:
     p.add_argument("--sharegpt-output-len", type=int, default=None, help="sharegpt: output tokens of every request")
     p.add_argument("--custom-output-len", type=int, default=256,
                    help="custom: output tokens of every request; -1 takes each line's output_tokens")
+    p.add_argument("--spec-bench-output-len", type=int, default=None,
+                   help="spec_bench: output tokens of every request (default 256)")
+    p.add_argument("--spec-bench-category", default=None,
+                   help="spec_bench: only the questions of this category (default: all)")
     p.add_argument("--skip-chat-template", action="store_true",
-                   help="custom: send the prompt as it is, not in the tokenizer's chat template")
+                   help="custom and spec_bench: send the prompt as it is, not in the tokenizer's chat template")
     p.add_argument("--chat-template-kwargs", default=None,
-                   help="custom: a JSON object of arguments for the chat template, e.g. '{\"enable_thinking\": false}'")
+                   help="custom and spec_bench: a JSON object of arguments for the chat template, e.g. "
+                        "'{\"enable_thinking\": false}'")
     for name, default in PREFIX_REPETITION.items():
         p.add_argument(f"--prefix-repetition-{name.replace('_', '-')}", type=int, default=None,
                        help=f"prefix_repetition dataset (default {default})")
     p.add_argument("--disable-shuffle", action="store_true",
-                   help="sharegpt, custom, prefix_repetition and burstgpt: keep the dataset's order")
+                   help="sharegpt, custom, spec_bench, prefix_repetition and burstgpt: keep the dataset's order")
     p.add_argument("--no-oversample", action="store_true",
-                   help="sharegpt, custom and burstgpt: fewer requests than --num-prompts when the file has fewer")
+                   help="sharegpt, custom, spec_bench and burstgpt: fewer requests than --num-prompts when the file "
+                        "has fewer")
     if trace:
         for name, default in TIMED_TRACE.items():
             p.add_argument(f"--timed-trace-{name.replace('_', '-')}", type=type(default), default=None,
@@ -165,14 +172,14 @@ def _read_json(path: str | None, what: str):
         raise ValueError(f"--dataset-path is required for the {what} dataset")
     try:
         with open(path, encoding="utf-8") as f:
-            if what in ("custom", "timed_trace"):
+            if what in ("custom", "spec_bench", "timed_trace"):
                 return [json.loads(line) for line in f if line.strip()]
             return json.load(f)
     except OSError as e:
         raise ValueError(f"--dataset-path: cannot read {path!r}: {e}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--dataset-path: {path!r} is not valid "
-                         f"{'JSONL' if what in ('custom', 'timed_trace') else 'JSON'}: {e}") from None
+                         f"{'JSONL' if what in ('custom', 'spec_bench', 'timed_trace') else 'JSON'}: {e}") from None
 
 
 def _shuffled(items: list, seed: int, shuffle: bool) -> list:
@@ -227,19 +234,50 @@ def custom_requests(path: str, tokenizer, num_prompts: int, seed: int, output_le
     """JSONL lines with a "prompt" (and "output_tokens" when `output_len` is -1), shuffled by seed. The prompt is
     put in the tokenizer's chat template (as a user turn, with `template_kwargs`) unless `chat_template` is
     false."""
-    at_least("--num-prompts", num_prompts)
     if output_len != -1:
         at_least("--custom-output-len (or -1)", output_len)
-    if chat_template and not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the custom dataset puts prompts in the chat template, and this tokenizer has none: "
-                         "pass --skip-chat-template")
     lines = _read_json(path, "custom")
-    requests = []
-    for item in _shuffled(lines, seed, shuffle):
-        if len(requests) >= num_prompts:
-            break
+    for item in lines:
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
             raise ValueError(f"--dataset-path: every custom line needs a string \"prompt\"; got {item!r}")
+    return _chat_requests(lines, tokenizer, num_prompts, seed, output_len, chat_template, shuffle, oversample,
+                          template_kwargs)
+
+
+def spec_bench_requests(path: str, tokenizer, num_prompts: int, seed: int, output_len: int = 256,
+                        category: str | None = None, chat_template: bool = True, shuffle: bool = True,
+                        oversample: bool = True, template_kwargs: dict | None = None) -> list[BenchRequest]:
+    """vLLM's `spec_bench` dataset: Spec-Bench's question.jsonl (`{"category": ..., "turns": [...]}` a line), each
+    question's first turn a prompt (of `category`'s questions only, if given), then as the custom dataset's
+    prompts with `output_len`."""
+    at_least("--spec-bench-output-len (or --output-len)", output_len)
+    lines = _read_json(path, "spec_bench")
+    items = []
+    for item in lines:
+        turns = item.get("turns") if isinstance(item, dict) else None
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+            raise ValueError(f"--dataset-path: every spec_bench line needs \"turns\", a list of strings; got {item!r}")
+        if category is None or item.get("category") == category:
+            items.append({"prompt": turns[0]})
+    if not items:
+        found = sorted({str(item.get("category")) for item in lines})
+        raise ValueError(f"--spec-bench-category: no question of category {category!r} (the file's: {found})")
+    return _chat_requests(items, tokenizer, num_prompts, seed, output_len, chat_template, shuffle, oversample,
+                          template_kwargs)
+
+
+def _chat_requests(items: list[dict], tokenizer, num_prompts: int, seed: int, output_len: int, chat_template: bool,
+                   shuffle: bool, oversample: bool, template_kwargs: dict | None) -> list[BenchRequest]:
+    """Each item's "prompt" (in the chat template unless `chat_template` is false), shuffled by seed, asking for
+    `output_len` tokens (-1: the item's "output_tokens"); vLLM's custom dataset."""
+    at_least("--num-prompts", num_prompts)
+    if chat_template and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the dataset's prompts go in the chat template, and this tokenizer has none: pass "
+                         "--skip-chat-template")
+    requests = []
+    for item in _shuffled(items, seed, shuffle):
+        if len(requests) >= num_prompts:
+            break
         out_len = output_len
         if output_len == -1:
             out_len = item.get("output_tokens")
@@ -403,14 +441,16 @@ def load_requests(args, *, vocab_size: int, get_tokenizer, seed: int) -> list[Be
     repetition = {name: getattr(args, f"prefix_repetition_{name}") for name in PREFIX_REPETITION}
     if args.dataset_name != "prefix_repetition" and any(value is not None for value in repetition.values()):
         raise ValueError("the --prefix-repetition-* flags apply to the prefix_repetition dataset only")
+    if args.dataset_name != "spec_bench" and (args.spec_bench_output_len, args.spec_bench_category) != (None, None):
+        raise ValueError("the --spec-bench-* flags apply to the spec_bench dataset only")
     trace = {name: getattr(args, f"timed_trace_{name}", None) for name in TIMED_TRACE}
     if args.dataset_name != "timed_trace" and any(value is not None for value in trace.values()):
         raise ValueError("the --timed-trace-* flags apply to the timed_trace dataset only")
     template_kwargs = None
     if args.chat_template_kwargs is not None:
-        if args.dataset_name != "custom" or args.skip_chat_template:
-            raise ValueError("--chat-template-kwargs applies to the custom dataset's chat template (without "
-                             "--skip-chat-template)")
+        if args.dataset_name not in ("custom", "spec_bench") or args.skip_chat_template:
+            raise ValueError("--chat-template-kwargs applies to the custom and spec_bench datasets' chat template "
+                             "(without --skip-chat-template)")
         try:
             template_kwargs = json_object(args.chat_template_kwargs)
         except argparse.ArgumentTypeError as e:
@@ -447,6 +487,11 @@ def load_requests(args, *, vocab_size: int, get_tokenizer, seed: int) -> list[Be
         return sharegpt_requests(args.dataset_path, get_tokenizer(), args.num_prompts, seed,
                                  _given(args.output_len, args.sharegpt_output_len), not args.disable_shuffle,
                                  not args.no_oversample)
+    if args.dataset_name == "spec_bench":
+        return spec_bench_requests(args.dataset_path, get_tokenizer(), args.num_prompts, seed,
+                                   _given(args.output_len, _given(args.spec_bench_output_len, 256)),
+                                   args.spec_bench_category, not args.skip_chat_template, not args.disable_shuffle,
+                                   not args.no_oversample, template_kwargs)
     if args.dataset_name == "custom":
         return custom_requests(args.dataset_path, get_tokenizer(), args.num_prompts, seed,
                                _given(args.output_len, args.custom_output_len), not args.skip_chat_template,

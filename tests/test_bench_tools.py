@@ -1,6 +1,6 @@
 """`jaxengine bench throughput|latency` end to end on a tiny model, and the datasets they and `bench serve` share
-(random with a range and a prefix, sharegpt, custom, prefix_repetition, burstgpt, timed_trace, json) against what
-each file and flag says."""
+(random with a range and a prefix, sharegpt, custom, spec_bench, prefix_repetition, burstgpt, timed_trace, json)
+against what each file and flag says."""
 
 import argparse
 import copy
@@ -263,10 +263,10 @@ def test_custom_and_json_datasets(tmp_path, tokenizer):
                for v in ("false", "true"))
     assert on == off + "<think>" and off == templated
     for bad, message in ((["--chat-template-kwargs", "[1]"], "JSON object"),
-                         (["--chat-template-kwargs", "{}", "--skip-chat-template"], "custom dataset")):
+                         (["--chat-template-kwargs", "{}", "--skip-chat-template"], "custom and spec_bench")):
         with pytest.raises(ValueError, match=message):
             _load(thinking, *custom, *bad)
-    with pytest.raises(ValueError, match="custom dataset"):
+    with pytest.raises(ValueError, match="custom and spec_bench"):
         _load(tokenizer, "--dataset-name", "json", "--dataset-path", str(path), "--chat-template-kwargs", "{}")
     path.write_text(json.dumps({"text": "no prompt"}) + "\n")
     with pytest.raises(ValueError, match="prompt"):
@@ -279,6 +279,35 @@ def test_custom_and_json_datasets(tmp_path, tokenizer):
     prompts.write_text(json.dumps([["x"]]))
     with pytest.raises(ValueError, match="token-id lists"):
         _load(tokenizer, "--dataset-name", "json", "--dataset-path", str(prompts))
+
+
+def test_spec_bench_dataset(tmp_path, tokenizer):
+    questions = [{"question_id": i, "category": ("writing", "math")[i % 2],
+                  "turns": [f"question {i} about the fox", f"and a follow-up {i}"]} for i in range(7)]
+    path = tmp_path / "question.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    flags = ("--dataset-name", "spec_bench", "--dataset-path", str(path), "--seed", "4")
+    reqs = _load(tokenizer, *flags, "--num-prompts", "3")
+    # As vLLM's: the first turns, shuffled by --seed as its random.seed(seed); random.shuffle(...) orders them, in the
+    # chat template, 256 tokens out.
+    firsts = [q["turns"][0] for q in questions]
+    random.Random(4).shuffle(firsts)
+    templated = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                               add_generation_prompt=True) for p in firsts[:3]]
+    assert [(r.prompt, r.prompt_len, r.output_len) for r in reqs] == [
+        (t, len(tokenizer(t).input_ids), 256) for t in templated]
+    math_only = _load(tokenizer, *flags, "--num-prompts", "10", "--spec-bench-category", "math",
+                      "--spec-bench-output-len", "9", "--skip-chat-template", "--no-oversample")
+    assert sorted(r.prompt for r in math_only) == [q["turns"][0] for q in questions if q["category"] == "math"]
+    assert {r.output_len for r in math_only} == {9}
+    assert len(_load(tokenizer, *flags, "--num-prompts", "10")) == 10  # oversampled, as vLLM's
+    with pytest.raises(ValueError, match="--spec-bench-category: no question of category 'coding'"):
+        _load(tokenizer, *flags, "--spec-bench-category", "coding")
+    with pytest.raises(ValueError, match="--spec-bench-\\* flags apply to the spec_bench dataset only"):
+        _load(tokenizer, "--spec-bench-category", "math")
+    path.write_text(json.dumps({"category": "math", "turns": []}) + "\n")
+    with pytest.raises(ValueError, match="--dataset-path: every spec_bench line needs \"turns\""):
+        _load(tokenizer, *flags)
 
 
 def test_send_times_follow_the_rate_burstiness_and_ramp_up():
