@@ -1,6 +1,7 @@
 """One process of a two-process engine (run by tests/test_multihost.py): 2 CPU devices each, TP = 4; the engine's
 compilation cache in $MULTIHOST_CACHE_DIR (none without it). In "once" mode each process's last line is how many
-of the runner's programs its warm-up loaded from that cache, and how many programs there are."""
+of the runner's programs its warm-up loaded from that cache, how many programs there are, and how many XLA
+compiles the process ran after its warm-up."""
 
 import json
 import os
@@ -16,6 +17,7 @@ from jaxengine.parallel.multihost import initialize  # noqa: E402
 def main(process_id: int, port: int, model_dir: str, mode: str) -> None:
     initialize(f"127.0.0.1:{port}", 2, process_id, heartbeat_timeout_s=5)
     from jaxengine import SamplingParams, StructuredOutputsParams
+    from jaxengine.compile_counter import compile_count
     from jaxengine.config import EngineConfig
     from jaxengine.engine.llm_engine import LLMEngine
 
@@ -26,11 +28,11 @@ def main(process_id: int, port: int, model_dir: str, mode: str) -> None:
                        progress=False)
     hits = engine.runner._cache.hits  # the loader's own programs come from the cache too
     engine.runner.warmup(progress=False)
-    warmup = json.dumps([engine.runner._cache.hits - hits, len(engine.runner.shapes()) + 1])
+    loaded, programs, warm = engine.runner._cache.hits - hits, len(engine.runner.shapes()) + 1, compile_count()
     if process_id != 0:
         engine.runner.follow()
         print("@@ follower stopped", flush=True)
-        print("@@", warmup, flush=True)
+        print("@@", json.dumps([loaded, programs, compile_count() - warm]), flush=True)
         return
     prompts, specs = json.loads(sys.stdin.readline())  # specs: each prompt's structured outputs (or None)
     params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
@@ -48,7 +50,7 @@ def main(process_id: int, port: int, model_dir: str, mode: str) -> None:
         rounds += 1
         if mode == "once":
             engine.runner.stop_followers()
-            print("@@", warmup, flush=True)
+            print("@@", json.dumps([loaded, programs, compile_count() - warm]), flush=True)
             return
 
 

@@ -23,6 +23,7 @@ from jaxengine.models.registry import Architecture, get_architecture
 from jaxengine.models import orbax_io
 from jaxengine.models.quantization import WEIGHT_ONLY, check_group_size, parse_quantization, with_quantized
 from jaxengine.models.safetensors_io import read_safetensors
+from jaxengine.parallel import multihost
 from jaxengine.parallel.sharding import kv_head_repeats, named_sharding
 from jaxengine.runner.executables import signature
 
@@ -387,7 +388,7 @@ def _fill(files, weight_map, targets, shardings, cfg, progress, kv_repeat, *, te
                     source = np.stack([slices.pop(j) for j in range(num_experts)])
                     del expert_slices[(path, layer)]
                 sharding = shardings.get(path)
-                piece = jax.device_put(np.asarray(source, dtype=target.dtype), _layer_sharding(sharding, layer))
+                piece = multihost.put(np.asarray(source, dtype=target.dtype), _layer_sharding(sharding, layer))
                 if layer is None:
                     done[path] = piece
                 elif path not in done:

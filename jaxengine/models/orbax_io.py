@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxengine.parallel import multihost
+
 MARKER = "jaxengine_checkpoint.json"
 _SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")
@@ -66,6 +68,6 @@ def restore(model_dir: Path, flat, targets: dict, shardings: dict, kv_params: se
         for key in path:
             value = value[key]
         if repeats > 1 and path[-1] in kv_params:
-            value = jax.device_put(_repeat_kv_heads(np.asarray(value), kv_heads, repeats), shardings.get(path))
+            value = multihost.put(_repeat_kv_heads(np.asarray(value), kv_heads, repeats), shardings.get(path))
         out[path] = value
     return out

@@ -5,6 +5,9 @@ same compiled program on its devices.
 Each command is a fixed-size header broadcast first (kind, bucket shape, variant), then its payload, whose
 shapes the header fixes. A follower that dies is detected by the coordination service's heartbeat, which
 terminates the leader (it fails loudly instead of hanging); the leader's STOP command ends the followers.
+
+Nothing compiles once the engine is warm: each broadcast's program (one per payload structure) is compiled in
+the warm-up (`warm_up_channel`), and host arrays go to the devices through `put`, which compiles nothing.
 """
 
 import logging
@@ -30,6 +33,25 @@ def initialize(coordinator_address: str | None, num_processes: int | None, proce
 
 def is_leader() -> bool:
     return jax.process_index() == 0
+
+
+def put(tree, sharding):
+    """Host arrays (the same on every process) onto `sharding`. Across processes each process puts only its own
+    devices' shards: `jax.device_put` first checks that the processes' arrays agree by all-gathering each of them
+    (every weight of a model at load, and a program compiled for each shape)."""
+    if jax.process_count() == 1 or sharding is None:
+        return jax.device_put(tree, sharding)
+    return jax.tree.map(lambda x: jax.make_array_from_callback(np.shape(x), sharding,
+                                                               lambda index: np.asarray(x)[index]), tree)
+
+
+def warm_up_channel(payloads) -> None:
+    """Runs, on every process in the same order, the broadcast of a header and of each payload (a structure of
+    host arrays a command sends), compiling their programs: otherwise a bucket's first command would compile its
+    own while serving."""
+    multihost_utils.broadcast_one_to_all(np.zeros(_HEADER, np.int32))
+    for payload in payloads:
+        multihost_utils.broadcast_one_to_all(payload)
 
 
 def to_host(x: jax.Array) -> np.ndarray:

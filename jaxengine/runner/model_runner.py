@@ -133,7 +133,7 @@ class ModelRunner:
         # Slots hold device state for sequences that use penalties or allowed_token_ids; running sequences
         # never outnumber max_num_seqs, and a preempted one rebuilds its slot when it runs again.
         self.num_slots = max_num_seqs
-        self.slot_state = jax.device_put(SlotState.zeros(self.num_slots, vocab), self.replicated)
+        self.slot_state = multihost.put(SlotState.zeros(self.num_slots, vocab), self.replicated)
         self.free_slots = list(range(self.num_slots))
         self.slot_owners: dict[int, Sequence] = {}
         max_t, max_r = max_num_batched_tokens, max_num_seqs
@@ -145,7 +145,7 @@ class ModelRunner:
         self.logits_indices = np.zeros(max_r, np.int32)
         self.prompt_targets = np.zeros(max_t, np.int32)
         self.token_sources = np.full(max_t, -1, np.int32)  # see _forward
-        self.last_tokens = jax.device_put(np.zeros(max_r, np.int32), self.replicated)  # the latest step's samples
+        self.last_tokens = multihost.put(np.zeros(max_r, np.int32), self.replicated)  # the latest step's samples
         self.lora_weights = self._lora_host = None
         if lora is not None:  # every slot's A and B per projection: host copies, and the device's
             from jaxengine.lora import projection_shapes
@@ -154,7 +154,7 @@ class ModelRunner:
             self._lora_host = {p: (np.zeros((model.cfg.num_layers, num_loras, n_in, rank), np.float32),
                                    np.zeros((model.cfg.num_layers, num_loras, rank, n_out), np.float32))
                                for p, (n_in, n_out) in projection_shapes(model.cfg).items()}
-            self.lora_weights = jax.device_put(jax.tree.map(np.copy, self._lora_host), self.replicated)
+            self.lora_weights = multihost.put(jax.tree.map(np.copy, self._lora_host), self.replicated)
             self.adapter_slots = np.full(max_t, num_loras, np.int32)  # each token's LoRA slot; num_loras: none
             self.num_loras = num_loras
         self.num_steps = 0  # steps launched: a pending token's source is (step, row)
@@ -191,6 +191,10 @@ class ModelRunner:
         start, hits = time.perf_counter(), self._cache.hits if self._cache else 0
         for shape in tqdm(self.shapes() + [("reset", None, None)], desc="Compiling buckets", disable=not progress):
             self._executable(*shape)
+        if jax.process_count() > 1:  # every command's broadcast, so that none compiles while serving
+            multihost.warm_up_channel([self._host_inputs(t, r) for kind, t, r in self.shapes() if kind == "forward"]
+                                      + [self._allow_args_like(r) for kind, r, _ in self.shapes() if kind == "allow"]
+                                      + [self._reset_args_like()])
         loaded = (self._cache.hits - hits) if self._cache else 0
         logger.info("%d programs ready in %.1f s (%d loaded from the executable cache)", len(self._compiled),
                     time.perf_counter() - start, loaded)
@@ -229,8 +233,8 @@ class ModelRunner:
             return ((logits, self.slot_state, *packing.like(self.replicated)),
                     {"packing": packing, "variant": extra, "num_logprobs": num_logprobs})
         if kind == "allow":
-            return (self.slot_state, *jax.device_put(self._allow_args_like(size), self.replicated)), {}
-        return (self.slot_state, *jax.device_put(self._reset_args_like(), self.replicated)), {}
+            return (self.slot_state, *multihost.put(self._allow_args_like(size), self.replicated)), {}
+        return (self.slot_state, *multihost.put(self._reset_args_like(), self.replicated)), {}
 
     # --- slots ----------------------------------------------------------------------------------------
 
@@ -244,7 +248,7 @@ class ModelRunner:
                 a_all[:, slot, :, :adapter.rank], b_all[:, slot, :adapter.rank, :] = a, b
         # Copies: a CPU device array may share its host buffer, which the next load rewrites (a step in flight
         # keeps the arrays it was given).
-        self.lora_weights = jax.device_put(jax.tree.map(np.copy, self._lora_host), self.replicated)
+        self.lora_weights = multihost.put(jax.tree.map(np.copy, self._lora_host), self.replicated)
 
     @staticmethod
     def _release(owners: dict, free: list, attribute: str) -> None:
@@ -286,7 +290,7 @@ class ModelRunner:
         self._run_reset(args)
 
     def _run_reset(self, args) -> None:
-        self.slot_state = self._executable("reset", None, None)(self.slot_state, *jax.device_put(args, self.replicated))
+        self.slot_state = self._executable("reset", None, None)(self.slot_state, *multihost.put(args, self.replicated))
 
     def _set_allowed(self, seqs: list[Sequence]) -> None:
         """Each sequence's grammar's allowed tokens into its slot, in one call for all (rows bucketed)."""
@@ -301,7 +305,7 @@ class ModelRunner:
 
     def _run_allow(self, args) -> None:
         rows = args[0].shape[0]
-        self.slot_state = self._executable("allow", rows, None)(self.slot_state, *jax.device_put(args, self.replicated))
+        self.slot_state = self._executable("allow", rows, None)(self.slot_state, *multihost.put(args, self.replicated))
 
     def _allow_args_like(self, rows: int):
         """Arguments of set_allowed for `rows` rows, all padding (slot num_slots: dropped)."""
