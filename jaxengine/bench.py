@@ -234,6 +234,8 @@ async def _one_request(client, url: str, kind: str, body: dict, headers: dict):
     the request's latency ends at the last one."""
     if kind == "embeddings":
         return await _one_embedding_request(client, url, body, headers)
+    if kind == "responses":
+        return await _one_responses_request(client, url, body, headers)
     chat = kind == "chat"
     start = time.perf_counter()
     stamps, texts, tokens, prompt_tokens = [], [], None, None
@@ -261,6 +263,45 @@ async def _one_request(client, url: str, kind: str, body: dict, headers: dict):
         return _failure("the stream carried no choice to time the first token by", start)
     return {"success": True, "start": start, "ttft": stamps[0] - start, "e2e": stamps[-1] - start,
             "tokens": sum(map(bool, texts)) if tokens is None else tokens, "prompt_tokens": prompt_tokens,
+            "itl": [b - a for a, b in zip(stamps, stamps[1:])], "text": "".join(texts)}
+
+
+RESPONSES_TOKEN_EVENTS = ("response.output_text.delta", "response.reasoning_text.delta")
+RESPONSES_END_EVENTS = ("response.completed", "response.incomplete")
+
+
+async def _one_responses_request(client, url: str, body: dict, headers: dict):
+    """A streamed /v1/responses request, timed as vLLM's client times it: each output or reasoning text delta is a
+    token's arrival, and the output and input token counts are the final event's usage; an `error` or
+    `response.failed` event, or a stream that ends without response.completed or response.incomplete, fails it."""
+    start = time.perf_counter()
+    stamps, texts, usage, ended = [], [], {}, False
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                return _failure(f"HTTP {response.status_code}: {text[:300]}", start)
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                kind = event.get("type")
+                if kind in RESPONSES_TOKEN_EVENTS:
+                    stamps.append(time.perf_counter())
+                    if kind == "response.output_text.delta":
+                        texts.append(event.get("delta") or "")
+                elif kind in RESPONSES_END_EVENTS:
+                    ended, usage = True, (event.get("response") or {}).get("usage") or {}
+                elif kind in ("error", "response.failed") or event.get("error"):
+                    return _failure(f"error in the stream: {json.dumps(event.get('error') or event)[:300]}", start)
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        return _failure(f"{type(e).__name__}: {e}", start)
+    if not stamps:
+        return _failure("the stream carried no text delta to time the first token by", start)
+    if not ended:
+        return _failure("the stream ended without response.completed or response.incomplete", start)
+    return {"success": True, "start": start, "ttft": stamps[0] - start, "e2e": stamps[-1] - start,
+            "tokens": usage.get("output_tokens", len(stamps)), "prompt_tokens": usage.get("input_tokens"),
             "itl": [b - a for a, b in zip(stamps, stamps[1:])], "text": "".join(texts)}
 
 
@@ -379,6 +420,10 @@ def _request_body(args, model: str, kind: str, req: BenchRequest, extra: dict) -
     """What vLLM's client sends, then --extra-body (the sampling flags are part of it, as in vLLM's client)."""
     if kind == "embeddings":
         return {"model": model, "input": req.prompt} | extra
+    if kind == "responses":  # not stored: a server that keeps responses would hold every one of the load's
+        body = {"model": model, "input": req.prompt, "max_output_tokens": req.output_len, "stream": True,
+                "store": False}
+        return body | ({"ignore_eos": True} if args.ignore_eos else {}) | extra
     body = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
     if kind == "chat":
         body |= {"messages": [{"role": "user", "content": req.prompt}], "max_completion_tokens": req.output_len}
@@ -546,10 +591,10 @@ def serve(args) -> None:
     sampling = _sampling(args)
     extra = sampling | (args.extra_body or {})
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
-    kind = {"openai-chat": "chat", "openai-embeddings": "embeddings"}.get(args.backend, "completions")
-    chat = kind == "chat"
-    endpoint = args.endpoint or {"chat": "/v1/chat/completions", "embeddings": "/v1/embeddings"}.get(
-        kind, "/v1/completions")
+    kind = {"openai-chat": "chat", "openai-responses": "responses",
+            "openai-embeddings": "embeddings"}.get(args.backend, "completions")
+    endpoint = args.endpoint or {"chat": "/v1/chat/completions", "responses": "/v1/responses",
+                                 "embeddings": "/v1/embeddings"}.get(kind, "/v1/completions")
     if kind == "embeddings":
         given = [f"--{name.replace('_', '-')}" for name in SAMPLING_FLAGS if getattr(args, name) is not None]
         given += ["--temperature"] * (args.temperature != 0.0) + ["--ignore-eos"] * args.ignore_eos
@@ -568,6 +613,9 @@ def serve(args) -> None:
         at_least("--max-concurrency", args.max_concurrency)
     if args.logprobs is not None:
         at_least("--logprobs", args.logprobs, 0)
+        if kind == "responses":
+            raise ValueError("--logprobs applies to the completions and chat backends (vLLM's client sends none "
+                             "to /v1/responses)")
     # --ready-check-timeout-sec bounds both waits together: /v1/models, then the first request.
     ready_deadline = time.monotonic() + args.ready_check_timeout_sec
     models = _models(base_url, headers, ready_deadline, verify=not args.insecure)
@@ -576,9 +624,9 @@ def serve(args) -> None:
     why = f"the {args.dataset_name} dataset needs the model's tokenizer to count tokens"
     requests = load_requests(args, vocab_size=vocab, get_tokenizer=lambda: _serve_tokenizer(args, models, why),
                              seed=args.seed)
-    if chat and any(not isinstance(r.prompt, str) for r in requests):
-        raise ValueError("--backend openai-chat sends text messages, and this dataset's prompts are token ids: use "
-                         "a text dataset (sharegpt, custom, or json with string prompts)")
+    if kind in ("chat", "responses") and any(not isinstance(r.prompt, str) for r in requests):
+        raise ValueError(f"--backend {args.backend} sends text, and this dataset's prompts are token ids: use a text "
+                         "dataset (sharegpt, custom, spec_bench, or json with string prompts)")
     bodies = [_request_body(args, args.served_model_name or model, kind, req, extra) for req in requests]
     if self_timed:  # as vLLM's client: each at its timestamp from the start (none before it)
         times = np.maximum([r.timestamp for r in requests], 0.0)
@@ -731,9 +779,10 @@ def add_bench_parser(sub) -> None:
     _add_sampling_flags(p)
     p.set_defaults(run=latency)
     p = kinds.add_parser("serve", help="a client for any OpenAI-compatible server")
-    p.add_argument("--backend", choices=("openai", "vllm", "openai-chat", "openai-embeddings"), default="openai",
-                   help="openai (and vllm): /v1/completions; openai-chat: /v1/chat/completions; openai-embeddings: "
-                        "/v1/embeddings (latency only: e2el)")
+    p.add_argument("--backend", choices=("openai", "vllm", "openai-chat", "openai-responses", "openai-embeddings"),
+                   default="openai",
+                   help="openai (and vllm): /v1/completions; openai-chat: /v1/chat/completions; openai-responses: "
+                        "/v1/responses; openai-embeddings: /v1/embeddings (latency only: e2el)")
     p.add_argument("--base-url", default=None, help="default: http://HOST:PORT")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)

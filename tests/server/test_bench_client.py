@@ -1,7 +1,7 @@
 """`jaxengine bench serve`, the client that drives any OpenAI-compatible server, against ours: its counts and
 its sampling flags (sent in each request, recorded in the result), the token-id datasets (prefix_repetition,
 burstgpt), a timed trace sent at its timestamps, failed requests counted (not fatal), text datasets through the
-chat endpoint, the statistics asked for, and bad flags refused before any load."""
+chat and responses endpoints, the statistics asked for, and bad flags refused before any load."""
 
 import json
 import shutil
@@ -126,6 +126,29 @@ def test_bench_serve_sharegpt_through_the_chat_endpoint(live, async_engine, mode
     assert {"p50_ttft_ms", "p90_ttft_ms", "p50_e2el_ms", "std_e2el_ms"} <= result.keys()
     assert not any("itl" in key or "tpot" in key for key in result)
     assert json.loads((saved / "r.json").read_text()) == result
+    wait_until_idle(async_engine.engine)
+
+
+def test_bench_serve_through_the_responses_endpoint(live, async_engine, model_dirs, tmp_path, capsys):
+    # Greedy, the tiny model answers the second prompt with ids past the tokenizer's vocabulary, which decode to no
+    # text: a response without a text delta has no first token to time and fails, as in vLLM's client.
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(["the quick brown fox", "a lazy dog jumps over", "fox and dog"]))
+    main(["bench", "serve", "--base-url", live.url, "--backend", "openai-responses", "--tokenizer",
+          str(model_dirs["qwen2"]), "--dataset-name", "json", "--dataset-path", str(prompts), "--num-prompts", "3",
+          "--output-len", "5", "--ignore-eos", "--save-detailed"])
+    result = _result(capsys)
+    assert result["endpoint"] == "/v1/responses" and result["completed"] == 2 and result["failed"] == 1
+    assert result["errors"] == ["", "the stream carried no text delta to time the first token by", ""]
+    # The token counts are the final event's usage; each text delta is an arrival (the tokens that decode to no
+    # text send none, so fewer gaps than tokens here).
+    assert result["output_lens"] == [5, 0, 5] and all(len(result["itls"][i]) < 5 for i in (0, 2))
+    assert result["input_lens"][0] > 4  # the server's count: the prompt in the chat template
+    assert 0 < result["median_ttft_ms"] <= result["median_e2el_ms"] and result["mean_tpot_ms"] >= 0
+    with pytest.raises(SystemExit, match="--backend openai-responses sends text"):
+        main(["bench", "serve", "--base-url", live.url, "--backend", "openai-responses", "--num-prompts", "2"])
+    with pytest.raises(SystemExit, match="--logprobs applies to the completions and chat backends"):
+        main(["bench", "serve", "--base-url", live.url, "--backend", "openai-responses", "--logprobs", "2"])
     wait_until_idle(async_engine.engine)
 
 
