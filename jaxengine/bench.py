@@ -7,6 +7,7 @@ numpy's default_rng(seed), so every engine sees the same prompts.
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import math
@@ -225,9 +226,34 @@ def _failure(message: str, start: float) -> dict:
     return {"success": False, "error": message, "start": start}
 
 
+class _Failed(Exception):
+    """A streamed request that failed: an HTTP error status, a dropped connection, a line that is not JSON."""
+
+
+async def _stream(client, url: str, body: dict, headers: dict):
+    """The JSON of each server-sent `data:` line of a streamed POST (but [DONE]); _Failed where the request fails."""
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                raise _Failed(f"HTTP {response.status_code}: {text[:300]}")
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    yield json.loads(line[6:])
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        raise _Failed(f"{type(e).__name__}: {e}") from None
+
+
+def _timed(start: float, stamps: list[float], tokens: int, prompt_tokens: int | None, text: str) -> dict:
+    """A streamed request's result: its tokens' arrival times give the TTFT, the ITLs and its latency."""
+    return {"success": True, "start": start, "ttft": stamps[0] - start, "e2e": stamps[-1] - start, "tokens": tokens,
+            "prompt_tokens": prompt_tokens, "itl": [b - a for a, b in zip(stamps, stamps[1:])], "text": text}
+
+
 async def _one_request(client, url: str, kind: str, body: dict, headers: dict):
-    """One streamed request (`kind` "completions" or "chat"; "embeddings": one response, its latency the TTFT and
-    the end-to-end latency alike, as vLLM's embeddings client times it). Returns its timings, token count and text,
+    """One streamed request (`kind` "completions" or "chat"; "responses": `_one_responses_request`; "embeddings":
+    one response, its latency the TTFT and the end-to-end latency alike, as vLLM's embeddings client times it).
+    Returns its timings, token count and text,
     or its failure (an HTTP status, an error event in the stream, a dropped connection, a stream without a choice)
     without raising: vLLM's client counts failed requests the same way. As in vLLM's client, every chunk that
     carries a choice is a token's arrival (the first one's time is the TTFT, the gaps between them the ITLs), and
@@ -240,14 +266,8 @@ async def _one_request(client, url: str, kind: str, body: dict, headers: dict):
     start = time.perf_counter()
     stamps, texts, tokens, prompt_tokens = [], [], None, None
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                return _failure(f"HTTP {response.status_code}: {text[:300]}", start)
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+        async with contextlib.aclosing(_stream(client, url, body, headers)) as chunks:
+            async for chunk in chunks:
                 if chunk.get("error"):
                     return _failure(f"error in the stream: {json.dumps(chunk['error'])[:300]}", start)
                 if chunk.get("choices"):
@@ -257,13 +277,11 @@ async def _one_request(client, url: str, kind: str, body: dict, headers: dict):
                 elif chunk.get("usage"):
                     tokens = chunk["usage"].get("completion_tokens")
                     prompt_tokens = chunk["usage"].get("prompt_tokens")
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
-        return _failure(f"{type(e).__name__}: {e}", start)
+    except _Failed as e:
+        return _failure(str(e), start)
     if not stamps:
         return _failure("the stream carried no choice to time the first token by", start)
-    return {"success": True, "start": start, "ttft": stamps[0] - start, "e2e": stamps[-1] - start,
-            "tokens": sum(map(bool, texts)) if tokens is None else tokens, "prompt_tokens": prompt_tokens,
-            "itl": [b - a for a, b in zip(stamps, stamps[1:])], "text": "".join(texts)}
+    return _timed(start, stamps, sum(map(bool, texts)) if tokens is None else tokens, prompt_tokens, "".join(texts))
 
 
 RESPONSES_TOKEN_EVENTS = ("response.output_text.delta", "response.reasoning_text.delta")
@@ -277,14 +295,8 @@ async def _one_responses_request(client, url: str, body: dict, headers: dict):
     start = time.perf_counter()
     stamps, texts, usage, ended = [], [], {}, False
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                return _failure(f"HTTP {response.status_code}: {text[:300]}", start)
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
+        async with contextlib.aclosing(_stream(client, url, body, headers)) as events:
+            async for event in events:
                 kind = event.get("type")
                 if kind in RESPONSES_TOKEN_EVENTS:
                     stamps.append(time.perf_counter())
@@ -294,15 +306,13 @@ async def _one_responses_request(client, url: str, body: dict, headers: dict):
                     ended, usage = True, (event.get("response") or {}).get("usage") or {}
                 elif kind in ("error", "response.failed") or event.get("error"):
                     return _failure(f"error in the stream: {json.dumps(event.get('error') or event)[:300]}", start)
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
-        return _failure(f"{type(e).__name__}: {e}", start)
+    except _Failed as e:
+        return _failure(str(e), start)
     if not stamps:
         return _failure("the stream carried no text delta to time the first token by", start)
     if not ended:
         return _failure("the stream ended without response.completed or response.incomplete", start)
-    return {"success": True, "start": start, "ttft": stamps[0] - start, "e2e": stamps[-1] - start,
-            "tokens": usage.get("output_tokens", len(stamps)), "prompt_tokens": usage.get("input_tokens"),
-            "itl": [b - a for a, b in zip(stamps, stamps[1:])], "text": "".join(texts)}
+    return _timed(start, stamps, usage.get("output_tokens", len(stamps)), usage.get("input_tokens"), "".join(texts))
 
 
 async def _one_embedding_request(client, url: str, body: dict, headers: dict):
