@@ -46,13 +46,14 @@ def add_dataset_flags(p, *, seed: bool, trace: bool = False) -> None:
     """The dataset flags of `vllm bench serve` / `throughput` that we implement. `seed`: add `--seed` (the offline
     tools take the engine's `--seed` instead). `trace`: the timed_trace dataset too (`bench serve`'s)."""
     p.add_argument("--dataset-name", choices=DATASETS + ("timed_trace",) * trace, default="random")
-    p.add_argument("--dataset-path", default=None, help="the sharegpt JSON, custom JSONL, burstgpt CSV or json file")
+    p.add_argument("--dataset-path", default=None,
+                   help="the sharegpt JSON, custom, spec_bench or timed_trace JSONL, burstgpt CSV or json file")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", "--random-input-len", dest="input_len", type=int, default=None,
                    help="random dataset: prompt tokens (default 128)")
     p.add_argument("--output-len", "--random-output-len", dest="output_len", type=int, default=None,
                    help="output tokens of every request; default: 128 for random and json, the dataset's own for "
-                        "sharegpt, custom and burstgpt")
+                        "sharegpt, custom, spec_bench and burstgpt")
     p.add_argument("--random-range-ratio", type=str, default="0.0",
                    help="random dataset: lengths drawn uniformly from [len*(1-r), len*(1+r)]; a float, or JSON "
                         "{\"input\": r1, \"output\": r2}")
@@ -298,10 +299,11 @@ BURSTGPT_COLUMNS = ("Model", "Request tokens", "Response tokens")
 def burstgpt_requests(path: str | None, vocab_size: int, num_prompts: int, seed: int, output_len: int | None = None,
                       shuffle: bool = True, oversample: bool = True) -> list[BenchRequest]:
     """vLLM's `burstgpt` dataset: the CSV's GPT-4 rows with a positive "Response tokens" (and "Request tokens":
-    vLLM keeps an empty prompt, which no server takes), drawn as pandas' `sample(n, random_state=seed)` draws them (with replacement when the file has fewer: vLLM's sampling, so the
-    same rows for the same --seed); request i is "Request tokens" ids (i + j) mod vocab_size, as vLLM's, sent as
-    ids (vLLM decodes them to text and back), and asks for "Response tokens" (or `output_len`). Without `shuffle`,
-    the first rows in the file's order; without `oversample`, at most the file's rows."""
+    vLLM keeps an empty prompt, which no server takes), drawn as pandas' `sample(n, random_state=seed)` draws them
+    (with replacement when the file has fewer: vLLM's sampling, so the same rows for the same --seed); request i
+    is "Request tokens" ids (i + j) mod vocab_size, as vLLM's, sent as ids (vLLM decodes them to text and back),
+    and asks for "Response tokens" (or `output_len`). Without `shuffle`, the first rows in the file's order;
+    without `oversample`, at most the file's rows."""
     at_least("--num-prompts", num_prompts)
     if output_len is not None:
         at_least("--output-len", output_len)
