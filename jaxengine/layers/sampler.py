@@ -12,6 +12,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 VARIANTS = ("greedy", "sample", "full")
 
@@ -46,8 +47,9 @@ class SlotState:
 
     @classmethod
     def zeros(cls, num_slots: int, vocab: int) -> "SlotState":
-        return cls(jnp.zeros((num_slots, vocab), jnp.int32), jnp.zeros((num_slots, vocab), bool),
-                   jnp.ones((num_slots, vocab), bool))
+        """Empty slots as host arrays: put on the devices, they compile nothing (jnp.zeros would, at every start)."""
+        return cls(np.zeros((num_slots, vocab), np.int32), np.zeros((num_slots, vocab), bool),
+                   np.ones((num_slots, vocab), bool))
 
 
 def reset_slot(
