@@ -189,12 +189,13 @@ class ModelRunner:
 
     def warmup(self, progress: bool = True) -> None:
         start, hits = time.perf_counter(), self._cache.hits if self._cache else 0
-        for shape in tqdm(self.shapes() + [("reset", None, None)], desc="Compiling buckets", disable=not progress):
+        shapes = self.shapes() + [("reset", None, None)]
+        for shape in tqdm(shapes, desc="Compiling buckets", disable=not progress):
             self._executable(*shape)
         if jax.process_count() > 1:  # every command's broadcast, so that none compiles while serving
-            multihost.warm_up_channel([self._host_inputs(t, r) for kind, t, r in self.shapes() if kind == "forward"]
-                                      + [self._allow_args_like(r) for kind, r, _ in self.shapes() if kind == "allow"]
-                                      + [self._reset_args_like()])
+            commands = {"forward": multihost.STEP, "allow": multihost.SET_ALLOWED, "reset": multihost.RESET_SLOT}
+            multihost.warm_up_channel([self._payload_like(commands[kind], (size or 0, extra or 0, 0))
+                                       for kind, size, extra in shapes if kind in commands])
         loaded = (self._cache.hits - hits) if self._cache else 0
         logger.info("%d programs ready in %.1f s (%d loaded from the executable cache)", len(self._compiled),
                     time.perf_counter() - start, loaded)
@@ -459,16 +460,9 @@ class ModelRunner:
 
     def follow(self) -> None:
         """A follower process: run every command the leader sends until it sends STOP."""
-        def payload_like(kind, shape):
-            if kind == multihost.STEP:
-                return self._host_inputs(shape[0], shape[1])
-            if kind == multihost.SET_ALLOWED:
-                return self._allow_args_like(shape[0])
-            return self._reset_args_like() if kind == multihost.RESET_SLOT else None
-
         channel = multihost.CommandChannel()
         while True:
-            kind, shape, payload = channel.receive(payload_like)
+            kind, shape, payload = channel.receive(self._payload_like)
             if kind == multihost.STOP:
                 return
             if kind == multihost.RESET_SLOT:
@@ -478,6 +472,14 @@ class ModelRunner:
             else:
                 tokens, _, _, _ = self._run_step(shape[0], shape[1], STEP_VARIANTS[shape[2]], payload)
                 tokens.block_until_ready()  # one step at a time: back-to-back collectives can deadlock on CPU
+
+    def _payload_like(self, kind: int, shape: tuple[int, int, int]):
+        """A dummy of the payload a command of `kind` and header `shape` sends (its structure), or None."""
+        if kind == multihost.STEP:
+            return self._host_inputs(shape[0], shape[1])
+        if kind == multihost.SET_ALLOWED:
+            return self._allow_args_like(shape[0])
+        return self._reset_args_like() if kind == multihost.RESET_SLOT else None
 
     def stop_followers(self) -> None:
         if self.channel is not None:
