@@ -85,8 +85,11 @@ class ExecutableCache:
                      _source_digest(), f"process {jax.process_index()} of {jax.process_count()}"):
             key.update(part.encode() + b"\0")
         self._base = key
-        self._platform = backend.platform
-        self._kernels_loaded = False
+        if backend.platform == "cpu":
+            # A stored program may call the native kernels, whose FFI targets exist once their library is loaded
+            # (pallas_kernels/cpu.py). Tracing loads it, which a program taken from here skips: without it, a
+            # process that had traced none yet (a multi-process engine's first program) could not load them.
+            cpu.available()
         self.hits = 0
         self._total = None  # the entries' total size as this process last counted it (`_account`)
 
@@ -118,13 +121,8 @@ class ExecutableCache:
             self._store(path, compiled)
         return compiled
 
-    def _load(self, path: Path) -> jax.stages.Compiled:
-        if self._platform == "cpu" and not self._kernels_loaded:
-            # A stored program may call the native kernels, whose FFI targets exist once their library is loaded
-            # (pallas_kernels/cpu.py). Tracing loads it, which a program taken from here skipped: without it, a
-            # process that had traced none yet (a multi-process engine's first program) could not load them.
-            self._kernels_loaded = True
-            cpu.available()
+    @staticmethod
+    def _load(path: Path) -> jax.stages.Compiled:
         entry = pickle.loads(path.read_bytes())
         by_id = {d.id: d for d in jax.devices()}
         devices = [by_id[i] for i in entry["devices"]]  # the executable's own devices (every process's), in order
