@@ -377,8 +377,7 @@ def _ramp_up(args):
 
 def _self_timed(args, kind: str, ramp_up) -> bool:
     """Whether requests leave at the trace's timestamps (--self-timed, the timed_trace dataset's default, as in
-    vLLM's client) rather than at the request rate. A trace's requests run to its output lengths: as vLLM's client
-    does, timed_trace sends ignore_eos (args.ignore_eos is set)."""
+    vLLM's client) rather than at the request rate."""
     if args.dataset_name != "timed_trace":
         if args.self_timed is not None:
             raise ValueError("--self-timed / --no-self-timed apply to the timed_trace dataset only")
@@ -386,7 +385,6 @@ def _self_timed(args, kind: str, ramp_up) -> bool:
     if kind != "completions":
         raise ValueError("the timed_trace dataset's prompts are token ids: use --backend openai or vllm "
                          "(/v1/completions)")
-    args.ignore_eos = True
     if args.self_timed is False:
         return False
     if ramp_up or not math.isinf(args.request_rate) or args.burstiness != 1.0:
@@ -617,6 +615,8 @@ def serve(args) -> None:
     ramp_up = _ramp_up(args)
     send_times(0, args.request_rate, args.burstiness, args.seed, ramp_up)  # checks the flags before anything is sent
     self_timed = _self_timed(args, kind, ramp_up)
+    if args.dataset_name == "timed_trace":  # a trace's requests run to its output lengths, as vLLM's client sends them
+        args.ignore_eos = True
     at_least("--num-warmups", args.num_warmups, 0)
     at_least("--ready-check-timeout-sec", args.ready_check_timeout_sec, 0)
     if args.max_concurrency is not None:

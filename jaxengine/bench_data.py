@@ -26,6 +26,7 @@ from jaxengine.cli import json_object
 FIRST_ID = 4  # random ids start here, past the usual special tokens (the peers' workload.py does the same)
 DATASETS = ("random", "sharegpt", "custom", "spec_bench", "prefix_repetition", "burstgpt", "json")
 ID_DATASETS = ("random", "prefix_repetition", "burstgpt", "timed_trace")  # token-id prompts, below the vocabulary
+JSONL_DATASETS = ("custom", "spec_bench", "timed_trace")  # one JSON value a line
 PREFIX_REPETITION = {"prefix_len": 256, "suffix_len": 256, "num_prefixes": 10, "output_len": 128}  # vLLM's defaults
 # vLLM's timed_trace flags and defaults: the tokens a hash id stands for, the timestamps' unit in seconds, and the
 # names of each line's fields.
@@ -173,14 +174,14 @@ def _read_json(path: str | None, what: str):
         raise ValueError(f"--dataset-path is required for the {what} dataset")
     try:
         with open(path, encoding="utf-8") as f:
-            if what in ("custom", "spec_bench", "timed_trace"):
+            if what in JSONL_DATASETS:
                 return [json.loads(line) for line in f if line.strip()]
             return json.load(f)
     except OSError as e:
         raise ValueError(f"--dataset-path: cannot read {path!r}: {e}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--dataset-path: {path!r} is not valid "
-                         f"{'JSONL' if what in ('custom', 'spec_bench', 'timed_trace') else 'JSON'}: {e}") from None
+                         f"{'JSONL' if what in JSONL_DATASETS else 'JSON'}: {e}") from None
 
 
 def _shuffled(items: list, seed: int, shuffle: bool) -> list:
